@@ -1,0 +1,21 @@
+"""Keys every sample record carries through the graph, besides its model fields.
+
+A sample is a plain ``dict``: model fields (``input_ids``, ``pixel_values``, ...) as tensors without a
+batch dimension, plus the metadata below. Metadata is set by the reader and the cost annotator and is
+identical on every module for the same sample.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Sample = dict[str, Any]
+
+SAMPLE_ID = "sample_id"  # int: the sample's index in the source dataset
+STEP = "step"  # int: global micro-batch index from the start of training
+SLOT = "slot"  # int: canonical slot the reader placed the sample in
+IMAGE_TOKENS = "image_tokens"  # int: image placeholder tokens in input_ids
+REAL_TOKENS = "real_tokens"  # int: attention_mask sum
+COST = "cost"  # int: w_enc * image_tokens + w_lang * real_tokens, in fixed point
+
+METADATA_KEYS = (SAMPLE_ID, STEP, SLOT, IMAGE_TOKENS, REAL_TOKENS, COST)
