@@ -1,0 +1,57 @@
+"""Collation of one rank's micro-batch: pad sequence fields to one length, concatenate ragged vision fields."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from mimo_pipes.errors import SampleError
+from mimo_pipes.sample import METADATA_KEYS, SAMPLE_ID, STEP, Sample
+
+# Per-token fields: padded on the right to one length and stacked to [b, L].
+SEQUENCE_FIELDS = ("input_ids", "attention_mask", "labels", "loss_mask", "position_ids")
+# Ragged vision fields: concatenated along dim 0, as Qwen2-VL-style encoders take them.
+CONCAT_FIELDS = ("pixel_values", "image_grid_thw")
+DEFAULT_PAD_VALUES: Mapping[str, int | float] = {"labels": -100}
+
+
+def collate_microbatch(
+    samples: Sequence[Sample],
+    *,
+    pad_length: int | None,
+    pad_values: Mapping[str, int | float] = DEFAULT_PAD_VALUES,
+) -> dict[str, Any]:
+    """Collate samples (canonical order kept). ``pad_length=None`` pads to the longest sample."""
+    if not samples:
+        raise ValueError("cannot collate an empty micro-batch")
+    batch: dict[str, Any] = {"step": samples[0][STEP]}
+    for key in METADATA_KEYS:
+        if key != STEP:
+            batch[key + "s"] = [sample.get(key) for sample in samples]
+    longest = max((len(sample[name]) for sample in samples for name in SEQUENCE_FIELDS if name in sample), default=0)
+    length = longest if pad_length is None else pad_length
+    for name in samples[0]:
+        if name in METADATA_KEYS:
+            continue
+        values = [sample[name] for sample in samples]
+        if name in SEQUENCE_FIELDS:
+            batch[name] = _pad_stack(values, samples, name, length, pad_values.get(name, 0))
+        elif name in CONCAT_FIELDS:
+            batch[name] = torch.cat(values, dim=0)
+        elif all(isinstance(value, torch.Tensor) for value in values) and len({v.shape for v in values}) == 1:
+            batch[name] = torch.stack(values)
+        else:
+            batch[name] = values
+    return batch
+
+
+def _pad_stack(values: list[torch.Tensor], samples: Sequence[Sample], name: str, length: int, pad_value: int | float) -> torch.Tensor:
+    out = torch.full((len(values), length), pad_value, dtype=values[0].dtype)
+    for row, (value, sample) in enumerate(zip(values, samples)):
+        if value.dim() != 1:
+            raise SampleError(sample.get(SAMPLE_ID), f"must be 1-D, got shape {tuple(value.shape)}", field=name)
+        if len(value) > length:
+            raise SampleError(sample.get(SAMPLE_ID), f"has {len(value)} tokens, more than the pad length {length}", field=name)
+        out[row, : len(value)] = value
+    return out

@@ -1,0 +1,181 @@
+"""Configuration dataclasses and the checks that run before any data is read.
+
+Field names follow the run flags (``reorder_window_size`` is ``--reorder-window-size``), so a trainer's
+config can embed :class:`ReorderConfig` and every error names the flag a user would type.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from mimo_pipes.errors import ConfigError
+from mimo_pipes.topology import COMPONENT_FLAG, Topology, build_topology
+
+DATALOADER_TYPES = ("single", "cyclic")
+EXCHANGE_TRANSPORTS = ("auto", "gloo", "nccl")
+DEFAULT_COMPONENTS = ("language=tp=1,pp=1,dp=2,rank_offset=0", "images=tp=1,dp=2,rank_offset=2")
+
+
+def flag(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")
+
+
+def exact_weight(value: float | int | str | Fraction, setting: str) -> Fraction:
+    """A cost weight as an exact fraction: ``0.1`` means 1/10, not the nearest binary float."""
+    if isinstance(value, bool):
+        raise ConfigError(setting, f"must be a number, got {value!r}")
+    try:
+        weight = Fraction(str(value)) if not isinstance(value, Fraction) else value
+    except (ValueError, ZeroDivisionError):
+        raise ConfigError(setting, f"must be a number, got {value!r}") from None
+    if weight < 0:
+        raise ConfigError(setting, f"must not be negative, got {value}")
+    return weight
+
+
+@dataclass
+class ReorderConfig:
+    """The reordering switches, named as the run flags name them; embed it in a trainer's config."""
+
+    scalable_dp: bool = False
+    intra_microbatch_reorder: bool = False
+    reorder_encoder_cost_weight: float = 1.0
+    reorder_language_cost_weight: float = 0.0
+    overlap_intra_microbatch_reorder: bool = True
+    reorder_window_size: int = 1
+    reorder_across_microbatches: bool = False
+
+    def integer_cost_weights(self) -> tuple[int, int]:
+        """(encoder, language) weights as coprime integers with the same ratio: exact, identical everywhere."""
+        encoder = exact_weight(self.reorder_encoder_cost_weight, flag("reorder_encoder_cost_weight"))
+        language = exact_weight(self.reorder_language_cost_weight, flag("reorder_language_cost_weight"))
+        if encoder == 0 and language == 0:
+            raise ConfigError(
+                flag("reorder_encoder_cost_weight"),
+                "and --reorder-language-cost-weight are both 0; at least one cost weight must be positive",
+            )
+        common = math.lcm(encoder.denominator, language.denominator)
+        encoder_int, language_int = int(encoder * common), int(language * common)
+        divisor = math.gcd(encoder_int, language_int)
+        return encoder_int // divisor, language_int // divisor
+
+    def validate(self) -> None:
+        if not isinstance(self.reorder_window_size, int) or self.reorder_window_size < 1:
+            raise ConfigError(flag("reorder_window_size"), f"must be an integer >= 1, got {self.reorder_window_size!r}")
+        self.integer_cost_weights()
+        if self.intra_microbatch_reorder and not self.scalable_dp:
+            raise ConfigError(
+                flag("intra_microbatch_reorder"),
+                "needs --scalable-dp: reordering balances each rank's own canonical shard",
+            )
+        if self.reorder_across_microbatches and not self.intra_microbatch_reorder:
+            raise ConfigError(flag("reorder_across_microbatches"), "needs --intra-microbatch-reorder")
+
+
+@dataclass
+class PipelineConfig:
+    """Everything a recipe needs to build one module rank's graph."""
+
+    components: tuple[str, ...] = DEFAULT_COMPONENTS
+    micro_batch_size: int = 8
+    global_batch_size: int | None = None  # default: one window of micro-batches
+    seq_length: int = 2048
+    pad_to_seq_length: bool = True
+    dataloader_type: str = "cyclic"
+    drop_last: bool = True
+    seed: int = 1234
+    dataset: str | None = None  # None: the embedded synthetic dataset
+    processor: str | None = None  # None: the embedded offline processor
+    embedded_samples: int = 512
+    num_workers: int = 2
+    exchange_transport: str = "auto"
+    exchange_timeout_s: float = 120.0
+    reorder: ReorderConfig = field(default_factory=ReorderConfig)
+
+    @property
+    def microbatches_per_global_batch(self) -> int:
+        global_batch = self.global_batch_size or self.micro_batch_size * self.reorder.reorder_window_size
+        return global_batch // self.micro_batch_size
+
+    def validate(self, world_size: int | None = None) -> Topology:
+        """Check every setting against the others; return the topology. Raises ConfigError."""
+        topology = build_topology(self.components, world_size)
+        self.reorder.validate()
+        self._validate_modules(topology)
+        self._validate_batching(topology)
+        if self.dataloader_type not in DATALOADER_TYPES:
+            raise ConfigError(
+                flag("dataloader_type"),
+                f"{self.dataloader_type!r} is not supported with scalable data parallelism; use single or cyclic",
+            )
+        if not self.drop_last:
+            raise ConfigError(
+                flag("drop_last"), "false is not supported: scalable data parallelism needs full global micro-batches"
+            )
+        if self.reorder.intra_microbatch_reorder and not self.pad_to_seq_length:
+            raise ConfigError(
+                flag("pad_to_seq_length"),
+                "false is not supported with reordering: exchanged samples are concatenated back into one "
+                "micro-batch, so every rank must pad to the same length",
+            )
+        if self.seq_length < 1:
+            raise ConfigError(flag("seq_length"), f"must be >= 1, got {self.seq_length}")
+        if self.num_workers < 0:
+            raise ConfigError(flag("num_workers"), f"must be >= 0, got {self.num_workers}")
+        if self.exchange_transport not in EXCHANGE_TRANSPORTS:
+            raise ConfigError(flag("exchange_transport"), f"must be one of {', '.join(EXCHANGE_TRANSPORTS)}")
+        if not self.exchange_timeout_s > 0:
+            raise ConfigError(flag("exchange_timeout_s"), f"must be positive, got {self.exchange_timeout_s}")
+        for setting in ("dataset", "processor"):
+            path = getattr(self, setting)
+            if path is not None and not os.path.exists(path):
+                raise ConfigError(flag(setting), f"{path} does not exist")
+        return topology
+
+    def _validate_modules(self, topology: Topology) -> None:
+        language = topology.language
+        for module in topology.modules:
+            if module.etp > 1:
+                raise ConfigError(
+                    COMPONENT_FLAG, f"{module.name}: expert tensor parallelism (etp={module.etp}) > 1 is not supported"
+                )
+        for encoder in topology.encoders:
+            if encoder.pp > 1:
+                raise ConfigError(COMPONENT_FLAG, f"{encoder.name}: encoder pipeline parallelism (pp={encoder.pp}) > 1 is not supported")
+            if encoder.dp > language.dp:
+                raise ConfigError(
+                    COMPONENT_FLAG,
+                    f"{encoder.name} dp={encoder.dp} exceeds language dp={language.dp}: the bridge fan-in with "
+                    "variable image-token counts is not implemented in megatron-core",
+                )
+            if language.dp % encoder.dp:
+                raise ConfigError(
+                    COMPONENT_FLAG,
+                    f"language dp={language.dp} is not a multiple of {encoder.name} dp={encoder.dp}: each encoder "
+                    "replica must feed a contiguous block of language replicas",
+                )
+
+    def _validate_batching(self, topology: Topology) -> None:
+        batch = self.micro_batch_size
+        if batch < 1:
+            raise ConfigError(flag("micro_batch_size"), f"must be >= 1, got {batch}")
+        slots = topology.canonical_slots
+        if batch % slots:
+            raise ConfigError(
+                flag("micro_batch_size"),
+                f"{batch} is not divisible by the canonical grid size {slots} (lcm of the modules' dp sizes)",
+            )
+        if self.global_batch_size is not None and (self.global_batch_size < batch or self.global_batch_size % batch):
+            raise ConfigError(
+                flag("global_batch_size"), f"{self.global_batch_size} is not a multiple of --micro-batch-size {batch}"
+            )
+        window = self.reorder.reorder_window_size
+        if self.reorder.reorder_across_microbatches and self.microbatches_per_global_batch % window:
+            raise ConfigError(
+                flag("reorder_window_size"),
+                f"{window} must divide the {self.microbatches_per_global_batch} micro-batches of a global batch "
+                "when samples move across micro-batches (a window never crosses a global batch)",
+            )

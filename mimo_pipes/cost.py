@@ -1,0 +1,20 @@
+"""Per-sample cost: exact integers from fields that are identical on every module."""
+
+from __future__ import annotations
+
+import torch
+
+
+def image_token_count(input_ids: torch.Tensor, image_token_id: int) -> int:
+    """Image placeholder tokens: one per merged vision patch, so proportional to encoder work."""
+    return int((input_ids == image_token_id).sum())
+
+
+def real_token_count(attention_mask: torch.Tensor) -> int:
+    """Real (unpadded) tokens; never the padded length, which differs with --seq-length."""
+    return int(attention_mask.sum())
+
+
+def sample_cost(image_tokens: int, real_tokens: int, encoder_weight: int, language_weight: int) -> int:
+    """``w_enc * image_tokens + w_lang * real_tokens`` with integer weights (see ReorderConfig)."""
+    return encoder_weight * image_tokens + language_weight * real_tokens

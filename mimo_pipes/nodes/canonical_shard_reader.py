@@ -1,0 +1,93 @@
+"""CanonicalShardReader: this DP rank's canonical slots of every global micro-batch, one sample at a time."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Protocol
+
+import numpy as np
+from torchdata.nodes import BaseNode
+
+from mimo_pipes.sample import SAMPLE_ID, SLOT, STEP, Sample
+from mimo_pipes.sharding import epoch_order, microbatches_per_epoch
+from mimo_pipes.topology import owned_positions
+
+
+class MapStyleDataset(Protocol):
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> Mapping[str, Any]: ...
+
+
+class CanonicalShardReader(BaseNode[Sample]):
+    """Reads only this rank's B/d samples of each global micro-batch (scalable DP).
+
+    ``single`` reads the dataset once in order; ``cyclic`` reshuffles each epoch from the seed and never
+    ends. Each sample gets its dataset index, global step and canonical slot. The state is two counters,
+    so resuming from a consumed-sample count (``start_step = consumed // B``) is the same as restoring it.
+    """
+
+    NEXT_STEP_KEY = "next_step"
+    NEXT_POSITION_KEY = "next_position"
+
+    def __init__(
+        self,
+        dataset: MapStyleDataset,
+        *,
+        microbatch_size: int,
+        dp_rank: int,
+        dp_size: int,
+        canonical_slots: int,
+        seed: int = 0,
+        dataloader_type: str = "cyclic",
+        start_step: int = 0,
+    ) -> None:
+        super().__init__()
+        if dataloader_type not in ("single", "cyclic"):
+            raise ValueError(f"dataloader_type must be single or cyclic, got {dataloader_type!r}")
+        self.dataset = dataset
+        self.microbatch_size = microbatch_size
+        self.dp_rank = dp_rank
+        self.canonical_slots = canonical_slots
+        self.seed = seed
+        self.cyclic = dataloader_type == "cyclic"
+        self.start_step = start_step
+        self.positions = owned_positions(dp_rank, dp_size, microbatch_size)
+        self.samples_per_slot = microbatch_size // canonical_slots
+        self.per_epoch = microbatches_per_epoch(len(dataset), microbatch_size)
+        if self.per_epoch == 0:
+            raise ValueError(f"dataset has {len(dataset)} samples, fewer than one micro-batch of {microbatch_size}")
+        self._order_epoch = -1
+        self._order = np.empty(0, dtype=np.int64)
+
+    def reset(self, initial_state: dict | None = None) -> None:
+        super().reset(initial_state)
+        if initial_state is None:
+            self._next_step, self._next_position = self.start_step, 0
+        else:
+            self._next_step = int(initial_state[self.NEXT_STEP_KEY])
+            self._next_position = int(initial_state[self.NEXT_POSITION_KEY])
+
+    def _dataset_index(self, step: int, position: int) -> int:
+        epoch, within = divmod(step, self.per_epoch)
+        if epoch != self._order_epoch:
+            self._order = epoch_order(len(self.dataset), epoch, self.seed, shuffle=self.cyclic)
+            self._order_epoch = epoch
+        return int(self._order[within * self.microbatch_size + position])
+
+    def next(self) -> Sample:
+        step = self._next_step
+        if not self.cyclic and step >= self.per_epoch:
+            raise StopIteration
+        position = self.positions.start + self._next_position
+        index = self._dataset_index(step, position)
+        row = dict(self.dataset[index])
+        row[SAMPLE_ID] = index
+        row[STEP] = step
+        row[SLOT] = position // self.samples_per_slot
+        self._next_position += 1
+        if self._next_position == len(self.positions):
+            self._next_step, self._next_position = step + 1, 0
+        return row
+
+    def get_state(self) -> dict[str, Any]:
+        return {self.NEXT_STEP_KEY: self._next_step, self.NEXT_POSITION_KEY: self._next_position}

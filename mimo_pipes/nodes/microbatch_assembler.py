@@ -1,0 +1,63 @@
+"""MicroBatchAssembler: turns windows back into collated, padded micro-batches."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Mapping
+
+from torchdata.nodes import BaseNode
+
+from mimo_pipes.collate import DEFAULT_PAD_VALUES, collate_microbatch
+from mimo_pipes.window import Window
+
+
+class MicroBatchAssembler(BaseNode[dict]):
+    """Yields one collated micro-batch per step of each window, padded to ``pad_length`` (None: longest).
+
+    Its state is the source's state from before the current window plus how many of the window's
+    micro-batches were yielded, so a restore inside a window re-reads that window and skips ahead.
+    """
+
+    SOURCE_KEY = "source"
+    YIELDED_KEY = "yielded_in_window"
+
+    def __init__(
+        self,
+        source: BaseNode[Window],
+        *,
+        pad_length: int | None,
+        pad_values: Mapping[str, int | float] = DEFAULT_PAD_VALUES,
+    ) -> None:
+        super().__init__()
+        self.source = source
+        self.pad_length = pad_length
+        self.pad_values = dict(pad_values)
+
+    def reset(self, initial_state: dict | None = None) -> None:
+        super().reset(initial_state)
+        self._window: Window | None = None
+        if initial_state is None:
+            self.source.reset(None)
+            self._window_start_state: dict[str, Any] | None = None
+            self._yielded = 0
+        else:
+            self._window_start_state = copy.deepcopy(initial_state[self.SOURCE_KEY])
+            self.source.reset(copy.deepcopy(self._window_start_state))
+            self._yielded = int(initial_state[self.YIELDED_KEY])
+
+    def next(self) -> dict:
+        while self._window is None or self._yielded >= len(self._window.microbatches):
+            if self._window is not None:
+                self._yielded -= len(self._window.microbatches)
+            self._window_start_state = copy.deepcopy(self.source.state_dict())
+            self._window = next(self.source)
+        microbatch = self._window.microbatches[self._yielded]
+        self._yielded += 1
+        return collate_microbatch(microbatch, pad_length=self.pad_length, pad_values=self.pad_values)
+
+    def get_state(self) -> dict[str, Any]:
+        window_done = self._window is not None and self._yielded == len(self._window.microbatches)
+        if self._window_start_state is None or window_done:
+            # At a window boundary the source's current state starts the next window: no re-read on restore.
+            return {self.SOURCE_KEY: copy.deepcopy(self.source.state_dict()), self.YIELDED_KEY: 0}
+        return {self.SOURCE_KEY: copy.deepcopy(self._window_start_state), self.YIELDED_KEY: self._yielded}

@@ -1,0 +1,58 @@
+"""Windower: groups a rank's samples into micro-batches, and micro-batches into windows of W."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchdata.nodes import BaseNode
+
+from mimo_pipes.sample import STEP, Sample
+from mimo_pipes.window import Window
+
+
+class Windower(BaseNode[Window]):
+    """Emits windows covering steps [k*W, (k+1)*W); a window is cut short only where the source ends.
+
+    Windows are aligned to multiples of W of the global step, so every rank and every module cuts the
+    stream at the same places.
+    """
+
+    SOURCE_KEY = "source"
+
+    def __init__(self, source: BaseNode[Sample], *, samples_per_microbatch: int, window_size: int) -> None:
+        super().__init__()
+        if samples_per_microbatch < 1 or window_size < 1:
+            raise ValueError("samples_per_microbatch and window_size must be >= 1")
+        self.source = source
+        self.samples_per_microbatch = samples_per_microbatch
+        self.window_size = window_size
+
+    def reset(self, initial_state: dict | None = None) -> None:
+        super().reset(initial_state)
+        self.source.reset(None if initial_state is None else initial_state[self.SOURCE_KEY])
+
+    def _next_microbatch(self) -> list[Sample]:
+        first = next(self.source)
+        microbatch = [first]
+        while len(microbatch) < self.samples_per_microbatch:
+            try:
+                sample = next(self.source)
+            except StopIteration:
+                raise RuntimeError(f"source ended inside micro-batch {first[STEP]}: it must yield whole micro-batches") from None
+            if sample[STEP] != first[STEP]:
+                raise RuntimeError(f"micro-batch {first[STEP]} got a sample of step {sample[STEP]}: source is out of order")
+            microbatch.append(sample)
+        return microbatch
+
+    def next(self) -> Window:
+        microbatches = [self._next_microbatch()]
+        first_step = microbatches[0][0][STEP]
+        while (first_step + len(microbatches)) % self.window_size:
+            try:
+                microbatches.append(self._next_microbatch())
+            except StopIteration:
+                break
+        return Window(first_step=first_step, microbatches=microbatches)
+
+    def get_state(self) -> dict[str, Any]:
+        return {self.SOURCE_KEY: self.source.state_dict()}

@@ -1,0 +1,22 @@
+"""The unit the exchange works on: W consecutive micro-batches of one rank."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mimo_pipes.sample import Sample
+
+
+@dataclass
+class Window:
+    """This rank's samples for global micro-batches ``first_step .. first_step + len(microbatches) - 1``.
+
+    ``microbatches[m]`` lists the rank's samples of step ``first_step + m`` in canonical order.
+    """
+
+    first_step: int
+    microbatches: list[list[Sample]]
+
+    @property
+    def steps(self) -> range:
+        return range(self.first_step, self.first_step + len(self.microbatches))
