@@ -16,6 +16,7 @@ class MicroBatchAssembler(BaseNode[dict]):
 
     Its state is the source's state from before the current window plus how many of the window's
     micro-batches were yielded, so a restore inside a window re-reads that window and skips ahead.
+    ``skip_first`` does the same for a fresh start in the middle of a window (resume from a count).
     """
 
     SOURCE_KEY = "source"
@@ -27,9 +28,11 @@ class MicroBatchAssembler(BaseNode[dict]):
         *,
         pad_length: int | None,
         pad_values: Mapping[str, int | float] = DEFAULT_PAD_VALUES,
+        skip_first: int = 0,
     ) -> None:
         super().__init__()
         self.source = source
+        self.skip_first = skip_first  # micro-batches of the first window already consumed (resume by count)
         self.pad_length = pad_length
         self.pad_values = dict(pad_values)
 
@@ -39,7 +42,7 @@ class MicroBatchAssembler(BaseNode[dict]):
         if initial_state is None:
             self.source.reset(None)
             self._window_start_state: dict[str, Any] | None = None
-            self._yielded = 0
+            self._yielded = self.skip_first
         else:
             self._window_start_state = copy.deepcopy(initial_state[self.SOURCE_KEY])
             self.source.reset(copy.deepcopy(self._window_start_state))

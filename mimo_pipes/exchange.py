@@ -1,0 +1,167 @@
+"""One balanced exchange of a window over a module's DP group: gather costs, plan, one ragged all_to_all.
+
+The arithmetic lives in pure modules (``balance``, ``exchange_plan``, ``packing``); this file only moves
+bytes. Every rank calls :func:`exchange_window` for the same window (or :func:`announce_end` when its
+source is exhausted) so failures and ends are agreed on by all ranks instead of leaving a peer waiting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from mimo_pipes.balance import balance_window
+from mimo_pipes.errors import PeerError
+from mimo_pipes.exchange_plan import ExchangePlan, plan_exchange
+from mimo_pipes.packing import pack_samples, packed_size, unpack_samples
+from mimo_pipes.sample import COST, SAMPLE_ID, Sample
+from mimo_pipes.window import Window
+
+STATUS_OK, STATUS_FAILED, STATUS_END = 0, 1, 2
+HEADER = 4  # status, number of micro-batches, first step, window sequence number
+
+
+@dataclass(frozen=True)
+class ExchangeContext:
+    """What one rank needs to exchange: its module's DP layout and the group to talk on."""
+
+    group: dist.ProcessGroup | None  # None only when dp_size == 1
+    dp_rank: int
+    dp_size: int
+    canonical_slots: int
+    samples_per_rank: int  # B / d
+    window_size: int
+    across_microbatches: bool = False
+
+    @property
+    def microbatch_size(self) -> int:
+        return self.samples_per_rank * self.dp_size
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+def _gather_header(ctx: ExchangeContext, local: torch.Tensor) -> torch.Tensor:
+    gathered = torch.empty(ctx.dp_size, local.numel(), dtype=torch.int64)
+    dist.all_gather_into_tensor(gathered, local, group=ctx.group)
+    return gathered
+
+
+def _agree(ctx: ExchangeContext, status: int, sequence: int, window: Window | None, error: BaseException | None, costs_sizes: list[int]) -> torch.Tensor:
+    """All-gather status, window shape and per-sample (cost, packed size); raise on every rank if any failed."""
+    width = HEADER + 2 * ctx.window_size * ctx.samples_per_rank
+    local = torch.full((width,), -1, dtype=torch.int64)
+    local[0] = status
+    local[3] = sequence
+    if window is not None:
+        local[1] = len(window.microbatches)
+        local[2] = window.first_step
+        local[HEADER : HEADER + len(costs_sizes)] = torch.tensor(costs_sizes, dtype=torch.int64)
+    gathered = _gather_header(ctx, local)
+    statuses = gathered[:, 0].tolist()
+    if STATUS_FAILED in statuses:
+        messages: list[str | None] = [None] * ctx.dp_size
+        dist.all_gather_object(messages, None if error is None else _describe(error), group=ctx.group)
+        failed = statuses.index(STATUS_FAILED)
+        if error is not None:
+            raise error
+        raise PeerError(_global_rank(ctx, failed), f"{messages[failed]} (during the balance exchange)")
+    if len(set(statuses)) > 1:
+        ended = [rank for rank, value in enumerate(statuses) if value == STATUS_END]
+        raise PeerError(_global_rank(ctx, ended[0]), "its data ended while other ranks of the module still had data")
+    if len(set(gathered[:, 3].tolist())) > 1 or len(set(gathered[:, 1].tolist())) > 1 or len(set(gathered[:, 2].tolist())) > 1:
+        rows = gathered[:, 1:4].tolist()
+        raise PeerError(None, f"ranks are out of step (micro-batches, first step, sequence per rank: {rows})")
+    return gathered
+
+
+def _global_rank(ctx: ExchangeContext, dp_rank: int) -> int:
+    if ctx.group is None:
+        return dist.get_rank() if dist.is_initialized() else 0
+    return dist.get_global_rank(ctx.group, dp_rank)
+
+
+def announce_end(ctx: ExchangeContext, sequence: int) -> None:
+    """Tell the module this rank's source is exhausted; raises if a peer disagrees or failed."""
+    if ctx.dp_size > 1:
+        _agree(ctx, STATUS_END, sequence, None, None, [])
+
+
+def announce_failure(ctx: ExchangeContext, sequence: int, error: BaseException) -> None:
+    """Make a local failure (bad sample, source error) an exception on every rank of the module."""
+    if ctx.dp_size > 1:
+        _agree(ctx, STATUS_FAILED, sequence, None, error, [])
+    raise error
+
+
+def local_costs_and_sizes(window: Window, need_sizes: bool) -> list[int]:
+    """Interleaved (cost, packed bytes) per local sample; sizing validates packability before any collective."""
+    values: list[int] = []
+    for microbatch in window.microbatches:
+        for sample in microbatch:
+            values.append(int(sample[COST]))
+            values.append(packed_size(sample) if need_sizes else 0)
+    return values
+
+
+def exchange_window(ctx: ExchangeContext, window: Window, sequence: int) -> Window:
+    """Balance one window over the module's DP ranks and return this rank's samples in canonical order."""
+    try:
+        if any(len(microbatch) != ctx.samples_per_rank for microbatch in window.microbatches):
+            raise ValueError(f"window at step {window.first_step}: every micro-batch must hold {ctx.samples_per_rank} samples")
+        costs_sizes = local_costs_and_sizes(window, need_sizes=ctx.dp_size > 1)
+    except Exception as error:  # noqa: BLE001 - forwarded to every rank, then re-raised here
+        announce_failure(ctx, sequence, error)
+    local_samples = [sample for microbatch in window.microbatches for sample in microbatch]
+    if ctx.dp_size == 1:
+        costs = [costs_sizes[0::2]]
+        per_step = ctx.samples_per_rank
+        cost_rows = [costs[0][m * per_step : (m + 1) * per_step] for m in range(len(window.microbatches))]
+        plan = _plan(ctx, cost_rows)
+        by_flat = dict(enumerate(local_samples))
+        return Window(window.first_step, [[by_flat[index] for index in order] for order in plan.output_order])
+    gathered = _agree(ctx, STATUS_OK, sequence, window, None, costs_sizes)
+    count = len(window.microbatches)
+    per_rank = ctx.samples_per_rank
+    # gathered[r] holds rank r's samples, micro-batch by micro-batch: reorder into canonical flat indices.
+    values = gathered[:, HEADER : HEADER + 2 * count * per_rank].reshape(ctx.dp_size, count, per_rank, 2)
+    canonical = values.permute(1, 0, 2, 3).reshape(count, ctx.microbatch_size, 2)
+    cost_rows = canonical[:, :, 0].tolist()
+    sizes = canonical[:, :, 1].reshape(-1).tolist()
+    plan = _plan(ctx, cost_rows)
+    by_flat = _move(ctx, plan, window, local_samples, sizes)
+    return Window(window.first_step, [[by_flat[index] for index in order] for order in plan.output_order])
+
+
+def _plan(ctx: ExchangeContext, cost_rows: list[list[int]]) -> ExchangePlan:
+    assignment = balance_window(cost_rows, ctx.canonical_slots, across_microbatches=ctx.across_microbatches)
+    return plan_exchange(assignment, ctx.dp_rank, ctx.dp_size, ctx.canonical_slots, ctx.microbatch_size)
+
+
+def _flat_index(ctx: ExchangeContext, local_position: int) -> int:
+    microbatch, within = divmod(local_position, ctx.samples_per_rank)
+    return microbatch * ctx.microbatch_size + ctx.dp_rank * ctx.samples_per_rank + within
+
+
+def _move(ctx: ExchangeContext, plan: ExchangePlan, window: Window, local_samples: list[Sample], sizes: list[int]) -> dict[int, Sample]:
+    """The one ragged all_to_all: only samples that change rank are packed and sent."""
+    by_flat = {_flat_index(ctx, position): sample for position, sample in enumerate(local_samples)}
+    kept = {index: by_flat[index] for index in plan.keep_indices}
+    outgoing = [by_flat[index] for peer in range(ctx.dp_size) for index in plan.send_indices[peer]]
+    send_splits = [sum(sizes[index] for index in plan.send_indices[peer]) for peer in range(ctx.dp_size)]
+    recv_splits = [sum(sizes[index] for index in plan.recv_indices[peer]) for peer in range(ctx.dp_size)]
+    send_buffer = pack_samples(outgoing) if outgoing else torch.empty(0, dtype=torch.uint8)
+    if send_buffer.numel() != sum(send_splits):
+        raise RuntimeError(f"packed {send_buffer.numel()} bytes but planned {sum(send_splits)}")
+    recv_buffer = torch.empty(sum(recv_splits), dtype=torch.uint8)
+    dist.all_to_all_single(recv_buffer, send_buffer, recv_splits, send_splits, group=ctx.group)
+    incoming_indices = [index for peer in range(ctx.dp_size) for index in plan.recv_indices[peer]]
+    incoming = unpack_samples(recv_buffer, len(incoming_indices)) if incoming_indices else []
+    kept.update(zip(incoming_indices, incoming))
+    for index, sample in kept.items():
+        if SAMPLE_ID not in sample:
+            raise RuntimeError(f"flat index {index} arrived without a sample id")
+    return kept

@@ -1,0 +1,86 @@
+"""Builds one module rank's node chain: reader -> processing -> costs -> windows -> exchange -> micro-batches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import torch.distributed as dist
+from torchdata.nodes import BaseNode, ParallelMapper
+
+from mimo_pipes.config import PipelineConfig
+from mimo_pipes.exchange import ExchangeContext
+from mimo_pipes.loader import GraphLoader
+from mimo_pipes.nodes.balance_exchange import BalanceExchange
+from mimo_pipes.nodes.canonical_shard_reader import CanonicalShardReader, MapStyleDataset
+from mimo_pipes.nodes.cost_annotator import CostAnnotator
+from mimo_pipes.nodes.microbatch_assembler import MicroBatchAssembler
+from mimo_pipes.nodes.windower import Windower
+from mimo_pipes.sample import Sample
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    """The part of the topology one rank's graph needs."""
+
+    dp_rank: int
+    dp_size: int
+    canonical_slots: int
+    exchange_group: dist.ProcessGroup | None = None
+
+
+def window_start(step: int, window_size: int) -> int:
+    """First step of the window holding ``step``: windows start at multiples of W."""
+    return step - step % window_size
+
+
+def build_graph(
+    dataset: MapStyleDataset,
+    config: PipelineConfig,
+    layout: RankLayout,
+    *,
+    map_fn: Callable[[Sample], Sample] | None,
+    image_token_id: int,
+    pad_values: Mapping[str, int | float],
+    consumed_microbatches: int = 0,
+) -> GraphLoader:
+    """One rank's graph. ``consumed_microbatches`` resumes from a Megatron-style count alone (the same
+    stream as restoring the full state): the reader restarts at the window boundary and the assembler
+    skips the micro-batches of that window already consumed."""
+    reorder = config.reorder
+    window_size = reorder.reorder_window_size if reorder.intra_microbatch_reorder else 1
+    first_step = window_start(consumed_microbatches, window_size)
+    node: BaseNode[Any] = CanonicalShardReader(
+        dataset,
+        microbatch_size=config.micro_batch_size,
+        dp_rank=layout.dp_rank,
+        dp_size=layout.dp_size,
+        canonical_slots=layout.canonical_slots,
+        seed=config.seed,
+        dataloader_type=config.dataloader_type,
+        start_step=first_step,
+    )
+    if map_fn is not None:
+        node = ParallelMapper(
+            node, map_fn, num_workers=max(config.num_workers, 1), in_order=True, method="thread", max_concurrent=None
+        )
+    encoder_weight, language_weight = reorder.integer_cost_weights()
+    node = CostAnnotator(node, image_token_id=image_token_id, encoder_weight=encoder_weight, language_weight=language_weight)
+    samples_per_rank = config.micro_batch_size // layout.dp_size
+    node = Windower(node, samples_per_microbatch=samples_per_rank, window_size=window_size)
+    if reorder.intra_microbatch_reorder:
+        context = ExchangeContext(
+            group=layout.exchange_group,
+            dp_rank=layout.dp_rank,
+            dp_size=layout.dp_size,
+            canonical_slots=layout.canonical_slots,
+            samples_per_rank=samples_per_rank,
+            window_size=window_size,
+            across_microbatches=reorder.reorder_across_microbatches,
+        )
+        node = BalanceExchange(node, context, overlap=reorder.overlap_intra_microbatch_reorder)
+    pad_length = config.seq_length if config.pad_to_seq_length else None
+    node = MicroBatchAssembler(
+        node, pad_length=pad_length, pad_values=pad_values, skip_first=consumed_microbatches - first_step
+    )
+    return GraphLoader(node, start_count=consumed_microbatches)

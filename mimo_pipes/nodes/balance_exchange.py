@@ -1,0 +1,170 @@
+"""BalanceExchange: balances each window over the module's DP ranks, optionally prefetching on a thread."""
+
+from __future__ import annotations
+
+import collections
+import copy
+import threading
+import weakref
+from typing import Any, Iterator
+
+from torchdata.nodes import BaseNode, IterableWrapper
+
+from mimo_pipes.exchange import ExchangeContext, announce_end, announce_failure, exchange_window
+from mimo_pipes.window import Window
+
+# Windows exchanged ahead of the consumer. Every rank's thread runs at most this far ahead, which bounds
+# memory (two extra windows per rank) and tells a stopping thread which exchanges its peers may have begun.
+PREFETCH_DEPTH = 2
+
+
+class _Prefetcher:
+    """Background exchanges on a dedicated group. Stops cooperatively: it finishes the exchanges any peer
+    may already have entered (up to ``delivered + PREFETCH_DEPTH``), so no peer is left in a collective."""
+
+    def __init__(self, source: BaseNode[Window], ctx: ExchangeContext, first_sequence: int) -> None:
+        self.source = source
+        self.ctx = ctx
+        self.condition = threading.Condition()
+        self.results: collections.deque[tuple[str, Any, Any]] = collections.deque()
+        self.produced = 0
+        self.delivered = 0
+        self.first_sequence = first_sequence
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, name="mimo-pipes-exchange", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self.condition:
+                while not self.stopping and self.produced >= self.delivered + PREFETCH_DEPTH:
+                    self.condition.wait()
+                if self.produced >= self.delivered + PREFETCH_DEPTH:
+                    return
+            sequence = self.first_sequence + self.produced
+            try:
+                try:
+                    window = next(self.source)
+                except StopIteration:
+                    announce_end(self.ctx, sequence)
+                    self._publish("end", None, None)
+                    return
+                except Exception as error:  # noqa: BLE001 - made an exception on every rank
+                    announce_failure(self.ctx, sequence, error)
+                state_after = copy.deepcopy(self.source.state_dict())
+                result = exchange_window(self.ctx, window, sequence)
+            except BaseException as error:  # noqa: BLE001 - handed to the consumer thread
+                self._publish("error", error, None)
+                return
+            self._publish("window", result, state_after)
+
+    def _publish(self, kind: str, value: Any, state: Any) -> None:
+        with self.condition:
+            self.produced += 1
+            self.results.append((kind, value, state))
+            self.condition.notify_all()
+
+    def take(self) -> tuple[str, Any, Any]:
+        with self.condition:
+            while not self.results:
+                if not self.thread.is_alive():
+                    raise RuntimeError("exchange thread ended without a result")
+                self.condition.wait(timeout=1.0)
+            item = self.results.popleft()
+            if item[0] == "window":
+                self.delivered += 1
+            self.condition.notify_all()
+            return item
+
+    def stop(self, join_timeout: float | None) -> None:
+        with self.condition:
+            self.stopping = True
+            self.condition.notify_all()
+        if join_timeout is None or join_timeout > 0:
+            self.thread.join(join_timeout)
+
+
+def _stop_prefetcher(prefetcher: _Prefetcher | None, join_timeout: float | None) -> None:
+    if prefetcher is not None:
+        prefetcher.stop(join_timeout)
+
+
+class BalanceExchange(BaseNode[Window]):
+    """Per window: all-gather costs over the DP group, one balanced assignment, one ragged all_to_all.
+
+    Wraps any BaseNode (or plain iterator) of :class:`Window`. With ``overlap`` the next windows are
+    exchanged on a background thread over ``ctx.group``, which must be a group used for nothing else.
+    DP size 1 permutes locally on the calling thread. The state is the source's state after the last
+    delivered window: plain counters, never samples.
+    """
+
+    SOURCE_KEY = "source"
+    SEQUENCE_KEY = "windows_delivered"
+
+    def __init__(self, source: BaseNode[Window] | Iterator[Window], ctx: ExchangeContext, *, overlap: bool = True) -> None:
+        super().__init__()
+        self.source = source if isinstance(source, BaseNode) else IterableWrapper(source)
+        self.ctx = ctx
+        self.overlap = overlap and ctx.dp_size > 1
+        self._prefetcher: _Prefetcher | None = None
+        self._finalizer: weakref.finalize | None = None
+
+    def reset(self, initial_state: dict | None = None) -> None:
+        super().reset(initial_state)
+        self.close()
+        if initial_state is None:
+            self.source.reset(None)
+            self._sequence = 0
+        else:
+            self.source.reset(copy.deepcopy(initial_state[self.SOURCE_KEY]))
+            self._sequence = int(initial_state[self.SEQUENCE_KEY])
+        self._state_after_delivered = copy.deepcopy(self.source.state_dict())
+        self._ended = False
+
+    def next(self) -> Window:
+        if self._ended:
+            raise StopIteration
+        if not self.overlap:
+            return self._next_synchronous()
+        if self._prefetcher is None:
+            self._prefetcher = _Prefetcher(self.source, self.ctx, self._sequence)
+            self._finalizer = weakref.finalize(self, _stop_prefetcher, self._prefetcher, 0)
+        kind, value, state_after = self._prefetcher.take()
+        if kind == "end":
+            self._ended = True
+            self.close()
+            raise StopIteration
+        if kind == "error":
+            self._ended = True
+            self.close()
+            raise value
+        self._sequence += 1
+        self._state_after_delivered = state_after
+        return value
+
+    def _next_synchronous(self) -> Window:
+        try:
+            window = next(self.source)
+        except StopIteration:
+            self._ended = True
+            announce_end(self.ctx, self._sequence)
+            raise
+        except Exception as error:  # noqa: BLE001 - made an exception on every rank
+            self._ended = True
+            announce_failure(self.ctx, self._sequence, error)
+        result = exchange_window(self.ctx, window, self._sequence)
+        self._sequence += 1
+        self._state_after_delivered = copy.deepcopy(self.source.state_dict())
+        return result
+
+    def close(self, join_timeout: float | None = None) -> None:
+        """Stop the prefetch thread after the exchanges peers may depend on; joins it (None: no limit)."""
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
+        if self._prefetcher is not None:
+            self._prefetcher.stop(join_timeout)
+            self._prefetcher = None
+
+    def get_state(self) -> dict[str, Any]:
+        return {self.SOURCE_KEY: copy.deepcopy(self._state_after_delivered), self.SEQUENCE_KEY: self._sequence}

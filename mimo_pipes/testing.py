@@ -1,0 +1,75 @@
+"""Ready-processed synthetic samples for tests and benchmarks of the exchange, without running a processor.
+
+Every tensor is a deterministic function of the sample index, so any rank can check that a sample it
+received is intact (:func:`check_sample`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+IMAGE_TOKEN_ID = 151655
+TEXT_TOKEN_ID = 1000
+MERGE = 2  # patches per placeholder token along each side (Qwen2-VL merge_size)
+
+
+def image_tokens_for(index: int, seed: int) -> int:
+    """A heavy-tailed VLM mix: ~20% text-only, thumbnails, photos, documents up to ~1500 tokens."""
+    generator = np.random.Generator(np.random.PCG64([seed, index]))
+    kind = generator.random()
+    if kind < 0.2:
+        return 0
+    if kind < 0.35:
+        return int(generator.integers(4, 40))
+    if kind < 0.75:
+        return int(generator.integers(100, 500))
+    return int(generator.integers(600, 1500))
+
+
+class SyntheticProcessedDataset:
+    """Map-style dataset of processed samples: input_ids with image placeholders, pixel_values rows.
+
+    ``patch_dim`` is the width of a pixel_values row (1176 for Qwen2-VL; smaller keeps tests light).
+    """
+
+    def __init__(self, size: int, *, seed: int = 0, text_tokens: int = 64, patch_dim: int = 16) -> None:
+        self.size = size
+        self.seed = seed
+        self.text_tokens = text_tokens
+        self.patch_dim = patch_dim
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        if not 0 <= index < self.size:
+            raise IndexError(index)
+        image_tokens = image_tokens_for(index, self.seed)
+        length = image_tokens + self.text_tokens + index % 7
+        input_ids = torch.full((length,), TEXT_TOKEN_ID, dtype=torch.int64)
+        input_ids[1 : 1 + image_tokens] = IMAGE_TOKEN_ID
+        patches = image_tokens * MERGE * MERGE
+        pixel_values = torch.arange(patches * self.patch_dim, dtype=torch.float32).reshape(patches, self.patch_dim)
+        pixel_values += float(index)
+        grid = torch.tensor([[1, MERGE, MERGE * image_tokens]], dtype=torch.int64)  # prod / merge**2 = tokens
+        return {
+            "input_ids": input_ids,
+            "attention_mask": torch.ones(length, dtype=torch.int64),
+            "labels": input_ids.clone(),
+            "loss_mask": torch.ones(length, dtype=torch.float32),
+            "position_ids": torch.arange(length, dtype=torch.int64),
+            "pixel_values": pixel_values,
+            "image_grid_thw": grid if image_tokens else torch.zeros((0, 3), dtype=torch.int64),
+        }
+
+
+def check_sample(sample: dict[str, Any], dataset: SyntheticProcessedDataset, index: int) -> None:
+    """Raise AssertionError unless ``sample`` carries exactly dataset[index]'s tensors."""
+    expected = dataset[index]
+    for name, tensor in expected.items():
+        got = sample[name]
+        if got.dtype != tensor.dtype or got.shape != tensor.shape or not torch.equal(got, tensor):
+            raise AssertionError(f"sample {index}: field {name} differs after the exchange")

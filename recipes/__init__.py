@@ -1,0 +1,1 @@
+"""Recipes: each builds one module rank's graph; copy one to start your own."""

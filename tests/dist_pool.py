@@ -1,0 +1,126 @@
+"""A pool of real torch.distributed (Gloo) worker processes that run many scenarios in one process group.
+
+Starting torch processes is slow on a small machine, so a test module starts one pool and submits
+scenarios to it. Every scenario runs on every rank (collectives need all of them); a scenario whose
+layout needs fewer ranks leaves the rest idle. A task that does not finish in time kills the pool.
+"""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing as mp
+import os
+import socket
+import sys
+import traceback
+from typing import Any, Callable
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _worker(rank: int, world_size: int, port: int, connection: Any) -> None:
+    sys.path.insert(0, TESTS_DIR)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=120),
+    )
+    connection.send(("ready", rank))
+    while True:
+        task = connection.recv()
+        if task is None:
+            break
+        module_name, function_name, args, kwargs = task
+        try:
+            function = getattr(importlib.import_module(module_name), function_name)
+            connection.send(("ok", function(*args, **kwargs)))
+        except BaseException as error:  # noqa: BLE001 - reported to the test process
+            connection.send(("error", f"rank {rank}: {type(error).__name__}: {error}\n{traceback.format_exc()}"))
+    dist.destroy_process_group()
+
+
+class DistPool:
+    """``world_size`` Gloo ranks; ``run(fn, ...)`` calls ``fn`` on every rank and returns the results by rank."""
+
+    def __init__(self, world_size: int, start_timeout: float = 180.0) -> None:
+        context = mp.get_context("spawn")
+        port = free_port()
+        self.world_size = world_size
+        self.connections = []
+        self.processes = []
+        for rank in range(world_size):
+            parent, child = context.Pipe()
+            process = context.Process(target=_worker, args=(rank, world_size, port, child), daemon=True)
+            process.start()
+            self.connections.append(parent)
+            self.processes.append(process)
+        for connection in self.connections:
+            if not connection.poll(start_timeout):
+                self.close()
+                raise TimeoutError("distributed workers did not start")
+            connection.recv()
+
+    def run(self, function: Callable, *args: Any, timeout: float = 300.0, **kwargs: Any) -> list[Any]:
+        task = (function.__module__, function.__name__, args, kwargs)
+        for connection in self.connections:
+            connection.send(task)
+        results, errors = [], []
+        for rank, connection in enumerate(self.connections):
+            if not connection.poll(timeout):
+                self.close()
+                raise TimeoutError(f"rank {rank} did not finish {function.__name__} within {timeout}s")
+            status, value = connection.recv()
+            results.append(value)
+            if status == "error":
+                errors.append(value)
+        if errors:
+            raise ScenarioError(errors)
+        return results
+
+    def run_collect(self, function: Callable, *args: Any, timeout: float = 300.0, **kwargs: Any) -> list[tuple[str, Any]]:
+        """Like run, but returns (status, value) per rank instead of raising on errors."""
+        task = (function.__module__, function.__name__, args, kwargs)
+        for connection in self.connections:
+            connection.send(task)
+        outcomes = []
+        for rank, connection in enumerate(self.connections):
+            if not connection.poll(timeout):
+                outcomes.append(("timeout", None))
+                continue
+            try:
+                outcomes.append(connection.recv())
+            except EOFError:
+                outcomes.append(("exited", None))
+        return outcomes
+
+    def close(self) -> None:
+        for connection in self.connections:
+            try:
+                connection.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+        for process in self.processes:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+
+
+class ScenarioError(AssertionError):
+    def __init__(self, errors: list[str]) -> None:
+        self.errors = errors
+        super().__init__("\n".join(errors))
