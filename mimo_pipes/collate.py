@@ -7,13 +7,15 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from mimo_pipes.errors import SampleError
-from mimo_pipes.sample import METADATA_KEYS, SAMPLE_ID, STEP, Sample
+from mimo_pipes.sample import COST, IMAGE_TOKENS, METADATA_KEYS, REAL_TOKENS, SAMPLE_ID, SLOT, STEP, Sample
 
 # Per-token fields: padded on the right to one length and stacked to [b, L].
 SEQUENCE_FIELDS = ("input_ids", "attention_mask", "labels", "loss_mask", "position_ids")
 # Ragged vision fields: concatenated along dim 0, as Qwen2-VL-style encoders take them.
 CONCAT_FIELDS = ("pixel_values", "image_grid_thw")
 DEFAULT_PAD_VALUES: Mapping[str, int | float] = {"labels": -100}
+# Per-sample metadata becomes one list per micro-batch under these names (canonical order).
+METADATA_LIST_NAMES = {SAMPLE_ID: "sample_ids", SLOT: "slots", IMAGE_TOKENS: "image_tokens", REAL_TOKENS: "real_tokens", COST: "costs"}
 
 
 def collate_microbatch(
@@ -26,9 +28,8 @@ def collate_microbatch(
     if not samples:
         raise ValueError("cannot collate an empty micro-batch")
     batch: dict[str, Any] = {"step": samples[0][STEP]}
-    for key in METADATA_KEYS:
-        if key != STEP:
-            batch[key + "s"] = [sample.get(key) for sample in samples]
+    for key, list_name in METADATA_LIST_NAMES.items():
+        batch[list_name] = [sample.get(key) for sample in samples]
     longest = max((len(sample[name]) for sample in samples for name in SEQUENCE_FIELDS if name in sample), default=0)
     length = longest if pad_length is None else pad_length
     for name in samples[0]:

@@ -1,0 +1,85 @@
+"""Per-module summary of a run from every rank's micro-batch records: pure arithmetic."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+
+@dataclass(frozen=True)
+class ModuleSummary:
+    module: str
+    dp_size: int
+    steps: int
+    samples: int
+    image_tokens: int
+    mean_spread_before: float  # mean over steps of (heaviest - lightest) per-rank image tokens, reader's shard
+    mean_spread_after: float  # the same for what the ranks actually consumed
+    max_rank_tokens_before: int  # sum over steps of the heaviest rank (the vision critical path)
+    max_rank_tokens_after: int
+
+
+def summarize(records: Iterable[Mapping], canonical_slots: int) -> list[ModuleSummary]:
+    """``records``: one per (rank, micro-batch) with module, dp_rank, dp_size, tp_rank, pp_rank, step,
+    image_tokens and slots (the canonical slot each sample was read into). Only TP/PP rank 0 lines count,
+    since their peers hold the same samples."""
+    after: dict[str, dict[int, dict[int, int]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(int)))
+    before: dict[str, dict[int, dict[int, int]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(int)))
+    dp_sizes: dict[str, int] = {}
+    samples: dict[str, int] = defaultdict(int)
+    for record in records:
+        if record.get("tp_rank", 0) or record.get("pp_rank", 0):
+            continue
+        module, dp_size, step = record["module"], record["dp_size"], record["step"]
+        dp_sizes[module] = dp_size
+        slots_per_rank = canonical_slots // dp_size
+        samples[module] += len(record["image_tokens"])
+        after[module][step][record["dp_rank"]] += sum(record["image_tokens"])
+        for tokens, slot in zip(record["image_tokens"], record["slots"]):
+            before[module][step][slot // slots_per_rank] += tokens
+    summaries = []
+    for module in sorted(after, key=lambda name: (name != "language", name)):
+        dp_size = dp_sizes[module]
+        spread_after = [_spread(after[module][step], dp_size) for step in after[module]]
+        spread_before = [_spread(before[module][step], dp_size) for step in after[module]]
+        summaries.append(
+            ModuleSummary(
+                module=module,
+                dp_size=dp_size,
+                steps=len(after[module]),
+                samples=samples[module],
+                image_tokens=sum(sum(loads.values()) for loads in after[module].values()),
+                mean_spread_before=_mean(spread_before),
+                mean_spread_after=_mean(spread_after),
+                max_rank_tokens_before=sum(max(loads.values(), default=0) for loads in before[module].values()),
+                max_rank_tokens_after=sum(max(loads.values(), default=0) for loads in after[module].values()),
+            )
+        )
+    return summaries
+
+
+def _spread(loads: Mapping[int, int], dp_size: int) -> int:
+    values = [loads.get(rank, 0) for rank in range(dp_size)]
+    return max(values) - min(values)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def format_summary(summaries: Sequence[ModuleSummary]) -> str:
+    header = (
+        f"{'module':<10} {'dp':>3} {'steps':>6} {'samples':>8} {'image tok':>10} "
+        f"{'spread before':>14} {'spread after':>13} {'crit. path before':>18} {'after':>8}"
+    )
+    lines = [header, "-" * len(header)]
+    for s in summaries:
+        lines.append(
+            f"{s.module:<10} {s.dp_size:>3} {s.steps:>6} {s.samples:>8} {s.image_tokens:>10} "
+            f"{s.mean_spread_before:>14.1f} {s.mean_spread_after:>13.1f} {s.max_rank_tokens_before:>18} "
+            f"{s.max_rank_tokens_after:>8}"
+        )
+    lines.append("spread: mean over micro-batches of (heaviest - lightest) per-rank image tokens; "
+                 "crit. path: sum over micro-batches of the heaviest rank's image tokens")
+    return "\n".join(lines)

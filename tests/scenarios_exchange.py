@@ -1,0 +1,79 @@
+"""Scenarios run on every rank of a Gloo pool: build a module rank's graph on synthetic processed samples."""
+
+from __future__ import annotations
+
+from mimo_pipes.config import PipelineConfig, ReorderConfig
+from mimo_pipes.graph import RankLayout, build_graph
+from mimo_pipes.process_groups import build_rank_groups
+from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset, check_sample
+from mimo_pipes.topology import build_topology
+
+PAD_VALUES = {"input_ids": 0, "labels": -100}
+
+
+def make_config(components, *, microbatch_size, reorder=True, window_size=1, across=False, overlap=True,
+                dataloader_type="cyclic", global_batch_size=None, seed=0, seq_length=4096) -> PipelineConfig:
+    return PipelineConfig(
+        components=tuple(components),
+        micro_batch_size=microbatch_size,
+        global_batch_size=global_batch_size,
+        seq_length=seq_length,
+        dataloader_type=dataloader_type,
+        seed=seed,
+        num_workers=1,
+        reorder=ReorderConfig(
+            scalable_dp=True,
+            intra_microbatch_reorder=reorder,
+            overlap_intra_microbatch_reorder=overlap,
+            reorder_window_size=window_size,
+            reorder_across_microbatches=across,
+        ),
+    )
+
+
+def check_batch(batch: dict, dataset: SyntheticProcessedDataset) -> None:
+    """Every sample of a collated micro-batch is intact: token rows and its pixel rows."""
+    offset = 0
+    for row, sample_id in enumerate(batch["sample_ids"]):
+        expected = dataset[sample_id]
+        length = len(expected["input_ids"])
+        patches = expected["pixel_values"].shape[0]
+        received = {
+            name: batch[name][row, :length] for name in ("input_ids", "attention_mask", "labels", "loss_mask", "position_ids")
+        }
+        received["pixel_values"] = batch["pixel_values"][offset : offset + patches]
+        received["image_grid_thw"] = expected["image_grid_thw"]
+        check_sample(received, dataset, sample_id)
+        assert int(batch["attention_mask"][row].sum()) == length, f"sample {sample_id}: padding is not masked"
+        offset += patches
+    assert offset == batch["pixel_values"].shape[0], "pixel_values has rows of no sample"
+
+
+def run_graph(components, *, steps, dataset_size=4096, timeout_s=60.0, **config_kwargs):
+    topology = build_topology(components)
+    groups = build_rank_groups(topology, timeout_s=timeout_s)
+    if groups is None:
+        return None
+    config = make_config(components, **config_kwargs)
+    config.validate(world_size=topology.world_size)
+    dataset = SyntheticProcessedDataset(dataset_size, seed=config.seed)
+    position = groups.position
+    layout = RankLayout(position.dp_rank, position.dp_size, topology.canonical_slots, groups.exchange_group)
+    loader = build_graph(dataset, config, layout, map_fn=None, image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES)
+    records = []
+    try:
+        for batch in loader:
+            check_batch(batch, dataset)
+            records.append({"step": batch["step"], "sample_ids": batch["sample_ids"], "image_tokens": batch["image_tokens"]})
+            if len(records) == steps:
+                break
+    finally:
+        loader.close()
+    return {
+        "module": position.module.name,
+        "dp_rank": position.dp_rank,
+        "dp_size": position.dp_size,
+        "tp_rank": position.tp_rank,
+        "pp_rank": position.pp_rank,
+        "records": records,
+    }
