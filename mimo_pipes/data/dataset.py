@@ -1,0 +1,67 @@
+"""Dataset sources: the cached built-in dataset and user folders written by ``save_to_disk``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mimo_pipes.data.cache import build_atomically, cache_root
+from mimo_pipes.errors import ConfigError
+
+DATASET_VERSION = "v1"
+"""Bumped whenever the synthetic generator changes, so a stale cached copy is never reused."""
+
+DEFAULT_NUM_SAMPLES = 512
+REQUIRED_COLUMNS = ("prompt", "response")
+"""Columns a dataset must have; ``images`` is optional (rows without it are text-only)."""
+
+
+def default_dataset_path(num_samples: int = DEFAULT_NUM_SAMPLES, seed: int = 0) -> Path:
+    """The cached synthetic dataset for ``(num_samples, seed)``, generated on first use."""
+    from mimo_pipes.data.synthetic import generate_synthetic_dataset
+
+    final = cache_root() / f"dataset-{DATASET_VERSION}-n{int(num_samples)}-s{int(seed)}"
+    return build_atomically(final, lambda tmp: generate_synthetic_dataset(tmp, num_samples, seed))
+
+
+def check_dataset_path(path: str | Path) -> Path:
+    """Fail with ``ConfigError('--dataset', ...)`` unless ``path`` is a folder written by ``save_to_disk``."""
+    p = Path(path).expanduser()
+    hint = "pass a folder written by datasets' save_to_disk with columns images, prompt and response"
+    if not p.exists():
+        raise ConfigError("--dataset", f"{str(path)!r} does not exist; {hint}")
+    if not p.is_dir():
+        raise ConfigError("--dataset", f"{str(path)!r} is not a folder; {hint}")
+    is_dataset = (p / "dataset_info.json").is_file() and (p / "state.json").is_file()
+    is_dict = (p / "dataset_dict.json").is_file()
+    if not (is_dataset or is_dict):
+        raise ConfigError("--dataset", f"{str(path)!r} was not written by save_to_disk; {hint}")
+    return p
+
+
+def open_dataset(path: str | Path, split: str = "train"):
+    """Open a ``save_to_disk`` folder as a :class:`datasets.Dataset` and check its columns.
+
+    A ``DatasetDict`` folder yields ``split`` (or its only split).
+    """
+    import datasets
+
+    p = check_dataset_path(path)
+    try:
+        ds = datasets.load_from_disk(str(p))
+    except Exception as e:  # noqa: BLE001 - any loading failure is a bad --dataset
+        raise ConfigError("--dataset", f"cannot load {str(path)!r}: {e}") from e
+    if isinstance(ds, datasets.DatasetDict):
+        if split in ds:
+            ds = ds[split]
+        elif len(ds) == 1:
+            ds = next(iter(ds.values()))
+        else:
+            raise ConfigError("--dataset", f"{str(path)!r} has splits {sorted(ds)} but no {split!r} split")
+    missing = [c for c in REQUIRED_COLUMNS if c not in ds.column_names]
+    if missing:
+        raise ConfigError(
+            "--dataset", f"{str(path)!r} lacks the column(s) {', '.join(missing)} (has {', '.join(ds.column_names)})"
+        )
+    if len(ds) == 0:
+        raise ConfigError("--dataset", f"{str(path)!r} is empty")
+    return ds
