@@ -12,6 +12,7 @@ from typing import Callable
 
 from mimo_pipes.config import PipelineConfig
 from mimo_pipes.data.dataset import check_dataset_path, default_dataset_path, open_dataset
+from mimo_pipes.errors import ConfigError
 from mimo_pipes.data.processor import check_processor_path, default_processor_path, load_processor
 from mimo_pipes.graph import RankLayout, build_graph
 from mimo_pipes.loader import GraphLoader
@@ -38,8 +39,6 @@ def prepare(config: PipelineConfig, log: Callable[[str], None] = print) -> None:
     log(f"processor: {processor_path(config)}")
     dataset = open_dataset(dataset_path(config))
     if len(dataset) < config.micro_batch_size:
-        from mimo_pipes.errors import ConfigError
-
         raise ConfigError("--dataset", f"{len(dataset)} samples are fewer than one micro-batch of {config.micro_batch_size}")
     del processor
 

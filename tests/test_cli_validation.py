@@ -1,0 +1,53 @@
+"""Every bad setting fails `mimo-pipes run` before any rank starts: exit 2, one line naming the setting."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from mimo_pipes.cli.main import main
+
+REORDER = ["--scalable-dp", "--intra-microbatch-reorder"]
+
+CASES = {
+    "encoder dp above language dp": (["--component", "language=dp=1", "--component", "images=dp=2,rank_offset=1"], "--component", "exceeds language dp"),
+    "encoder pp": (["--component", "language=dp=2", "--component", "images=pp=2,dp=1,rank_offset=2"], "--component", "pipeline parallelism"),
+    "expert tp": (["--component", "language=dp=2,etp=2", "--component", "images=dp=2,rank_offset=4"], "--component", "expert tensor parallelism"),
+    "batch not divisible by grid": (["--micro-batch-size", "6", "--component", "language=dp=4", "--component", "images=dp=2,rank_offset=4"], "--micro-batch-size", "canonical grid size 4"),
+    "reorder without scalable dp": (["--intra-microbatch-reorder"], "--intra-microbatch-reorder", "--scalable-dp"),
+    "both weights zero": (REORDER + ["--reorder-encoder-cost-weight", "0"], "--reorder-encoder-cost-weight", "both 0"),
+    "negative encoder weight": (REORDER + ["--reorder-encoder-cost-weight", "-1"], "--reorder-encoder-cost-weight", "negative"),
+    "negative language weight": (REORDER + ["--reorder-language-cost-weight", "-0.5"], "--reorder-language-cost-weight", "negative"),
+    "window below 1": (REORDER + ["--reorder-window-size", "0"], "--reorder-window-size", ">= 1"),
+    "unpadded with reorder": (REORDER + ["--pad-to-seq-length", "false"], "--pad-to-seq-length", "same length"),
+    "drop_last false": (["--drop-last", "false"], "--drop-last", "full global micro-batches"),
+    "other sampler": (["--dataloader-type", "external"], "--dataloader-type", "single or cyclic"),
+    "missing dataset": (["--dataset", "/nonexistent/data"], "--dataset", "does not exist"),
+    "missing processor": (["--processor", "/nonexistent/proc"], "--processor", "does not exist"),
+    "window vs global batch": (REORDER + ["--reorder-across-microbatches", "--reorder-window-size", "3", "--global-batch-size", "32"], "--reorder-window-size", "must divide the 4 micro-batches"),
+    "gap in ranks": (["--component", "language=dp=2", "--component", "images=dp=2,rank_offset=3"], "--component", "rank 2 belongs to no module"),
+    "stop-after without save": (["--stop-after", "2"], "--save-state", "go together"),
+    "missing resume": (["--resume", "/nonexistent/state"], "--resume", "no saved state"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_bad_setting_exits_2_naming_it(name, capsys):
+    argv, setting, fragment = CASES[name]
+    assert main(["run", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(f"mimo-pipes run: error: {setting}"), err[0]
+    assert fragment in err[0]
+
+
+def test_console_script_reports_without_traceback():
+    result = subprocess.run(
+        [sys.executable, "-m", "mimo_pipes.cli.main", "run", "--reorder-window-size", "0", *REORDER],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip() == "mimo-pipes run: error: --reorder-window-size: must be an integer >= 1, got 0"
