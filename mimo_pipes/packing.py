@@ -534,7 +534,10 @@ class _Decoder:
             ds = meta[pos + 1 : pos + 1 + n].decode("ascii", "replace")
             if not _NP_DTYPE_RE.match(ds):
                 raise self.corrupt(f"bad numpy dtype {ds!r}")
-            dt = np.dtype(ds)
+            try:
+                dt = np.dtype(ds)
+            except TypeError:
+                raise self.corrupt(f"bad numpy dtype {ds!r}") from None
             if dt.kind not in _NP_KINDS:
                 raise self.corrupt(f"bad numpy dtype {ds!r}")
             shape, numel, pos = self.dims(pos + 1 + n)
@@ -573,7 +576,7 @@ class _Decoder:
 
     def make_tensor(self, raw: np.ndarray, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
         if raw.shape[0] == 0:
-            return torch.empty(shape, dtype=dtype)
+            return torch.empty(0, dtype=torch.uint8).view(dtype).view(shape)
         if not raw.flags.writeable:
             t = torch.from_numpy(raw.copy())
         elif self.copy or raw.ctypes.data % dtype.itemsize:
