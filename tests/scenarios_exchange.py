@@ -49,6 +49,18 @@ def check_batch(batch: dict, dataset: SyntheticProcessedDataset) -> None:
     assert offset == batch["pixel_values"].shape[0], "pixel_values has rows of no sample"
 
 
+class RecordingDataset(SyntheticProcessedDataset):
+    """Remembers which indices were read, to show that scalable DP reads only the rank's shard."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.reads: list[int] = []
+
+    def __getitem__(self, index):
+        self.reads.append(index)
+        return super().__getitem__(index)
+
+
 def run_graph(components, *, steps, dataset_size=4096, timeout_s=60.0, **config_kwargs):
     topology = build_topology(components)
     groups = build_rank_groups(topology, timeout_s=timeout_s)
@@ -56,19 +68,21 @@ def run_graph(components, *, steps, dataset_size=4096, timeout_s=60.0, **config_
         return None
     config = make_config(components, **config_kwargs)
     config.validate(world_size=topology.world_size)
-    dataset = SyntheticProcessedDataset(dataset_size, seed=config.seed)
+    dataset = RecordingDataset(dataset_size, seed=config.seed)
+    reference = SyntheticProcessedDataset(dataset_size, seed=config.seed)
     position = groups.position
     layout = RankLayout(position.dp_rank, position.dp_size, topology.canonical_slots, groups.exchange_group)
     loader = build_graph(dataset, config, layout, map_fn=None, image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES)
     records = []
     try:
         for batch in loader:
-            check_batch(batch, dataset)
+            check_batch(batch, reference)
             records.append({"step": batch["step"], "sample_ids": batch["sample_ids"], "image_tokens": batch["image_tokens"]})
             if len(records) == steps:
                 break
     finally:
         loader.close()
+    reads = sorted(set(dataset.reads))
     return {
         "module": position.module.name,
         "dp_rank": position.dp_rank,
@@ -76,4 +90,5 @@ def run_graph(components, *, steps, dataset_size=4096, timeout_s=60.0, **config_
         "tp_rank": position.tp_rank,
         "pp_rank": position.pp_rank,
         "records": records,
+        "reads": reads,
     }

@@ -1,4 +1,5 @@
-"""The balance exchange over real Gloo process groups, for every layout DESIGN.md names."""
+"""Module graphs over real Gloo process groups, for every layout DESIGN.md names: scalable reading
+without reordering, then the balance exchange."""
 
 from __future__ import annotations
 
@@ -28,6 +29,24 @@ LAYOUTS = {
     "lang-tp2": (["language=tp=2,dp=2", "images=dp=2,rank_offset=4"], 8),
     "lang-pp2": (["language=pp=2,dp=2", "images=dp=2,rank_offset=4"], 8),
 }
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_scalable_shards_union_to_the_global_microbatch(pool, name):
+    components, batch = LAYOUTS[name]
+    steps = 5
+    results = pool.run(run_graph, components, steps=steps, microbatch_size=batch, seed=11, reorder=False)
+    check_invariants(results, microbatch_size=batch, seed=11)  # union over DP ranks == non-scalable reader
+    check_fanout(results, "images")
+    for result in filter(None, results):
+        dp_rank, dp_size = result["dp_rank"], result["dp_size"]
+        per_rank = batch // dp_size
+        own = sorted(
+            int(i)
+            for step in range(steps)
+            for i in global_microbatch_indices(step, 4096, batch, 11, True)[dp_rank * per_rank : (dp_rank + 1) * per_rank]
+        )
+        assert result["reads"] == own, f"{result['module']} dp rank {dp_rank} read outside its canonical shard"
 
 
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
