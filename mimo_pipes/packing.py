@@ -460,11 +460,12 @@ def _as_u8_array(buf: Any, what: str = "buffer") -> tuple[np.ndarray, bool]:
 
 
 class _Decoder:
-    __slots__ = ("meta", "arr", "base", "size", "copy", "blobs_seen")
+    __slots__ = ("meta", "arr", "addr", "base", "size", "copy", "blobs_seen")
 
-    def __init__(self, meta: bytes, arr: np.ndarray, base: int, size: int, copy: bool) -> None:
+    def __init__(self, meta: bytes, arr: np.ndarray, addr: int, base: int, size: int, copy: bool) -> None:
         self.meta = meta
         self.arr = arr
+        self.addr = addr  # address of arr[0], for alignment checks
         self.base = base
         self.size = size
         self.copy = copy
@@ -478,7 +479,7 @@ class _Decoder:
             raise self.corrupt(f"data block [{off}, {off + nbytes}) outside the record")
         self.blobs_seen += 1
         start = self.base + off
-        return self.arr[start : start + nbytes]
+        return self.arr[start : start + nbytes], self.addr + start
 
     def dims(self, pos: int) -> tuple[tuple[int, ...], int, int]:
         (ndim,) = _u8.unpack_from(self.meta, pos)
@@ -527,8 +528,8 @@ class _Decoder:
                 raise self.corrupt(f"unknown tensor dtype code {code}")
             shape, numel, pos = self.dims(pos + 1)
             (off,) = _u64.unpack_from(meta, pos)
-            raw = self.blob(off, numel * dtype.itemsize)
-            return self.make_tensor(raw, dtype, shape), pos + 8
+            raw, addr = self.blob(off, numel * dtype.itemsize)
+            return self.make_tensor(raw, addr, dtype, shape), pos + 8
         if tag == _T_NDARRAY or tag == _T_NPSCALAR:
             n = meta[pos]
             ds = meta[pos + 1 : pos + 1 + n].decode("ascii", "replace")
@@ -542,15 +543,15 @@ class _Decoder:
                 raise self.corrupt(f"bad numpy dtype {ds!r}")
             shape, numel, pos = self.dims(pos + 1 + n)
             (off,) = _u64.unpack_from(meta, pos)
-            raw = self.blob(off, numel * dt.itemsize)
+            raw, addr = self.blob(off, numel * dt.itemsize)
             if tag == _T_NPSCALAR:
                 if shape:
                     raise self.corrupt("numpy scalar with dims")
                 return raw.view(dt).reshape(())[()], pos + 8
-            return self.make_array(raw, dt, shape), pos + 8
+            return self.make_array(raw, addr, dt, shape), pos + 8
         if tag == _T_BYTES or tag == _T_BYTEARRAY:
             n, off = struct.unpack_from("<QQ", meta, pos)
-            raw = self.blob(off, n)
+            raw, _ = self.blob(off, n)
             return (raw.tobytes() if tag == _T_BYTES else bytearray(raw.data)), pos + 16
         if tag == _T_BIGINT:
             (n,) = _u32.unpack_from(meta, pos)
@@ -574,12 +575,12 @@ class _Decoder:
             out[key], pos = self.value(pos + k)
         return out, pos
 
-    def make_tensor(self, raw: np.ndarray, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    def make_tensor(self, raw: np.ndarray, addr: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
         if raw.shape[0] == 0:
             return torch.empty(0, dtype=torch.uint8).view(dtype).view(shape)
         if not raw.flags.writeable:
             t = torch.from_numpy(raw.copy())
-        elif self.copy or raw.ctypes.data % dtype.itemsize:
+        elif self.copy or addr % dtype.itemsize:
             t = torch.empty(raw.shape[0], dtype=torch.uint8)
             t.copy_(torch.from_numpy(raw))
         else:
@@ -588,13 +589,13 @@ class _Decoder:
             t = t.view(dtype)
         return t.view(shape)
 
-    def make_array(self, raw: np.ndarray, dt: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-        if self.copy or not raw.flags.writeable or raw.ctypes.data % dt.alignment:
+    def make_array(self, raw: np.ndarray, addr: int, dt: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        if self.copy or not raw.flags.writeable or addr % dt.alignment:
             raw = raw.copy()
         return raw.view(dt).reshape(shape)
 
 
-def _unpack_at(arr: np.ndarray, offset: int, copy: bool) -> tuple[dict, int]:
+def _unpack_at(arr: np.ndarray, offset: int, copy: bool, addr: int | None = None) -> tuple[dict, int]:
     total = arr.shape[0]
     if offset < 0 or offset + HEADER_SIZE > total:
         raise ValueError(f"no packed sample at offset {offset}: buffer has {total} bytes")
@@ -609,7 +610,7 @@ def _unpack_at(arr: np.ndarray, offset: int, copy: bool) -> tuple[dict, int]:
             f"{total - offset} bytes available"
         )
     meta = arr[offset + HEADER_SIZE : offset + HEADER_SIZE + meta_size].tobytes()
-    dec = _Decoder(meta, arr, offset, size, copy)
+    dec = _Decoder(meta, arr, arr.ctypes.data if addr is None else addr, offset, size, copy)
     try:
         if not meta or meta[0] != _T_DICT:
             raise dec.corrupt("top level is not a dict")
@@ -646,23 +647,24 @@ def unpack_samples(
     read until the buffer ends."""
     arr, readonly = _as_u8_array(buffer)
     copy = copy or readonly
+    addr = arr.ctypes.data
     out: list[dict] = []
     pos = offset
     if sizes is not None:
         if count is not None and count != len(sizes):
             raise ValueError(f"count {count} does not match {len(sizes)} sizes")
         for i, n in enumerate(sizes):
-            sample, end = _unpack_at(arr, pos, copy)
+            sample, end = _unpack_at(arr, pos, copy, addr)
             if end - pos != n:
                 raise ValueError(f"record {i} at offset {pos} is {end - pos} bytes, expected {n}")
             out.append(sample)
             pos = end
     elif count is not None:
         for _ in range(count):
-            sample, pos = _unpack_at(arr, pos, copy)
+            sample, pos = _unpack_at(arr, pos, copy, addr)
             out.append(sample)
     else:
         while pos < arr.shape[0]:
-            sample, pos = _unpack_at(arr, pos, copy)
+            sample, pos = _unpack_at(arr, pos, copy, addr)
             out.append(sample)
     return out
