@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 import torch
 
 
-def image_token_count(input_ids: torch.Tensor, image_token_id: int) -> int:
-    """Image placeholder tokens: one per merged vision patch, so proportional to encoder work."""
-    return int((input_ids == image_token_id).sum())
+def image_token_count(input_ids: Any, image_token_id: int) -> int:
+    """Image placeholder tokens (tensor, array or list; any shape): one per merged vision patch, so
+    proportional to encoder work."""
+    if isinstance(input_ids, torch.Tensor):
+        return int((input_ids == image_token_id).sum())
+    return int(np.count_nonzero(np.asarray(input_ids) == image_token_id))
 
 
 def real_token_count(attention_mask: torch.Tensor) -> int:

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from mimo_pipes.data.cache import build_atomically, cache_root
+from mimo_pipes.cost import image_token_count as count_image_tokens  # noqa: F401 - re-exported
 from mimo_pipes.errors import ConfigError, SampleError
 from mimo_pipes.sample import SAMPLE_ID
 
@@ -170,13 +171,6 @@ def load_processor(path: str | Path, seq_length: int) -> SampleProcessor:
     except Exception as e:  # noqa: BLE001
         raise ConfigError("--processor", f"cannot load an image processor from {str(path)!r}: {e}") from e
     return SampleProcessor(tokenizer, image_processor, int(seq_length), source=str(p))
-
-
-def count_image_tokens(input_ids: Any, image_token_id: int) -> int:
-    """Number of image placeholder tokens in ``input_ids`` (tensor, array or list; any shape)."""
-    if isinstance(input_ids, torch.Tensor):
-        return int((input_ids == image_token_id).sum().item())
-    return int(np.count_nonzero(np.asarray(input_ids) == image_token_id))
 
 
 # ----------------------------------------------------------------------------------------------------
