@@ -7,7 +7,9 @@ source is exhausted) so failures and ends are agreed on by all ranks instead of 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
@@ -40,14 +42,26 @@ class ExchangeContext:
         return self.samples_per_rank * self.dp_size
 
 
+@contextlib.contextmanager
+def _collective(what: str) -> Iterator[None]:
+    """A collective that fails (a peer exited, or stayed silent past the group's timeout) raises PeerError."""
+    try:
+        yield
+    except (PeerError, MemoryError):
+        raise
+    except RuntimeError as error:
+        raise PeerError(None, f"{what} failed ({error}); a peer rank may have exited or stalled past the timeout") from error
+
+
 def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
 def _gather_header(ctx: ExchangeContext, local: torch.Tensor) -> torch.Tensor:
-    gathered = torch.empty(ctx.dp_size, local.numel(), dtype=torch.int64)
-    dist.all_gather_into_tensor(gathered, local, group=ctx.group)
-    return gathered
+    rows = [torch.empty_like(local) for _ in range(ctx.dp_size)]
+    with _collective("all-gather of window costs"):
+        dist.all_gather(rows, local, group=ctx.group)
+    return torch.stack(rows)
 
 
 def _agree(ctx: ExchangeContext, status: int, sequence: int, window: Window | None, error: BaseException | None, costs_sizes: list[int]) -> torch.Tensor:
@@ -64,7 +78,8 @@ def _agree(ctx: ExchangeContext, status: int, sequence: int, window: Window | No
     statuses = gathered[:, 0].tolist()
     if STATUS_FAILED in statuses:
         messages: list[str | None] = [None] * ctx.dp_size
-        dist.all_gather_object(messages, None if error is None else _describe(error), group=ctx.group)
+        with _collective("all-gather of error messages"):
+            dist.all_gather_object(messages, None if error is None else _describe(error), group=ctx.group)
         failed = statuses.index(STATUS_FAILED)
         if error is not None:
             raise error
@@ -157,7 +172,8 @@ def _move(ctx: ExchangeContext, plan: ExchangePlan, window: Window, local_sample
     if send_buffer.numel() != sum(send_splits):
         raise RuntimeError(f"packed {send_buffer.numel()} bytes but planned {sum(send_splits)}")
     recv_buffer = torch.empty(sum(recv_splits), dtype=torch.uint8)
-    dist.all_to_all_single(recv_buffer, send_buffer, recv_splits, send_splits, group=ctx.group)
+    with _collective("all_to_all of packed samples"):
+        dist.all_to_all_single(recv_buffer, send_buffer, recv_splits, send_splits, group=ctx.group)
     incoming_indices = [index for peer in range(ctx.dp_size) for index in plan.recv_indices[peer]]
     incoming = unpack_samples(recv_buffer, len(incoming_indices)) if incoming_indices else []
     kept.update(zip(incoming_indices, incoming))

@@ -1,0 +1,65 @@
+"""Fault scenarios: one rank fails; every rank of the module must raise, within the timeout, naming it."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import torch.distributed as dist
+
+from mimo_pipes.graph import RankLayout, build_graph
+from mimo_pipes.process_groups import build_rank_groups
+from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
+from mimo_pipes.topology import build_topology
+from scenarios_exchange import PAD_VALUES, make_config
+
+COMPONENTS = ["language=dp=2", "images=dp=2,rank_offset=2"]
+
+
+class FaultyDataset(SyntheticProcessedDataset):
+    """Sample ``bad_index`` is broken: it raises (source error) or carries an unpackable field."""
+
+    def __init__(self, size, *, seed, bad_index, mode):
+        super().__init__(size, seed=seed)
+        self.bad_index, self.mode = bad_index, mode
+
+    def __getitem__(self, index):
+        sample = super().__getitem__(index)
+        if index == self.bad_index:
+            if self.mode == "source":
+                raise OSError(f"storage read failed for index {index}")
+            sample["extra"] = {"boxes": [object()]}  # not packable
+        return sample
+
+
+def run_fault(mode: str, *, bad_rank: int, overlap: bool, timeout_s: float = 20.0):
+    """Returns (exception type name, message, seconds) per rank, or 'ok'."""
+    topology = build_topology(COMPONENTS)
+    groups = build_rank_groups(topology, timeout_s=timeout_s)
+    if groups is None:
+        return None
+    position = groups.position
+    config = make_config(COMPONENTS, microbatch_size=8, overlap=overlap, seed=1)
+    # Index read by language dp rank (bad_rank % 2)'s shard at step 3: both modules read it on the matching rank.
+    from mimo_pipes.sharding import global_microbatch_indices
+
+    bad_index = int(global_microbatch_indices(3, 4096, 8, 1, True)[(bad_rank % 2) * 4 + 1])
+    faulty = dist.get_rank() == bad_rank or mode == "packing"
+    dataset = FaultyDataset(4096, seed=1, bad_index=bad_index if faulty else -1, mode=mode)
+    layout = RankLayout(position.dp_rank, position.dp_size, topology.canonical_slots, groups.exchange_group)
+    loader = build_graph(dataset, config, layout, map_fn=None, image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES)
+    started = time.monotonic()
+    if mode == "exit" and dist.get_rank() == bad_rank:
+        next(iter(loader))
+        os._exit(3)
+    try:
+        for _ in range(20):
+            next(loader)
+        outcome = ("ok", "", time.monotonic() - started)
+    except Exception as error:  # noqa: BLE001 - the outcome is the result
+        outcome = (type(error).__name__, str(error), time.monotonic() - started)
+    finally:
+        loader.close()
+    threads = [t.name for t in threading.enumerate() if t.name.startswith("mimo-pipes")]
+    return {"module": position.module.name, "dp_rank": position.dp_rank, "outcome": outcome, "threads": threads}

@@ -1,0 +1,57 @@
+"""Failures on one rank become exceptions on every rank of its module, within the timeout; no thread survives."""
+
+from __future__ import annotations
+
+import pytest
+
+from dist_pool import DistPool
+from scenarios_faults import run_fault
+
+TIMEOUT_S = 20.0
+
+
+@pytest.fixture(scope="module")
+def pool():
+    pool = DistPool(4)
+    yield pool
+    pool.close()
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_source_error_on_one_rank_raises_on_every_rank_of_the_module(pool, overlap):
+    results = pool.run(run_fault, "source", bad_rank=0, overlap=overlap, timeout_s=TIMEOUT_S)
+    language = {r["dp_rank"]: r for r in results if r["module"] == "language"}
+    images = [r for r in results if r["module"] == "images"]
+    origin, peer = language[0]["outcome"], language[1]["outcome"]
+    assert origin[0] == "OSError" and "storage read failed" in origin[1]
+    assert peer[0] == "PeerError", peer
+    assert "rank 0 failed" in peer[1] and "OSError: storage read failed" in peer[1]
+    assert all(r["outcome"][0] == "ok" for r in images), "the other module was not affected"
+    for result in results:
+        assert result["outcome"][2] < TIMEOUT_S + 10
+        assert result["threads"] == [], f"threads left behind: {result['threads']}"
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_unpackable_sample_is_refused_on_every_rank_naming_field_and_sample(pool, overlap):
+    results = pool.run(run_fault, "packing", bad_rank=1, overlap=overlap, timeout_s=TIMEOUT_S)
+    for module in ("language", "images"):
+        ranks = {r["dp_rank"]: r["outcome"] for r in results if r["module"] == module}
+        assert ranks[1][0] == "SampleError", ranks[1]
+        assert "extra.boxes[0]" in ranks[1][1] and "sample" in ranks[1][1]
+        assert ranks[0][0] == "PeerError" and "SampleError" in ranks[0][1] and "extra.boxes[0]" in ranks[0][1]
+    assert all(r["threads"] == [] for r in results)
+
+
+def test_peer_that_exits_makes_the_others_raise_within_the_timeout():
+    pool = DistPool(4)
+    try:
+        outcomes = pool.run_collect(run_fault, "exit", bad_rank=1, overlap=True, timeout_s=TIMEOUT_S, timeout=120)
+    finally:
+        pool.close()
+    assert outcomes[1][0] == "exited"
+    language_peer = outcomes[0]
+    assert language_peer[0] == "ok", language_peer
+    name, message, seconds = language_peer[1]["outcome"]
+    assert name == "PeerError", (name, message)
+    assert seconds < TIMEOUT_S + 15
