@@ -16,9 +16,9 @@ import torch.distributed as dist
 
 from mimo_pipes.balance import balance_window
 from mimo_pipes.errors import PeerError
-from mimo_pipes.exchange_plan import ExchangePlan, plan_exchange
-from mimo_pipes.packing import pack_samples, packed_size, unpack_samples
-from mimo_pipes.sample import COST, SAMPLE_ID, Sample
+from mimo_pipes.exchange_plan import ExchangePlan, permute_local, plan_exchange
+from mimo_pipes.packing import SampleLayout, layout_sample, unpack_samples
+from mimo_pipes.sample import COST, Sample
 from mimo_pipes.window import Window
 
 STATUS_OK, STATUS_FAILED, STATUS_END = 0, 1, 2
@@ -112,14 +112,19 @@ def announce_failure(ctx: ExchangeContext, sequence: int, error: BaseException) 
     raise error
 
 
-def local_costs_and_sizes(window: Window, need_sizes: bool) -> list[int]:
-    """Interleaved (cost, packed bytes) per local sample; sizing validates packability before any collective."""
+def local_costs_and_layouts(window: Window, need_layouts: bool) -> tuple[list[int], list[SampleLayout | None]]:
+    """Interleaved (cost, packed bytes) per local sample, and the layouts (measured once, reused to pack).
+
+    Laying out validates packability, so a bad sample fails here, before any collective."""
     values: list[int] = []
+    layouts: list[SampleLayout | None] = []
     for microbatch in window.microbatches:
         for sample in microbatch:
+            layout = layout_sample(sample) if need_layouts else None
+            layouts.append(layout)
             values.append(int(sample[COST]))
-            values.append(packed_size(sample) if need_sizes else 0)
-    return values
+            values.append(layout.size if layout is not None else 0)
+    return values, layouts
 
 
 def exchange_window(ctx: ExchangeContext, window: Window, sequence: int) -> Window:
@@ -127,28 +132,23 @@ def exchange_window(ctx: ExchangeContext, window: Window, sequence: int) -> Wind
     try:
         if any(len(microbatch) != ctx.samples_per_rank for microbatch in window.microbatches):
             raise ValueError(f"window at step {window.first_step}: every micro-batch must hold {ctx.samples_per_rank} samples")
-        costs_sizes = local_costs_and_sizes(window, need_sizes=ctx.dp_size > 1)
+        costs_sizes, layouts = local_costs_and_layouts(window, need_layouts=ctx.dp_size > 1)
     except Exception as error:  # noqa: BLE001 - forwarded to every rank, then re-raised here
         announce_failure(ctx, sequence, error)
+    count = len(window.microbatches)
     local_samples = [sample for microbatch in window.microbatches for sample in microbatch]
     if ctx.dp_size == 1:
-        costs = [costs_sizes[0::2]]
-        per_step = ctx.samples_per_rank
-        cost_rows = [costs[0][m * per_step : (m + 1) * per_step] for m in range(len(window.microbatches))]
-        plan = _plan(ctx, cost_rows)
-        by_flat = dict(enumerate(local_samples))
-        return Window(window.first_step, [[by_flat[index] for index in order] for order in plan.output_order])
+        # Nothing to exchange: a local permutation into canonical order, no collective.
+        costs = costs_sizes[0::2]
+        plan = _plan(ctx, [costs[m * ctx.microbatch_size : (m + 1) * ctx.microbatch_size] for m in range(count)])
+        return Window(window.first_step, permute_local(local_samples, plan))
     gathered = _agree(ctx, STATUS_OK, sequence, window, None, costs_sizes)
-    count = len(window.microbatches)
-    per_rank = ctx.samples_per_rank
     # gathered[r] holds rank r's samples, micro-batch by micro-batch: reorder into canonical flat indices.
-    values = gathered[:, HEADER : HEADER + 2 * count * per_rank].reshape(ctx.dp_size, count, per_rank, 2)
+    values = gathered[:, HEADER : HEADER + 2 * count * ctx.samples_per_rank].reshape(ctx.dp_size, count, ctx.samples_per_rank, 2)
     canonical = values.permute(1, 0, 2, 3).reshape(count, ctx.microbatch_size, 2)
-    cost_rows = canonical[:, :, 0].tolist()
-    sizes = canonical[:, :, 1].reshape(-1).tolist()
-    plan = _plan(ctx, cost_rows)
-    by_flat = _move(ctx, plan, window, local_samples, sizes)
-    return Window(window.first_step, [[by_flat[index] for index in order] for order in plan.output_order])
+    plan = _plan(ctx, canonical[:, :, 0].tolist())
+    by_flat = _move(ctx, plan, local_samples, layouts, canonical[:, :, 1].reshape(-1).tolist())
+    return Window(window.first_step, permute_local(by_flat, plan))
 
 
 def _plan(ctx: ExchangeContext, cost_rows: list[list[int]]) -> ExchangePlan:
@@ -161,23 +161,25 @@ def _flat_index(ctx: ExchangeContext, local_position: int) -> int:
     return microbatch * ctx.microbatch_size + ctx.dp_rank * ctx.samples_per_rank + within
 
 
-def _move(ctx: ExchangeContext, plan: ExchangePlan, window: Window, local_samples: list[Sample], sizes: list[int]) -> dict[int, Sample]:
+def _move(
+    ctx: ExchangeContext, plan: ExchangePlan, local_samples: list[Sample], layouts: list[SampleLayout | None], sizes: list[int]
+) -> dict[int, Sample]:
     """The one ragged all_to_all: only samples that change rank are packed and sent."""
-    by_flat = {_flat_index(ctx, position): sample for position, sample in enumerate(local_samples)}
-    kept = {index: by_flat[index] for index in plan.keep_indices}
-    outgoing = [by_flat[index] for peer in range(ctx.dp_size) for index in plan.send_indices[peer]]
-    send_splits = [sum(sizes[index] for index in plan.send_indices[peer]) for peer in range(ctx.dp_size)]
-    recv_splits = [sum(sizes[index] for index in plan.recv_indices[peer]) for peer in range(ctx.dp_size)]
-    send_buffer = pack_samples(outgoing) if outgoing else torch.empty(0, dtype=torch.uint8)
-    if send_buffer.numel() != sum(send_splits):
-        raise RuntimeError(f"packed {send_buffer.numel()} bytes but planned {sum(send_splits)}")
+    flat = [_flat_index(ctx, position) for position in range(len(local_samples))]
+    by_flat = dict(zip(flat, local_samples))
+    if not plan.any_moves:  # identical on every rank: all of them skip the collective together
+        return by_flat
+    layout_by_flat = dict(zip(flat, layouts))
+    send_splits, recv_splits = plan.send_split_bytes(sizes), plan.recv_split_bytes(sizes)
+    send_buffer = torch.empty(sum(send_splits), dtype=torch.uint8)
+    offset = 0
+    for index in plan.send_order():
+        offset = layout_by_flat[index].write_into(send_buffer, offset)
     recv_buffer = torch.empty(sum(recv_splits), dtype=torch.uint8)
     with _collective("all_to_all of packed samples"):
         dist.all_to_all_single(recv_buffer, send_buffer, recv_splits, send_splits, group=ctx.group)
-    incoming_indices = [index for peer in range(ctx.dp_size) for index in plan.recv_indices[peer]]
-    incoming = unpack_samples(recv_buffer, len(incoming_indices)) if incoming_indices else []
-    kept.update(zip(incoming_indices, incoming))
-    for index, sample in kept.items():
-        if SAMPLE_ID not in sample:
-            raise RuntimeError(f"flat index {index} arrived without a sample id")
+    # Received tensors are views of recv_buffer (no copy); the buffer lives as long as its samples.
+    incoming = unpack_samples(recv_buffer, sizes=plan.recv_sizes(sizes))
+    kept = {index: by_flat[index] for index in plan.keep_indices}
+    kept.update(zip(plan.recv_order(), incoming))
     return kept
