@@ -1,0 +1,41 @@
+"""Deterministic equal-count load balancing of micro-batches over canonical slots.
+
+One micro-batch of B samples with non-negative integer costs is split over G slots of exactly B/G
+samples, minimising the heaviest slot load and then the spread. The result depends on the cost list
+alone (integer arithmetic, ties by index), so every process computes the same assignment.
+See docs/balancing.md for the algorithms and measured quality.
+"""
+
+from mimo_pipes.balance.contiguous import contiguous_assignment
+from mimo_pipes.balance.exact import exact_assignment
+from mimo_pipes.balance.karmarkar_karp import karmarkar_karp_assignment
+from mimo_pipes.balance.lpt import lpt_assignment
+from mimo_pipes.balance.microbatch import balance_microbatch
+from mimo_pipes.balance.quality import (
+    critical_path,
+    lower_bound,
+    max_load,
+    objective,
+    ratio_to_bound,
+    slot_loads,
+    spread,
+    window_lower_bound,
+)
+from mimo_pipes.balance.window import balance_window
+
+__all__ = [
+    "balance_microbatch",
+    "balance_window",
+    "contiguous_assignment",
+    "critical_path",
+    "exact_assignment",
+    "karmarkar_karp_assignment",
+    "lower_bound",
+    "lpt_assignment",
+    "max_load",
+    "objective",
+    "ratio_to_bound",
+    "slot_loads",
+    "spread",
+    "window_lower_bound",
+]

@@ -1,0 +1,156 @@
+"""Exact search (depth-first branch and bound) for the heaviest slot, for small micro-batches.
+
+Samples are placed heaviest first. At each sample the slots that still have room are tried lightest
+first (ties by slot number); slots in the same state (same load and fill) as one already tried at that
+node are skipped, because exchanging them gives the same loads. A branch is cut when
+
+* the slot would reach the incumbent even if its remaining places got the lightest samples left, or
+* the room left under the incumbent in slots that are not full is smaller than the cost still to place
+  (full slots waste their slack; the rest must absorb every remaining sample).
+
+The search looks for an assignment strictly better than the incumbent, tightens the incumbent whenever
+it finds one, and stops at the lower bound. It is bounded by a count of placements (``node_limit``),
+never by a clock, so it returns the same answer on every machine. ``proven`` tells whether it finished.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from mimo_pipes.balance.canonical import canonical_slots, sort_order
+from mimo_pipes.balance.quality import sorted_lower_bound
+from mimo_pipes.balance.validate import check_costs
+
+DEFAULT_NODE_LIMIT = 20_000
+
+
+class _Budget(Exception):
+    pass
+
+
+def exact_members(
+    sorted_costs: np.ndarray,
+    num_slots: int,
+    incumbent: int | None = None,
+    lower: int | None = None,
+    node_limit: int = DEFAULT_NODE_LIMIT,
+) -> tuple[np.ndarray | None, int, bool]:
+    """Search for an assignment whose heaviest slot is below ``incumbent``.
+
+    Returns (members or None if nothing better was found, best heaviest load, proven optimal).
+    ``incumbent`` None means "no solution yet" (anything is better).
+    """
+    costs = [int(c) for c in sorted_costs.tolist()]
+    size = len(costs)
+    per_slot = size // num_slots
+    if lower is None:
+        lower = sorted_lower_bound(sorted_costs, num_slots)
+    total = sum(costs)
+    if incumbent is None:
+        incumbent = total + 1
+    if incumbent <= lower or per_slot == 0:
+        return None, incumbent, True
+    # tails[r]: sum of the r lightest costs; remaining[r]: cost of samples r.. still to place.
+    tails = [0]
+    for c in reversed(costs):
+        tails.append(tails[-1] + c)
+    remaining = [0] * (size + 1)
+    for r in range(size - 1, -1, -1):
+        remaining[r] = remaining[r + 1] + costs[r]
+
+    loads = [0] * num_slots
+    fill = [0] * num_slots
+    slot_of = [0] * size
+    state = {"best": incumbent, "found": None, "nodes": node_limit, "full": 0, "full_sum": 0}
+
+    def place(rank: int) -> bool:
+        """Returns True when the lower bound has been reached (stop everything)."""
+        if rank == size:
+            top = max(loads)
+            if top < state["best"]:
+                state["best"] = top
+                state["found"] = list(slot_of)
+            return state["best"] <= lower
+        cost = costs[rank]
+        if cost == 0:
+            # Only zero costs remain: any completion keeps today's loads.
+            top = max(loads)
+            if top < state["best"]:
+                state["best"] = top
+                found = list(slot_of)
+                free = [s for s in range(num_slots) for _ in range(per_slot - fill[s])]
+                for r, s in zip(range(rank, size), free):
+                    found[r] = s
+                state["found"] = found
+            return state["best"] <= lower
+        best = state["best"]
+        limit = best - 1
+        # Slack wasted by full slots must leave room for everything still to place.
+        if state["full"] * limit - state["full_sum"] > num_slots * limit - total:
+            return False
+        order = sorted((loads[s], s) for s in range(num_slots) if fill[s] < per_slot)
+        seen = set()
+        for load, s in order:
+            key = (load, fill[s])
+            if key in seen:
+                continue
+            seen.add(key)
+            if load + cost + tails[per_slot - fill[s] - 1] > limit:
+                continue
+            state["nodes"] -= 1
+            if state["nodes"] < 0:
+                raise _Budget
+            loads[s] = load + cost
+            fill[s] += 1
+            slot_of[rank] = s
+            if fill[s] == per_slot:
+                state["full"] += 1
+                state["full_sum"] += loads[s]
+            done = place(rank + 1)
+            if fill[s] == per_slot:
+                state["full"] -= 1
+                state["full_sum"] -= loads[s]
+            fill[s] -= 1
+            loads[s] = load
+            if done:
+                return True
+            if state["best"] <= best - 1:
+                best = state["best"]
+                limit = best - 1
+        return False
+
+    proven = True
+    try:
+        place(0)
+    except _Budget:
+        proven = False
+    found = state["found"]
+    if found is None:
+        return None, incumbent, proven
+    members = np.empty((num_slots, per_slot), dtype=np.int64)
+    counts = [0] * num_slots
+    for rank, s in enumerate(found):
+        members[s, counts[s]] = rank
+        counts[s] += 1
+    return members, state["best"], proven or state["best"] <= lower
+
+
+def exact_assignment(
+    costs: Sequence[int], num_slots: int, node_limit: int = DEFAULT_NODE_LIMIT
+) -> tuple[list[list[int]], bool]:
+    """Minimum-heaviest-slot assignment by branch and bound; returns (slots, proven optimal).
+
+    With a node limit too small to finish, the best assignment found so far is returned (or, if none
+    was found, equal-count LPT) and ``proven`` is False.
+    """
+    from mimo_pipes.balance.lpt import lpt_members
+
+    array = check_costs(costs, num_slots)
+    order = sort_order(array)
+    sorted_costs = array[order]
+    start = lpt_members(sorted_costs, num_slots)
+    incumbent = int(sorted_costs[start].sum(axis=1).max()) if start.size else 0
+    members, _, proven = exact_members(sorted_costs, num_slots, incumbent, node_limit=node_limit)
+    return canonical_slots(start if members is None else members, order), proven

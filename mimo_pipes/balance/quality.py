@@ -1,0 +1,151 @@
+"""Lower bounds and quality figures for micro-batch and window assignments.
+
+Bounds (all provably valid; k = B/G samples per slot, c sorted heaviest first, c[0] the largest):
+
+* average: ceil(sum(c) / G), since G slots share the total;
+* pigeonhole: for t = 0 .. k-1, some slot holds t+1 of the tG+1 heaviest samples, hence at least the
+  t+1 lightest of them, c[tG-t] + ... + c[tG], plus k-t-1 further samples, each at least as heavy as
+  the lightest samples overall. t = 0 is "the heaviest sample plus the k-1 lightest".
+
+Window bounds when samples may cross micro-batches (W micro-batches of B; critical path = sum over
+micro-batches of their heaviest slot):
+
+* average: ceil(sum of all costs / G), since each micro-batch's heaviest slot is at least its mean;
+* largest samples: order the micro-batches by their heaviest sample; the m-th (from 0) holds a sample
+  at least c[mB], because the mB+1 heaviest samples cannot fit into m micro-batches. Its heaviest slot
+  also holds k-1 more samples, so the path is at least sum_m c[mB] + W * (sum of the k-1 lightest).
+
+When samples stay in their micro-batch, the window bound is the sum of the per-micro-batch bounds.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from mimo_pipes.balance.validate import check_costs, check_window
+
+
+def _crowded_bound(costs: np.ndarray, slots: int, heads: np.ndarray, tails: np.ndarray) -> int:
+    """Crowded slots: of the G+j heaviest, M >= 1 slots hold two or more, together at least j+M of
+    them (every other slot holds at most one), plus M*k - (j+M) further samples. Their mean load
+    bounds the heaviest. For each j the bound is the smallest over every possible M
+    (M <= j, M <= G, M*(k-1) >= j); the result is the largest over j.
+    """
+    size = int(costs.shape[0])
+    per_slot = size // slots
+    j = np.arange(1, size - slots + 1)[:, None]
+    m = np.arange(1, slots + 1)[None, :]
+    rest = m * (per_slot - 1) - j
+    feasible = (m <= j) & (rest >= 0)
+    numerator = heads[slots + j] - heads[slots - m] + tails[np.clip(rest, 0, size)]
+    mean = -(-numerator // m)
+    crowded = np.where(feasible, mean, np.iinfo(np.int64).max).min(axis=1)
+    return int(crowded.max())
+
+
+def sorted_lower_bound(sorted_costs: np.ndarray, num_slots: int, thorough: bool = True) -> int:
+    """:func:`lower_bound` for costs already sorted heaviest first (no validation).
+
+    ``thorough=False`` skips the crowded-slot family (the costliest to evaluate).
+    """
+    costs = np.asarray(sorted_costs, dtype=np.int64)
+    size = int(costs.shape[0])
+    if size == 0:
+        return 0
+    slots = num_slots
+    per_slot = size // slots
+    total = int(costs.sum())
+    best = -(-total // slots)
+    if per_slot == 1:
+        return max(best, int(costs[0]))
+    # heads[r]: sum of the r heaviest; tails[r]: sum of the r lightest.
+    heads = np.concatenate(([0], np.cumsum(costs)))
+    tails = np.concatenate(([0], np.cumsum(costs[::-1])))
+
+    # Pigeonhole: some slot holds t+1 of the tG+1 heaviest.
+    t = np.arange(per_slot)
+    pigeon = heads[t * slots + 1] - heads[t * slots - t] + tails[per_slot - t - 1]
+    best = max(best, int(pigeon.max()))
+
+    if thorough:
+        best = max(best, _crowded_bound(costs, slots, heads, tails))
+
+    # Partners: if the i+1 heaviest sit in i+1 different slots, those slots also hold (i+1)(k-1)
+    # distinct other samples, the heaviest of which is at least the (i+1)(k-1)-th lightest, and whose
+    # mean per slot is at least their share of the lightest; otherwise two of them share a slot.
+    i = np.arange(min(slots, size))
+    others = (i + 1) * (per_slot - 1)
+    share = -(-tails[others] // (i + 1))
+    largest_other = costs[size - others] + tails[per_slot - 2]
+    apart = costs[i] + np.maximum(share, largest_other)
+    together = np.where(
+        i >= 1, costs[np.maximum(i - 1, 0)] + costs[i] + tails[per_slot - 2], np.iinfo(np.int64).max
+    )
+    best = max(best, int(np.minimum(apart, together).max()))
+    return best
+
+
+def lower_bound(costs: Sequence[int], num_slots: int) -> int:
+    """A valid lower bound on the heaviest slot of any equal-count assignment of ``costs``."""
+    array = check_costs(costs, num_slots)
+    return sorted_lower_bound(np.sort(array)[::-1], num_slots)
+
+
+def window_lower_bound(
+    costs: Sequence[Sequence[int]], num_slots: int, across_microbatches: bool = True
+) -> int:
+    """A valid lower bound on the critical path (sum of per-micro-batch heaviest slots) of a window."""
+    window = check_window(costs, num_slots)
+    count, size = window.shape
+    if not across_microbatches:
+        return sum(sorted_lower_bound(np.sort(row)[::-1], num_slots) for row in window)
+    if size == 0:
+        return 0
+    per_slot = size // num_slots
+    flat = np.sort(window.reshape(-1))[::-1]
+    average = -(-int(flat.sum()) // num_slots)
+    lightest = int(flat[flat.shape[0] - (per_slot - 1):].sum()) if per_slot > 1 else 0
+    largest = int(flat[::size][:count].sum()) + count * lightest
+    return max(average, largest)
+
+
+def slot_loads(costs: Sequence[int], slots: Sequence[Sequence[int]]) -> list[int]:
+    """Load (sum of costs) of each slot, in the order given."""
+    return [int(sum(int(costs[i]) for i in slot)) for slot in slots]
+
+
+def max_load(costs: Sequence[int], slots: Sequence[Sequence[int]]) -> int:
+    """Heaviest slot load."""
+    loads = slot_loads(costs, slots)
+    return max(loads) if loads else 0
+
+
+def spread(costs: Sequence[int], slots: Sequence[Sequence[int]]) -> int:
+    """Heaviest minus lightest slot load."""
+    loads = slot_loads(costs, slots)
+    return max(loads) - min(loads) if loads else 0
+
+
+def objective(costs: Sequence[int], slots: Sequence[Sequence[int]]) -> tuple[int, int]:
+    """(heaviest load, spread): the quantity balancing minimises, compared lexicographically."""
+    loads = slot_loads(costs, slots)
+    if not loads:
+        return (0, 0)
+    return (max(loads), max(loads) - min(loads))
+
+
+def critical_path(
+    costs: Sequence[Sequence[int]], microbatches: Sequence[Sequence[Sequence[int]]]
+) -> int:
+    """Sum over micro-batches of the heaviest slot; indices address the flattened window (m*B + j)."""
+    flat = [int(c) for row in costs for c in row]
+    return sum(max_load(flat, slots) for slots in microbatches)
+
+
+def ratio_to_bound(value: int, bound: int) -> float:
+    """value / bound for reporting (1.0 when both are 0). Never used in a decision."""
+    if bound == 0:
+        return 1.0 if value == 0 else float("inf")
+    return value / bound

@@ -1,0 +1,244 @@
+"""Swap refinement of an equal-count assignment.
+
+Every move exchanges one sample (or two) of a slot with as many samples of another slot, so every slot
+keeps B/G samples. A move between a heavier slot h and a lighter slot l that shifts d from h to l is
+allowed only if 0 < d < load(h) - load(l): both new loads then lie strictly between the old ones.
+Such a move never raises the heaviest load, never lowers the lightest, and strictly lowers the sum of
+squared loads, so the objective (heaviest, spread) never gets worse and refinement always ends. Among
+allowed moves for a slot, the one that leaves the pair closest to level is taken.
+
+Stages, each bounded by a count (never a clock):
+
+1. Paired passes. Slots are sorted by load (stable); the i-th heaviest is paired with a light slot
+   (the i-th lightest, then shifted by one more each pass) and every pair gets its best 1-1 swap, all
+   at once. Cheap, and it removes most of the imbalance of the starting assignment.
+2. Neighbour rounds. The heaviest slots above ``target`` (a lower bound) each look for a swap that
+   sends one of their samples for a slightly lighter one: the candidates for a sample of rank r are
+   ranks r+1 .. r+w (costs are sorted, so neighbouring ranks hold the closest costs). The lightest
+   slots do the same upwards. Non-conflicting moves (each slot in one move) are applied together,
+   heaviest (lightest) first. Rounds stop when they no longer change the heaviest or lightest load.
+3. Focused moves. When the neighbour rounds stall above ``target``, the heaviest slot tries every
+   1-1 swap with every slot, then 2-2 swaps with the lightest few slots; any success goes back to 2.
+
+Ties go to the first candidate in (slot, position, rank) order and slots are ordered by stable sorts,
+so the result is a function of the sorted costs and the starting matrix.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+_NONE = np.iinfo(np.int64).max
+
+PAIRED_PASSES = 4
+NEIGHBOUR_SLOTS = 16
+NEIGHBOUR_WINDOW = 16
+MAX_ROUNDS = 10
+FOCUSED_PAIR_PARTNERS = 8
+
+
+@lru_cache(maxsize=None)
+def _pairs(per_slot: int) -> tuple[np.ndarray, np.ndarray]:
+    first, second = np.triu_indices(per_slot, k=1)
+    return first.astype(np.int64), second.astype(np.int64)
+
+
+class _Assignment:
+    """A rank-space assignment with loads and reverse lookups, updated by swaps."""
+
+    def __init__(self, sorted_costs: np.ndarray, members: np.ndarray) -> None:
+        self.costs = sorted_costs
+        self.members = members.copy()
+        self.values = sorted_costs[self.members]
+        self.loads = self.values.sum(axis=1)
+        num_slots, per_slot = members.shape
+        self.slot_of = np.empty(sorted_costs.shape[0], dtype=np.int64)
+        self.pos_of = np.empty(sorted_costs.shape[0], dtype=np.int64)
+        self.slot_of[self.members] = np.arange(num_slots)[:, None]
+        self.pos_of[self.members] = np.arange(per_slot)[None, :]
+
+    def swap(self, first, second) -> None:
+        """Exchange the samples of ranks ``first`` and ``second``: two ranks, or two equal-length
+        arrays of ranks in which no slot appears twice."""
+        s1, p1 = self.slot_of[first], self.pos_of[first]
+        s2, p2 = self.slot_of[second], self.pos_of[second]
+        c1, c2 = self.costs[first], self.costs[second]
+        self.members[s1, p1] = second
+        self.members[s2, p2] = first
+        self.values[s1, p1] = c2
+        self.values[s2, p2] = c1
+        self.loads[s1] += c2 - c1
+        self.loads[s2] += c1 - c2
+        self.slot_of[first], self.slot_of[second] = s2, s1
+        self.pos_of[first], self.pos_of[second] = p2, p1
+
+    def extremes(self) -> tuple[int, int]:
+        return int(self.loads.max()), int(self.loads.min())
+
+
+def _paired_pass(state: _Assignment, shift: int) -> bool:
+    num_slots, per_slot = state.values.shape
+    half = num_slots // 2
+    order = np.argsort(state.loads, kind="stable")
+    heavy = order[::-1][:half]
+    light = np.roll(order[:half], -(shift % half))
+    gap = (state.loads[heavy] - state.loads[light])[:, None, None]
+    diff = state.values[heavy][:, :, None] - state.values[light][:, None, :]  # (P, k, k)
+    badness = np.where((diff > 0) & (diff < gap), np.abs(gap - 2 * diff), _NONE)
+    badness = badness.reshape(half, -1)
+    pick = np.argmin(badness, axis=1)
+    moving = badness[np.arange(half), pick] < _NONE
+    if not moving.any():
+        return False
+    i, j = np.divmod(pick[moving], per_slot)
+    state.swap(state.members[heavy[moving], i], state.members[light[moving], j])
+    return True
+
+
+def _neighbour_round(state: _Assignment, lower: bool, target: int) -> int:
+    """One round of neighbour swaps for the heaviest (lower) or lightest slots; returns moves made."""
+    loads = state.loads
+    size = state.costs.shape[0]
+    order = np.argsort(loads, kind="stable")
+    if lower:
+        focus = order[::-1][:NEIGHBOUR_SLOTS]
+        focus = focus[loads[focus] > target]
+        if focus.size == 0:
+            return 0
+    else:
+        focus = order[:NEIGHBOUR_SLOTS]
+    ranks = state.members[focus]  # (m, k)
+    steps = np.arange(1, NEIGHBOUR_WINDOW + 1)
+    own = loads[focus][:, None, None]
+    if lower:
+        partner = ranks[:, :, None] + steps
+        inside = partner < size
+        partner = np.minimum(partner, size - 1)
+        diff = state.costs[ranks][:, :, None] - state.costs[partner]
+        other = loads[state.slot_of[partner]]
+        allowed = inside & (diff > 0) & (other + diff < own)
+        score = np.where(allowed, np.maximum(own - diff, other + diff), _NONE)
+    else:
+        partner = ranks[:, :, None] - steps
+        inside = partner >= 0
+        partner = np.maximum(partner, 0)
+        diff = state.costs[partner] - state.costs[ranks][:, :, None]
+        other = loads[state.slot_of[partner]]
+        allowed = inside & (diff > 0) & (other - diff > own)
+        score = np.where(allowed, -np.minimum(own + diff, other - diff), _NONE)
+    count = focus.size
+    score = score.reshape(count, -1)
+    pick = np.argmin(score, axis=1)
+    found = (score[np.arange(count), pick] < _NONE).tolist()
+    chosen_own = ranks[np.arange(count), pick // NEIGHBOUR_WINDOW].tolist()
+    chosen_partner = partner.reshape(count, -1)[np.arange(count), pick].tolist()
+    partner_slot = state.slot_of[np.asarray(chosen_partner)].tolist()
+    focus_list = focus.tolist()
+    busy = [False] * state.loads.shape[0]
+    firsts, seconds = [], []
+    for a in range(count):
+        if not found[a]:
+            continue
+        s, o = focus_list[a], partner_slot[a]
+        if busy[s] or busy[o]:
+            continue
+        busy[s] = busy[o] = True
+        firsts.append(chosen_own[a])
+        seconds.append(chosen_partner[a])
+    if firsts:
+        state.swap(np.asarray(firsts), np.asarray(seconds))
+    return len(firsts)
+
+
+def _focused_scores(ref: int, loads: np.ndarray, diff: np.ndarray, lower: bool) -> np.ndarray:
+    other = loads[:, None, None]
+    if lower:
+        allowed = (diff > 0) & (other + diff < ref)
+        return np.where(allowed, np.maximum(ref - diff, other + diff), _NONE)
+    allowed = (diff > 0) & (other - diff > ref)
+    return np.where(allowed, -np.minimum(ref + diff, other - diff), _NONE)
+
+
+def _focused_move(state: _Assignment, lower: bool) -> bool:
+    """Best 1-1 swap of the heaviest (lightest) slot with any slot, else the best 2-2 swap with one of
+    the few lightest (heaviest) slots. False if neither helps."""
+    loads, values = state.loads, state.values
+    per_slot = values.shape[1]
+    s = int(np.argmax(loads)) if lower else int(np.argmin(loads))
+    ref = int(loads[s])
+    sign = 1 if lower else -1
+    diff = sign * (values[s][None, :, None] - values[:, None, :])  # (G, k, k)
+    score = _focused_scores(ref, loads, diff, lower)
+    flat = int(np.argmin(score))
+    if score.flat[flat] != _NONE:
+        o, i, j = (int(x) for x in np.unravel_index(flat, score.shape))
+        state.swap(int(state.members[s, i]), int(state.members[o, j]))
+        return True
+    if per_slot < 2:
+        return False
+    order = np.argsort(loads, kind="stable")
+    partners = order[:FOCUSED_PAIR_PARTNERS] if lower else order[::-1][:FOCUSED_PAIR_PARTNERS]
+    partners = partners[partners != s]
+    first, second = _pairs(per_slot)
+    sums = values[:, first] + values[:, second]
+    diff = sign * (sums[s][None, :, None] - sums[partners][:, None, :])  # (p, P, P)
+    score = _focused_scores(ref, loads[partners], diff, lower)
+    flat = int(np.argmin(score))
+    if score.flat[flat] == _NONE:
+        return False
+    o, p, q = (int(x) for x in np.unravel_index(flat, score.shape))
+    o = int(partners[o])
+    give = (int(state.members[s, first[p]]), int(state.members[s, second[p]]))
+    take = (int(state.members[o, first[q]]), int(state.members[o, second[q]]))
+    state.swap(give[0], take[0])
+    state.swap(give[1], take[1])
+    return True
+
+
+def refine_members(
+    sorted_costs: np.ndarray,
+    members: np.ndarray,
+    target: int = 0,
+    max_rounds: int | None = None,
+) -> np.ndarray:
+    """Return a refined copy of the rank-space assignment ``members`` (G, k).
+
+    ``target``: a lower bound on the heaviest load; slots at or below it are not lowered further.
+    """
+    num_slots, per_slot = members.shape
+    if num_slots < 2 or per_slot == 0:
+        return members.copy()
+    if max_rounds is None:
+        max_rounds = MAX_ROUNDS
+    state = _Assignment(sorted_costs, members)
+    for shift in range(PAIRED_PASSES):
+        if not _paired_pass(state, shift):
+            break
+    rounds = 0
+    while rounds < max_rounds:
+        # Neighbour rounds until they stop moving the extremes.
+        before = state.extremes()
+        stalled = 0
+        while rounds < max_rounds:
+            rounds += 1
+            moved = 0
+            if state.extremes()[0] > target:
+                moved += _neighbour_round(state, True, target)
+            moved += _neighbour_round(state, False, target)
+            now = state.extremes()
+            if moved == 0:
+                break
+            stalled = stalled + 1 if now == before else 0
+            before = now
+            if stalled >= 2:
+                break
+        # Focused moves on the extremes; back to neighbour rounds after any success.
+        rounds += 1
+        if state.extremes()[0] > target and _focused_move(state, True):
+            continue
+        if _focused_move(state, False):
+            continue
+        break
+    return state.members
