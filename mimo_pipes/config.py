@@ -19,6 +19,28 @@ EXCHANGE_TRANSPORTS = ("auto", "gloo", "nccl")
 DEFAULT_COMPONENTS = ("language=tp=1,pp=1,dp=2,rank_offset=0", "images=tp=1,dp=2,rank_offset=2")
 
 
+def resolve_exchange_transport(requested: str, world_backend: str, overlap: bool, device_max_connections: str | None) -> str:
+    """The backend of the exchange group: ``gloo`` (CPU bytes) or ``nccl`` (bytes staged through the GPU).
+
+    ``auto`` follows the world's backend, except that an overlapped exchange under
+    CUDA_DEVICE_MAX_CONNECTIONS=1 goes over Gloo, which cannot deadlock with CUDA streams.
+    """
+    single_queue = device_max_connections is not None and device_max_connections.strip() == "1"
+    if requested == "auto":
+        return "nccl" if world_backend == "nccl" and not (overlap and single_queue) else "gloo"
+    if requested == "nccl" and world_backend != "nccl":
+        raise ConfigError(flag("exchange_transport"), "nccl needs one GPU per rank; this run uses gloo")
+    if requested == "nccl" and overlap and single_queue:
+        raise ConfigError(
+            flag("exchange_transport"),
+            "nccl with overlap is refused under CUDA_DEVICE_MAX_CONNECTIONS=1: with one hardware queue the "
+            "prefetch thread's all_to_all and the trainer's gradient all-reduce run in issue order, which differs "
+            "across ranks, and training deadlocks. Use --exchange-transport gloo (overlap kept, CPU bytes) or "
+            "--no-overlap-intra-microbatch-reorder (both collectives on the training thread)",
+        )
+    return requested
+
+
 def flag(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
 

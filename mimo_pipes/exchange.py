@@ -36,6 +36,7 @@ class ExchangeContext:
     samples_per_rank: int  # B / d
     window_size: int
     across_microbatches: bool = False
+    device: torch.device | None = None  # where the group's collectives run: None for Gloo (CPU), cuda for NCCL
 
     @property
     def microbatch_size(self) -> int:
@@ -58,10 +59,11 @@ def _describe(error: BaseException) -> str:
 
 
 def _gather_header(ctx: ExchangeContext, local: torch.Tensor) -> torch.Tensor:
+    local = local.to(ctx.device) if ctx.device is not None else local
     rows = [torch.empty_like(local) for _ in range(ctx.dp_size)]
     with _collective("all-gather of window costs"):
         dist.all_gather(rows, local, group=ctx.group)
-    return torch.stack(rows)
+    return torch.stack(rows).cpu()
 
 
 def _agree(ctx: ExchangeContext, status: int, sequence: int, window: Window | None, error: BaseException | None, costs_sizes: list[int]) -> torch.Tensor:
@@ -175,9 +177,11 @@ def _move(
     offset = 0
     for index in plan.send_order():
         offset = layout_by_flat[index].write_into(send_buffer, offset)
-    recv_buffer = torch.empty(sum(recv_splits), dtype=torch.uint8)
+    device = ctx.device or torch.device("cpu")
+    recv_buffer = torch.empty(sum(recv_splits), dtype=torch.uint8, device=device)
     with _collective("all_to_all of packed samples"):
-        dist.all_to_all_single(recv_buffer, send_buffer, recv_splits, send_splits, group=ctx.group)
+        dist.all_to_all_single(recv_buffer, send_buffer.to(device), recv_splits, send_splits, group=ctx.group)
+    recv_buffer = recv_buffer.cpu()
     # Received tensors are views of recv_buffer (no copy); the buffer lives as long as its samples.
     incoming = unpack_samples(recv_buffer, sizes=plan.recv_sizes(sizes))
     kept = {index: by_flat[index] for index in plan.keep_indices}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+import torch
 import torch.distributed as dist
 from torchdata.nodes import BaseNode, ParallelMapper
 
@@ -27,6 +28,7 @@ class RankLayout:
     dp_size: int
     canonical_slots: int
     exchange_group: dist.ProcessGroup | None = None
+    exchange_device: torch.device | None = None  # cuda when the exchange group is NCCL
 
 
 def window_start(step: int, window_size: int) -> int:
@@ -77,6 +79,7 @@ def build_graph(
             samples_per_rank=samples_per_rank,
             window_size=window_size,
             across_microbatches=reorder.reorder_across_microbatches,
+            device=layout.exchange_device,
         )
         node = BalanceExchange(node, context, overlap=reorder.overlap_intra_microbatch_reorder)
     pad_length = config.seq_length if config.pad_to_seq_length else None

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mimo_pipes.config import PipelineConfig
+from mimo_pipes.config import PipelineConfig, resolve_exchange_transport
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.graph import RankLayout
 from mimo_pipes.process_groups import build_rank_groups
@@ -67,10 +67,16 @@ def check_resume_dir(directory: str, config: PipelineConfig, world_size: int) ->
     return int(meta["consumed_microbatches"])
 
 
+def world_backend(world_size: int) -> str:
+    """NCCL when every local rank can have a GPU of its own, else Gloo on the CPU."""
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= local_ranks else "gloo"
+
+
 def init_distributed(rank: int, world_size: int, timeout_s: float) -> str:
-    backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "gloo"
+    backend = world_backend(world_size)
     if backend == "nccl":
-        torch.cuda.set_device(rank % torch.cuda.device_count())
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
     dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
     return backend
 
@@ -79,11 +85,17 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> None:
     """Body of one rank; the process group is already initialised."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     topology = config.validate(world_size=world_size)
-    exchange_backend = "gloo" if config.exchange_transport in ("auto", "gloo") else "nccl"
-    groups = build_rank_groups(topology, exchange_backend=exchange_backend, timeout_s=config.exchange_timeout_s)
+    transport = resolve_exchange_transport(
+        config.exchange_transport,
+        dist.get_backend(),
+        config.reorder.overlap_intra_microbatch_reorder,
+        os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
+    )
+    groups = build_rank_groups(topology, exchange_backend=transport, timeout_s=config.exchange_timeout_s)
     assert groups is not None
     position = groups.position
-    layout = RankLayout(position.dp_rank, position.dp_size, topology.canonical_slots, groups.exchange_group)
+    device = torch.device("cuda", torch.cuda.current_device()) if transport == "nccl" else None
+    layout = RankLayout(position.dp_rank, position.dp_size, topology.canonical_slots, groups.exchange_group, device)
     recipe = importlib.import_module(options.recipe)
     loader = recipe.build(config, layout)
     if options.resume:

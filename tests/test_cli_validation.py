@@ -51,3 +51,22 @@ def test_console_script_reports_without_traceback():
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert result.stderr.strip() == "mimo-pipes run: error: --reorder-window-size: must be an integer >= 1, got 0"
+
+
+def test_nccl_exchange_without_gpus_is_refused(capsys):
+    assert main(["run", *REORDER, "--exchange-transport", "nccl"]) == 2
+    assert "--exchange-transport: nccl needs one GPU per rank" in capsys.readouterr().err
+
+
+def test_overlapped_nccl_exchange_refused_under_single_hardware_queue():
+    from mimo_pipes.config import resolve_exchange_transport
+    from mimo_pipes.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        resolve_exchange_transport("nccl", "nccl", overlap=True, device_max_connections="1")
+    message = str(info.value)
+    assert "deadlock" in message and "--exchange-transport gloo" in message and "--no-overlap-intra-microbatch-reorder" in message
+    assert resolve_exchange_transport("nccl", "nccl", overlap=False, device_max_connections="1") == "nccl"
+    assert resolve_exchange_transport("auto", "nccl", overlap=True, device_max_connections="1") == "gloo"
+    assert resolve_exchange_transport("auto", "nccl", overlap=True, device_max_connections=None) == "nccl"
+    assert resolve_exchange_transport("auto", "gloo", overlap=True, device_max_connections=None) == "gloo"

@@ -12,9 +12,16 @@ import socket
 import sys
 import time
 
-from mimo_pipes.config import DATALOADER_TYPES, DEFAULT_COMPONENTS, EXCHANGE_TRANSPORTS, PipelineConfig, ReorderConfig
+from mimo_pipes.config import (
+    DATALOADER_TYPES,
+    DEFAULT_COMPONENTS,
+    EXCHANGE_TRANSPORTS,
+    PipelineConfig,
+    ReorderConfig,
+    resolve_exchange_transport,
+)
 from mimo_pipes.errors import ConfigError, PeerError, SampleError
-from mimo_pipes.job import JobOptions, check_resume_dir
+from mimo_pipes.job import JobOptions, check_resume_dir, world_backend
 
 EXIT_CONFIG = 2
 EXIT_FAILED = 1
@@ -113,6 +120,13 @@ def config_from_args(args: argparse.Namespace) -> tuple[PipelineConfig, JobOptio
 def validate_job(config: PipelineConfig, options: JobOptions) -> int:
     """All checks that can run before a rank starts; returns the world size."""
     topology = config.validate()
+    if config.reorder.intra_microbatch_reorder:
+        resolve_exchange_transport(
+            config.exchange_transport,
+            world_backend(topology.world_size),
+            config.reorder.overlap_intra_microbatch_reorder,
+            os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
+        )
     if options.steps < 1:
         raise ConfigError("--steps", f"must be >= 1, got {options.steps}")
     if config.embedded_samples < config.micro_batch_size and config.dataset is None:
