@@ -16,6 +16,7 @@ from mimo_pipes.nodes.balance_exchange import BalanceExchange
 from mimo_pipes.nodes.canonical_shard_reader import CanonicalShardReader, MapStyleDataset
 from mimo_pipes.nodes.cost_annotator import CostAnnotator
 from mimo_pipes.nodes.microbatch_assembler import MicroBatchAssembler
+from mimo_pipes.nodes.snapshot_guard import SnapshotGuard
 from mimo_pipes.nodes.windower import Windower
 from mimo_pipes.sample import Sample
 
@@ -63,8 +64,9 @@ def build_graph(
         start_step=first_step,
     )
     if map_fn is not None:
+        # The mapper stores its source's state as snapshots without copying: hand it copies.
         node = ParallelMapper(
-            node, map_fn, num_workers=max(config.num_workers, 1), in_order=True, method="thread", max_concurrent=None
+            SnapshotGuard(node), map_fn, num_workers=max(config.num_workers, 1), in_order=True, method="thread", max_concurrent=None
         )
     encoder_weight, language_weight = reorder.integer_cost_weights()
     node = CostAnnotator(node, image_token_id=image_token_id, encoder_weight=encoder_weight, language_weight=language_weight)
