@@ -1,4 +1,14 @@
-"""The micro-batch engine: the best of LPT and balanced KK, swap refinement, exact search when small."""
+"""The micro-batch engine.
+
+1. Sort the costs by (-cost, index) and work on ranks (see ``canonical``).
+2. Start from the better of equal-count LPT and balanced Karmarkar-Karp, by (heaviest, spread).
+3. Swap refinement (``refine``) towards a cheap lower bound.
+4. If the heaviest slot is still above the bound and the micro-batch is small, exact branch and
+   bound with a node budget (``exact``), then refinement of the spread.
+5. Keep LPT if it is better (it never is, by construction, but the guarantee is checked), and keep
+   the samples where they are (the contiguous split) if that is at least as good: then nothing
+   needs to move between ranks.
+"""
 
 from __future__ import annotations
 
@@ -48,15 +58,32 @@ def plan_members(sorted_costs: np.ndarray, num_slots: int, exact: bool = True) -
     return best
 
 
+def plan_indices(costs: np.ndarray, num_slots: int, exact: bool = True) -> np.ndarray:
+    """(G, B/G) matrix of sample indices for validated int64 ``costs`` (rows = slots, unordered)."""
+    size = int(costs.shape[0])
+    per_slot = size // num_slots
+    contiguous = np.arange(size, dtype=np.int64).reshape(num_slots, per_slot)
+    if num_slots == 1 or per_slot <= 1:
+        return contiguous
+    order = sort_order(costs)
+    sorted_costs = costs[order]
+    planned = order[plan_members(sorted_costs, num_slots, exact=exact)]
+    if score(loads_of(costs, contiguous)) <= score(loads_of(costs, planned)):
+        return contiguous
+    return planned
+
+
 def balance_microbatch(costs: Sequence[int], num_slots: int) -> list[list[int]]:
     """Split one micro-batch into ``num_slots`` slots of equal sample count, balancing the load.
 
     Returns G lists of sample indices: each list ascending, lists ordered by their smallest index.
     Minimises the heaviest slot load, then the spread; never worse than equal-count LPT on either
-    (compared lexicographically). Deterministic: depends on the costs alone.
+    (compared lexicographically). When the contiguous split (slot s = indices s*B/G ..) is at least
+    as good, it is returned, so balanced input moves nothing. Deterministic: depends on the costs
+    alone.
     Raises ValueError for non-integer or negative costs, ``num_slots`` < 1, or a size not divisible
     by ``num_slots``.
     """
     array = check_costs(costs, num_slots)
-    order = sort_order(array)
-    return canonical_slots(plan_members(array[order], int(num_slots)), order)
+    indices = plan_indices(array, int(num_slots))
+    return canonical_slots(indices, np.arange(array.shape[0], dtype=np.int64))

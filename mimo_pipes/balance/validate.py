@@ -56,7 +56,8 @@ def check_costs(costs: Sequence[int], num_slots: int, what: str = "costs") -> np
         raise ValueError(f"{what}: total cost {total} is too large (limit {MAX_TOTAL_COST})")
     if len(values) % num_slots:
         raise ValueError(
-            f"{what}: micro-batch size {len(values)} is not divisible by the number of slots ({num_slots})"
+            f"{what}: micro-batch size {len(values)} is not divisible"
+            f" by the number of slots ({num_slots})"
         )
     return np.asarray(values, dtype=np.int64).reshape(len(values))
 

@@ -6,8 +6,9 @@ and cut into W consecutive runs of B: the heaviest B samples form one micro-batc
 next, and so on. Every micro-batch then holds samples of similar cost, which can be split evenly, and
 each is balanced with the micro-batch engine. With one sample per slot this is optimal (the m-th
 micro-batch's heaviest slot can be no lighter than the (mB)-th heaviest sample of the window).
-The result is compared with balancing every micro-batch where it stands (equal-count LPT), and the
-lower critical path is kept.
+The result is compared with balancing every micro-batch where it stands with equal-count LPT, and
+with the window as it stands (contiguous slots, nothing moves); the lowest critical path is kept,
+ties going to the window as it stands.
 
 Output order: within a slot, ascending flat indices (m*B + j); slots of a micro-batch ordered by their
 smallest index; micro-batches ordered by their smallest index when samples may move, in window order
@@ -22,7 +23,7 @@ import numpy as np
 
 from mimo_pipes.balance.canonical import loads_of, sort_order
 from mimo_pipes.balance.lpt import lpt_members
-from mimo_pipes.balance.microbatch import plan_members
+from mimo_pipes.balance.microbatch import plan_indices, plan_members
 from mimo_pipes.balance.validate import check_window
 
 
@@ -34,19 +35,21 @@ def _canonical_microbatch(indices: np.ndarray) -> list[list[int]]:
     return rows[np.argsort(rows[:, 0], kind="stable")].tolist()
 
 
-def _independent(window: np.ndarray, num_slots: int, planner) -> tuple[list[np.ndarray], int]:
-    """Balance each micro-batch where it stands. Returns per-micro-batch (G, k) flat indices and the
-    critical path."""
+def _independent(window: np.ndarray, num_slots: int, anchor: bool) -> tuple[list[np.ndarray], int]:
+    """Balance each micro-batch where it stands (with the engine, or with LPT if ``anchor``).
+    Returns per-micro-batch (G, k) flat indices and the critical path."""
     count, size = window.shape
     plans = []
     path = 0
     for m in range(count):
-        order = sort_order(window[m])
-        sorted_costs = window[m][order]
-        members = planner(sorted_costs, num_slots)
-        if members.size:
-            path += int(loads_of(sorted_costs, members).max())
-        plans.append(order[members] + m * size)
+        if anchor:
+            order = sort_order(window[m])
+            indices = order[lpt_members(window[m][order], num_slots)]
+        else:
+            indices = plan_indices(window[m], num_slots)
+        if indices.size:
+            path += int(loads_of(window[m], indices).max())
+        plans.append(indices + m * size)
     return plans, path
 
 
@@ -82,12 +85,22 @@ def balance_window(
     window = check_window(costs, num_slots)
     num_slots = int(num_slots)
     if not across_microbatches:
-        plans, _ = _independent(window, num_slots, plan_members)
+        plans, _ = _independent(window, num_slots, anchor=False)
         return [_canonical_microbatch(plan) for plan in plans]
     plans, path = _across(window, num_slots)
-    anchor, anchor_path = _independent(window, num_slots, lpt_members)
+    anchor, anchor_path = _independent(window, num_slots, anchor=True)
     if anchor_path < path:
-        plans = anchor
+        plans, path = anchor, anchor_path
+    count, size = window.shape
+    if size:
+        # Nothing moves if the window as it stands (contiguous slots) is at least as good.
+        still = window.reshape(count, num_slots, -1).sum(axis=2).max(axis=1).sum()
+        if int(still) <= path:
+            per_slot = size // num_slots
+            plans = [
+                np.arange(m * size, (m + 1) * size, dtype=np.int64).reshape(num_slots, per_slot)
+                for m in range(count)
+            ]
     result = [_canonical_microbatch(plan) for plan in plans]
     result.sort(key=lambda slots: min((slot[0] for slot in slots if slot), default=0))
     return result
