@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torchdata.nodes import BaseNode, ParallelMapper
 
-from mimo_pipes.config import PipelineConfig
+from mimo_pipes.config import PipelineConfig, ReorderConfig
 from mimo_pipes.exchange import ExchangeContext
 from mimo_pipes.loader import GraphLoader
 from mimo_pipes.nodes.balance_exchange import BalanceExchange
@@ -50,8 +50,7 @@ def build_graph(
     """One rank's graph. ``consumed_microbatches`` resumes from a Megatron-style count alone (the same
     stream as restoring the full state): the reader restarts at the window boundary and the assembler
     skips the micro-batches of that window already consumed."""
-    reorder = config.reorder
-    window_size = reorder.reorder_window_size if reorder.intra_microbatch_reorder else 1
+    window_size = reorder_window_size(config.reorder)
     first_step = window_start(consumed_microbatches, window_size)
     node: BaseNode[Any] = CanonicalShardReader(
         dataset,
@@ -68,9 +67,46 @@ def build_graph(
         node = ParallelMapper(
             SnapshotGuard(node), map_fn, num_workers=max(config.num_workers, 1), in_order=True, method="thread", max_concurrent=None
         )
+    node = balance_tail(
+        node,
+        config.reorder,
+        layout,
+        samples_per_rank=config.micro_batch_size // layout.dp_size,
+        image_token_id=image_token_id,
+        pad_values=pad_values,
+        pad_length=config.seq_length if config.pad_to_seq_length else None,
+        skip_first=consumed_microbatches - first_step,
+    )
+    return GraphLoader(node, start_count=consumed_microbatches)
+
+
+def reorder_window_size(reorder: ReorderConfig) -> int:
+    """Micro-batches balanced together: ``--reorder-window-size`` when reordering, else 1."""
+    return reorder.reorder_window_size if reorder.intra_microbatch_reorder else 1
+
+
+def balance_tail(
+    node: BaseNode[Sample],
+    reorder: ReorderConfig,
+    layout: RankLayout,
+    *,
+    samples_per_rank: int,
+    image_token_id: int,
+    pad_values: Mapping[str, int | float],
+    pad_length: int | None,
+    skip_first: int = 0,
+) -> MicroBatchAssembler:
+    """The library's part of a graph, over any node of this rank's processed samples:
+    CostAnnotator -> Windower -> BalanceExchange (when reordering) -> MicroBatchAssembler.
+
+    ``node`` yields ``samples_per_rank`` (B/d) samples per global micro-batch, in canonical order, each
+    with ``sample_id`` and ``step``, starting at a window boundary (see :func:`window_start`);
+    ``skip_first`` micro-batches of that first window are dropped (resume from a count). Wrap the
+    result in a :class:`GraphLoader`.
+    """
+    window_size = reorder_window_size(reorder)
     encoder_weight, language_weight = reorder.integer_cost_weights()
     node = CostAnnotator(node, image_token_id=image_token_id, encoder_weight=encoder_weight, language_weight=language_weight)
-    samples_per_rank = config.micro_batch_size // layout.dp_size
     node = Windower(node, samples_per_microbatch=samples_per_rank, window_size=window_size)
     if reorder.intra_microbatch_reorder:
         context = ExchangeContext(
@@ -84,8 +120,4 @@ def build_graph(
             device=layout.exchange_device,
         )
         node = BalanceExchange(node, context, overlap=reorder.overlap_intra_microbatch_reorder)
-    pad_length = config.seq_length if config.pad_to_seq_length else None
-    node = MicroBatchAssembler(
-        node, pad_length=pad_length, pad_values=pad_values, skip_first=consumed_microbatches - first_step
-    )
-    return GraphLoader(node, start_count=consumed_microbatches)
+    return MicroBatchAssembler(node, pad_length=pad_length, pad_values=pad_values, skip_first=skip_first)
