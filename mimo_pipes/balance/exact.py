@@ -8,6 +8,11 @@ node are skipped, because exchanging them gives the same loads. A branch is cut 
 * the room left under the incumbent in slots that are not full is smaller than the cost still to place
   (full slots waste their slack; the rest must absorb every remaining sample).
 
+Samples of equal cost are interchangeable, so a sample that costs the same as the one before it only
+tries slots numbered at least as high as that one's (this combines with the state rule above: among
+slots in the same state the lowest-numbered allowed one is tried, and relabelling two such slots in
+any completion keeps the equal-cost samples in non-decreasing slot order).
+
 The search looks for an assignment strictly better than the incumbent, tightens the incumbent whenever
 it finds one, and stops at the lower bound. It is bounded by a count of placements (``node_limit``),
 never by a clock, so it returns the same answer on every machine. ``proven`` tells whether it finished.
@@ -15,7 +20,7 @@ never by a clock, so it returns the same answer on every machine. ``proven`` tel
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -30,17 +35,24 @@ class _Budget(Exception):
     pass
 
 
+class SearchResult(NamedTuple):
+    members: np.ndarray | None  # better assignment found (rank space), or None
+    best: int  # heaviest load of ``members`` (the incumbent if nothing better was found)
+    proven: bool  # True if no assignment better than ``best`` exists
+    nodes: int  # placements tried
+
+
 def exact_members(
     sorted_costs: np.ndarray,
     num_slots: int,
     incumbent: int | None = None,
     lower: int | None = None,
     node_limit: int = DEFAULT_NODE_LIMIT,
-) -> tuple[np.ndarray | None, int, bool]:
+) -> SearchResult:
     """Search for an assignment whose heaviest slot is below ``incumbent``.
 
-    Returns (members or None if nothing better was found, best heaviest load, proven optimal).
-    ``incumbent`` None means "no solution yet" (anything is better).
+    ``incumbent`` None means "no solution yet" (anything is better). ``lower`` is a known lower bound
+    (the search stops when it reaches it); None computes one.
     """
     costs = [int(c) for c in sorted_costs.tolist()]
     size = len(costs)
@@ -51,7 +63,7 @@ def exact_members(
     if incumbent is None:
         incumbent = total + 1
     if incumbent <= lower or per_slot == 0:
-        return None, incumbent, True
+        return SearchResult(None, incumbent, True, 0)
     # tails[r]: sum of the r lightest costs; remaining[r]: cost of samples r.. still to place.
     tails = [0]
     for c in reversed(costs):
@@ -90,7 +102,10 @@ def exact_members(
         # Slack wasted by full slots must leave room for everything still to place.
         if state["full"] * limit - state["full_sum"] > num_slots * limit - total:
             return False
-        order = sorted((loads[s], s) for s in range(num_slots) if fill[s] < per_slot)
+        # Samples of equal cost are interchangeable: their slots need only be tried in
+        # non-decreasing slot order.
+        first = slot_of[rank - 1] if rank and costs[rank - 1] == cost else 0
+        order = sorted((loads[s], s) for s in range(first, num_slots) if fill[s] < per_slot)
         seen = set()
         for load, s in order:
             key = (load, fill[s])
@@ -127,14 +142,15 @@ def exact_members(
     except _Budget:
         proven = False
     found = state["found"]
+    nodes = node_limit - max(state["nodes"], 0)
     if found is None:
-        return None, incumbent, proven
+        return SearchResult(None, incumbent, proven, nodes)
     members = np.empty((num_slots, per_slot), dtype=np.int64)
     counts = [0] * num_slots
     for rank, s in enumerate(found):
         members[s, counts[s]] = rank
         counts[s] += 1
-    return members, state["best"], proven or state["best"] <= lower
+    return SearchResult(members, state["best"], proven or state["best"] <= lower, nodes)
 
 
 def exact_assignment(
@@ -152,5 +168,6 @@ def exact_assignment(
     sorted_costs = array[order]
     start = lpt_members(sorted_costs, num_slots)
     incumbent = int(sorted_costs[start].sum(axis=1).max()) if start.size else 0
-    members, _, proven = exact_members(sorted_costs, num_slots, incumbent, node_limit=node_limit)
-    return canonical_slots(start if members is None else members, order), proven
+    result = exact_members(sorted_costs, num_slots, incumbent, node_limit=node_limit)
+    members = start if result.members is None else result.members
+    return canonical_slots(members, order), result.proven

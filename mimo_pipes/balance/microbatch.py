@@ -22,10 +22,14 @@ from mimo_pipes.balance.karmarkar_karp import kk_members
 from mimo_pipes.balance.lpt import lpt_members
 from mimo_pipes.balance.quality import sorted_lower_bound
 from mimo_pipes.balance.refine import refine_members
+from mimo_pipes.balance.repartition import repartition_members
 from mimo_pipes.balance.validate import check_costs
 
-# Exact search runs only when refinement stops above the lower bound and the micro-batch is small.
-EXACT_MAX_SAMPLES = 32
+# Work after refinement, only while the heaviest slot is above the cheap lower bound:
+# three-slot exact re-partitions (node budget), then exact search on small micro-batches.
+REPARTITION_NODES = 1_500
+REPARTITION_MAX_SAMPLES = 256
+EXACT_MAX_SAMPLES = 16
 EXACT_NODE_LIMIT = 4_000
 
 
@@ -45,10 +49,14 @@ def plan_members(sorted_costs: np.ndarray, num_slots: int, exact: bool = True) -
     best = refine_members(sorted_costs, start, target=lower)
     best_loads = loads_of(sorted_costs, best)
     top = int(best_loads.max())
+    if top > lower and size <= REPARTITION_MAX_SAMPLES:
+        best = repartition_members(sorted_costs, best, lower, REPARTITION_NODES)
+        best_loads = loads_of(sorted_costs, best)
+        top = int(best_loads.max())
     if exact and top > lower and size <= EXACT_MAX_SAMPLES:
-        found, _, _ = exact_members(
+        found = exact_members(
             sorted_costs, num_slots, incumbent=top, lower=lower, node_limit=EXACT_NODE_LIMIT
-        )
+        ).members
         if found is not None:
             best = refine_members(sorted_costs, found, target=lower)
             best_loads = loads_of(sorted_costs, best)
