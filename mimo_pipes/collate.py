@@ -21,13 +21,17 @@ METADATA_LIST_NAMES = {SAMPLE_ID: "sample_ids", SLOT: "slots", IMAGE_TOKENS: "im
 def collate_microbatch(
     samples: Sequence[Sample],
     *,
+    step: int | None = None,
     pad_length: int | None,
     pad_values: Mapping[str, int | float] = DEFAULT_PAD_VALUES,
 ) -> dict[str, Any]:
-    """Collate samples (canonical order kept). ``pad_length=None`` pads to the longest sample."""
+    """Collate samples (canonical order kept). ``pad_length=None`` pads to the longest sample.
+
+    ``step`` is the micro-batch's global step; it defaults to the samples' own (they differ only when
+    samples moved across the micro-batches of a window)."""
     if not samples:
         raise ValueError("cannot collate an empty micro-batch")
-    batch: dict[str, Any] = {"step": samples[0][STEP]}
+    batch: dict[str, Any] = {"step": samples[0][STEP] if step is None else step}
     for key, list_name in METADATA_LIST_NAMES.items():
         batch[list_name] = [sample.get(key) for sample in samples]
     longest = max((len(sample[name]) for sample in samples for name in SEQUENCE_FIELDS if name in sample), default=0)

@@ -55,8 +55,9 @@ class MicroBatchAssembler(BaseNode[dict]):
             self._window_start_state = copy.deepcopy(self.source.state_dict())
             self._window = next(self.source)
         microbatch = self._window.microbatches[self._yielded]
+        step = self._window.first_step + self._yielded
         self._yielded += 1
-        return collate_microbatch(microbatch, pad_length=self.pad_length, pad_values=self.pad_values)
+        return collate_microbatch(microbatch, step=step, pad_length=self.pad_length, pad_values=self.pad_values)
 
     def get_state(self) -> dict[str, Any]:
         window_done = self._window is not None and self._yielded == len(self._window.microbatches)
