@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from mimo_pipes.config import PipelineConfig, ReorderConfig
 from mimo_pipes.graph import RankLayout, build_graph
+from mimo_pipes.loader import graph_nodes
 from mimo_pipes.process_groups import build_rank_groups
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset, check_sample
 from mimo_pipes.topology import build_topology
@@ -92,3 +93,64 @@ def run_graph(components, *, steps, dataset_size=4096, timeout_s=60.0, **config_
         "records": records,
         "reads": reads,
     }
+
+
+def exchange_threads() -> list[str]:
+    import threading
+
+    return sorted(t.name for t in threading.enumerate() if t.name.startswith("mimo-pipes"))
+
+
+def run_thread_lifecycle(components, *, microbatch_size=8, window_size=2):
+    """Prefetch depth under a slow consumer, and no exchange thread left after finish, reset or delete."""
+    import gc
+    import time
+
+    from mimo_pipes.nodes.balance_exchange import PREFETCH_DEPTH, BalanceExchange
+
+    topology = build_topology(components)
+    groups = build_rank_groups(topology, timeout_s=60)
+    if groups is None:
+        return None
+    position = groups.position
+    layout = RankLayout(position.dp_rank, position.dp_size, topology.canonical_slots, groups.exchange_group)
+
+    def new_loader(dataset_size, dataloader_type="cyclic"):
+        config = make_config(components, microbatch_size=microbatch_size, window_size=window_size,
+                             dataloader_type=dataloader_type)
+        dataset = SyntheticProcessedDataset(dataset_size, seed=0)
+        return build_graph(dataset, config, layout, map_fn=None, image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES)
+
+    def exchange_node(loader):
+        return next(node for node in graph_nodes(loader.root) if isinstance(node, BalanceExchange))
+
+    report = {}
+    # 1. A slow consumer: the thread never holds more than PREFETCH_DEPTH exchanged windows.
+    loader = new_loader(4096)
+    iterator = iter(loader)
+    held = []
+    for _ in range(12):
+        next(iterator)
+        time.sleep(0.05)
+        prefetcher = exchange_node(loader)._prefetcher
+        with prefetcher.condition:
+            held.append(prefetcher.produced - prefetcher.delivered)
+    report["max_held"] = max(held)
+    report["depth"] = PREFETCH_DEPTH
+    # 2. Reset (a new epoch of iteration) replaces the thread rather than adding one.
+    iterator = iter(loader)
+    next(iterator)
+    report["threads_after_reset"] = len(exchange_threads())
+    # 3. Deleting the loader stops the thread (peers delete at the same point).
+    del iterator, loader
+    gc.collect()
+    deadline = time.monotonic() + 20
+    while exchange_threads() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    report["threads_after_delete"] = exchange_threads()
+    # 4. A finished stream (single sampler) leaves no thread behind.
+    loader = new_loader(80, dataloader_type="single")
+    report["consumed_to_end"] = sum(1 for _ in loader)
+    report["threads_after_end"] = exchange_threads()
+    loader.close()
+    return report

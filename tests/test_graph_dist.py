@@ -7,7 +7,7 @@ import pytest
 
 from dist_pool import DistPool
 from layout_checks import baseline_spread, check_fanout, check_invariants, vision_spread
-from scenarios_exchange import run_graph
+from scenarios_exchange import run_graph, run_thread_lifecycle
 
 from mimo_pipes.sharding import global_microbatch_indices
 
@@ -90,3 +90,13 @@ def test_across_microbatch_windows(pool):
     }
     moved = sum(1 for step, ids in sequences["language"].items() for sid in ids if original_step[sid] != step)
     assert moved > 0, "no sample changed micro-batch inside its window"
+
+
+def test_prefetch_depth_and_thread_lifecycle(pool):
+    results = pool.run(run_thread_lifecycle, ["language=dp=2", "images=dp=2,rank_offset=2"])
+    for report in filter(None, results):
+        assert 1 <= report["max_held"] <= report["depth"], report  # prefetch happens, and stays bounded
+        assert report["threads_after_reset"] == 1
+        assert report["threads_after_delete"] == []
+        assert report["consumed_to_end"] == 10
+        assert report["threads_after_end"] == []
