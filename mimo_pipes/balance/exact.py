@@ -54,23 +54,39 @@ def exact_members(
     ``incumbent`` None means "no solution yet" (anything is better). ``lower`` is a known lower bound
     (the search stops when it reaches it); None computes one.
     """
-    costs = [int(c) for c in sorted_costs.tolist()]
-    size = len(costs)
-    per_slot = size // num_slots
     if lower is None:
         lower = sorted_lower_bound(sorted_costs, num_slots)
+    costs = [int(c) for c in sorted_costs.tolist()]
+    found, best, proven, nodes = search_slots(costs, num_slots, incumbent, lower, node_limit)
+    if found is None:
+        return SearchResult(None, best, proven, nodes)
+    per_slot = len(costs) // num_slots
+    members = np.empty((num_slots, per_slot), dtype=np.int64)
+    counts = [0] * num_slots
+    for rank, s in enumerate(found):
+        members[s, counts[s]] = rank
+        counts[s] += 1
+    return SearchResult(members, best, proven, nodes)
+
+
+def search_slots(
+    costs: list[int], num_slots: int, incumbent: int | None, lower: int, node_limit: int
+) -> tuple[list[int] | None, int, bool, int]:
+    """The search itself, on a plain list of costs sorted heaviest first.
+
+    Returns (slot of each sample or None, best heaviest load, proven, nodes used).
+    """
+    size = len(costs)
+    per_slot = size // num_slots
     total = sum(costs)
     if incumbent is None:
         incumbent = total + 1
     if incumbent <= lower or per_slot == 0:
-        return SearchResult(None, incumbent, True, 0)
-    # tails[r]: sum of the r lightest costs; remaining[r]: cost of samples r.. still to place.
+        return None, incumbent, True, 0
+    # tails[r]: sum of the r lightest costs.
     tails = [0]
     for c in reversed(costs):
         tails.append(tails[-1] + c)
-    remaining = [0] * (size + 1)
-    for r in range(size - 1, -1, -1):
-        remaining[r] = remaining[r + 1] + costs[r]
 
     loads = [0] * num_slots
     fill = [0] * num_slots
@@ -141,16 +157,9 @@ def exact_members(
         place(0)
     except _Budget:
         proven = False
-    found = state["found"]
     nodes = node_limit - max(state["nodes"], 0)
-    if found is None:
-        return SearchResult(None, incumbent, proven, nodes)
-    members = np.empty((num_slots, per_slot), dtype=np.int64)
-    counts = [0] * num_slots
-    for rank, s in enumerate(found):
-        members[s, counts[s]] = rank
-        counts[s] += 1
-    return SearchResult(members, state["best"], proven or state["best"] <= lower, nodes)
+    best = state["best"]
+    return state["found"], best, proven or best <= lower, nodes
 
 
 def exact_assignment(

@@ -28,7 +28,7 @@ from mimo_pipes.balance.validate import check_costs
 # Work after refinement, only while the heaviest slot is above the cheap lower bound:
 # three-slot exact re-partitions (node budget), then exact search on small micro-batches.
 REPARTITION_NODES = 1_500
-REPARTITION_MAX_SAMPLES = 256
+REPARTITION_MAX_SAMPLES = 128
 EXACT_MAX_SAMPLES = 16
 EXACT_NODE_LIMIT = 4_000
 

@@ -15,8 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from mimo_pipes.balance.canonical import loads_of, score
-from mimo_pipes.balance.exact import exact_members
-from mimo_pipes.balance.quality import sorted_lower_bound
+from mimo_pipes.balance.exact import search_slots
 from mimo_pipes.balance.refine import refine_members
 
 GROUP = 3
@@ -32,6 +31,18 @@ def _partner_pairs(light: list[int]):
             yield light[first], light[second]
 
 
+def _pooled_bound(costs: list[int], per_slot: int) -> int:
+    """Average and pigeonhole bounds (see ``quality``) for three slots, on a sorted list."""
+    size = len(costs)
+    best = -(-sum(costs) // GROUP)
+    for t in range(per_slot):
+        top = t * GROUP
+        rest = per_slot - t - 1
+        bound = sum(costs[top - t : top + 1]) + (sum(costs[size - rest :]) if rest else 0)
+        best = max(best, bound)
+    return best
+
+
 def repartition_members(
     sorted_costs: np.ndarray,
     members: np.ndarray,
@@ -44,25 +55,36 @@ def repartition_members(
     if num_slots < GROUP or per_slot < 2 or node_budget <= 0:
         return members
     budget = node_budget
+    cost_of = sorted_costs.tolist()
     loads = loads_of(sorted_costs, members)
     current = score(loads)
     while budget > 0 and current[0] > target:
-        order = np.argsort(loads, kind="stable")
-        heaviest = int(order[-1])
-        light = [int(s) for s in order[:-1]]
+        top = current[0]
+        order = np.argsort(loads, kind="stable").tolist()
+        heaviest = order[-1]
+        load_list = loads.tolist()
+        rows_list = members.tolist()
         improved = False
-        for a, b in _partner_pairs(light):
+        for a, b in _partner_pairs(order[:-1]):
             if budget <= 0:
                 break
-            rows = [heaviest, a, b]
-            ranks = np.sort(members[rows].reshape(-1))
-            limit = min(nodes_per_try, budget)
-            found, used = _solve(sorted_costs[ranks], current[0], target, limit)
-            budget -= used + TRY_COST
+            budget -= TRY_COST
+            if -(-(top + load_list[a] + load_list[b]) // GROUP) >= top:
+                continue
+            ranks = sorted(rows_list[heaviest] + rows_list[a] + rows_list[b])
+            pooled = [cost_of[r] for r in ranks]
+            lower = max(target, _pooled_bound(pooled, per_slot))
+            if lower >= top:
+                continue
+            found, _, _, used = search_slots(pooled, GROUP, top, lower, min(nodes_per_try, budget))
+            budget -= used
             if found is None:
                 continue
+            new_rows: list[list[int]] = [[], [], []]
+            for rank, slot in zip(ranks, found):
+                new_rows[slot].append(rank)
             trial = members.copy()
-            trial[rows] = ranks[found]
+            trial[[heaviest, a, b]] = np.asarray(new_rows, dtype=np.int64)
             trial = refine_members(sorted_costs, trial, target=target)
             trial_loads = loads_of(sorted_costs, trial)
             if score(trial_loads) <= current:
@@ -72,12 +94,3 @@ def repartition_members(
         if not improved:
             break
     return members
-
-
-def _solve(sub_costs: np.ndarray, incumbent: int, target: int, node_limit: int):
-    """Exact search on one pooled group (costs sorted heaviest first)."""
-    lower = max(target, sorted_lower_bound(sub_costs, GROUP, thorough=False))
-    if lower >= incumbent:
-        return None, 0
-    result = exact_members(sub_costs, GROUP, incumbent=incumbent, lower=lower, node_limit=node_limit)
-    return result.members, result.nodes

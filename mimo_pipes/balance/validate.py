@@ -42,6 +42,20 @@ def check_costs(costs: Sequence[int], num_slots: int, what: str = "costs") -> np
     num_slots = check_num_slots(num_slots)
     if isinstance(costs, (str, bytes)) or not hasattr(costs, "__len__"):
         raise ValueError(f"{what} must be a sequence of integers, got {type(costs).__name__}")
+    size = len(costs)
+    # Fast path: a list of plain ints (not bool, which is a subclass) of moderate size.
+    if size and isinstance(costs, (list, tuple)) and set(map(type, costs)) == {int}:
+        try:
+            array = np.array(costs, dtype=np.int64)
+        except OverflowError:
+            array = None
+        if array is not None and int(array.min()) >= 0 and int(array.max()) <= MAX_TOTAL_COST // size:
+            if size % num_slots:
+                raise ValueError(
+                    f"{what}: micro-batch size {size} is not divisible"
+                    f" by the number of slots ({num_slots})"
+                )
+            return array
     values = []
     total = 0
     for position, cost in enumerate(costs):
