@@ -1,0 +1,193 @@
+"""Plumbing shared by the exchange benchmarks: start ranks, describe the machine, write results into the docs.
+
+Ranks are either spawned here (one process per rank, TCP rendezvous on localhost) or, when the script runs
+under torchrun (RANK / WORLD_SIZE / MASTER_ADDR set), the current process is one of them.
+"""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import os
+import platform
+import socket
+import subprocess
+import sys
+import traceback
+from typing import Any, Callable
+
+DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "benchmarks.md")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def under_torchrun() -> bool:
+    return all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def _init(backend: str, rank: int, world_size: int, init_method: str, timeout_s: float) -> None:
+    import torch
+    import torch.distributed as dist
+
+    if "nccl" in backend:
+        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+    dist.init_process_group(
+        backend, init_method=init_method, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s)
+    )
+
+
+def _child(rank: int, world_size: int, port: int, backend: str, timeout_s: float, env: dict, fn: Callable, args: tuple, conn: Any) -> None:
+    os.environ.update(env)
+    try:
+        _init(backend, rank, world_size, f"tcp://127.0.0.1:{port}", timeout_s)
+        result = fn(rank, world_size, *args)
+        conn.send(("ok", result))
+    except BaseException as error:  # noqa: BLE001 - reported to the parent
+        conn.send(("error", f"rank {rank}: {type(error).__name__}: {error}\n{traceback.format_exc()}"))
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_ranks(
+    fn: Callable[..., Any],
+    world_size: int,
+    args: tuple = (),
+    *,
+    backend: str = "gloo",
+    timeout_s: float = 600.0,
+    env: dict[str, str] | None = None,
+) -> list[Any] | None:
+    """Call ``fn(rank, world_size, *args)`` on every rank with a process group initialised.
+
+    Returns the results by rank in the process that collects them (the parent when spawning, rank 0
+    under torchrun) and None on the other torchrun ranks. Raises RuntimeError if any rank failed.
+    """
+    if under_torchrun():
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        _init(backend, rank, world, "env://", timeout_s)
+        import torch.distributed as dist
+
+        try:
+            result = fn(rank, world, *args)
+            gathered: list[Any] = [None] * world
+            dist.all_gather_object(gathered, result)
+        finally:
+            dist.destroy_process_group()
+        return gathered if rank == 0 else None
+    context = mp.get_context("spawn")
+    port = _free_port()
+    pipes, processes = [], []
+    for rank in range(world_size):
+        parent, child = context.Pipe(duplex=False)
+        process = context.Process(
+            target=_child, args=(rank, world_size, port, backend, timeout_s, dict(env or {}), fn, args, child), daemon=True
+        )
+        process.start()
+        child.close()
+        pipes.append(parent)
+        processes.append(process)
+    results, errors = [], []
+    try:
+        for rank, pipe in enumerate(pipes):
+            if not pipe.poll(timeout_s):
+                errors.append(f"rank {rank}: no result within {timeout_s:.0f}s")
+                results.append(None)
+                continue
+            try:
+                status, value = pipe.recv()
+            except EOFError:
+                status, value = "error", f"rank {rank}: exited without a result (exit code {processes[rank].exitcode})"
+            results.append(value if status == "ok" else None)
+            if status != "ok":
+                errors.append(value)
+    finally:
+        for process in processes:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+    if errors:
+        raise RuntimeError("\n".join(errors))
+    return results
+
+
+def machine() -> dict[str, Any]:
+    """What the docs record about where a benchmark ran."""
+    import torch
+
+    model = "unknown"
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        nproc = subprocess.run(["nproc"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        nproc = str(len(os.sched_getaffinity(0)))
+    try:
+        date = subprocess.run(["date", "-u"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        date = datetime.datetime.now(datetime.timezone.utc).strftime("%a %b %d %H:%M:%S UTC %Y")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return {
+        "nproc": nproc,
+        "cpu_model": model,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "date": date,
+        "load_1min_at_start": round(load, 2),
+    }
+
+
+def machine_line(info: dict[str, Any]) -> str:
+    return (
+        f"Machine: `nproc` {info['nproc']}, CPU \"{info['cpu_model']}\" (cores shared with other work; 1-minute "
+        f"load average {info['load_1min_at_start']} at the start), Python {info['python']}, torch {info['torch']}. "
+        f"Date: {info['date']}."
+    )
+
+
+def command_line() -> str:
+    """The command as typed from the repository root."""
+    script = os.path.relpath(os.path.abspath(sys.argv[0]), os.path.dirname(os.path.dirname(DOCS)))
+    return " ".join(["python", script, *sys.argv[1:]])
+
+
+SECTION = "## Exchange"
+
+
+def write_results(marker: str, body: str, path: str = DOCS) -> None:
+    """Replace the block between ``<!-- marker: begin -->`` and ``<!-- marker: end -->`` in the Exchange
+    section of the benchmarks page (created at the end of the page if missing); other text is kept."""
+    begin, end = f"<!-- {marker}: begin -->", f"<!-- {marker}: end -->"
+    block = f"{begin}\n{body.rstrip()}\n{end}"
+    text = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + block + rest.split(end, 1)[1]
+    else:
+        lines = text.split("\n")
+        if SECTION not in lines:
+            text = text.rstrip("\n") + f"\n\n{SECTION}\n\n{block}\n"
+        else:
+            start = lines.index(SECTION)
+            stop = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+            while stop > start + 1 and not lines[stop - 1].strip():
+                stop -= 1
+            lines[stop:stop] = ["", block]
+            text = "\n".join(lines)
+    if not text.endswith("\n"):
+        text += "\n"
+    with open(path, "w") as handle:
+        handle.write(text)

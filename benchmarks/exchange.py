@@ -1,0 +1,742 @@
+"""The balance exchange with real torch.distributed: overlap, bandwidth and memory, side by side in one run.
+
+The benchmark starts its own ranks (Gloo on the CPU by default; ``--backend nccl`` on GPUs, one per rank)
+for one module of DP 2 (``language=dp=2``) or, with ``--ranks 4``, ``language=dp=2`` + ``images=dp=2``.
+Samples are SyntheticProcessedDataset's: Qwen2-VL-sized pixel rows (``--patch-dim 1176``) with its
+image-token mix, micro-batch 8 (4 samples per rank). Three measurements, in the same processes:
+
+1. Overlap. Each rank's training thread loops ``next()`` on the graph build_graph makes (map_fn=None),
+   then simulates compute for ``--compute-ms`` (sleep: the thread waits as it would on a GPU) and then
+   all-reduces one number over its DP group (the gradient all-reduce that keeps ranks in step). Three
+   modes, interleaved round by round: reordering with overlap, without overlap, and no reordering. The
+   share of the exchange that overlap hides is 1 - (on - none) / (off - none) of mean next() times.
+2. Bandwidth. ``exchange_window`` on ready windows against a raw ``all_to_all_single`` of the same byte
+   splits on the same group, alternating, with a per-phase profile of the exchange.
+3. Memory. During the overlapped runs a sampler thread (every 2 ms) records how many windows are
+   exchanged but not yet delivered (the prefetcher's result queue), how many exchanges are in flight,
+   and the process RSS.
+
+Results go to stdout, as JSON to ``--out DIR`` if given, and (Gloo runs) into the Exchange section of
+docs/benchmarks.md unless ``--no-docs``.
+
+    python benchmarks/exchange.py [--ranks 2|4] [--compute-ms 100] [--rounds 2] [--out DIR]
+    torchrun --nproc-per-node 2 benchmarks/exchange.py --backend nccl --out DIR   # or spawned: without torchrun
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _dist  # noqa: E402  (benchmarks/_dist.py)
+
+COMPONENTS = {
+    2: ("language=tp=1,pp=1,dp=2,rank_offset=0",),
+    4: ("language=tp=1,pp=1,dp=2,rank_offset=0", "images=tp=1,dp=2,rank_offset=2"),
+}
+MODES = ("on", "off", "none")  # overlap on, overlap off, no reordering
+MODE_NAMES = {"on": "reorder, overlap on", "off": "reorder, overlap off", "none": "no reordering"}
+PAD_VALUES = {"input_ids": 0, "labels": -100}
+MARKER = "exchange.py results"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Inside a rank
+# ----------------------------------------------------------------------------------------------------------
+
+
+class CachedDataset:
+    """SyntheticProcessedDataset with every sample made once up front, so that reading costs the same
+    (nearly nothing) in every mode and the modes differ by the exchange alone."""
+
+    def __init__(self, base: Any) -> None:
+        self.items = [base[index] for index in range(len(base))]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> dict:
+        return self.items[index]
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _window_bytes(window: Any) -> int:
+    import torch
+
+    return sum(v.numel() * v.element_size() for mb in window.microbatches for s in mb for v in s.values() if isinstance(v, torch.Tensor))
+
+
+class ExchangeProbe:
+    """Wraps the exchange node's ``exchange_window``: durations, in-flight count, bytes of each window."""
+
+    def __init__(self) -> None:
+        import mimo_pipes.nodes.balance_exchange as node_module
+
+        self.node_module = node_module
+        self.original = node_module.exchange_window
+        self.in_flight = 0
+        self.records: list[tuple[float, int, bool]] = []  # (seconds, window bytes, on the main thread)
+        node_module.exchange_window = self._exchange
+
+    def _exchange(self, ctx: Any, window: Any, sequence: int) -> Any:
+        size = _window_bytes(window)
+        self.in_flight += 1
+        start = time.perf_counter()
+        try:
+            return self.original(ctx, window, sequence)
+        finally:
+            self.records.append((time.perf_counter() - start, size, threading.current_thread() is threading.main_thread()))
+            self.in_flight -= 1
+
+    def take(self) -> list[tuple[float, int, bool]]:
+        records, self.records = self.records, []
+        return records
+
+
+class NextProbe:
+    """Splits the training thread's next() into waiting for an exchanged window (the prefetcher's take, or
+    the synchronous exchange) and collating the micro-batch; the rest is the other nodes."""
+
+    def __init__(self) -> None:
+        import mimo_pipes.nodes.balance_exchange as node_module
+        import mimo_pipes.nodes.microbatch_assembler as assembler_module
+
+        self.wait = self.collate = 0.0
+        collate, take = assembler_module.collate_microbatch, node_module._Prefetcher.take
+
+        def timed_collate(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return collate(*args, **kwargs)
+            finally:
+                self.collate += time.perf_counter() - start
+
+        def timed_take(prefetcher: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return take(prefetcher)
+            finally:
+                self.wait += time.perf_counter() - start
+
+        assembler_module.collate_microbatch = timed_collate
+        node_module._Prefetcher.take = timed_take
+
+    def reset(self) -> tuple[float, float]:
+        values = (self.wait, self.collate)
+        self.wait = self.collate = 0.0
+        return values
+
+
+class Sampler(threading.Thread):
+    """Every ``period`` seconds: RSS, and for an overlapped exchange node its queued and in-flight windows."""
+
+    def __init__(self, probe: ExchangeProbe, node: Any, period: float = 0.002) -> None:
+        super().__init__(name="benchmark-sampler", daemon=True)
+        self.probe, self.node, self.period = probe, node, period
+        self.done = threading.Event()
+        self.max_rss = 0
+        self.max_queued = self.max_produced_ahead = self.max_in_flight = self.max_held = 0
+        self.samples = 0
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            self.max_rss = max(self.max_rss, _rss_bytes())
+            prefetcher = getattr(self.node, "_prefetcher", None) if self.node is not None else None
+            queued = ahead = 0
+            if prefetcher is not None:
+                queued = len(prefetcher.results)
+                ahead = prefetcher.produced - prefetcher.delivered
+            in_flight = self.probe.in_flight if prefetcher is not None else 0
+            self.max_queued = max(self.max_queued, queued)
+            self.max_produced_ahead = max(self.max_produced_ahead, ahead)
+            self.max_in_flight = max(self.max_in_flight, in_flight)
+            self.max_held = max(self.max_held, queued + in_flight)
+            self.samples += 1
+            self.done.wait(self.period)
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join()
+
+
+def _config(components: tuple[str, ...], opts: dict, mode: str, window: int) -> Any:
+    from mimo_pipes.config import PipelineConfig, ReorderConfig
+
+    return PipelineConfig(
+        components=components,
+        micro_batch_size=opts["micro_batch_size"],
+        seq_length=opts["seq_length"],
+        dataloader_type="cyclic",
+        seed=opts["seed"],
+        num_workers=1,
+        reorder=ReorderConfig(
+            scalable_dp=True,
+            intra_microbatch_reorder=mode != "none",
+            overlap_intra_microbatch_reorder=mode == "on",
+            reorder_window_size=window,
+        ),
+    )
+
+
+def _compute(seconds: float, kind: str) -> None:
+    if kind == "sleep":
+        time.sleep(seconds)
+    else:  # spin: a Python loop that holds the GIL except at the interpreter's switch interval
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+
+
+def _training_run(env: dict, opts: dict, mode: str, window: int) -> dict:
+    """One graph, ``steps`` micro-batches of next() + simulated compute + a DP all-reduce."""
+    import torch
+    import torch.distributed as dist
+
+    from mimo_pipes.graph import RankLayout, build_graph
+    from mimo_pipes.loader import graph_nodes
+    from mimo_pipes.nodes.balance_exchange import BalanceExchange
+    from mimo_pipes.testing import IMAGE_TOKEN_ID
+
+    groups, topology, probe, next_probe = env["groups"], env["topology"], env["probe"], env["next_probe"]
+    config = _config(env["components"], opts, mode, window)
+    config.validate(world_size=topology.world_size)
+    position = groups.position
+    layout = RankLayout(position.dp_rank, position.dp_size, topology.canonical_slots, groups.exchange_group, env["device"])
+    loader = build_graph(env["dataset"], config, layout, map_fn=None, image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES)
+    node = next((n for n in graph_nodes(loader.root) if isinstance(n, BalanceExchange)), None)
+    steps = -(-opts["steps"] // window) * window
+    warmup = -(-opts["warmup"] // window) * window
+    one = torch.ones(1, device=env["device"]) if env["device"] is not None else torch.ones(1)
+    probe.take()
+    gc.collect()
+    dist.barrier(group=groups.dp_group)
+    rss_before = _rss_bytes()
+    sampler = Sampler(probe, node)
+    sampler.start()
+    nexts, step_times, waits, collates = [], [], [], []
+    iterator = iter(loader)
+    try:
+        for step in range(steps):
+            next_probe.reset()
+            sync_before = sum(r[0] for r in probe.records if r[2])
+            start = time.perf_counter()
+            next(iterator)
+            got = time.perf_counter()
+            wait, collate = next_probe.reset()
+            wait += sum(r[0] for r in probe.records if r[2]) - sync_before  # a synchronous exchange is a wait too
+            _compute(opts["compute_ms"] / 1000.0, opts["compute"])
+            dist.all_reduce(one, group=groups.dp_group)
+            if step >= warmup:
+                nexts.append(got - start)
+                waits.append(wait)
+                collates.append(collate)
+                step_times.append(time.perf_counter() - start)
+    finally:
+        loader.close()
+        sampler.stop()
+    records = probe.take()
+    return {
+        "mode": mode,
+        "window": window,
+        "next_s": nexts,
+        "step_s": step_times,
+        "wait_s": waits,
+        "collate_s": collates,
+        "exchange_s": [r[0] for r in records],
+        "exchange_on_main_thread": sum(1 for r in records if r[2]),
+        "window_bytes": [r[1] for r in records],
+        "rss_before": rss_before,
+        "rss_peak_growth": sampler.max_rss - rss_before,
+        "max_queued": sampler.max_queued,
+        "max_produced_ahead": sampler.max_produced_ahead,
+        "max_in_flight": sampler.max_in_flight,
+        "max_held": sampler.max_held,
+        "sampler_samples": sampler.samples,
+    }
+
+
+class _TimedDist:
+    """Stands in for torch.distributed inside mimo_pipes.exchange: times the all_to_all, keeps its splits."""
+
+    def __init__(self, real: Any, timers: dict) -> None:
+        self._real, self._timers = real, timers
+        self.last_splits: tuple[list[int], list[int]] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False):  # noqa: A002
+        self.last_splits = (list(input_split_sizes), list(output_split_sizes))
+        start = time.perf_counter()
+        try:
+            return self._real.all_to_all_single(output, input, output_split_sizes, input_split_sizes, group=group, async_op=async_op)
+        finally:
+            self._timers["all_to_all"] = self._timers.get("all_to_all", 0.0) + time.perf_counter() - start
+
+
+def _timed(timers: dict, name: str, fn: Any) -> Any:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            timers[name] = timers.get(name, 0.0) + time.perf_counter() - start
+
+    return wrapper
+
+
+def _make_windows(env: dict, opts: dict, window: int, count: int) -> list:
+    from mimo_pipes.nodes.canonical_shard_reader import CanonicalShardReader
+    from mimo_pipes.nodes.cost_annotator import CostAnnotator
+    from mimo_pipes.nodes.windower import Windower
+    from mimo_pipes.testing import IMAGE_TOKEN_ID
+
+    groups, topology = env["groups"], env["topology"]
+    position = groups.position
+    config = _config(env["components"], opts, "off", window)
+    encoder_weight, language_weight = config.reorder.integer_cost_weights()
+    node = CanonicalShardReader(
+        env["dataset"],
+        microbatch_size=opts["micro_batch_size"],
+        dp_rank=position.dp_rank,
+        dp_size=position.dp_size,
+        canonical_slots=topology.canonical_slots,
+        seed=opts["seed"] + 1,  # other windows than the training runs'
+        dataloader_type="cyclic",
+    )
+    node = CostAnnotator(node, image_token_id=IMAGE_TOKEN_ID, encoder_weight=encoder_weight, language_weight=language_weight)
+    node = Windower(node, samples_per_microbatch=opts["micro_batch_size"] // position.dp_size, window_size=window)
+    node.reset()
+    return [next(node) for _ in range(count)]
+
+
+def _sync(device: Any) -> None:
+    if device is not None:
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
+def _bandwidth(env: dict, opts: dict, window: int) -> dict:
+    """exchange_window vs raw all_to_all_single of the same splits, alternating, on the exchange group."""
+    import torch
+    import torch.distributed as dist
+
+    import mimo_pipes.exchange as exchange_module
+    from mimo_pipes.exchange import ExchangeContext
+
+    groups, topology, device = env["groups"], env["topology"], env["device"]
+    position = groups.position
+    windows = _make_windows(env, opts, window, opts["bandwidth_windows"])
+    ctx = ExchangeContext(
+        group=groups.exchange_group,
+        dp_rank=position.dp_rank,
+        dp_size=position.dp_size,
+        canonical_slots=topology.canonical_slots,
+        samples_per_rank=opts["micro_batch_size"] // position.dp_size,
+        window_size=window,
+        device=device,
+    )
+    timers: dict[str, float] = {}
+    saved = {name: getattr(exchange_module, name) for name in ("dist", "_gather_header", "_plan", "_move", "unpack_samples", "local_costs_and_layouts")}
+    proxy = _TimedDist(dist, timers)
+    exchange_module.dist = proxy
+    for name in ("_gather_header", "_plan", "_move", "unpack_samples", "local_costs_and_layouts"):
+        setattr(exchange_module, name, _timed(timers, name, saved[name]))
+    sequence = env["sequence"]
+    exchange_s: list[float] = []
+    raw_s: list[float] = []
+    fresh_s: list[float] = []
+    sent: list[int] = []
+    splits: list[tuple[list[int], list[int]] | None] = []
+    profile: dict[str, float] = {}
+    try:
+        for w in windows:  # untimed first pass: warms up and records each window's splits
+            proxy.last_splits = None
+            exchange_module.exchange_window(ctx, w, sequence)
+            sequence += 1
+            splits.append(proxy.last_splits)
+        buffers = []
+        for split in splits:
+            if split is None:
+                buffers.append(None)
+                continue
+            send_splits, recv_splits = split
+            send = torch.full((sum(send_splits),), 7, dtype=torch.uint8, device=device)
+            buffers.append((send, torch.empty(sum(recv_splits), dtype=torch.uint8, device=device)))
+        timers.clear()
+        for rep in range(opts["bandwidth_reps"]):
+            for index, w in enumerate(windows):
+                order = ("exchange", "raw", "fresh")
+                order = order[(rep + index) % 3:] + order[: (rep + index) % 3]
+                for what in order:
+                    dist.barrier(group=groups.dp_group)
+                    _sync(device)
+                    if what == "exchange":
+                        start = time.perf_counter()
+                        exchange_module.exchange_window(ctx, w, sequence)
+                        elapsed = time.perf_counter() - start
+                        sequence += 1
+                        exchange_s.append(elapsed)
+                        sent.append(sum(splits[index][0]) if splits[index] else 0)
+                    elif buffers[index] is None:
+                        (raw_s if what == "raw" else fresh_s).append(0.0)
+                    elif what == "raw":  # preallocated buffers: the collective alone
+                        send, recv = buffers[index]
+                        send_splits, recv_splits = splits[index]
+                        start = time.perf_counter()
+                        dist.all_to_all_single(recv, send, recv_splits, send_splits, group=groups.exchange_group)
+                        _sync(device)
+                        raw_s.append(time.perf_counter() - start)
+                    else:  # fresh buffers, as any exchange that hands out new tensors: copy in, collective
+                        send, _ = buffers[index]
+                        send_splits, recv_splits = splits[index]
+                        start = time.perf_counter()
+                        staged = torch.empty_like(send).copy_(send)
+                        recv = torch.empty(sum(recv_splits), dtype=torch.uint8, device=device)
+                        dist.all_to_all_single(recv, staged, recv_splits, send_splits, group=groups.exchange_group)
+                        _sync(device)
+                        fresh_s.append(time.perf_counter() - start)
+                        del staged, recv
+        profile = dict(timers)
+    finally:
+        for name, value in saved.items():
+            setattr(exchange_module, name, value)
+    env["sequence"] = sequence
+    return {
+        "window": window,
+        "exchange_s": exchange_s,
+        "raw_s": raw_s,
+        "fresh_s": fresh_s,
+        "sent_bytes": sent,
+        "moves": [split is not None for split in splits],
+        "window_bytes": [_window_bytes(w) for w in windows],
+        "profile_s": profile,
+        "timed_exchanges": len(exchange_s),
+    }
+
+
+def rank_main(rank: int, world_size: int, opts: dict) -> dict:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+    import torch.distributed as dist
+
+    from mimo_pipes.process_groups import build_rank_groups
+    from mimo_pipes.testing import SyntheticProcessedDataset
+    from mimo_pipes.topology import build_topology
+
+    torch.set_num_threads(1)
+    components = COMPONENTS[world_size]
+    topology = build_topology(components)
+    nccl = opts["backend"] == "nccl"
+    groups = build_rank_groups(topology, exchange_backend="nccl" if nccl else "gloo", timeout_s=opts["timeout_s"])
+    device = torch.device("cuda", torch.cuda.current_device()) if nccl else None
+    base = SyntheticProcessedDataset(opts["dataset_size"], seed=opts["seed"], patch_dim=opts["patch_dim"])
+    dataset = CachedDataset(base) if opts["dataset"] == "cached" else base
+    env = {"groups": groups, "topology": topology, "components": components, "device": device, "dataset": dataset,
+           "probe": ExchangeProbe(), "next_probe": NextProbe(), "sequence": 0}
+    say = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
+    runs = []
+    for round_index in range(opts["rounds"]):
+        for window in opts["windows"]:
+            order = MODES[round_index % 3:] + MODES[: round_index % 3]  # rotate, so no mode always runs first
+            for mode in order:
+                started = time.perf_counter()
+                run = _training_run(env, opts, mode, window)
+                run["round"] = round_index
+                runs.append(run)
+                say(f"  round {round_index + 1}/{opts['rounds']} W={window} {MODE_NAMES[mode]:<22} "
+                    f"next() mean {1e3 * statistics.fmean(run['next_s']):6.2f} ms  ({time.perf_counter() - started:.1f} s)")
+    bandwidth = []
+    for window in opts["windows"]:
+        started = time.perf_counter()
+        result = _bandwidth(env, opts, window)
+        bandwidth.append(result)
+        say(f"  bandwidth W={window}: {result['timed_exchanges']} timed exchanges ({time.perf_counter() - started:.1f} s)")
+    dist.barrier()
+    return {"rank": rank, "module": groups.position.module.name, "dp_rank": groups.position.dp_rank, "runs": runs,
+            "bandwidth": bandwidth}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Summary (in the collecting process)
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _mean(values: list[float]) -> float:
+    return statistics.fmean(values) if values else float("nan")
+
+
+def summarize(results: list[dict], opts: dict) -> dict:
+    summary: dict[str, Any] = {"overlap": [], "bandwidth": [], "memory": []}
+    for window in opts["windows"]:
+        per_mode = {}
+        for mode in MODES:
+            runs = [run for r in results for run in r["runs"] if run["window"] == window and run["mode"] == mode]
+            nexts = [x for run in runs for x in run["next_s"]]
+            steps = [x for run in runs for x in run["step_s"]]
+            exchanges = [x for run in runs for x in run["exchange_s"]]
+            per_mode[mode] = {
+                "next_mean_ms": 1e3 * _mean(nexts),
+                "next_median_ms": 1e3 * statistics.median(nexts),
+                "next_p90_ms": 1e3 * sorted(nexts)[int(0.9 * (len(nexts) - 1))],
+                "step_mean_ms": 1e3 * _mean(steps),
+                "wait_mean_ms": 1e3 * _mean([x for run in runs for x in run["wait_s"]]),
+                "collate_mean_ms": 1e3 * _mean([x for run in runs for x in run["collate_s"]]),
+                "exchange_per_window_ms": 1e3 * _mean(exchanges) if exchanges else None,
+                "exchange_per_microbatch_ms": 1e3 * _mean(exchanges) / window if exchanges else None,
+                "exchanges_on_training_thread": sum(run["exchange_on_main_thread"] for run in runs),
+                "exchanges": len(exchanges),
+                "micro_batches_timed": len(nexts),
+            }
+        on, off, none = (per_mode[m]["next_mean_ms"] for m in MODES)
+        exposed = off - none
+        hidden = 1 - (on - none) / exposed if exposed > 0 else float("nan")
+        # Per rank and round, to show the spread of the estimate.
+        hidden_each = []
+        for r in results:
+            for round_index in range(opts["rounds"]):
+                means = {run["mode"]: _mean(run["next_s"]) for run in r["runs"] if run["window"] == window and run["round"] == round_index}
+                if means["off"] - means["none"] > 0:
+                    hidden_each.append(1 - (means["on"] - means["none"]) / (means["off"] - means["none"]))
+        summary["overlap"].append({"window": window, "modes": per_mode, "exposed_exchange_ms": exposed, "hidden": hidden,
+                                   "hidden_min": min(hidden_each, default=float("nan")),
+                                   "hidden_max": max(hidden_each, default=float("nan"))})
+
+        on_runs = [run for r in results for run in r["runs"] if run["window"] == window and run["mode"] == "on"]
+        off_runs = [run for r in results for run in r["runs"] if run["window"] == window and run["mode"] == "off"]
+        window_bytes = _mean([b for run in on_runs + off_runs for b in run["window_bytes"]])
+        growth_on = max(run["rss_peak_growth"] for run in on_runs)
+        growth_off = max(run["rss_peak_growth"] for run in off_runs)
+        summary["memory"].append({
+            "window": window,
+            "window_mb": window_bytes / 1e6,
+            "max_queued": max(run["max_queued"] for run in on_runs),
+            "max_produced_ahead": max(run["max_produced_ahead"] for run in on_runs),
+            "max_in_flight": max(run["max_in_flight"] for run in on_runs),
+            "max_held": max(run["max_held"] for run in on_runs),
+            "rss_growth_on_mb": growth_on / 1e6,
+            "rss_growth_off_mb": growth_off / 1e6,
+            "extra_windows_rss": (growth_on - growth_off) / window_bytes if window_bytes else float("nan"),
+            "sampler_samples": sum(run["sampler_samples"] for run in on_runs),
+        })
+
+        bw = [b for r in results for b in r["bandwidth"] if b["window"] == window]
+        count = len(bw[0]["exchange_s"])
+        exchange_t = [max(b["exchange_s"][i] for b in bw) for i in range(count)]  # the slowest rank ends the collective
+        raw_t = [max(b["raw_s"][i] for b in bw) for i in range(count)]
+        fresh_t = [max(b["fresh_s"][i] for b in bw) for i in range(count)]
+        moved = [sum(b["sent_bytes"][i] for b in bw) for i in range(count)]
+        keep = [i for i in range(count) if moved[i] > 0]
+        total_bytes = sum(moved[i] for i in keep)
+        t_exchange = sum(exchange_t[i] for i in keep)
+        t_raw = sum(raw_t[i] for i in keep)
+        t_fresh = sum(fresh_t[i] for i in keep)
+        profile: dict[str, float] = {}
+        for b in bw:
+            for name, seconds in b["profile_s"].items():
+                profile[name] = profile.get(name, 0.0) + seconds / len(bw)
+        per_exchange = {name: 1e3 * seconds / count for name, seconds in profile.items()}
+        summary["bandwidth"].append({
+            "window": window,
+            "exchanges": count,
+            "with_moves": len(keep),
+            "windows_without_moves": sum(1 for moving in bw[0]["moves"] if not moving),
+            "mean_bytes_moved_mb": total_bytes / len(keep) / 1e6 if keep else 0.0,
+            "mean_window_mb_per_rank": _mean([x for b in bw for x in b["window_bytes"]]) / 1e6,
+            "exchange_ms": 1e3 * t_exchange / len(keep) if keep else float("nan"),
+            "raw_ms": 1e3 * t_raw / len(keep) if keep else float("nan"),
+            "exchange_gbps": total_bytes / t_exchange / 1e9 if t_exchange else float("nan"),
+            "raw_gbps": total_bytes / t_raw / 1e9 if t_raw else float("nan"),
+            "ratio": t_raw / t_exchange if t_exchange else float("nan"),
+            "fresh_ms": 1e3 * t_fresh / len(keep) if keep else float("nan"),
+            "fresh_gbps": total_bytes / t_fresh / 1e9 if t_fresh else float("nan"),
+            "ratio_fresh": t_fresh / t_exchange if t_exchange else float("nan"),
+            "profile_ms_per_exchange": per_exchange,
+        })
+    return summary
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def render(summary: dict, opts: dict, info: dict, command: str, seconds: float) -> str:
+    world = opts["ranks"]
+    topology = " + ".join(f"`{c}`" for c in COMPONENTS[world])
+    lines = [
+        "### Overlap, bandwidth and memory (`benchmarks/exchange.py`)",
+        "",
+        f"{world} ranks ({topology}), {'Gloo on the CPU' if opts['backend'] == 'gloo' else 'NCCL, one GPU per rank'}, one process per rank, 1 torch thread each; "
+        f"SyntheticProcessedDataset ({opts['dataset_size']} samples, {'made once up front' if opts['dataset'] == 'cached' else 'made on every read'}), "
+        f"patch_dim {opts['patch_dim']}, micro-batch {opts['micro_batch_size']} "
+        f"({opts['micro_batch_size'] // 2} samples per rank), seq_length {opts['seq_length']}. Simulated compute per micro-batch: "
+        f"{opts['compute']} {opts['compute_ms']:g} ms, then a one-number all-reduce over the DP group. "
+        f"{opts['rounds']} rounds of the three modes (order rotated per round), {opts['steps']} micro-batches per run, the first "
+        f"{opts['warmup']} not timed. Whole run: {seconds:.0f} s.",
+        "",
+        "Command (from the repository root, in the project's virtual environment):",
+        "",
+        f"    {command}",
+        "",
+        _dist.machine_line(info),
+        "",
+        "**Training-thread time in `next()` per micro-batch** (all ranks, all rounds; exchange = time inside "
+        "`exchange_window`, on whichever thread ran it):",
+        "",
+        "| W | mode | next() mean ms | median ms | p90 ms | of which waiting for the exchange, mean ms | of which collating, mean ms | step mean ms | exchange ms per micro-batch |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for entry in summary["overlap"]:
+        for mode in MODES:
+            m = entry["modes"][mode]
+            thread = "" if m["exchange_per_microbatch_ms"] is None else (" (training thread)" if m["exchanges_on_training_thread"] else " (background)")
+            lines.append(f"| {entry['window']} | {MODE_NAMES[mode]} | {_fmt(m['next_mean_ms'])} | {_fmt(m['next_median_ms'])} | "
+                         f"{_fmt(m['next_p90_ms'])} | {_fmt(m['wait_mean_ms'])} | {_fmt(m['collate_mean_ms'])} | {_fmt(m['step_mean_ms'], 1)} | {_fmt(m['exchange_per_microbatch_ms'])}{thread} |")
+    lines += ["", "| W | exchange exposed without overlap (off - none), ms per micro-batch | hidden by overlap | per rank and round (min .. max) | target |",
+              "|---:|---:|---:|---:|---|"]
+    for entry in summary["overlap"]:
+        verdict = "met" if entry["hidden"] >= 0.95 else "not met"
+        lines.append(f"| {entry['window']} | {_fmt(entry['exposed_exchange_ms'])} | {100 * entry['hidden']:.1f}% | "
+                     f"{100 * entry['hidden_min']:.0f}% .. {100 * entry['hidden_max']:.0f}% | >= 95%: {verdict} |")
+    lines += [
+        "",
+        "hidden = 1 - (next_on - next_none) / (next_off - next_none), from the mean next() times above.",
+        "",
+        f"**Bandwidth**: `exchange_window` against a raw `all_to_all_single` of the same byte splits on the same "
+        f"group, {opts['bandwidth_windows']} windows x {opts['bandwidth_reps']} repetitions per W, the three "
+        "interleaved; time of the slower rank; bytes = all ranks' sent bytes; windows where nothing moves are left "
+        "out. raw: preallocated buffers, the collective alone. raw, fresh buffers: a new send buffer filled by one "
+        "copy and a new receive buffer, as any exchange that hands out new tensors must do.",
+        "",
+        "| W | windows timed | MB moved per exchange | window MB per rank | exchange ms | raw ms | raw, fresh buffers ms | exchange GB/s | raw GB/s | raw, fresh GB/s | exchange / raw | exchange / raw, fresh |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for b in summary["bandwidth"]:
+        lines.append(f"| {b['window']} | {b['with_moves']} / {b['exchanges']} | {_fmt(b['mean_bytes_moved_mb'], 1)} | "
+                     f"{_fmt(b['mean_window_mb_per_rank'], 1)} | {_fmt(b['exchange_ms'])} | {_fmt(b['raw_ms'])} | "
+                     f"{_fmt(b['fresh_ms'])} | {_fmt(b['exchange_gbps'])} | {_fmt(b['raw_gbps'])} | {_fmt(b['fresh_gbps'])} | "
+                     f"{100 * b['ratio']:.0f}% | {100 * b['ratio_fresh']:.0f}% |")
+    lines += ["", "Where an exchange's time goes (ms per exchange, mean over ranks; the all_to_all includes waiting for the peer):", "",
+              "| W | layouts + costs | cost all-gather | plan | pack (move - all_to_all - unpack) | all_to_all | unpack |",
+              "|---:|---:|---:|---:|---:|---:|---:|"]
+    for b in summary["bandwidth"]:
+        p = b["profile_ms_per_exchange"]
+        pack = p.get("_move", 0.0) - p.get("all_to_all", 0.0) - p.get("unpack_samples", 0.0)
+        lines.append(f"| {b['window']} | {_fmt(p.get('local_costs_and_layouts'))} | {_fmt(p.get('_gather_header'))} | "
+                     f"{_fmt(p.get('_plan'))} | {_fmt(pack)} | {_fmt(p.get('all_to_all'))} | {_fmt(p.get('unpack_samples'))} |")
+    lines += [
+        "",
+        "**Memory with overlap**: windows exchanged but not yet delivered (the prefetcher's result queue; "
+        "produced - delivered), exchanges in flight on the prefetch thread, and their sum, sampled every 2 ms; "
+        "peak RSS growth over the run (from just before the first next()), overlap on vs off, in windows of this rank.",
+        "",
+        "| W | window MB per rank | max queued | max produced - delivered | max in flight | max queued + in flight | RSS growth on MB | RSS growth off MB | (on - off) in windows |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for m in summary["memory"]:
+        lines.append(f"| {m['window']} | {_fmt(m['window_mb'], 1)} | {m['max_queued']} | {m['max_produced_ahead']} | "
+                     f"{m['max_in_flight']} | {m['max_held']} | {_fmt(m['rss_growth_on_mb'], 0)} | "
+                     f"{_fmt(m['rss_growth_off_mb'], 0)} | {_fmt(m['extra_windows_rss'], 1)} |")
+    return "\n".join(lines)
+
+
+def nccl_unavailable() -> str | None:
+    import torch
+
+    from mimo_pipes.exchange import ExchangeContext
+
+    if "device" not in ExchangeContext.__dataclass_fields__:
+        return "ExchangeContext has no device field: this version of mimo_pipes cannot run the exchange over NCCL"
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "0") or 0)) if _dist.under_torchrun() else 0
+    if torch.cuda.device_count() < max(local, 2 if not _dist.under_torchrun() else 1):
+        return f"{torch.cuda.device_count()} CUDA device(s); NCCL needs one per rank"
+    return None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--ranks", type=int, choices=(2, 4), default=2, help="2: language=dp=2; 4: language=dp=2 + images=dp=2")
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="gloo: CPU; nccl: one GPU per rank")
+    parser.add_argument("--windows", type=int, nargs="+", default=[1, 4], help="window sizes W")
+    parser.add_argument("--micro-batch-size", type=int, default=8)
+    parser.add_argument("--seq-length", type=int, default=2048)
+    parser.add_argument("--patch-dim", type=int, default=1176, help="pixel_values row width (1176: Qwen2-VL)")
+    parser.add_argument("--dataset", choices=("cached", "live"), default="cached",
+                        help="cached: samples made once up front (modes differ by the exchange alone); live: made on every read")
+    parser.add_argument("--dataset-size", type=int, default=64)
+    parser.add_argument("--compute-ms", type=float, default=100.0, help="simulated compute per micro-batch")
+    parser.add_argument("--compute", choices=("sleep", "spin"), default="sleep",
+                        help="sleep: the thread waits (as on a GPU); spin: a Python busy loop holding the GIL")
+    parser.add_argument("--steps", type=int, default=32, help="micro-batches per run (rounded up to a multiple of W)")
+    parser.add_argument("--warmup", type=int, default=4, help="first micro-batches of each run not timed")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of the three modes")
+    parser.add_argument("--bandwidth-windows", type=int, default=6)
+    parser.add_argument("--bandwidth-reps", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--timeout-s", type=float, default=300.0)
+    parser.add_argument("--out", help="directory for results.json")
+    parser.add_argument("--no-docs", action="store_true", help="do not write docs/benchmarks.md")
+    args = parser.parse_args()
+    opts = {key: value for key, value in vars(args).items()}
+    collecting = not _dist.under_torchrun() or int(os.environ["RANK"]) == 0
+    if args.backend == "nccl":
+        reason = nccl_unavailable()
+        if reason is not None:
+            result = {"skipped": True, "backend": "nccl", "reason": reason}
+            if collecting:
+                print(json.dumps(result))
+                if args.out:
+                    os.makedirs(args.out, exist_ok=True)
+                    with open(os.path.join(args.out, "exchange_nccl.json"), "w") as handle:
+                        json.dump(result, handle, indent=1)
+            return 0
+    if _dist.under_torchrun() and int(os.environ["WORLD_SIZE"]) != args.ranks:
+        parser.error(f"--ranks {args.ranks} but torchrun started {os.environ['WORLD_SIZE']} processes")
+    info = _dist.machine()
+    command = _dist.command_line()
+    if collecting:
+        print(f"{args.ranks} ranks, {args.backend}, windows {args.windows}, compute {args.compute} {args.compute_ms:g} ms, "
+              f"{args.rounds} rounds x {args.steps} micro-batches per mode; nproc {info['nproc']}", flush=True)
+    child_env = {"OMP_NUM_THREADS": "1"}
+    started = time.perf_counter()
+    world_backend = "cpu:gloo,cuda:nccl" if args.backend == "nccl" else "gloo"
+    results = _dist.run_ranks(rank_main, args.ranks, (opts,), backend=world_backend, timeout_s=args.timeout_s * 4, env=child_env)
+    seconds = time.perf_counter() - started
+    if results is None:  # a torchrun rank other than 0
+        return 0
+    summary = summarize(results, opts)
+    payload = {"options": opts, "machine": info, "command": command, "seconds": seconds, "summary": summary}
+    text = render(summary, opts, info, command, seconds)
+    print()
+    print(text)
+    print()
+    print(json.dumps(summary))
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        name = "exchange_nccl.json" if args.backend == "nccl" else "exchange.json"
+        with open(os.path.join(args.out, name), "w") as handle:
+            json.dump({**payload, "raw": results}, handle, indent=1)
+    if args.backend == "gloo" and not args.no_docs:
+        _dist.write_results(MARKER, text)
+        print(f"results written to {os.path.relpath(_dist.DOCS)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
