@@ -1,0 +1,208 @@
+"""Uncollate: splits collated micro-batches back into samples (the inverse of ``collate_microbatch``)."""
+
+from __future__ import annotations
+
+import collections
+import copy
+from typing import Any, Iterator, Mapping
+
+import torch
+from torchdata.nodes import BaseNode, IterableWrapper
+
+from mimo_pipes.collate import CONCAT_FIELDS, METADATA_LIST_NAMES, SEQUENCE_FIELDS
+from mimo_pipes.cost import image_token_count
+from mimo_pipes.errors import SampleError
+from mimo_pipes.sample import SAMPLE_ID, STEP, Sample
+
+NUM_IMAGES = "num_images"  # optional per-row image counts in a collated batch
+_METADATA_BY_LIST_NAME = {list_name: key for key, list_name in METADATA_LIST_NAMES.items()}
+
+
+class Uncollate(BaseNode[Sample]):
+    """Yields the rows of each collated micro-batch as samples, padding stripped, vision rows split off.
+
+    * Rows: ``input_ids.shape[0]`` (``rows_per_batch``, when given, is checked).
+    * Padding is on the right: a row's length is one past its last non-zero ``attention_mask`` entry,
+      and the per-token fields (``input_ids``, ``attention_mask``, ``labels``, ``loss_mask``,
+      ``position_ids``; each ``[rows, L]``) are cut to it.
+    * Images: a row owns the next ``n`` rows of ``image_grid_thw``, where ``n`` is the row's entry of
+      ``num_images`` when the batch has that field, else the fewest grid rows whose image tokens
+      (``prod(t, h, w) / merge_size**2`` each) add up to the row's placeholder count in ``input_ids``.
+      Each image owns the next ``prod(t, h, w)`` rows of ``pixel_values``.
+    * ``step`` counts micro-batches from ``start_step`` (the batch's own ``step`` key is ignored).
+    * ``sample_id`` comes from ``sample_ids`` when present, else it is the row's position counted over
+      global micro-batches: ``step * rows * dp_size + dp_rank * rows + row``.
+    * Other metadata lists (``slots``, ``costs``, ...) come back when not None; any other field must be a
+      tensor or list with one entry per row.
+
+    The state is the source's state before the current batch, its step and the rows already yielded.
+    """
+
+    SOURCE_KEY = "source"
+    STEP_KEY = "step"
+    ROWS_YIELDED_KEY = "rows_yielded"
+
+    def __init__(
+        self,
+        source: BaseNode[Mapping[str, Any]] | Iterator[Mapping[str, Any]],
+        *,
+        image_token_id: int,
+        merge_size: int = 2,
+        rows_per_batch: int | None = None,
+        dp_rank: int = 0,
+        dp_size: int = 1,
+        start_step: int = 0,
+    ) -> None:
+        super().__init__()
+        if merge_size < 1:
+            raise ValueError(f"merge_size must be >= 1, got {merge_size}")
+        self.source = source if isinstance(source, BaseNode) else IterableWrapper(source)
+        self.image_token_id = image_token_id
+        self.merge_size = merge_size
+        self.rows_per_batch = rows_per_batch
+        self.dp_rank = dp_rank
+        self.dp_size = dp_size
+        self.start_step = start_step
+
+    def reset(self, initial_state: dict | None = None) -> None:
+        super().reset(initial_state)
+        self._rows: collections.deque[Sample] = collections.deque()
+        self._taken = 0
+        self._batch_start_state: dict[str, Any] | None = None
+        if initial_state is None:
+            self.source.reset(None)
+            self._step = self.start_step
+            return
+        self.source.reset(copy.deepcopy(initial_state[self.SOURCE_KEY]))
+        self._step = int(initial_state[self.STEP_KEY])
+        skip = int(initial_state[self.ROWS_YIELDED_KEY])
+        if skip:  # restored inside a batch: read it again and drop the rows already handed out
+            self._read_batch()
+            for _ in range(skip):
+                self._rows.popleft()
+            self._taken = skip
+
+    def _read_batch(self) -> None:
+        self._batch_start_state = copy.deepcopy(self.source.state_dict())
+        batch = next(self.source)
+        self._rows = collections.deque(self.split(batch, self._step))
+        self._taken = 0
+        self._step += 1
+
+    def next(self) -> Sample:
+        while not self._rows:
+            self._read_batch()
+        self._taken += 1
+        return self._rows.popleft()
+
+    def get_state(self) -> dict[str, Any]:
+        if self._rows:  # inside a batch: restart from it
+            return {
+                self.SOURCE_KEY: copy.deepcopy(self._batch_start_state),
+                self.STEP_KEY: self._step - 1,
+                self.ROWS_YIELDED_KEY: self._taken,
+            }
+        return {self.SOURCE_KEY: copy.deepcopy(self.source.state_dict()), self.STEP_KEY: self._step, self.ROWS_YIELDED_KEY: 0}
+
+    def split(self, batch: Mapping[str, Any], step: int) -> list[Sample]:
+        """The samples of one collated micro-batch of global step ``step``, in row order."""
+        for name in ("input_ids", "attention_mask"):
+            if not isinstance(batch.get(name), torch.Tensor) or batch[name].dim() != 2:
+                raise ValueError(f"micro-batch {step}: field {name!r} must be a [rows, length] tensor")
+        rows = batch["input_ids"].shape[0]
+        if self.rows_per_batch is not None and rows != self.rows_per_batch:
+            raise ValueError(f"micro-batch {step} has {rows} rows, expected {self.rows_per_batch} (B / dp size)")
+        ids = batch.get(METADATA_LIST_NAMES[SAMPLE_ID])
+        if ids is None or any(value is None for value in ids):
+            first = step * rows * self.dp_size + self.dp_rank * rows
+            ids = list(range(first, first + rows))
+        samples: list[Sample] = [{SAMPLE_ID: int(ids[row]), STEP: step} for row in range(rows)]
+        lengths = _row_lengths(batch["attention_mask"], samples)
+        images = self._image_spans(batch, samples, lengths)
+        for name, value in batch.items():
+            if name == STEP or name == METADATA_LIST_NAMES[SAMPLE_ID]:
+                continue
+            if name in _METADATA_BY_LIST_NAME:
+                for sample, item in zip(samples, value):
+                    if item is not None:
+                        sample[_METADATA_BY_LIST_NAME[name]] = item
+            elif name in SEQUENCE_FIELDS:
+                if not isinstance(value, torch.Tensor) or value.shape[:1] != (rows,) or value.dim() != 2:
+                    raise ValueError(f"micro-batch {step}: field {name!r} must be a [rows, length] tensor")
+                for row, sample in enumerate(samples):
+                    sample[name] = value[row, : lengths[row]]
+            elif name in CONCAT_FIELDS:
+                spans = images[name]
+                for sample, (start, stop) in zip(samples, spans):
+                    sample[name] = value[start:stop]
+            elif isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == rows:
+                for row, sample in enumerate(samples):
+                    sample[name] = value[row]
+            elif isinstance(value, (list, tuple)) and len(value) == rows:
+                for sample, item in zip(samples, value):
+                    sample[name] = item
+            else:
+                raise ValueError(f"micro-batch {step}: field {name!r} has no entry per row, so it cannot be split into samples")
+        return samples
+
+    def _image_spans(self, batch: Mapping[str, Any], samples: list[Sample], lengths: list[int]) -> dict[str, list[tuple[int, int]]]:
+        """Per row, its [start, stop) in ``image_grid_thw`` and in ``pixel_values``."""
+        grid = batch.get("image_grid_thw")
+        if grid is None:
+            if "pixel_values" in batch:
+                raise ValueError("a micro-batch with pixel_values needs image_grid_thw to split them per sample")
+            return {}
+        if grid.dim() != 2 or grid.shape[1] != 3:
+            raise ValueError(f"image_grid_thw must be [images, 3], got shape {tuple(grid.shape)}")
+        patches = [int(p) for p in grid.to(torch.int64).prod(dim=1)]
+        counts = batch.get(NUM_IMAGES)
+        if counts is not None:
+            per_row = [int(count) for count in counts]
+        else:
+            per_row = self._images_from_tokens(batch["input_ids"], samples, lengths, patches)
+        grid_spans, pixel_spans = [], []
+        image = pixel = 0
+        for count in per_row:
+            grid_spans.append((image, image + count))
+            start = pixel
+            pixel += sum(patches[image : image + count])
+            image += count
+            pixel_spans.append((start, pixel))
+        if image != len(patches):
+            raise ValueError(f"rows claim {image} images but image_grid_thw has {len(patches)}")
+        if "pixel_values" in batch and pixel != batch["pixel_values"].shape[0]:
+            raise ValueError(f"image_grid_thw describes {pixel} patches but pixel_values has {batch['pixel_values'].shape[0]} rows")
+        return {"image_grid_thw": grid_spans, "pixel_values": pixel_spans}
+
+    def _images_from_tokens(self, input_ids: torch.Tensor, samples: list[Sample], lengths: list[int], patches: list[int]) -> list[int]:
+        merge2 = self.merge_size**2
+        per_row, image = [], 0
+        for row, sample in enumerate(samples):
+            needed = image_token_count(input_ids[row, : lengths[row]], self.image_token_id)
+            taken = count = 0
+            while taken < needed and image + count < len(patches):
+                if patches[image + count] % merge2:
+                    raise SampleError(sample[SAMPLE_ID], f"{patches[image + count]} patches is not a multiple of merge_size**2 = {merge2}", field="image_grid_thw")
+                taken += patches[image + count] // merge2
+                count += 1
+            if taken != needed:
+                raise SampleError(
+                    sample[SAMPLE_ID],
+                    f"has {needed} image placeholder tokens but the next image_grid_thw rows give {taken}; "
+                    "pass num_images per row or check merge_size",
+                    field="image_grid_thw",
+                )
+            per_row.append(count)
+            image += count
+        return per_row
+
+
+def _row_lengths(attention_mask: torch.Tensor, samples: list[Sample]) -> list[int]:
+    """One past each row's last non-zero mask entry; a row that starts masked but has tokens is left padded."""
+    nonzero = attention_mask != 0
+    positions = torch.arange(1, attention_mask.shape[1] + 1)
+    lengths = (nonzero * positions).amax(dim=1).tolist() if attention_mask.shape[1] else [0] * len(samples)
+    for row, length in enumerate(lengths):
+        if length and not bool(nonzero[row, 0]):
+            raise SampleError(samples[row][SAMPLE_ID], "is padded on the left; only right padding is supported", field="attention_mask")
+    return lengths

@@ -1,0 +1,172 @@
+"""The balance exchange for training loops that hold an iterator of collated micro-batches (Megatron style).
+
+``balance_iterator`` composes existing nodes: the source (IterableWrapper) -> Uncollate -> CostAnnotator
+-> Windower -> BalanceExchange -> MicroBatchAssembler, under a GraphLoader. Only the wiring lives here.
+
+Resuming: a plain iterator cannot be rewound, so the state only records counters (micro-batches taken
+from the source up to the start of the current window, and how many of that window were handed out).
+Restoring needs a source that can be positioned again: either ``source_factory(start_microbatch)``,
+which must return an iterator whose first micro-batch is global micro-batch ``start_microbatch``, or an
+iterable with its own ``state_dict`` / ``load_state_dict`` (a StatefulDataLoader, a GraphLoader), whose
+state is saved and restored inside ours.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+from torchdata.nodes import IterableWrapper, Stateful
+
+from mimo_pipes.config import ReorderConfig, flag
+from mimo_pipes.errors import ConfigError
+from mimo_pipes.graph import RankLayout, balance_tail, reorder_window_size, window_start
+from mimo_pipes.loader import GraphLoader
+from mimo_pipes.nodes.uncollate import Uncollate
+
+SourceFactory = Callable[[int], Iterable[Mapping[str, Any]]]
+
+
+class BalancedIterator(GraphLoader):
+    """Iterator of balanced micro-batches with ``state_dict`` / ``load_state_dict`` (plain data).
+
+    Iterate it once; ``close()`` (or ``with``) stops the exchange's background thread.
+    """
+
+    def __init__(self, root, *, start_count: int, restorable: bool) -> None:
+        super().__init__(root, start_count=start_count)
+        self.restorable = restorable
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not self.restorable:
+            raise RuntimeError(
+                "cannot restore: the source is a plain iterator, which cannot be rewound to the start of the "
+                "saved window; pass source_factory=, or a source with state_dict/load_state_dict"
+            )
+        super().load_state_dict(state_dict)
+
+    def __enter__(self) -> "BalancedIterator":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class _CountedSource:
+    """An iterable over ``open_at(first)`` whose state is the number of the next micro-batch it yields.
+
+    IterableWrapper calls ``load_state_dict`` right before ``iter`` when it restores and only ``iter``
+    when it starts afresh, so a loaded position is used once and a fresh start begins at ``start``.
+    The state has one form for a factory and for a plain iterator, so either may restore the other's."""
+
+    NEXT_KEY = "next_microbatch"
+
+    def __init__(self, open_at: SourceFactory, start: int) -> None:
+        self.open_at = open_at
+        self.start = start
+        self.next_microbatch = start
+        self._resume_at: int | None = None
+
+    def __iter__(self) -> Iterator[Mapping[str, Any]]:
+        first = self.start if self._resume_at is None else self._resume_at
+        self._resume_at = None
+        self.next_microbatch = first
+        return self._counted(iter(self.open_at(first)))
+
+    def _counted(self, iterator: Iterator[Mapping[str, Any]]) -> Iterator[Mapping[str, Any]]:
+        for batch in iterator:
+            self.next_microbatch += 1
+            yield batch
+
+    def state_dict(self) -> dict[str, int]:
+        return {self.NEXT_KEY: self.next_microbatch}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self._resume_at = int(state[self.NEXT_KEY])
+
+
+def _open_once(microbatches: Iterable[Mapping[str, Any]], start: int) -> SourceFactory:
+    """A plain iterator as a factory that can only open it where it stands."""
+    def open_at(first: int) -> Iterable[Mapping[str, Any]]:
+        if first != start:
+            raise RuntimeError(f"a plain iterator cannot be rewound to micro-batch {first}; pass source_factory=")
+        return microbatches
+    return open_at
+
+
+def balance_iterator(
+    microbatches: Iterable[Mapping[str, Any]] | None = None,
+    *,
+    config: ReorderConfig,
+    layout: RankLayout,
+    micro_batch_size: int,
+    image_token_id: int,
+    pad_values: Mapping[str, int | float],
+    seq_length: int | None,
+    pad_to_seq_length: bool = True,
+    merge_size: int = 2,
+    start_microbatch: int = 0,
+    source_factory: SourceFactory | None = None,
+) -> BalancedIterator:
+    """Balanced micro-batches from this rank's collated ones, in the same format plus metadata lists.
+
+    ``microbatches`` (or ``source_factory``, exactly one) yields this rank's micro-batch of every global
+    micro-batch from ``start_microbatch`` on: ``micro_batch_size // layout.dp_size`` rows in canonical
+    order, right-padded ``[rows, L]`` token fields, ``pixel_values`` / ``image_grid_thw`` concatenated over
+    the rows (see :class:`~mimo_pipes.nodes.uncollate.Uncollate` for how rows are split, and where
+    ``sample_ids`` come from when the batch has none). ``micro_batch_size`` is the global B that all
+    modules consume together. Output micro-batches are padded to ``seq_length`` with ``pad_values``
+    (per field, default 0; ``labels`` -100), or to the longest row when ``pad_to_seq_length`` is false.
+
+    With ``source_factory``, a start in the middle of a window reads from the window's start and skips
+    ahead, exactly as a restored state does; an iterator that starts mid-window gets a short first
+    window. Raises ConfigError, naming the flag, on a bad setting.
+    """
+    if (microbatches is None) == (source_factory is None):
+        raise TypeError("pass exactly one of microbatches and source_factory")
+    config.validate()
+    if micro_batch_size < 1 or micro_batch_size % layout.canonical_slots or layout.canonical_slots % layout.dp_size:
+        raise ConfigError(
+            flag("micro_batch_size"),
+            f"{micro_batch_size} must be a multiple of the canonical grid size {layout.canonical_slots}, "
+            f"which must be a multiple of dp size {layout.dp_size}",
+        )
+    if pad_to_seq_length and (seq_length is None or seq_length < 1):
+        raise ConfigError(flag("seq_length"), f"must be >= 1 with --pad-to-seq-length true, got {seq_length}")
+    if config.intra_microbatch_reorder and not pad_to_seq_length:
+        raise ConfigError(
+            flag("pad_to_seq_length"),
+            "false is not supported with reordering: every rank must pad to the same length",
+        )
+    samples_per_rank = micro_batch_size // layout.dp_size
+    if source_factory is not None:
+        first_step = window_start(start_microbatch, reorder_window_size(config))
+        source = IterableWrapper(_CountedSource(source_factory, first_step))
+        restorable = True
+    elif isinstance(microbatches, Stateful):
+        first_step = start_microbatch
+        source = IterableWrapper(microbatches)  # its own state is saved and restored inside ours
+        restorable = True
+    else:
+        first_step = start_microbatch
+        source = IterableWrapper(_CountedSource(_open_once(microbatches, first_step), first_step))
+        restorable = False
+    samples = Uncollate(
+        source,
+        image_token_id=image_token_id,
+        merge_size=merge_size,
+        rows_per_batch=samples_per_rank,
+        dp_rank=layout.dp_rank,
+        dp_size=layout.dp_size,
+        start_step=first_step,
+    )
+    root = balance_tail(
+        samples,
+        config,
+        layout,
+        samples_per_rank=samples_per_rank,
+        image_token_id=image_token_id,
+        pad_values=pad_values,
+        pad_length=seq_length if pad_to_seq_length else None,
+        skip_first=start_microbatch - first_step,
+    )
+    return BalancedIterator(root, start_count=start_microbatch, restorable=restorable)

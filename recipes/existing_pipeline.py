@@ -1,0 +1,114 @@
+"""Recipe: the balance exchange inserted into a torchdata.nodes pipeline you already have.
+
+your reader -> your mappers (Mapper / ParallelMapper) -> CostAnnotator -> Windower -> BalanceExchange
+-> MicroBatchAssembler -> GraphLoader.
+
+Your part must yield this rank's B/d samples of every global micro-batch, in canonical order (DP rank r
+of d holds positions r*B/d .. (r+1)*B/d - 1), each a dict of unpadded tensors with ``sample_id`` and
+``step`` (see mimo_pipes/sample.py). :func:`build` appends the library's part; :func:`example_samples`
+shows one way to write the reader: a torch Sampler over this rank's positions, SamplerWrapper, Mapper.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Mapping
+
+from torch.utils.data import Sampler
+from torchdata.nodes import BaseNode, Mapper, ParallelMapper, SamplerWrapper
+
+from mimo_pipes.config import ReorderConfig
+from mimo_pipes.graph import RankLayout, balance_tail, reorder_window_size, window_start
+from mimo_pipes.loader import GraphLoader
+from mimo_pipes.nodes.snapshot_guard import SnapshotGuard
+from mimo_pipes.sample import SAMPLE_ID, STEP, Sample
+from mimo_pipes.sharding import shard_indices
+
+
+def first_step(reorder: ReorderConfig, consumed_microbatches: int = 0) -> int:
+    """The global micro-batch your reader must start at to resume after ``consumed_microbatches``."""
+    return window_start(consumed_microbatches, reorder_window_size(reorder))
+
+
+def build(
+    samples: BaseNode[Sample],
+    *,
+    reorder: ReorderConfig,
+    layout: RankLayout,
+    micro_batch_size: int,
+    seq_length: int,
+    image_token_id: int,
+    pad_values: Mapping[str, int | float],
+    pad_to_seq_length: bool = True,
+    consumed_microbatches: int = 0,
+) -> GraphLoader:
+    """This rank's loader of balanced, padded micro-batches over your ``samples`` node.
+
+    ``samples`` starts at global micro-batch ``first_step(reorder, consumed_microbatches)``; the loader
+    skips what was already consumed of that window. ``micro_batch_size`` is the global B. Call
+    ``reorder.validate()`` (or your config's validation) first. The loader's ``state_dict`` holds your
+    nodes' state too, so restoring it restores your reader.
+    """
+    start = first_step(reorder, consumed_microbatches)
+    root = balance_tail(
+        samples,
+        reorder,
+        layout,
+        samples_per_rank=micro_batch_size // layout.dp_size,
+        image_token_id=image_token_id,
+        pad_values=pad_values,
+        pad_length=seq_length if pad_to_seq_length else None,
+        skip_first=consumed_microbatches - start,
+    )
+    return GraphLoader(root, start_count=consumed_microbatches)
+
+
+class RankShardSampler(Sampler):
+    """Example reader: ``(step, dataset index)`` for this rank's positions of every global micro-batch
+    from ``start_step`` on, reshuffling each epoch from the seed. Never ends."""
+
+    def __init__(self, dataset_size: int, *, micro_batch_size: int, layout: RankLayout, seed: int, start_step: int = 0) -> None:
+        self.dataset_size = dataset_size
+        self.micro_batch_size = micro_batch_size
+        self.layout = layout
+        self.seed = seed
+        self.start_step = start_step
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        step = self.start_step
+        while True:
+            rank = self.layout
+            for index in shard_indices(step, rank.dp_rank, rank.dp_size, self.dataset_size, self.micro_batch_size, self.seed, True):
+                yield step, int(index)
+            step += 1
+
+
+class _LoadRow:
+    """Reads one dataset row and tags it with its id and step."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __call__(self, step_and_index: tuple[int, int]) -> Sample:
+        step, index = step_and_index
+        row = dict(self.dataset[index])
+        row[SAMPLE_ID], row[STEP] = index, step
+        return row
+
+
+def example_samples(
+    dataset: Any,
+    *,
+    micro_batch_size: int,
+    layout: RankLayout,
+    seed: int,
+    start_step: int = 0,
+    map_fn: Callable[[Sample], Sample] | None = None,
+    num_workers: int = 2,
+) -> BaseNode[Sample]:
+    """A pipeline as a user might already have one: sampler -> SamplerWrapper -> Mapper -> ParallelMapper."""
+    sampler = RankShardSampler(len(dataset), micro_batch_size=micro_batch_size, layout=layout, seed=seed, start_step=start_step)
+    node: BaseNode[Sample] = Mapper(SamplerWrapper(sampler), _LoadRow(dataset))
+    if map_fn is not None:
+        # ParallelMapper keeps its source's state without copying it: SnapshotGuard hands it copies.
+        node = ParallelMapper(SnapshotGuard(node), map_fn, num_workers=num_workers, in_order=True, method="thread")
+    return node
