@@ -80,3 +80,17 @@ def test_resume_with_other_settings_is_refused(saved_state):
     assert other.returncode == 2
     assert other.stderr.strip().startswith("mimo-pipes run: error: --resume:")
     assert "reorder" in other.stderr and "Traceback" not in other.stderr
+
+
+def test_runs_under_torchrun_with_the_same_stream(uninterrupted, tmp_path):
+    _, full = uninterrupted
+    dumps = tmp_path / "dumps"
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+         "-m", "mimo_pipes.cli.main", "run", *SMALL, *REORDER, "--dump-assignments", str(dumps)],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "language dp=2 + images dp=2" in result.stdout
+    assert read_dumps(dumps) == full
