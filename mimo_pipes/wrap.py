@@ -93,6 +93,26 @@ def _open_once(microbatches: Iterable[Mapping[str, Any]], start: int) -> SourceF
     return open_at
 
 
+def validate_settings(
+    config: ReorderConfig, layout: RankLayout, micro_batch_size: int, seq_length: int | None, pad_to_seq_length: bool
+) -> None:
+    """The checks a pipeline of your own needs before the library's tail; ConfigError names the flag."""
+    config.validate()
+    if micro_batch_size < 1 or micro_batch_size % layout.canonical_slots or layout.canonical_slots % layout.dp_size:
+        raise ConfigError(
+            flag("micro_batch_size"),
+            f"{micro_batch_size} must be a multiple of the canonical grid size {layout.canonical_slots}, "
+            f"which must be a multiple of dp size {layout.dp_size}",
+        )
+    if pad_to_seq_length and (seq_length is None or seq_length < 1):
+        raise ConfigError(flag("seq_length"), f"must be >= 1 with --pad-to-seq-length true, got {seq_length}")
+    if config.intra_microbatch_reorder and not pad_to_seq_length:
+        raise ConfigError(
+            flag("pad_to_seq_length"),
+            "false is not supported with reordering: every rank must pad to the same length",
+        )
+
+
 def balance_iterator(
     microbatches: Iterable[Mapping[str, Any]] | None = None,
     *,
@@ -123,20 +143,7 @@ def balance_iterator(
     """
     if (microbatches is None) == (source_factory is None):
         raise TypeError("pass exactly one of microbatches and source_factory")
-    config.validate()
-    if micro_batch_size < 1 or micro_batch_size % layout.canonical_slots or layout.canonical_slots % layout.dp_size:
-        raise ConfigError(
-            flag("micro_batch_size"),
-            f"{micro_batch_size} must be a multiple of the canonical grid size {layout.canonical_slots}, "
-            f"which must be a multiple of dp size {layout.dp_size}",
-        )
-    if pad_to_seq_length and (seq_length is None or seq_length < 1):
-        raise ConfigError(flag("seq_length"), f"must be >= 1 with --pad-to-seq-length true, got {seq_length}")
-    if config.intra_microbatch_reorder and not pad_to_seq_length:
-        raise ConfigError(
-            flag("pad_to_seq_length"),
-            "false is not supported with reordering: every rank must pad to the same length",
-        )
+    validate_settings(config, layout, micro_batch_size, seq_length, pad_to_seq_length)
     samples_per_rank = micro_batch_size // layout.dp_size
     if source_factory is not None:
         first_step = window_start(start_microbatch, reorder_window_size(config))

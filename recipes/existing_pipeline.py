@@ -22,6 +22,7 @@ from mimo_pipes.loader import GraphLoader
 from mimo_pipes.nodes.snapshot_guard import SnapshotGuard
 from mimo_pipes.sample import SAMPLE_ID, STEP, Sample
 from mimo_pipes.sharding import shard_indices
+from mimo_pipes.wrap import validate_settings
 
 
 def first_step(reorder: ReorderConfig, consumed_microbatches: int = 0) -> int:
@@ -44,10 +45,11 @@ def build(
     """This rank's loader of balanced, padded micro-batches over your ``samples`` node.
 
     ``samples`` starts at global micro-batch ``first_step(reorder, consumed_microbatches)``; the loader
-    skips what was already consumed of that window. ``micro_batch_size`` is the global B. Call
-    ``reorder.validate()`` (or your config's validation) first. The loader's ``state_dict`` holds your
-    nodes' state too, so restoring it restores your reader.
+    skips what was already consumed of that window. ``micro_batch_size`` is the global B. Bad settings
+    raise ConfigError naming the flag. The loader's ``state_dict`` holds your nodes' state too, so
+    restoring it restores your reader.
     """
+    validate_settings(reorder, layout, micro_batch_size, seq_length, pad_to_seq_length)
     start = first_step(reorder, consumed_microbatches)
     root = balance_tail(
         samples,
@@ -74,9 +76,8 @@ class RankShardSampler(Sampler):
         self.start_step = start_step
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
-        step = self.start_step
+        rank, step = self.layout, self.start_step
         while True:
-            rank = self.layout
             for index in shard_indices(step, rank.dp_rank, rank.dp_size, self.dataset_size, self.micro_batch_size, self.seed, True):
                 yield step, int(index)
             step += 1

@@ -9,7 +9,7 @@ import torch
 from dist_pool import DistPool
 from layout_checks import baseline_spread, check_fanout, check_invariants, vision_spread
 from scenarios_exchange import PAD_VALUES
-from scenarios_plugin import SEQ_LENGTH, run_recipe, run_wrapper_resume, run_wrapper_vs_graph
+from scenarios_plugin import run_recipe, run_wrapper_resume, run_wrapper_vs_graph
 
 from mimo_pipes.collate import collate_microbatch
 from mimo_pipes.config import ReorderConfig
@@ -19,6 +19,7 @@ from mimo_pipes.nodes.uncollate import Uncollate
 from mimo_pipes.sample import SAMPLE_ID, SLOT, STEP
 from mimo_pipes.testing import IMAGE_TOKEN_ID, MERGE, TEXT_TOKEN_ID, SyntheticProcessedDataset
 from mimo_pipes.wrap import balance_iterator
+from mimo_pipes_recipes.existing_pipeline import build
 
 WORLD = 4
 BATCH = 8
@@ -198,6 +199,9 @@ def test_wrapper_config_errors_name_the_flag():
         wrap_single(single_rank_batches(), layout=RankLayout(0, 2, 2), micro_batch_size=5)
     with pytest.raises(TypeError, match="exactly one"):
         wrap_single(single_rank_batches(), source_factory=single_rank_batches)
+    with pytest.raises(ConfigError, match="--micro-batch-size"):  # the recipe runs the same checks
+        build(None, reorder=reorder_config(), layout=RankLayout(0, 2, 2), micro_batch_size=5, seq_length=64,
+              image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES)
 
 
 # --- Real Gloo ranks ------------------------------------------------------------------------------
@@ -244,4 +248,3 @@ def test_wrapper_resumes_inside_a_window(pool, name, kind):
     )
     check_invariants(results, microbatch_size=BATCH, seed=13, window_size=3, across=True)
     check_fanout(results, "images")
-    assert SEQ_LENGTH == 2048
