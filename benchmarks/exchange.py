@@ -756,15 +756,15 @@ def main() -> int:
     parser.add_argument("--dataset", choices=("cached", "live"), default="cached",
                         help="cached: samples made once up front (modes differ by the exchange alone); live: made on every read")
     parser.add_argument("--dataset-size", type=int, default=64)
-    parser.add_argument("--compute-ms", type=float, default=100.0, help="simulated compute per micro-batch")
+    parser.add_argument("--compute-ms", type=float, default=150.0, help="simulated compute per micro-batch")
     parser.add_argument("--compute", choices=("sleep", "spin"), default="sleep",
                         help="sleep: the thread waits (as on a GPU); spin: a Python busy loop holding the GIL")
     parser.add_argument("--prefetch-delay-ms", type=float, default=0.0,
                         help="diagnostic: start each background exchange no sooner than this after the consumer took "
                         "the previous window (separates the exchange's own cost from its CPU contention with collation)")
-    parser.add_argument("--steps", type=int, default=32, help="micro-batches per run (rounded up to a multiple of W)")
+    parser.add_argument("--steps", type=int, default=20, help="micro-batches per run (rounded up to a multiple of W)")
     parser.add_argument("--warmup", type=int, default=4, help="first micro-batches of each run not timed")
-    parser.add_argument("--rounds", type=int, default=2, help="rounds of the three modes")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds of all modes, order rotated per round")
     parser.add_argument("--bandwidth-windows", type=int, default=6)
     parser.add_argument("--bandwidth-reps", type=int, default=5)
     parser.add_argument("--seed", type=int, default=1234)
@@ -772,6 +772,9 @@ def main() -> int:
     parser.add_argument("--out", help="directory for results.json")
     parser.add_argument("--no-docs", action="store_true", help="do not write docs/benchmarks.md")
     args = parser.parse_args()
+    for window in args.windows:
+        if window < 1 or -(-args.steps // window) <= -(-args.warmup // window):
+            parser.error(f"--steps {args.steps} leaves no timed micro-batch after --warmup {args.warmup} at W={window}")
     opts = {key: value for key, value in vars(args).items()}
     collecting = not _dist.under_torchrun() or int(os.environ["RANK"]) == 0
     if args.backend == "nccl":
