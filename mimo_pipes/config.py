@@ -96,6 +96,15 @@ class ReorderConfig:
         if self.reorder_across_microbatches and not self.intra_microbatch_reorder:
             raise ConfigError(flag("reorder_across_microbatches"), "needs --intra-microbatch-reorder")
 
+    def check_padding(self, pad_to_seq_length: bool) -> None:
+        """Reordering concatenates exchanged samples into one micro-batch: every rank pads alike."""
+        if self.intra_microbatch_reorder and not pad_to_seq_length:
+            raise ConfigError(
+                flag("pad_to_seq_length"),
+                "false is not supported with reordering: exchanged samples are concatenated back into one "
+                "micro-batch, so every rank must pad to the same length",
+            )
+
 
 @dataclass
 class PipelineConfig:
@@ -137,12 +146,7 @@ class PipelineConfig:
             raise ConfigError(
                 flag("drop_last"), "false is not supported: scalable data parallelism needs full global micro-batches"
             )
-        if self.reorder.intra_microbatch_reorder and not self.pad_to_seq_length:
-            raise ConfigError(
-                flag("pad_to_seq_length"),
-                "false is not supported with reordering: exchanged samples are concatenated back into one "
-                "micro-batch, so every rank must pad to the same length",
-            )
+        self.reorder.check_padding(self.pad_to_seq_length)
         if self.seq_length < 1:
             raise ConfigError(flag("seq_length"), f"must be >= 1, got {self.seq_length}")
         if self.num_workers < 0:

@@ -106,11 +106,7 @@ def validate_settings(
         )
     if pad_to_seq_length and (seq_length is None or seq_length < 1):
         raise ConfigError(flag("seq_length"), f"must be >= 1 with --pad-to-seq-length true, got {seq_length}")
-    if config.intra_microbatch_reorder and not pad_to_seq_length:
-        raise ConfigError(
-            flag("pad_to_seq_length"),
-            "false is not supported with reordering: every rank must pad to the same length",
-        )
+    config.check_padding(pad_to_seq_length)
 
 
 def balance_iterator(
