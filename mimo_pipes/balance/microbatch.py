@@ -3,9 +3,13 @@
 1. Sort the costs by (-cost, index) and work on ranks (see ``canonical``).
 2. Start from the better of equal-count LPT and balanced Karmarkar-Karp, by (heaviest, spread).
 3. Swap refinement (``refine``) towards a cheap lower bound.
-4. If the heaviest slot is still above the bound and the micro-batch is small, exact branch and
-   bound with a node budget (``exact``), then refinement of the spread.
-5. Keep LPT if it is better (it never is, by construction, but the guarantee is checked), and keep
+4. If the heaviest slot is still more than 0.5% above the bound, a second start: best-fit
+   decreasing against a target halfway between the bound and the result (``best_fit``), refined;
+   the better of the two is kept.
+5. If it is still above the bound and the micro-batch has at most 256 samples, exact re-partitions
+   of three slots at a time (``repartition``); with at most 16 samples, exact branch and bound
+   (``exact``) with a node budget, then refinement of the spread.
+6. Keep LPT if it is better (it never is, by construction, but the guarantee is checked), and keep
    the samples where they are (the contiguous split) if that is at least as good: then nothing
    needs to move between ranks.
 """
@@ -16,6 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
+from mimo_pipes.balance.best_fit import best_fit_members
 from mimo_pipes.balance.canonical import canonical_slots, loads_of, score, sort_order
 from mimo_pipes.balance.exact import exact_members
 from mimo_pipes.balance.karmarkar_karp import kk_members
@@ -26,9 +31,11 @@ from mimo_pipes.balance.repartition import repartition_members
 from mimo_pipes.balance.validate import check_costs
 
 # Work after refinement, only while the heaviest slot is above the cheap lower bound:
+# a best-fit restart when the gap to the bound is large (more than 1/RESTART_GAP of it),
 # three-slot exact re-partitions (node budget), then exact search on small micro-batches.
-REPARTITION_NODES = 1_500
-REPARTITION_MAX_SAMPLES = 128
+RESTART_GAP = 200
+REPARTITION_NODES = 1_000
+REPARTITION_MAX_SAMPLES = 256
 EXACT_MAX_SAMPLES = 16
 EXACT_NODE_LIMIT = 4_000
 
@@ -49,6 +56,13 @@ def plan_members(sorted_costs: np.ndarray, num_slots: int, exact: bool = True) -
     best = refine_members(sorted_costs, start, target=lower)
     best_loads = loads_of(sorted_costs, best)
     top = int(best_loads.max())
+    if (top - lower) * RESTART_GAP > lower:
+        # Well above the bound: restart from best fit against a target halfway down.
+        limit = lower + (top - lower) // 2
+        other = refine_members(sorted_costs, best_fit_members(sorted_costs, num_slots, limit), lower)
+        other_loads = loads_of(sorted_costs, other)
+        if score(other_loads) < score(best_loads):
+            best, best_loads, top = other, other_loads, int(other_loads.max())
     if top > lower and size <= REPARTITION_MAX_SAMPLES:
         best = repartition_members(sorted_costs, best, lower, REPARTITION_NODES)
         best_loads = loads_of(sorted_costs, best)
