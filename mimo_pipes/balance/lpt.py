@@ -24,14 +24,16 @@ def lpt_members(sorted_costs: np.ndarray, num_slots: int) -> np.ndarray:
         return np.empty((num_slots, 0), dtype=np.int64)
     slot_of = [0] * size
     fill = [0] * num_slots
-    heap = [(0, slot) for slot in range(num_slots)]  # (load, slot): lightest first, ties by slot
+    # Heap of load * G + slot: lightest first, ties by the lower slot, one int per entry.
+    heap = list(range(num_slots))
     replace, pop = heapq.heapreplace, heapq.heappop
     for rank, cost in enumerate(sorted_costs.tolist()):
-        load, slot = heap[0]
+        key = heap[0]
+        slot = key % num_slots
         slot_of[rank] = slot
         fill[slot] += 1
         if fill[slot] < per_slot:
-            replace(heap, (load + cost, slot))
+            replace(heap, key + cost * num_slots)
         else:
             pop(heap)
     # Ranks were placed in ascending order, so a stable sort by slot lists each slot's ranks in order.

@@ -34,7 +34,7 @@ from mimo_pipes.balance.validate import check_costs
 # a best-fit restart when the gap to the bound is large (more than 1/RESTART_GAP of it),
 # three-slot exact re-partitions (node budget), then exact search on small micro-batches.
 RESTART_GAP = 200
-REPARTITION_NODES = 1_000
+REPARTITION_NODES = 2_000
 REPARTITION_MAX_SAMPLES = 256
 EXACT_MAX_SAMPLES = 16
 EXACT_NODE_LIMIT = 4_000
@@ -56,6 +56,9 @@ def plan_members(sorted_costs: np.ndarray, num_slots: int, exact: bool = True) -
     best = refine_members(sorted_costs, start, target=lower)
     best_loads = loads_of(sorted_costs, best)
     top = int(best_loads.max())
+    if (top - lower) * RESTART_GAP > lower:
+        # The cheap bound can be loose (e.g. few very heavy samples): tighten it before deciding.
+        lower = sorted_lower_bound(sorted_costs, num_slots, thorough=True, max_extra=num_slots)
     if (top - lower) * RESTART_GAP > lower:
         # Well above the bound: restart from best fit against a target halfway down.
         limit = lower + (top - lower) // 2

@@ -27,15 +27,21 @@ import numpy as np
 from mimo_pipes.balance.validate import check_costs, check_window
 
 
-def _crowded_bound(costs: np.ndarray, slots: int, heads: np.ndarray, tails: np.ndarray) -> int:
+def _crowded_bound(
+    costs: np.ndarray, slots: int, heads: np.ndarray, tails: np.ndarray, max_extra: int | None
+) -> int:
     """Crowded slots: of the G+j heaviest, M >= 1 slots hold two or more, together at least j+M of
     them (every other slot holds at most one), plus M*k - (j+M) further samples. Their mean load
     bounds the heaviest. For each j the bound is the smallest over every possible M
-    (M <= j, M <= G, M*(k-1) >= j); the result is the largest over j.
+    (M <= j, M <= G, M*(k-1) >= j); the result is the largest over j (j <= ``max_extra`` if given:
+    any subset of j gives a valid bound).
     """
     size = int(costs.shape[0])
     per_slot = size // slots
-    j = np.arange(1, size - slots + 1)[:, None]
+    extra = size - slots if max_extra is None else min(size - slots, max_extra)
+    if extra < 1:
+        return 0
+    j = np.arange(1, extra + 1)[:, None]
     m = np.arange(1, slots + 1)[None, :]
     rest = m * (per_slot - 1) - j
     feasible = (m <= j) & (rest >= 0)
@@ -45,10 +51,13 @@ def _crowded_bound(costs: np.ndarray, slots: int, heads: np.ndarray, tails: np.n
     return int(crowded.max())
 
 
-def sorted_lower_bound(sorted_costs: np.ndarray, num_slots: int, thorough: bool = True) -> int:
+def sorted_lower_bound(
+    sorted_costs: np.ndarray, num_slots: int, thorough: bool = True, max_extra: int | None = None
+) -> int:
     """:func:`lower_bound` for costs already sorted heaviest first (no validation).
 
-    ``thorough=False`` skips the crowded-slot family (the costliest to evaluate).
+    ``thorough=False`` skips the crowded-slot family (the costliest to evaluate); ``max_extra``
+    limits it to the G + max_extra heaviest samples.
     """
     costs = np.asarray(sorted_costs, dtype=np.int64)
     size = int(costs.shape[0])
@@ -70,7 +79,7 @@ def sorted_lower_bound(sorted_costs: np.ndarray, num_slots: int, thorough: bool 
     best = max(best, int(pigeon.max()))
 
     if thorough:
-        best = max(best, _crowded_bound(costs, slots, heads, tails))
+        best = max(best, _crowded_bound(costs, slots, heads, tails, max_extra))
 
     # Partners: if the i+1 heaviest sit in i+1 different slots, those slots also hold (i+1)(k-1)
     # distinct other samples, the heaviest of which is at least the (i+1)(k-1)-th lightest, and whose

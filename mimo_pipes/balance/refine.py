@@ -37,6 +37,10 @@ NEIGHBOUR_SLOTS = 16
 NEIGHBOUR_WINDOW = 16
 MAX_ROUNDS = 6
 FOCUSED_PAIR_PARTNERS = 8
+_STEPS = np.arange(1, NEIGHBOUR_WINDOW + 1, dtype=np.int64)
+# Far beyond any cost (totals are below 2**62), small enough that sums with it stay in int64.
+_SENTINEL = 2**61
+FOCUSED_RAISE = False
 
 
 @lru_cache(maxsize=None)
@@ -49,13 +53,20 @@ class _Assignment:
     """A rank-space assignment with loads and reverse lookups, updated by swaps."""
 
     def __init__(self, sorted_costs: np.ndarray, members: np.ndarray) -> None:
+        size = sorted_costs.shape[0]
         self.costs = sorted_costs
         self.members = members.copy()
         self.values = sorted_costs[self.members]
         self.loads = self.values.sum(axis=1)
         num_slots, per_slot = members.shape
-        self.slot_of = np.empty(sorted_costs.shape[0], dtype=np.int64)
-        self.pos_of = np.empty(sorted_costs.shape[0], dtype=np.int64)
+        # Ranks past either end (r + step >= B, or r - step < 0, which wraps to the end) read a
+        # sentinel cost that makes every such swap fail its "d > 0" test.
+        pad = np.full(NEIGHBOUR_WINDOW, _SENTINEL, dtype=np.int64)
+        self.costs_down = np.concatenate((sorted_costs, pad))  # partners lighter than r
+        self.costs_up = np.concatenate((sorted_costs, -pad))  # partners heavier than r
+        self.slot_of_padded = np.zeros(size + NEIGHBOUR_WINDOW, dtype=np.int64)
+        self.slot_of = self.slot_of_padded[:size]
+        self.pos_of = np.empty(size, dtype=np.int64)
         self.slot_of[self.members] = np.arange(num_slots)[:, None]
         self.pos_of[self.members] = np.arange(per_slot)[None, :]
 
@@ -100,7 +111,6 @@ def _paired_pass(state: _Assignment, shift: int) -> bool:
 def _neighbour_round(state: _Assignment, lower: bool, target: int) -> int:
     """One round of neighbour swaps for the heaviest (lower) or lightest slots; returns moves made."""
     loads = state.loads
-    size = state.costs.shape[0]
     order = np.argsort(loads, kind="stable")
     if lower:
         focus = order[::-1][:NEIGHBOUR_SLOTS]
@@ -110,43 +120,41 @@ def _neighbour_round(state: _Assignment, lower: bool, target: int) -> int:
     else:
         focus = order[:NEIGHBOUR_SLOTS]
     ranks = state.members[focus]  # (m, k)
-    steps = np.arange(1, NEIGHBOUR_WINDOW + 1)
     own = loads[focus][:, None, None]
+    mine = state.values[focus][:, :, None]
     if lower:
-        partner = ranks[:, :, None] + steps
-        inside = partner < size
-        partner = np.minimum(partner, size - 1)
-        diff = state.costs[ranks][:, :, None] - state.costs[partner]
-        other = loads[state.slot_of[partner]]
-        allowed = inside & (diff > 0) & (other + diff < own)
-        score = np.where(allowed, np.maximum(own - diff, other + diff), _NONE)
+        partner = ranks[:, :, None] + _STEPS
+        diff = mine - state.costs_down[partner]
+        other = loads[state.slot_of_padded[partner]]
+        moved = other + diff
+        score = np.where((diff > 0) & (moved < own), np.maximum(own - diff, moved), _NONE)
     else:
-        partner = ranks[:, :, None] - steps
-        inside = partner >= 0
-        partner = np.maximum(partner, 0)
-        diff = state.costs[partner] - state.costs[ranks][:, :, None]
-        other = loads[state.slot_of[partner]]
-        allowed = inside & (diff > 0) & (other - diff > own)
-        score = np.where(allowed, -np.minimum(own + diff, other - diff), _NONE)
+        partner = ranks[:, :, None] - _STEPS
+        diff = state.costs_up[partner] - mine
+        other = loads[state.slot_of_padded[partner]]
+        moved = other - diff
+        score = np.where((diff > 0) & (moved > own), -np.minimum(own + diff, moved), _NONE)
     count = focus.size
     score = score.reshape(count, -1)
     pick = np.argmin(score, axis=1)
-    found = (score[np.arange(count), pick] < _NONE).tolist()
-    chosen_own = ranks[np.arange(count), pick // NEIGHBOUR_WINDOW].tolist()
-    chosen_partner = partner.reshape(count, -1)[np.arange(count), pick].tolist()
-    partner_slot = state.slot_of[np.asarray(chosen_partner)].tolist()
+    rows = np.arange(count)
+    found = (score[rows, pick] < _NONE).tolist()
+    chosen_own = ranks[rows, pick // NEIGHBOUR_WINDOW].tolist()
+    chosen_partner = partner.reshape(count, -1)[rows, pick].tolist()
+    partner_slot = state.slot_of_padded[np.asarray(chosen_partner)].tolist()
     focus_list = focus.tolist()
-    busy = [False] * state.loads.shape[0]
+    busy = set()
     firsts, seconds = [], []
     for a in range(count):
         if not found[a]:
             continue
         s, o = focus_list[a], partner_slot[a]
-        if busy[s] or busy[o]:
+        if s in busy or o in busy:
             continue
-        busy[s] = busy[o] = True
+        busy.add(s)
+        busy.add(o)
         firsts.append(chosen_own[a])
-        seconds.append(chosen_partner[a])
+        seconds.append(chosen_partner[a] % state.costs.shape[0])
     if firsts:
         state.swap(np.asarray(firsts), np.asarray(seconds))
     return len(firsts)
@@ -234,11 +242,12 @@ def refine_members(
             before = now
             if stalled >= 2:
                 break
-        # Focused moves on the extremes; back to neighbour rounds after any success.
+        # A focused move on the heaviest slot (and, if enabled, the lightest); back to neighbour
+        # rounds after any success.
         rounds += 1
         if state.extremes()[0] > target and _focused_move(state, True):
             continue
-        if _focused_move(state, False):
+        if FOCUSED_RAISE and _focused_move(state, False):
             continue
         break
     return state.members
