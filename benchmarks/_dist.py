@@ -140,6 +140,13 @@ def machine() -> dict[str, Any]:
     except (OSError, subprocess.CalledProcessError):
         date = datetime.datetime.now(datetime.timezone.utc).strftime("%a %b %d %H:%M:%S UTC %Y")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    root = os.path.dirname(os.path.dirname(DOCS))
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "mimo_pipes"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+        commit += " with uncommitted changes in mimo_pipes" if dirty else ""
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
     return {
         "nproc": nproc,
         "cpu_model": model,
@@ -147,14 +154,15 @@ def machine() -> dict[str, Any]:
         "torch": torch.__version__,
         "date": date,
         "load_1min_at_start": round(load, 2),
+        "commit": commit,
     }
 
 
 def machine_line(info: dict[str, Any]) -> str:
     return (
         f"Machine: `nproc` {info['nproc']}, CPU \"{info['cpu_model']}\" (cores shared with other work; 1-minute "
-        f"load average {info['load_1min_at_start']} at the start), Python {info['python']}, torch {info['torch']}. "
-        f"Date: {info['date']}."
+        f"load average {info['load_1min_at_start']} at the start), Python {info['python']}, torch {info['torch']}, "
+        f"library at commit {info['commit']}. Date: {info['date']}."
     )
 
 

@@ -451,6 +451,74 @@ def _bandwidth(env: dict, opts: dict, window: int) -> dict:
     }
 
 
+def collation_contention(opts: dict, repeats: int = 40, rounds: int = 3) -> dict:
+    """In this one process, before any rank starts: median time to collate 4 samples alone and next to a
+    second thread doing, in a loop, (a) the exchange's packing and unpacking of 4 samples, (b) plain tensor
+    copies into new memory, (c) the same copies into reused memory (no page faults), (d) pure Python (holds
+    the GIL). Tells whether a concurrent exchange slows collation through the GIL or through the machine."""
+    import torch
+
+    from mimo_pipes.collate import collate_microbatch
+    from mimo_pipes.packing import layout_sample, unpack_samples
+    from mimo_pipes.testing import SyntheticProcessedDataset
+
+    torch.set_num_threads(1)
+    dataset = SyntheticProcessedDataset(16, seed=opts["seed"], patch_dim=opts["patch_dim"])
+    meta = {"step": 0, "slot": 0, "image_tokens": 0, "real_tokens": 0, "cost": 0}
+    samples = [dict(dataset[i], sample_id=i, **meta) for i in range(16)]
+    moved = samples[8:12]
+    source = torch.cat([sample["pixel_values"].reshape(-1) for sample in moved])  # the same bytes as packing moves
+    reused = torch.empty_like(source)
+    stop = threading.Event()
+
+    def exchange_work() -> None:
+        while not stop.is_set():
+            layouts = [layout_sample(sample) for sample in moved]
+            buffer = torch.empty(sum(layout.size for layout in layouts), dtype=torch.uint8)
+            offset = 0
+            for layout in layouts:
+                offset = layout.write_into(buffer, offset)
+            unpack_samples(buffer, sizes=[layout.size for layout in layouts])
+
+    def copies_new() -> None:
+        while not stop.is_set():
+            torch.empty_like(source).copy_(source)
+
+    def copies_reused() -> None:
+        while not stop.is_set():
+            reused.copy_(source)
+
+    def python_work() -> None:
+        while not stop.is_set():
+            total = 0
+            for i in range(20000):
+                total += i
+
+    def collate_ms(background: Any) -> float:
+        stop.clear()
+        thread = threading.Thread(target=background, daemon=True) if background else None
+        if thread:
+            thread.start()
+        times = []
+        for k in range(repeats):
+            batch = samples[(k % 2) * 4 : (k % 2) * 4 + 4]
+            start = time.perf_counter()
+            collate_microbatch(batch, pad_length=opts["seq_length"], pad_values=PAD_VALUES)
+            times.append(time.perf_counter() - start)
+        stop.set()
+        if thread:
+            thread.join()
+        return statistics.median(times)
+
+    variants = (("alone", None), ("exchange work", exchange_work), ("copies, new memory", copies_new),
+                ("copies, reused memory", copies_reused), ("pure Python", python_work))
+    results: dict[str, list[float]] = {name: [] for name, _ in variants}
+    for _ in range(rounds):
+        for name, background in variants:
+            results[name].append(collate_ms(background))
+    return {name: 1e3 * statistics.median(values) for name, values in results.items()}
+
+
 def rank_main(rank: int, world_size: int, opts: dict) -> dict:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
@@ -687,6 +755,19 @@ def render(summary: dict, opts: dict, info: dict, command: str, seconds: float) 
             m = entry["modes"][overlapped]
             lines.append(f"| {entry['window']} | {MODE_NAMES[overlapped]} | {100 * m['concurrent_share']:.0f}% | "
                          f"{_fmt(m['next_concurrent_median_ms'])} | {_fmt(m['next_alone_median_ms'])} |")
+    if summary.get("collation_contention_ms"):
+        c = summary["collation_contention_ms"]
+        lines += [
+            "",
+            "Is it the GIL? In the benchmark's own process before the ranks start (no ranks running): median time "
+            "to collate 4 samples alone and next to a second thread that loops over the exchange's packing and "
+            "unpacking of 4 samples, over plain copies of the same bytes into new or into reused memory (no Python, "
+            "GIL released), or over pure Python (holds the GIL); median of 3 interleaved rounds of 40:",
+            "",
+            "| " + " | ".join(f"{name} ms" for name in c) + " |",
+            "|" + "---:|" * len(c),
+            "| " + " | ".join(f"{value:.2f}" for value in c.values()) + " |",
+        ]
     lines += [
         "",
         f"**Bandwidth**: `exchange_window` against a raw `all_to_all_single` of the same byte splits on the same "
@@ -796,6 +877,9 @@ def main() -> int:
         print(f"{args.ranks} ranks, {args.backend}, windows {args.windows}, compute {args.compute} {args.compute_ms:g} ms, "
               f"{args.rounds} rounds x {args.steps} micro-batches per mode; nproc {info['nproc']}", flush=True)
     child_env = {"OMP_NUM_THREADS": "1"}
+    contention = collation_contention(opts) if collecting and args.backend == "gloo" else None
+    if contention:
+        print("  collation (one process, median ms): " + ", ".join(f"{k} {v:.2f}" for k, v in contention.items()), flush=True)
     started = time.perf_counter()
     world_backend = "cpu:gloo,cuda:nccl" if args.backend == "nccl" else "gloo"
     results = _dist.run_ranks(rank_main, args.ranks, (opts,), backend=world_backend, timeout_s=args.timeout_s * 4, env=child_env)
@@ -803,6 +887,7 @@ def main() -> int:
     if results is None:  # a torchrun rank other than 0
         return 0
     summary = summarize(results, opts)
+    summary["collation_contention_ms"] = contention
     payload = {"options": opts, "machine": info, "command": command, "seconds": seconds, "summary": summary}
     text = render(summary, opts, info, command, seconds)
     print()
