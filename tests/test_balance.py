@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -120,6 +121,8 @@ def test_deterministic_and_independent_of_input_container(case):
     first = balance_microbatch(costs, num_slots)
     assert balance_microbatch(list(costs), num_slots) == first
     assert balance_microbatch(tuple(costs), num_slots) == first
+    assert balance_microbatch(np.asarray(costs, dtype=np.int32), num_slots) == first
+    assert balance_microbatch([np.uint16(c) if c < 2**16 else c for c in costs], num_slots) == first
 
 
 @SETTINGS
@@ -259,6 +262,8 @@ def test_large_inputs_stay_exact_and_balanced():
         ([1, 2], 0, "num_slots"),
         ([1, 2], True, "num_slots"),
         ([1, 2], 2.0, "num_slots"),
+        (np.array([1, -2]), 1, "costs[1] must be >= 0"),
+        (np.array([True, False]), 1, "costs[0] must be an integer"),
         ("12", 1, "sequence"),
         ([2**62, 2**62], 1, "too large"),
     ],

@@ -43,13 +43,18 @@ def check_costs(costs: Sequence[int], num_slots: int, what: str = "costs") -> np
     if isinstance(costs, (str, bytes)) or not hasattr(costs, "__len__"):
         raise ValueError(f"{what} must be a sequence of integers, got {type(costs).__name__}")
     size = len(costs)
-    # Fast path: a list of plain ints (not bool, which is a subclass) of moderate size.
+    # Fast paths: a list of plain ints (not bool, which is a subclass), or an integer numpy array.
+    array = None
     if size and isinstance(costs, (list, tuple)) and set(map(type, costs)) == {int}:
         try:
             array = np.array(costs, dtype=np.int64)
         except OverflowError:
             array = None
-        if array is not None and int(array.min()) >= 0 and int(array.max()) <= MAX_TOTAL_COST // size:
+    elif size and isinstance(costs, np.ndarray) and costs.ndim == 1 and costs.dtype.kind in "iu":
+        if costs.dtype.kind == "i" or int(costs.max()) <= MAX_TOTAL_COST:
+            array = costs.astype(np.int64)
+    if array is not None:
+        if int(array.min()) >= 0 and int(array.max()) <= MAX_TOTAL_COST // size:
             if size % num_slots:
                 raise ValueError(
                     f"{what}: micro-batch size {size} is not divisible"
