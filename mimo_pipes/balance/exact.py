@@ -20,6 +20,8 @@ never by a clock, so it returns the same answer on every machine. ``proven`` tel
 
 from __future__ import annotations
 
+import itertools
+import math
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -180,3 +182,48 @@ def exact_assignment(
     result = exact_members(sorted_costs, num_slots, incumbent, node_limit=node_limit)
     members = start if result.members is None else result.members
     return canonical_slots(members, order), result.proven
+
+
+def partition_count(size: int, num_slots: int) -> int:
+    """Number of ways to split ``size`` samples into ``num_slots`` unlabelled slots of equal size."""
+    per_slot = size // num_slots
+    return math.factorial(size) // (math.factorial(per_slot) ** num_slots * math.factorial(num_slots))
+
+
+def enumerate_members(sorted_costs: np.ndarray, num_slots: int) -> np.ndarray:
+    """Best assignment by (heaviest, spread) over every equal-count partition, for tiny micro-batches.
+
+    Partitions are visited in a fixed order (the lowest unplaced rank opens the next slot and takes
+    companions in combination order); the first best one is kept. Pure Python: cheaper than the
+    general engine when there are only a few dozen partitions.
+    """
+    costs = [int(c) for c in sorted_costs.tolist()]
+    size = len(costs)
+    per_slot = size // num_slots
+    best_key = None
+    best_rows: list[list[int]] = []
+    rows: list[list[int]] = []
+    loads: list[int] = []
+
+    def visit(remaining: tuple[int, ...]) -> None:
+        nonlocal best_key, best_rows
+        if not remaining:
+            key = (max(loads), max(loads) - min(loads))
+            if best_key is None or key < best_key:
+                best_key, best_rows = key, [row[:] for row in rows]
+            return
+        first, rest = remaining[0], remaining[1:]
+        for companions in itertools.combinations(rest, per_slot - 1):
+            row = [first, *companions]
+            load = sum(costs[r] for r in row)
+            if best_key is not None and load > best_key[0]:
+                continue
+            taken = set(companions)
+            rows.append(row)
+            loads.append(load)
+            visit(tuple(r for r in rest if r not in taken))
+            rows.pop()
+            loads.pop()
+
+    visit(tuple(range(size)))
+    return np.asarray(best_rows, dtype=np.int64).reshape(num_slots, per_slot)

@@ -1,6 +1,7 @@
 """The micro-batch engine.
 
-1. Sort the costs by (-cost, index) and work on ranks (see ``canonical``).
+1. Sort the costs by (-cost, index) and work on ranks (see ``canonical``). Tiny micro-batches (at
+   most 40 possible partitions) are solved by trying every partition instead.
 2. Start from the better of equal-count LPT and balanced Karmarkar-Karp, by (heaviest, spread).
 3. Swap refinement (``refine``) towards a cheap lower bound.
 4. If the heaviest slot is still more than 0.5% above the bound, a second start: best-fit
@@ -22,7 +23,7 @@ import numpy as np
 
 from mimo_pipes.balance.best_fit import best_fit_members
 from mimo_pipes.balance.canonical import canonical_slots, loads_of, score, sort_order
-from mimo_pipes.balance.exact import exact_members
+from mimo_pipes.balance.exact import enumerate_members, exact_members, partition_count
 from mimo_pipes.balance.karmarkar_karp import kk_members
 from mimo_pipes.balance.lpt import lpt_members
 from mimo_pipes.balance.quality import sorted_lower_bound
@@ -34,6 +35,8 @@ from mimo_pipes.balance.validate import check_costs
 # a best-fit restart when the gap to the bound is large (more than 1/RESTART_GAP of it),
 # three-slot exact re-partitions (node budget), then exact search on small micro-batches.
 RESTART_GAP = 200
+# Tiny micro-batches (B <= 6, or 8 samples over 2 slots) are solved by trying every partition.
+ENUMERATE_MAX_PARTITIONS = 40
 REPARTITION_NODES = 2_000
 REPARTITION_MAX_SAMPLES = 256
 EXACT_MAX_SAMPLES = 16
@@ -47,6 +50,9 @@ def plan_members(sorted_costs: np.ndarray, num_slots: int, exact: bool = True) -
     if num_slots == 1 or per_slot <= 1:
         # One slot, or one sample per slot: every assignment has the same loads.
         return np.arange(size, dtype=np.int64).reshape(num_slots, per_slot)
+    if partition_count(size, num_slots) <= ENUMERATE_MAX_PARTITIONS:
+        # A few dozen partitions: try them all (optimal by (heaviest, spread), never worse than LPT).
+        return enumerate_members(sorted_costs, num_slots)
     lower = sorted_lower_bound(sorted_costs, num_slots, thorough=False)
     anchor = lpt_members(sorted_costs, num_slots)
     anchor_score = score(loads_of(sorted_costs, anchor))
