@@ -50,7 +50,7 @@ def plan_members(sorted_costs: np.ndarray, num_slots: int, exact: bool = True) -
     if num_slots == 1 or per_slot <= 1:
         # One slot, or one sample per slot: every assignment has the same loads.
         return np.arange(size, dtype=np.int64).reshape(num_slots, per_slot)
-    if partition_count(size, num_slots) <= ENUMERATE_MAX_PARTITIONS:
+    if size <= 12 and partition_count(size, num_slots) <= ENUMERATE_MAX_PARTITIONS:
         # A few dozen partitions: try them all (optimal by (heaviest, spread), never worse than LPT).
         return enumerate_members(sorted_costs, num_slots)
     lower = sorted_lower_bound(sorted_costs, num_slots, thorough=False)
