@@ -24,7 +24,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _worker(rank: int, world_size: int, port: int, connection: Any) -> None:
+def _worker(rank: int, world_size: int, port: int, connection: Any, backend: str) -> None:
     sys.path.insert(0, TESTS_DIR)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import datetime
@@ -33,8 +33,10 @@ def _worker(rank: int, world_size: int, port: int, connection: Any) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
+    if "nccl" in backend:
+        torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group(
-        "gloo",
+        backend,
         init_method=f"tcp://127.0.0.1:{port}",
         rank=rank,
         world_size=world_size,
@@ -55,9 +57,10 @@ def _worker(rank: int, world_size: int, port: int, connection: Any) -> None:
 
 
 class DistPool:
-    """``world_size`` Gloo ranks; ``run(fn, ...)`` calls ``fn`` on every rank and returns the results by rank."""
+    """``world_size`` ranks (Gloo by default; ``"cpu:gloo,cuda:nccl"`` on GPUs); ``run(fn, ...)`` calls ``fn``
+    on every rank and returns the results by rank."""
 
-    def __init__(self, world_size: int, start_timeout: float = 180.0) -> None:
+    def __init__(self, world_size: int, start_timeout: float = 180.0, backend: str = "gloo") -> None:
         context = mp.get_context("spawn")
         port = free_port()
         self.world_size = world_size
@@ -65,7 +68,7 @@ class DistPool:
         self.processes = []
         for rank in range(world_size):
             parent, child = context.Pipe()
-            process = context.Process(target=_worker, args=(rank, world_size, port, child), daemon=True)
+            process = context.Process(target=_worker, args=(rank, world_size, port, child, backend), daemon=True)
             process.start()
             self.connections.append(parent)
             self.processes.append(process)

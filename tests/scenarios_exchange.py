@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from mimo_pipes.config import PipelineConfig, ReorderConfig
 from mimo_pipes.graph import RankLayout, build_graph
 from mimo_pipes.loader import graph_nodes
@@ -62,9 +64,9 @@ class RecordingDataset(SyntheticProcessedDataset):
         return super().__getitem__(index)
 
 
-def run_graph(components, *, steps, dataset_size=4096, timeout_s=60.0, **config_kwargs):
+def run_graph(components, *, steps, dataset_size=4096, timeout_s=60.0, exchange_backend=None, **config_kwargs):
     topology = build_topology(components)
-    groups = build_rank_groups(topology, timeout_s=timeout_s)
+    groups = build_rank_groups(topology, exchange_backend=exchange_backend, timeout_s=timeout_s)
     if groups is None:
         return None
     config = make_config(components, **config_kwargs)
@@ -72,7 +74,8 @@ def run_graph(components, *, steps, dataset_size=4096, timeout_s=60.0, **config_
     dataset = RecordingDataset(dataset_size, seed=config.seed)
     reference = SyntheticProcessedDataset(dataset_size, seed=config.seed)
     position = groups.position
-    layout = RankLayout(position.dp_rank, position.dp_size, topology.canonical_slots, groups.exchange_group)
+    device = torch.device("cuda", torch.cuda.current_device()) if exchange_backend == "nccl" else None
+    layout = RankLayout(position.dp_rank, position.dp_size, topology.canonical_slots, groups.exchange_group, device)
     loader = build_graph(dataset, config, layout, map_fn=None, image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES)
     records = []
     try:
