@@ -189,7 +189,7 @@ def reference(sorted_costs, num_slots, candidates, exact_nodes, search):
     return best, proven, lower
 
 
-# ------------------------------------------------------------------ helpers
+# ------------------------------------------------------------------ utilities
 
 
 def machine() -> str:
