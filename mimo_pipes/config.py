@@ -205,3 +205,16 @@ class PipelineConfig:
                 f"{window} must divide the {self.microbatches_per_global_batch} micro-batches of a global batch "
                 "when samples move across micro-batches (a window never crosses a global batch)",
             )
+
+
+@dataclass
+class JobOptions:
+    """What ``mimo-pipes run`` does besides building the graph."""
+
+    steps: int = 32
+    recipe: str = "mimo_pipes_recipes.vlm_sft"
+    dump_assignments: str | None = None
+    stop_after: int | None = None
+    save_state: str | None = None
+    resume: str | None = None
+    progress: bool = True

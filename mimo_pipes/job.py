@@ -8,14 +8,13 @@ import importlib
 import json
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from mimo_pipes.config import PipelineConfig, resolve_exchange_transport
+from mimo_pipes.config import JobOptions, PipelineConfig, resolve_exchange_transport
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.graph import RankLayout
 from mimo_pipes.process_groups import build_rank_groups
@@ -24,19 +23,6 @@ from mimo_pipes.report import format_summary, summarize
 STATE_FORMAT = 1
 # Settings that must match between a saved state and the run that resumes it.
 RESUME_FIELDS = ("components", "micro_batch_size", "global_batch_size", "seed", "dataloader_type", "dataset", "reorder")
-
-
-@dataclass
-class JobOptions:
-    """What ``mimo-pipes run`` does besides building the graph."""
-
-    steps: int = 32
-    recipe: str = "mimo_pipes_recipes.vlm_sft"
-    dump_assignments: str | None = None
-    stop_after: int | None = None
-    save_state: str | None = None
-    resume: str | None = None
-    progress: bool = True
 
 
 def state_path(directory: str, rank: int) -> Path:

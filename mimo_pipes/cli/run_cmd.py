@@ -16,12 +16,12 @@ from mimo_pipes.config import (
     DATALOADER_TYPES,
     DEFAULT_COMPONENTS,
     EXCHANGE_TRANSPORTS,
+    JobOptions,
     PipelineConfig,
     ReorderConfig,
     resolve_exchange_transport,
 )
 from mimo_pipes.errors import ConfigError, PeerError, SampleError
-from mimo_pipes.job import JobOptions, check_resume_dir, world_backend
 
 EXIT_CONFIG = 2
 EXIT_FAILED = 1
@@ -119,6 +119,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[PipelineConfig, JobOptio
 
 def validate_job(config: PipelineConfig, options: JobOptions) -> int:
     """All checks that can run before a rank starts; returns the world size."""
+    from mimo_pipes.job import check_resume_dir, world_backend  # imports torch: only for `run`
+
     topology = config.validate()
     if config.reorder.intra_microbatch_reorder:
         resolve_exchange_transport(
