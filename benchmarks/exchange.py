@@ -79,10 +79,25 @@ def _rss_bytes() -> int:
         return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _window_bytes(window: Any) -> int:
+def _release_free_memory() -> None:
+    """Hand memory the allocator keeps after frees back to the system (glibc), so that a run's RSS growth
+    is not hidden by memory an earlier run freed and the allocator kept."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _sample_bytes(sample: dict) -> int:
     import torch
 
-    return sum(v.numel() * v.element_size() for mb in window.microbatches for s in mb for v in s.values() if isinstance(v, torch.Tensor))
+    return sum(v.numel() * v.element_size() for v in sample.values() if isinstance(v, torch.Tensor))
+
+
+def _window_bytes(window: Any) -> int:
+    return sum(_sample_bytes(sample) for microbatch in window.microbatches for sample in microbatch)
 
 
 class ExchangeProbe:
@@ -96,6 +111,7 @@ class ExchangeProbe:
         self.in_flight = 0
         self.started = 0
         self.records: list[tuple[float, int, bool]] = []  # (seconds, window bytes, on the main thread)
+        self.received: list[int] = []  # bytes of the samples each exchange received from peers
         self.delay = 0.0  # diagnostic: hold background exchanges until this long after the consumer's take()
         self.last_take = 0.0
         node_module.exchange_window = self._exchange
@@ -107,10 +123,16 @@ class ExchangeProbe:
         self.started += 1
         self.in_flight += 1
         start = time.perf_counter()
+        received = 0
         try:
-            return self.original(ctx, window, sequence)
+            result = self.original(ctx, window, sequence)
+            # Samples that arrived from a peer are new objects; kept ones are the window's own.
+            local = {id(sample) for microbatch in window.microbatches for sample in microbatch}
+            received = sum(_sample_bytes(s) for microbatch in result.microbatches for s in microbatch if id(s) not in local)
+            return result
         finally:
             self.records.append((time.perf_counter() - start, size, threading.current_thread() is threading.main_thread()))
+            self.received.append(received)
             self.in_flight -= 1
 
     def take(self) -> list[tuple[float, int, bool]]:
@@ -235,6 +257,7 @@ def _training_run(env: dict, opts: dict, mode: str, window: int) -> dict:
     one = torch.ones(1, device=env["device"]) if env["device"] is not None else torch.ones(1)
     probe.take()
     gc.collect()
+    _release_free_memory()
     dist.barrier(group=groups.dp_group)
     rss_before = _rss_bytes()
     sampler = Sampler(probe, node)
@@ -265,6 +288,7 @@ def _training_run(env: dict, opts: dict, mode: str, window: int) -> dict:
         loader.close()
         sampler.stop()
     records = probe.take()
+    received, probe.received = probe.received, []
     return {
         "mode": mode,
         "window": window,
@@ -276,6 +300,7 @@ def _training_run(env: dict, opts: dict, mode: str, window: int) -> dict:
         "exchange_s": [r[0] for r in records],
         "exchange_on_main_thread": sum(1 for r in records if r[2]),
         "window_bytes": [r[1] for r in records],
+        "received_bytes": received,
         "rss_before": rss_before,
         "rss_peak_growth": sampler.max_rss - rss_before,
         "max_queued": sampler.max_queued,
@@ -637,6 +662,7 @@ def summarize(results: list[dict], opts: dict) -> dict:
         on_runs = [run for r in results for run in r["runs"] if run["window"] == window and run["mode"] == "on"]
         off_runs = [run for r in results for run in r["runs"] if run["window"] == window and run["mode"] == "off"]
         window_bytes = _mean([b for run in on_runs + off_runs for b in run["window_bytes"]])
+        received = _mean([b for run in on_runs + off_runs for b in run["received_bytes"]])
         growth_on = max(run["rss_peak_growth"] for run in on_runs)
         growth_off = max(run["rss_peak_growth"] for run in off_runs)
         summary["memory"].append({
@@ -649,6 +675,8 @@ def summarize(results: list[dict], opts: dict) -> dict:
             "rss_growth_on_mb": growth_on / 1e6,
             "rss_growth_off_mb": growth_off / 1e6,
             "extra_windows_rss": (growth_on - growth_off) / window_bytes if window_bytes else float("nan"),
+            "received_mb": received / 1e6,
+            "extra_received_rss": (growth_on - growth_off) / received if received else float("nan"),
             "sampler_samples": sum(run["sampler_samples"] for run in on_runs),
         })
 
@@ -796,15 +824,17 @@ def render(summary: dict, opts: dict, info: dict, command: str, seconds: float) 
         "",
         "**Memory with overlap**: windows exchanged but not yet delivered (the prefetcher's result queue; "
         "produced - delivered), exchanges in flight on the prefetch thread, and their sum, sampled every 2 ms; "
-        "peak RSS growth over the run (from just before the first next()), overlap on vs off, in windows of this rank.",
+        "peak RSS growth over the run (from just before the first next(), after handing freed memory back to the "
+        "system), overlap on vs off. A window's samples that stay on their rank are the dataset's own objects here "
+        "(made once up front), so the new memory a held window pins is what it received from the peer.",
         "",
-        "| W | window MB per rank | max queued | max produced - delivered | max in flight | max queued + in flight | RSS growth on MB | RSS growth off MB | (on - off) in windows |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| W | window MB per rank | received MB per rank and window | max queued | max produced - delivered | max in flight | max queued + in flight | RSS growth on MB | RSS growth off MB | on - off, in windows | on - off, in received bytes per window |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for m in summary["memory"]:
-        lines.append(f"| {m['window']} | {_fmt(m['window_mb'], 1)} | {m['max_queued']} | {m['max_produced_ahead']} | "
-                     f"{m['max_in_flight']} | {m['max_held']} | {_fmt(m['rss_growth_on_mb'], 0)} | "
-                     f"{_fmt(m['rss_growth_off_mb'], 0)} | {_fmt(m['extra_windows_rss'], 1)} |")
+        lines.append(f"| {m['window']} | {_fmt(m['window_mb'], 1)} | {_fmt(m['received_mb'], 1)} | {m['max_queued']} | "
+                     f"{m['max_produced_ahead']} | {m['max_in_flight']} | {m['max_held']} | {_fmt(m['rss_growth_on_mb'], 0)} | "
+                     f"{_fmt(m['rss_growth_off_mb'], 0)} | {_fmt(m['extra_windows_rss'], 1)} | {_fmt(m['extra_received_rss'], 1)} |")
     return "\n".join(lines)
 
 
