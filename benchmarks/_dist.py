@@ -167,9 +167,18 @@ def machine_line(info: dict[str, Any]) -> str:
 
 
 def command_line() -> str:
-    """The command as typed from the repository root."""
+    """The command as typed from the repository root, less ``--out DIR`` (where JSON copies went: a local
+    path that changes nothing measured)."""
     script = os.path.relpath(os.path.abspath(sys.argv[0]), os.path.dirname(os.path.dirname(DOCS)))
-    return " ".join(["python", script, *sys.argv[1:]])
+    args, skip = [], False
+    for arg in sys.argv[1:]:
+        if skip:
+            skip = False
+        elif arg == "--out":
+            skip = True
+        elif not arg.startswith("--out="):
+            args.append(arg)
+    return " ".join(["python", script, *args])
 
 
 SECTION = "## Exchange"
