@@ -838,7 +838,7 @@ def render(summary: dict, opts: dict, info: dict, command: str, seconds: float) 
     return "\n".join(lines)
 
 
-def nccl_unavailable() -> str | None:
+def nccl_unavailable(ranks: int) -> str | None:
     import torch
 
     from mimo_pipes.exchange import ExchangeContext
@@ -850,9 +850,9 @@ def nccl_unavailable() -> str | None:
     if os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "").strip() == "1":
         return ("CUDA_DEVICE_MAX_CONNECTIONS=1: an overlapped NCCL exchange next to the DP all-reduce can deadlock "
                 "(the library refuses it too); unset it for this benchmark")
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "0") or 0)) if _dist.under_torchrun() else 0
-    if torch.cuda.device_count() < max(local, 2 if not _dist.under_torchrun() else 1):
-        return f"{torch.cuda.device_count()} CUDA device(s); NCCL needs one per rank"
+    needed = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"])) if _dist.under_torchrun() else ranks
+    if torch.cuda.device_count() < needed:
+        return f"{torch.cuda.device_count()} CUDA device(s) for {needed} local ranks; NCCL needs one per rank"
     return None
 
 
@@ -889,7 +889,7 @@ def main() -> int:
     opts = {key: value for key, value in vars(args).items()}
     collecting = not _dist.under_torchrun() or int(os.environ["RANK"]) == 0
     if args.backend == "nccl":
-        reason = nccl_unavailable()
+        reason = nccl_unavailable(args.ranks)
         if reason is not None:
             result = {"skipped": True, "backend": "nccl", "reason": reason}
             if collecting:
