@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import torch
 
 from mimo_pipes.errors import SampleError
 from mimo_pipes.sample import COST, IMAGE_TOKENS, METADATA_KEYS, REAL_TOKENS, SAMPLE_ID, SLOT, STEP, Sample
+from mimo_pipes.window import Window
 
 # Per-token fields: padded on the right to one length and stacked to [b, L].
 SEQUENCE_FIELDS = ("input_ids", "attention_mask", "labels", "loss_mask", "position_ids")
@@ -46,9 +48,27 @@ def collate_microbatch(
             batch[name] = torch.cat(values, dim=0)
         elif all(isinstance(value, torch.Tensor) for value in values) and len({v.shape for v in values}) == 1:
             batch[name] = torch.stack(values)
-        else:
-            batch[name] = values
+        else:  # copies too: a collated batch never shares memory with the samples it came from
+            batch[name] = [value.clone() if isinstance(value, torch.Tensor) else value for value in values]
     return batch
+
+
+@dataclass(frozen=True)
+class Collator:
+    """How a rank's micro-batches are collated: pad length (None: the longest sample) and pad values."""
+
+    pad_length: int | None
+    pad_values: Mapping[str, int | float] = field(default_factory=lambda: dict(DEFAULT_PAD_VALUES))
+
+    def microbatch(self, samples: Sequence[Sample], step: int) -> dict[str, Any]:
+        return collate_microbatch(samples, step=step, pad_length=self.pad_length, pad_values=self.pad_values)
+
+    def window(self, window: Window) -> Window:
+        """Every micro-batch of a window collated; the result shares no memory with the samples."""
+        if window.collated:
+            return window
+        batches = [self.microbatch(samples, window.first_step + m) for m, samples in enumerate(window.microbatches)]
+        return Window(window.first_step, batches, collated=True)
 
 
 def _pad_stack(values: list[torch.Tensor], samples: Sequence[Sample], name: str, length: int, pad_value: int | float) -> torch.Tensor:

@@ -54,6 +54,30 @@ def _collective(what: str) -> Iterator[None]:
         raise PeerError(None, f"{what} failed ({error}); a peer rank may have exited or stalled past the timeout") from error
 
 
+class ExchangeBuffers:
+    """Byte buffers kept from one window to the next by one exchanging thread.
+
+    Reusing them spares touching fresh memory every window (page faults cost more than the copy). Only
+    for callers that copy the received samples out (collate them) before their next exchange: received
+    tensors are views of the receive buffer. Costs one window's sent and received bytes of memory.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[str, str], torch.Tensor] = {}
+
+    def get(self, name: str, nbytes: int, device: torch.device | None = None) -> torch.Tensor:
+        key = (name, str(device))
+        buffer = self._buffers.get(key)
+        if buffer is None or buffer.numel() < nbytes:
+            buffer = torch.empty(nbytes + nbytes // 4, dtype=torch.uint8, device=device)  # room to grow
+            self._buffers[key] = buffer
+        return buffer[:nbytes]
+
+
+def _new_buffer(name: str, nbytes: int, device: torch.device | None = None) -> torch.Tensor:
+    return torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+
 def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
@@ -129,8 +153,11 @@ def local_costs_and_layouts(window: Window, need_layouts: bool) -> tuple[list[in
     return values, layouts
 
 
-def exchange_window(ctx: ExchangeContext, window: Window, sequence: int) -> Window:
-    """Balance one window over the module's DP ranks and return this rank's samples in canonical order."""
+def exchange_window(ctx: ExchangeContext, window: Window, sequence: int, buffers: ExchangeBuffers | None = None) -> Window:
+    """Balance one window over the module's DP ranks and return this rank's samples in canonical order.
+
+    With ``buffers`` the byte buffers are reused: the caller must copy the result out (collate it)
+    before its next exchange."""
     try:
         if any(len(microbatch) != ctx.samples_per_rank for microbatch in window.microbatches):
             raise ValueError(f"window at step {window.first_step}: every micro-batch must hold {ctx.samples_per_rank} samples")
@@ -149,7 +176,7 @@ def exchange_window(ctx: ExchangeContext, window: Window, sequence: int) -> Wind
     values = gathered[:, HEADER : HEADER + 2 * count * ctx.samples_per_rank].reshape(ctx.dp_size, count, ctx.samples_per_rank, 2)
     canonical = values.permute(1, 0, 2, 3).reshape(count, ctx.microbatch_size, 2)
     plan = _plan(ctx, canonical[:, :, 0].tolist())
-    by_flat = _move(ctx, plan, local_samples, layouts, canonical[:, :, 1].reshape(-1).tolist())
+    by_flat = _move(ctx, plan, local_samples, layouts, canonical[:, :, 1].reshape(-1).tolist(), buffers)
     return Window(window.first_step, permute_local(by_flat, plan))
 
 
@@ -164,7 +191,12 @@ def _flat_index(ctx: ExchangeContext, local_position: int) -> int:
 
 
 def _move(
-    ctx: ExchangeContext, plan: ExchangePlan, local_samples: list[Sample], layouts: list[SampleLayout | None], sizes: list[int]
+    ctx: ExchangeContext,
+    plan: ExchangePlan,
+    local_samples: list[Sample],
+    layouts: list[SampleLayout | None],
+    sizes: list[int],
+    buffers: ExchangeBuffers | None,
 ) -> dict[int, Sample]:
     """The one ragged all_to_all: only samples that change rank are packed and sent."""
     flat = [_flat_index(ctx, position) for position in range(len(local_samples))]
@@ -172,16 +204,23 @@ def _move(
     if not plan.any_moves:  # identical on every rank: all of them skip the collective together
         return by_flat
     layout_by_flat = dict(zip(flat, layouts))
+    allocate = buffers.get if buffers is not None else _new_buffer
     send_splits, recv_splits = plan.send_split_bytes(sizes), plan.recv_split_bytes(sizes)
-    send_buffer = torch.empty(sum(send_splits), dtype=torch.uint8)
+    send_buffer = allocate("send", sum(send_splits))
     offset = 0
     for index in plan.send_order():
         offset = layout_by_flat[index].write_into(send_buffer, offset)
-    device = ctx.device or torch.device("cpu")
-    recv_buffer = torch.empty(sum(recv_splits), dtype=torch.uint8, device=device)
-    with _collective("all_to_all of packed samples"):
-        dist.all_to_all_single(recv_buffer, send_buffer.to(device), recv_splits, send_splits, group=ctx.group)
-    recv_buffer = recv_buffer.cpu()
+    recv_buffer = allocate("recv", sum(recv_splits))
+    if ctx.device is None:
+        with _collective("all_to_all of packed samples"):
+            dist.all_to_all_single(recv_buffer, send_buffer, recv_splits, send_splits, group=ctx.group)
+    else:  # NCCL: stage the bytes through the GPU
+        send_device = allocate("send", send_buffer.numel(), ctx.device)
+        send_device.copy_(send_buffer)
+        recv_device = allocate("recv", recv_buffer.numel(), ctx.device)
+        with _collective("all_to_all of packed samples"):
+            dist.all_to_all_single(recv_device, send_device, recv_splits, send_splits, group=ctx.group)
+        recv_buffer.copy_(recv_device)
     # Received tensors are views of recv_buffer (no copy); the buffer lives as long as its samples.
     incoming = unpack_samples(recv_buffer, sizes=plan.recv_sizes(sizes))
     kept = {index: by_flat[index] for index in plan.keep_indices}

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 from torchdata.nodes import BaseNode, ParallelMapper
 
+from mimo_pipes.collate import Collator
 from mimo_pipes.config import PipelineConfig, ReorderConfig
 from mimo_pipes.exchange import ExchangeContext
 from mimo_pipes.loader import GraphLoader
@@ -119,5 +120,8 @@ def balance_tail(
             across_microbatches=reorder.reorder_across_microbatches,
             device=layout.exchange_device,
         )
-        node = BalanceExchange(node, context, overlap=reorder.overlap_intra_microbatch_reorder)
+        # The exchange collates each window right after moving it (on its prefetch thread with overlap),
+        # which keeps that work off the training thread and lets it reuse its byte buffers.
+        collator = Collator(pad_length, dict(pad_values))
+        node = BalanceExchange(node, context, overlap=reorder.overlap_intra_microbatch_reorder, collator=collator)
     return MicroBatchAssembler(node, pad_length=pad_length, pad_values=pad_values, skip_first=skip_first)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from mimo_pipes.sample import Sample
 
@@ -11,11 +12,13 @@ from mimo_pipes.sample import Sample
 class Window:
     """This rank's samples for global micro-batches ``first_step .. first_step + len(microbatches) - 1``.
 
-    ``microbatches[m]`` lists the rank's samples of step ``first_step + m`` in canonical order.
+    ``microbatches[m]`` lists the rank's samples of step ``first_step + m`` in canonical order; once
+    ``collated``, it is instead that step's collated micro-batch (a dict of batched tensors).
     """
 
     first_step: int
-    microbatches: list[list[Sample]]
+    microbatches: list[list[Sample]] | list[dict[str, Any]]
+    collated: bool = False
 
     @property
     def steps(self) -> range:

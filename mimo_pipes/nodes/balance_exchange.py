@@ -10,7 +10,8 @@ from typing import Any, Iterator
 
 from torchdata.nodes import BaseNode, IterableWrapper
 
-from mimo_pipes.exchange import ExchangeContext, announce_end, announce_failure, exchange_window
+from mimo_pipes.collate import Collator
+from mimo_pipes.exchange import ExchangeBuffers, ExchangeContext, announce_end, announce_failure, exchange_window
 from mimo_pipes.window import Window
 
 # Windows exchanged ahead of the consumer. Every rank's thread runs at most this far ahead, which bounds
@@ -22,9 +23,9 @@ class _Prefetcher:
     """Background exchanges on a dedicated group. Stops cooperatively: it finishes the exchanges any peer
     may already have entered (up to ``delivered + PREFETCH_DEPTH``), so no peer is left in a collective."""
 
-    def __init__(self, source: BaseNode[Window], ctx: ExchangeContext, first_sequence: int) -> None:
+    def __init__(self, source: BaseNode[Window], exchange: _WindowExchange, first_sequence: int) -> None:
         self.source = source
-        self.ctx = ctx
+        self.exchange = exchange
         self.condition = threading.Condition()
         self.results: collections.deque[tuple[str, Any, Any]] = collections.deque()
         self.produced = 0
@@ -46,13 +47,13 @@ class _Prefetcher:
                 try:
                     window = next(self.source)
                 except StopIteration:
-                    announce_end(self.ctx, sequence)
+                    announce_end(self.exchange.ctx, sequence)
                     self._publish("end", None, None)
                     return
                 except Exception as error:  # noqa: BLE001 - made an exception on every rank
-                    announce_failure(self.ctx, sequence, error)
+                    announce_failure(self.exchange.ctx, sequence, error)
                 state_after = copy.deepcopy(self.source.state_dict())
-                result = exchange_window(self.ctx, window, sequence)
+                result = self.exchange(window, sequence)
             except BaseException as error:  # noqa: BLE001 - handed to the consumer thread
                 self._publish("error", error, None)
                 return
@@ -89,23 +90,47 @@ def _stop_prefetcher(prefetcher: _Prefetcher | None, join_timeout: float | None)
         prefetcher.stop(join_timeout)
 
 
+class _WindowExchange:
+    """One exchanging thread's step: the exchange, then (optionally) collation, with its own buffers."""
+
+    def __init__(self, ctx: ExchangeContext, collator: Collator | None) -> None:
+        self.ctx = ctx
+        self.collator = collator
+        # Buffers can be reused only when collation copies the received samples out right away.
+        self.buffers = ExchangeBuffers() if collator is not None else None
+
+    def __call__(self, window: Window, sequence: int) -> Window:
+        result = exchange_window(self.ctx, window, sequence, self.buffers)
+        return self.collator.window(result) if self.collator is not None else result
+
+
 class BalanceExchange(BaseNode[Window]):
     """Per window: all-gather costs over the DP group, one balanced assignment, one ragged all_to_all.
 
     Wraps any BaseNode (or plain iterator) of :class:`Window`. With ``overlap`` the next windows are
     exchanged on a background thread over ``ctx.group``, which must be a group used for nothing else.
-    DP size 1 permutes locally on the calling thread. The state is the source's state after the last
-    delivered window: plain counters, never samples.
+    DP size 1 permutes locally on the calling thread. With a ``collator`` each window is also collated
+    right after its exchange, on the same thread, so the training thread only hands micro-batches out.
+    The state is the source's state after the last delivered window: plain counters, never samples.
     """
 
     SOURCE_KEY = "source"
     SEQUENCE_KEY = "windows_delivered"
 
-    def __init__(self, source: BaseNode[Window] | Iterator[Window], ctx: ExchangeContext, *, overlap: bool = True) -> None:
+    def __init__(
+        self,
+        source: BaseNode[Window] | Iterator[Window],
+        ctx: ExchangeContext,
+        *,
+        overlap: bool = True,
+        collator: Collator | None = None,
+    ) -> None:
         super().__init__()
         self.source = source if isinstance(source, BaseNode) else IterableWrapper(source)
         self.ctx = ctx
+        self.collator = collator
         self.overlap = overlap and ctx.dp_size > 1
+        self._sync_exchange = _WindowExchange(ctx, collator)
         self._prefetcher: _Prefetcher | None = None
         self._finalizer: weakref.finalize | None = None
 
@@ -127,7 +152,7 @@ class BalanceExchange(BaseNode[Window]):
         if not self.overlap:
             return self._next_synchronous()
         if self._prefetcher is None:
-            self._prefetcher = _Prefetcher(self.source, self.ctx, self._sequence)
+            self._prefetcher = _Prefetcher(self.source, _WindowExchange(self.ctx, self.collator), self._sequence)
             self._finalizer = weakref.finalize(self, _stop_prefetcher, self._prefetcher, 0)
         kind, value, state_after = self._prefetcher.take()
         if kind == "end":
@@ -152,7 +177,7 @@ class BalanceExchange(BaseNode[Window]):
         except Exception as error:  # noqa: BLE001 - made an exception on every rank
             self._ended = True
             announce_failure(self.ctx, self._sequence, error)
-        result = exchange_window(self.ctx, window, self._sequence)
+        result = self._sync_exchange(window, self._sequence)
         self._sequence += 1
         self._state_after_delivered = copy.deepcopy(self.source.state_dict())
         return result

@@ -7,12 +7,13 @@ from typing import Any, Mapping
 
 from torchdata.nodes import BaseNode
 
-from mimo_pipes.collate import DEFAULT_PAD_VALUES, collate_microbatch
+from mimo_pipes.collate import DEFAULT_PAD_VALUES, Collator
 from mimo_pipes.window import Window
 
 
 class MicroBatchAssembler(BaseNode[dict]):
     """Yields one collated micro-batch per step of each window, padded to ``pad_length`` (None: longest).
+    Windows the exchange already collated (on its prefetch thread) pass through as they are.
 
     Its state is the source's state from before the current window plus how many of the window's
     micro-batches were yielded, so a restore inside a window re-reads that window and skips ahead.
@@ -33,8 +34,7 @@ class MicroBatchAssembler(BaseNode[dict]):
         super().__init__()
         self.source = source
         self.skip_first = skip_first  # micro-batches of the first window already consumed (resume by count)
-        self.pad_length = pad_length
-        self.pad_values = dict(pad_values)
+        self.collator = Collator(pad_length, dict(pad_values))
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
@@ -57,7 +57,7 @@ class MicroBatchAssembler(BaseNode[dict]):
         microbatch = self._window.microbatches[self._yielded]
         step = self._window.first_step + self._yielded
         self._yielded += 1
-        return collate_microbatch(microbatch, step=step, pad_length=self.pad_length, pad_values=self.pad_values)
+        return microbatch if self._window.collated else self.collator.microbatch(microbatch, step)
 
     def get_state(self) -> dict[str, Any]:
         window_done = self._window is not None and self._yielded == len(self._window.microbatches)
