@@ -116,7 +116,7 @@ class ExchangeProbe:
         self.last_take = 0.0
         node_module.exchange_window = self._exchange
 
-    def _exchange(self, ctx: Any, window: Any, sequence: int) -> Any:
+    def _exchange(self, ctx: Any, window: Any, sequence: int, *rest: Any) -> Any:
         if self.delay and threading.current_thread() is not threading.main_thread():
             time.sleep(max(0.0, self.last_take + self.delay - time.perf_counter()))
         size = _window_bytes(window)
@@ -125,7 +125,7 @@ class ExchangeProbe:
         start = time.perf_counter()
         received = 0
         try:
-            result = self.original(ctx, window, sequence)
+            result = self.original(ctx, window, sequence, *rest)
             # Samples that arrived from a peer are new objects; kept ones are the window's own.
             local = {id(sample) for microbatch in window.microbatches for sample in microbatch}
             received = sum(_sample_bytes(s) for microbatch in result.microbatches for s in microbatch if id(s) not in local)
@@ -142,16 +142,19 @@ class ExchangeProbe:
 
 class NextProbe:
     """Splits the training thread's next() into waiting for an exchanged window (the prefetcher's take, or
-    the synchronous exchange) and collating the micro-batch; the rest is the other nodes."""
+    the synchronous exchange) and collating micro-batches on the training thread (with overlap the
+    exchange collates on its own thread); the rest is the other nodes."""
 
     def __init__(self, exchange_probe: ExchangeProbe) -> None:
+        import mimo_pipes.collate as collate_module
         import mimo_pipes.nodes.balance_exchange as node_module
-        import mimo_pipes.nodes.microbatch_assembler as assembler_module
 
         self.wait = self.collate = 0.0
-        collate, take = assembler_module.collate_microbatch, node_module._Prefetcher.take
+        collate, take = collate_module.Collator.microbatch, node_module._Prefetcher.take
 
         def timed_collate(*args: Any, **kwargs: Any) -> Any:
+            if threading.current_thread() is not threading.main_thread():
+                return collate(*args, **kwargs)
             start = time.perf_counter()
             try:
                 return collate(*args, **kwargs)
@@ -166,7 +169,7 @@ class NextProbe:
                 exchange_probe.last_take = time.perf_counter()
                 self.wait += exchange_probe.last_take - start
 
-        assembler_module.collate_microbatch = timed_collate
+        collate_module.Collator.microbatch = timed_collate
         node_module._Prefetcher.take = timed_take
 
     def reset(self) -> tuple[float, float]:
@@ -379,9 +382,11 @@ def _bandwidth(env: dict, opts: dict, window: int) -> dict:
     import torch.distributed as dist
 
     import mimo_pipes.exchange as exchange_module
-    from mimo_pipes.exchange import ExchangeContext
+    from mimo_pipes.exchange import ExchangeBuffers, ExchangeContext
 
     groups, topology, device = env["groups"], env["topology"], env["device"]
+    # As the node runs it: byte buffers reused from window to window (results are dropped before the next).
+    reused = ExchangeBuffers()
     position = groups.position
     windows = _make_windows(env, opts, window, opts["bandwidth_windows"])
     ctx = ExchangeContext(
@@ -409,7 +414,7 @@ def _bandwidth(env: dict, opts: dict, window: int) -> dict:
     try:
         for w in windows:  # untimed first pass: warms up and records each window's splits
             proxy.last_splits = None
-            exchange_module.exchange_window(ctx, w, sequence)
+            exchange_module.exchange_window(ctx, w, sequence, reused)
             sequence += 1
             splits.append(proxy.last_splits)
         buffers = []
@@ -431,7 +436,7 @@ def _bandwidth(env: dict, opts: dict, window: int) -> dict:
                     _sync(device)
                     if what == "exchange":
                         start = time.perf_counter()
-                        exchange_module.exchange_window(ctx, w, sequence)
+                        exchange_module.exchange_window(ctx, w, sequence, reused)
                         elapsed = time.perf_counter() - start
                         sequence += 1
                         exchange_s.append(elapsed)
