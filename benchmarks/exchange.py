@@ -257,7 +257,8 @@ def _training_run(env: dict, opts: dict, mode: str, window: int) -> dict:
     node = next((n for n in graph_nodes(loader.root) if isinstance(n, BalanceExchange)), None)
     steps = -(-opts["steps"] // window) * window
     warmup = -(-opts["warmup"] // window) * window
-    one = torch.ones(1, device=env["device"]) if env["device"] is not None else torch.ones(1)
+    # The simulated trainer's all-reduce runs where a trainer's would: on the GPU under NCCL.
+    one = torch.ones(1, device=env["trainer_device"]) if env["trainer_device"] is not None else torch.ones(1)
     probe.take()
     gc.collect()
     _release_free_memory()
@@ -562,12 +563,14 @@ def rank_main(rank: int, world_size: int, opts: dict) -> dict:
     components = COMPONENTS[world_size]
     topology = build_topology(components)
     nccl = opts["backend"] == "nccl"
-    groups = build_rank_groups(topology, exchange_backend="nccl" if nccl else "gloo", timeout_s=opts["timeout_s"])
-    device = torch.device("cuda", torch.cuda.current_device()) if nccl else None
+    nccl_exchange = nccl and opts["exchange_transport"] == "nccl"
+    groups = build_rank_groups(topology, exchange_backend="nccl" if nccl_exchange else "gloo", timeout_s=opts["timeout_s"])
+    device = torch.device("cuda", torch.cuda.current_device()) if nccl_exchange else None
+    trainer_device = torch.device("cuda", torch.cuda.current_device()) if nccl else None
     base = SyntheticProcessedDataset(opts["dataset_size"], seed=opts["seed"], patch_dim=opts["patch_dim"])
     dataset = CachedDataset(base) if opts["dataset"] == "cached" else base
     env = {"groups": groups, "topology": topology, "components": components, "device": device, "dataset": dataset,
-           "probe": ExchangeProbe(), "sequence": 0}
+           "probe": ExchangeProbe(), "sequence": 0, "trainer_device": trainer_device}
     env["next_probe"] = NextProbe(env["probe"])
     say = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
     runs = []
@@ -621,104 +624,112 @@ def _window_sums(runs: list[dict], window: int) -> list[float]:
 def summarize(results: list[dict], opts: dict) -> dict:
     summary: dict[str, Any] = {"overlap": [], "bandwidth": [], "memory": []}
     for window in opts["windows"]:
-        per_mode = {}
-        for mode in modes(opts):
-            runs = [run for r in results for run in r["runs"] if run["window"] == window and run["mode"] == mode]
-            nexts = [x for run in runs for x in run["next_s"]]
-            steps = [x for run in runs for x in run["step_s"]]
-            exchanges = [x for run in runs for x in run["exchange_s"]]
-            per_mode[mode] = {
-                "next_mean_ms": 1e3 * _mean(nexts),
-                "next_median_ms": 1e3 * statistics.median(nexts),
-                "next_p90_ms": 1e3 * sorted(nexts)[int(0.9 * (len(nexts) - 1))],
-                "window_median_ms": 1e3 * statistics.median(_window_sums(runs, window)) / window,
-                "step_mean_ms": 1e3 * _mean(steps),
-                "wait_mean_ms": 1e3 * _mean([x for run in runs for x in run["wait_s"]]),
-                "collate_mean_ms": 1e3 * _mean([x for run in runs for x in run["collate_s"]]),
-                "exchange_per_window_ms": 1e3 * _mean(exchanges) if exchanges else None,
-                "exchange_per_microbatch_ms": 1e3 * _mean(exchanges) / window if exchanges else None,
-                "exchanges_on_training_thread": sum(run["exchange_on_main_thread"] for run in runs),
-                "exchanges": len(exchanges),
-                "micro_batches_timed": len(nexts),
-            }
-            flags = [c for run in runs for c in run["concurrent"]]
-            with_exchange = [x for x, c in zip(nexts, flags) if c]
-            without = [x for x, c in zip(nexts, flags) if not c]
-            per_mode[mode]["concurrent_share"] = len(with_exchange) / len(nexts) if nexts else 0.0
-            per_mode[mode]["next_concurrent_median_ms"] = 1e3 * statistics.median(with_exchange) if with_exchange else None
-            per_mode[mode]["next_alone_median_ms"] = 1e3 * statistics.median(without) if without else None
-        entry: dict[str, Any] = {"window": window, "modes": per_mode}
-        for overlapped in [m for m in ("on", DELAYED) if m in per_mode]:
-            for statistic in ("next_mean_ms", "window_median_ms"):
-                key = f"{overlapped}/{statistic}"
-                entry[key] = _hidden(*(per_mode[m][statistic] for m in (overlapped, "off", "none")))
-            # Per rank and round (means), to show the spread of the estimate.
-            each = []
-            for r in results:
-                for round_index in range(opts["rounds"]):
-                    means = {run["mode"]: _mean(run["next_s"]) for run in r["runs"] if run["window"] == window and run["round"] == round_index}
-                    each.append(_hidden(means[overlapped], means["off"], means["none"]))
-            each = [x for x in each if x == x]
-            entry[f"{overlapped}/spread"] = (min(each, default=float("nan")), max(each, default=float("nan")))
-        entry["exposed_mean_ms"] = per_mode["off"]["next_mean_ms"] - per_mode["none"]["next_mean_ms"]
-        entry["exposed_median_ms"] = per_mode["off"]["window_median_ms"] - per_mode["none"]["window_median_ms"]
-        summary["overlap"].append(entry)
-
-        on_runs = [run for r in results for run in r["runs"] if run["window"] == window and run["mode"] == "on"]
-        off_runs = [run for r in results for run in r["runs"] if run["window"] == window and run["mode"] == "off"]
-        window_bytes = _mean([b for run in on_runs + off_runs for b in run["window_bytes"]])
-        received = _mean([b for run in on_runs + off_runs for b in run["received_bytes"]])
-        growth_on = max(run["rss_peak_growth"] for run in on_runs)
-        growth_off = max(run["rss_peak_growth"] for run in off_runs)
-        summary["memory"].append({
-            "window": window,
-            "window_mb": window_bytes / 1e6,
-            "max_queued": max(run["max_queued"] for run in on_runs),
-            "max_produced_ahead": max(run["max_produced_ahead"] for run in on_runs),
-            "max_in_flight": max(run["max_in_flight"] for run in on_runs),
-            "max_held": max(run["max_held"] for run in on_runs),
-            "rss_growth_on_mb": growth_on / 1e6,
-            "rss_growth_off_mb": growth_off / 1e6,
-            "extra_windows_rss": (growth_on - growth_off) / window_bytes if window_bytes else float("nan"),
-            "received_mb": received / 1e6,
-            "extra_received_rss": (growth_on - growth_off) / received if received else float("nan"),
-            "sampler_samples": sum(run["sampler_samples"] for run in on_runs),
-        })
-
-        bw = [b for r in results for b in r["bandwidth"] if b["window"] == window]
-        count = len(bw[0]["exchange_s"])
-        exchange_t = [max(b["exchange_s"][i] for b in bw) for i in range(count)]  # the slowest rank ends the collective
-        raw_t = [max(b["raw_s"][i] for b in bw) for i in range(count)]
-        fresh_t = [max(b["fresh_s"][i] for b in bw) for i in range(count)]
-        moved = [sum(b["sent_bytes"][i] for b in bw) for i in range(count)]
-        keep = [i for i in range(count) if moved[i] > 0]
-        total_bytes = sum(moved[i] for i in keep)
-        t_exchange = sum(exchange_t[i] for i in keep)
-        t_raw = sum(raw_t[i] for i in keep)
-        t_fresh = sum(fresh_t[i] for i in keep)
-        profile: dict[str, float] = {}
-        for b in bw:
-            for name, seconds in b["profile_s"].items():
-                profile[name] = profile.get(name, 0.0) + seconds / len(bw)
-        per_exchange = {name: 1e3 * seconds / count for name, seconds in profile.items()}
-        summary["bandwidth"].append({
-            "window": window,
-            "exchanges": count,
-            "with_moves": len(keep),
-            "windows_without_moves": sum(1 for moving in bw[0]["moves"] if not moving),
-            "mean_bytes_moved_mb": total_bytes / len(keep) / 1e6 if keep else 0.0,
-            "mean_window_mb_per_rank": _mean([x for b in bw for x in b["window_bytes"]]) / 1e6,
-            "exchange_ms": 1e3 * t_exchange / len(keep) if keep else float("nan"),
-            "raw_ms": 1e3 * t_raw / len(keep) if keep else float("nan"),
-            "exchange_gbps": total_bytes / t_exchange / 1e9 if t_exchange else float("nan"),
-            "raw_gbps": total_bytes / t_raw / 1e9 if t_raw else float("nan"),
-            "ratio": t_raw / t_exchange if t_exchange else float("nan"),
-            "fresh_ms": 1e3 * t_fresh / len(keep) if keep else float("nan"),
-            "fresh_gbps": total_bytes / t_fresh / 1e9 if t_fresh else float("nan"),
-            "ratio_fresh": t_fresh / t_exchange if t_exchange else float("nan"),
-            "profile_ms_per_exchange": per_exchange,
-        })
+        if opts["rounds"]:
+            _summarize_overlap(summary, results, opts, window)
+        _summarize_bandwidth(summary, results, window)
     return summary
+
+
+def _summarize_overlap(summary: dict, results: list[dict], opts: dict, window: int) -> None:
+    per_mode = {}
+    for mode in modes(opts):
+        runs = [run for r in results for run in r["runs"] if run["window"] == window and run["mode"] == mode]
+        nexts = [x for run in runs for x in run["next_s"]]
+        steps = [x for run in runs for x in run["step_s"]]
+        exchanges = [x for run in runs for x in run["exchange_s"]]
+        per_mode[mode] = {
+            "next_mean_ms": 1e3 * _mean(nexts),
+            "next_median_ms": 1e3 * statistics.median(nexts),
+            "next_p90_ms": 1e3 * sorted(nexts)[int(0.9 * (len(nexts) - 1))],
+            "window_median_ms": 1e3 * statistics.median(_window_sums(runs, window)) / window,
+            "step_mean_ms": 1e3 * _mean(steps),
+            "wait_mean_ms": 1e3 * _mean([x for run in runs for x in run["wait_s"]]),
+            "collate_mean_ms": 1e3 * _mean([x for run in runs for x in run["collate_s"]]),
+            "exchange_per_window_ms": 1e3 * _mean(exchanges) if exchanges else None,
+            "exchange_per_microbatch_ms": 1e3 * _mean(exchanges) / window if exchanges else None,
+            "exchanges_on_training_thread": sum(run["exchange_on_main_thread"] for run in runs),
+            "exchanges": len(exchanges),
+            "micro_batches_timed": len(nexts),
+        }
+        flags = [c for run in runs for c in run["concurrent"]]
+        with_exchange = [x for x, c in zip(nexts, flags) if c]
+        without = [x for x, c in zip(nexts, flags) if not c]
+        per_mode[mode]["concurrent_share"] = len(with_exchange) / len(nexts) if nexts else 0.0
+        per_mode[mode]["next_concurrent_median_ms"] = 1e3 * statistics.median(with_exchange) if with_exchange else None
+        per_mode[mode]["next_alone_median_ms"] = 1e3 * statistics.median(without) if without else None
+    entry: dict[str, Any] = {"window": window, "modes": per_mode}
+    for overlapped in [m for m in ("on", DELAYED) if m in per_mode]:
+        for statistic in ("next_mean_ms", "window_median_ms"):
+            key = f"{overlapped}/{statistic}"
+            entry[key] = _hidden(*(per_mode[m][statistic] for m in (overlapped, "off", "none")))
+        # Per rank and round (means), to show the spread of the estimate.
+        each = []
+        for r in results:
+            for round_index in range(opts["rounds"]):
+                means = {run["mode"]: _mean(run["next_s"]) for run in r["runs"] if run["window"] == window and run["round"] == round_index}
+                each.append(_hidden(means[overlapped], means["off"], means["none"]))
+        each = [x for x in each if x == x]
+        entry[f"{overlapped}/spread"] = (min(each, default=float("nan")), max(each, default=float("nan")))
+    entry["exposed_mean_ms"] = per_mode["off"]["next_mean_ms"] - per_mode["none"]["next_mean_ms"]
+    entry["exposed_median_ms"] = per_mode["off"]["window_median_ms"] - per_mode["none"]["window_median_ms"]
+    summary["overlap"].append(entry)
+
+    on_runs = [run for r in results for run in r["runs"] if run["window"] == window and run["mode"] == "on"]
+    off_runs = [run for r in results for run in r["runs"] if run["window"] == window and run["mode"] == "off"]
+    window_bytes = _mean([b for run in on_runs + off_runs for b in run["window_bytes"]])
+    received = _mean([b for run in on_runs + off_runs for b in run["received_bytes"]])
+    growth_on = max(run["rss_peak_growth"] for run in on_runs)
+    growth_off = max(run["rss_peak_growth"] for run in off_runs)
+    summary["memory"].append({
+        "window": window,
+        "window_mb": window_bytes / 1e6,
+        "max_queued": max(run["max_queued"] for run in on_runs),
+        "max_produced_ahead": max(run["max_produced_ahead"] for run in on_runs),
+        "max_in_flight": max(run["max_in_flight"] for run in on_runs),
+        "max_held": max(run["max_held"] for run in on_runs),
+        "rss_growth_on_mb": growth_on / 1e6,
+        "rss_growth_off_mb": growth_off / 1e6,
+        "extra_windows_rss": (growth_on - growth_off) / window_bytes if window_bytes else float("nan"),
+        "received_mb": received / 1e6,
+        "extra_received_rss": (growth_on - growth_off) / received if received else float("nan"),
+        "sampler_samples": sum(run["sampler_samples"] for run in on_runs),
+    })
+
+
+def _summarize_bandwidth(summary: dict, results: list[dict], window: int) -> None:
+    bw = [b for r in results for b in r["bandwidth"] if b["window"] == window]
+    count = len(bw[0]["exchange_s"])
+    exchange_t = [max(b["exchange_s"][i] for b in bw) for i in range(count)]  # the slowest rank ends the collective
+    raw_t = [max(b["raw_s"][i] for b in bw) for i in range(count)]
+    fresh_t = [max(b["fresh_s"][i] for b in bw) for i in range(count)]
+    moved = [sum(b["sent_bytes"][i] for b in bw) for i in range(count)]
+    keep = [i for i in range(count) if moved[i] > 0]
+    total_bytes = sum(moved[i] for i in keep)
+    t_exchange = sum(exchange_t[i] for i in keep)
+    t_raw = sum(raw_t[i] for i in keep)
+    t_fresh = sum(fresh_t[i] for i in keep)
+    profile: dict[str, float] = {}
+    for b in bw:
+        for name, seconds in b["profile_s"].items():
+            profile[name] = profile.get(name, 0.0) + seconds / len(bw)
+    per_exchange = {name: 1e3 * seconds / count for name, seconds in profile.items()}
+    summary["bandwidth"].append({
+        "window": window,
+        "exchanges": count,
+        "with_moves": len(keep),
+        "windows_without_moves": sum(1 for moving in bw[0]["moves"] if not moving),
+        "mean_bytes_moved_mb": total_bytes / len(keep) / 1e6 if keep else 0.0,
+        "mean_window_mb_per_rank": _mean([x for b in bw for x in b["window_bytes"]]) / 1e6,
+        "exchange_ms": 1e3 * t_exchange / len(keep) if keep else float("nan"),
+        "raw_ms": 1e3 * t_raw / len(keep) if keep else float("nan"),
+        "exchange_gbps": total_bytes / t_exchange / 1e9 if t_exchange else float("nan"),
+        "raw_gbps": total_bytes / t_raw / 1e9 if t_raw else float("nan"),
+        "ratio": t_raw / t_exchange if t_exchange else float("nan"),
+        "fresh_ms": 1e3 * t_fresh / len(keep) if keep else float("nan"),
+        "fresh_gbps": total_bytes / t_fresh / 1e9 if t_fresh else float("nan"),
+        "ratio_fresh": t_fresh / t_exchange if t_exchange else float("nan"),
+        "profile_ms_per_exchange": per_exchange,
+    })
 
 
 def _fmt(value: float | None, digits: int = 2) -> str:
@@ -880,11 +891,13 @@ def main() -> int:
                         "the previous window (separates the exchange's own cost from its CPU contention with collation)")
     parser.add_argument("--steps", type=int, default=20, help="micro-batches per run (rounded up to a multiple of W)")
     parser.add_argument("--warmup", type=int, default=4, help="first micro-batches of each run not timed")
-    parser.add_argument("--rounds", type=int, default=4, help="rounds of all modes, order rotated per round")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds of all modes, order rotated per round (0: bandwidth only)")
     parser.add_argument("--bandwidth-windows", type=int, default=6)
     parser.add_argument("--bandwidth-reps", type=int, default=5)
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--timeout-s", type=float, default=300.0)
+    parser.add_argument("--exchange-transport", choices=("nccl", "gloo"), default="nccl",
+                        help="with --backend nccl: the exchange group's backend (gloo: CPU bytes beside an NCCL trainer)")
     parser.add_argument("--out", help="directory for results.json")
     parser.add_argument("--no-docs", action="store_true", help="do not write docs/benchmarks.md")
     args = parser.parse_args()

@@ -6,6 +6,7 @@ config can embed :class:`ReorderConfig` and every error names the flag a user wo
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from dataclasses import dataclass, field
@@ -22,12 +23,13 @@ DEFAULT_COMPONENTS = ("language=tp=1,pp=1,dp=2,rank_offset=0", "images=tp=1,dp=2
 def resolve_exchange_transport(requested: str, world_backend: str, overlap: bool, device_max_connections: str | None) -> str:
     """The backend of the exchange group: ``gloo`` (CPU bytes) or ``nccl`` (bytes staged through the GPU).
 
-    ``auto`` follows the world's backend, except that an overlapped exchange under
-    CUDA_DEVICE_MAX_CONNECTIONS=1 goes over Gloo, which cannot deadlock with CUDA streams.
+    ``auto`` takes NCCL only for an exchange on the training thread of an NCCL run; an overlapped exchange
+    goes over Gloo, which cannot contend with the trainer's NCCL kernels (an overlapped NCCL exchange beside
+    a trainer's all-reduce was seen to hang; see docs/benchmarks.md).
     """
     single_queue = device_max_connections is not None and device_max_connections.strip() == "1"
     if requested == "auto":
-        return "nccl" if world_backend == "nccl" and not (overlap and single_queue) else "gloo"
+        return "nccl" if world_backend == "nccl" and not overlap else "gloo"
     if requested == "nccl" and world_backend != "nccl":
         raise ConfigError(flag("exchange_transport"), "nccl needs one GPU per rank; this run uses gloo")
     if requested == "nccl" and overlap and single_queue:
@@ -37,6 +39,12 @@ def resolve_exchange_transport(requested: str, world_backend: str, overlap: bool
             "prefetch thread's all_to_all and the trainer's gradient all-reduce run in issue order, which differs "
             "across ranks, and training deadlocks. Use --exchange-transport gloo (overlap kept, CPU bytes) or "
             "--no-overlap-intra-microbatch-reorder (both collectives on the training thread)",
+        )
+    if requested == "nccl" and overlap:
+        logging.getLogger(__name__).warning(
+            "--exchange-transport nccl with overlap: NCCL kernels of the prefetch thread and of the trainer can "
+            "be ordered differently on different ranks; an NCCL run of this kind was seen to hang. "
+            "--exchange-transport gloo keeps the overlap without that risk."
         )
     return requested
 

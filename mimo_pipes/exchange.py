@@ -65,16 +65,17 @@ class ExchangeBuffers:
     def __init__(self) -> None:
         self._buffers: dict[tuple[str, str], torch.Tensor] = {}
 
-    def get(self, name: str, nbytes: int, device: torch.device | None = None) -> torch.Tensor:
+    def get(self, name: str, nbytes: int, device: torch.device | None = None, pinned: bool = False) -> torch.Tensor:
         key = (name, str(device))
         buffer = self._buffers.get(key)
         if buffer is None or buffer.numel() < nbytes:
-            buffer = torch.empty(nbytes + nbytes // 4, dtype=torch.uint8, device=device)  # room to grow
+            # Room to grow; host buffers that stage GPU copies are pinned (page-locked copies run at full speed).
+            buffer = torch.empty(nbytes + nbytes // 4, dtype=torch.uint8, device=device, pin_memory=pinned)
             self._buffers[key] = buffer
         return buffer[:nbytes]
 
 
-def _new_buffer(name: str, nbytes: int, device: torch.device | None = None) -> torch.Tensor:
+def _new_buffer(name: str, nbytes: int, device: torch.device | None = None, pinned: bool = False) -> torch.Tensor:
     return torch.empty(nbytes, dtype=torch.uint8, device=device)
 
 
@@ -205,18 +206,19 @@ def _move(
         return by_flat
     layout_by_flat = dict(zip(flat, layouts))
     allocate = buffers.get if buffers is not None else _new_buffer
+    staged = ctx.device is not None  # NCCL: host bytes go through the GPU
     send_splits, recv_splits = plan.send_split_bytes(sizes), plan.recv_split_bytes(sizes)
-    send_buffer = allocate("send", sum(send_splits))
+    send_buffer = allocate("send", sum(send_splits), pinned=staged)
     offset = 0
     for index in plan.send_order():
         offset = layout_by_flat[index].write_into(send_buffer, offset)
-    recv_buffer = allocate("recv", sum(recv_splits))
-    if ctx.device is None:
+    recv_buffer = allocate("recv", sum(recv_splits), pinned=staged)
+    if not staged:
         with _collective("all_to_all of packed samples"):
             dist.all_to_all_single(recv_buffer, send_buffer, recv_splits, send_splits, group=ctx.group)
     else:  # NCCL: stage the bytes through the GPU
         send_device = allocate("send", send_buffer.numel(), ctx.device)
-        send_device.copy_(send_buffer)
+        send_device.copy_(send_buffer, non_blocking=send_buffer.is_pinned())  # the collective waits for it
         recv_device = allocate("recv", recv_buffer.numel(), ctx.device)
         with _collective("all_to_all of packed samples"):
             dist.all_to_all_single(recv_device, send_device, recv_splits, send_splits, group=ctx.group)

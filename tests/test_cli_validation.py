@@ -68,5 +68,6 @@ def test_overlapped_nccl_exchange_refused_under_single_hardware_queue():
     assert "deadlock" in message and "--exchange-transport gloo" in message and "--no-overlap-intra-microbatch-reorder" in message
     assert resolve_exchange_transport("nccl", "nccl", overlap=False, device_max_connections="1") == "nccl"
     assert resolve_exchange_transport("auto", "nccl", overlap=True, device_max_connections="1") == "gloo"
-    assert resolve_exchange_transport("auto", "nccl", overlap=True, device_max_connections=None) == "nccl"
+    assert resolve_exchange_transport("auto", "nccl", overlap=True, device_max_connections=None) == "gloo"
+    assert resolve_exchange_transport("auto", "nccl", overlap=False, device_max_connections=None) == "nccl"
     assert resolve_exchange_transport("auto", "gloo", overlap=True, device_max_connections=None) == "gloo"

@@ -8,6 +8,7 @@ import threading
 import weakref
 from typing import Any, Iterator
 
+import torch
 from torchdata.nodes import BaseNode, IterableWrapper
 
 from mimo_pipes.collate import Collator
@@ -36,6 +37,9 @@ class _Prefetcher:
         self.thread.start()
 
     def _run(self) -> None:
+        device = self.exchange.ctx.device
+        if device is not None and device.type == "cuda":
+            torch.cuda.set_device(device)  # the current CUDA device is per thread
         while True:
             with self.condition:
                 while not self.stopping and self.produced >= self.delivered + PREFETCH_DEPTH:
