@@ -118,23 +118,31 @@ def run_ranks(
     return results
 
 
-def machine() -> dict[str, Any]:
-    """What the docs record about where a benchmark ran."""
-    import torch
-
-    model = "unknown"
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo ("unknown" where there is none)."""
     try:
         with open("/proc/cpuinfo") as handle:
             for line in handle:
                 if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
+    return "unknown"
+
+
+def cpu_count() -> str:
+    """What `nproc` prints: the cores this process may use."""
     try:
-        nproc = subprocess.run(["nproc"], capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(["nproc"], capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        nproc = str(len(os.sched_getaffinity(0)))
+        return str(len(os.sched_getaffinity(0)))
+
+
+def machine() -> dict[str, Any]:
+    """What the docs record about where a benchmark ran."""
+    import torch
+
+    model, nproc = cpu_model(), cpu_count()
     try:
         date = subprocess.run(["date", "-u"], capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
@@ -164,6 +172,19 @@ def machine_line(info: dict[str, Any]) -> str:
         f"load average {info['load_1min_at_start']} at the start), Python {info['python']}, torch {info['torch']}, "
         f"library at commit {info['commit']}. Date: {info['date']}."
     )
+
+
+def provenance_lines(command: str, info: dict[str, Any]) -> list[str]:
+    """The lines under a results heading that say how to rerun it and where it ran."""
+    return [
+        "",
+        "Command (from the repository root, in the project's virtual environment):",
+        "",
+        f"    {command}",
+        "",
+        machine_line(info),
+        "",
+    ]
 
 
 def command_line() -> str:

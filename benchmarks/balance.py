@@ -20,7 +20,6 @@ import itertools
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 
@@ -28,6 +27,9 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _dist  # noqa: E402  (benchmarks/_dist.py)
 
 from mimo_pipes.balance import balance_microbatch, balance_window, window_lower_bound  # noqa: E402
 from mimo_pipes.balance.canonical import loads_of, sort_order  # noqa: E402
@@ -193,22 +195,9 @@ def reference(sorted_costs, num_slots, candidates, exact_nodes, search):
 
 
 def machine() -> str:
-    cpu = "unknown"
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    try:
-        cores = subprocess.run(["nproc"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        cores = str(os.cpu_count())
     return (
-        f"`nproc` {cores}, CPU \"{cpu}\", Python {platform.python_version()}, numpy {np.__version__}, "
-        f"{platform.system()} {platform.machine()}"
+        f"`nproc` {_dist.cpu_count()}, CPU \"{_dist.cpu_model()}\", Python {platform.python_version()}, "
+        f"numpy {np.__version__}, {platform.system()} {platform.machine()}"
     )
 
 

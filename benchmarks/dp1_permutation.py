@@ -149,13 +149,7 @@ def main() -> int:
         "(a list; timed alone in the last column). balance_window alone: the balancing of the same costs, called "
         "directly. Target: at most 0.2 ms per micro-batch of 4 samples (the "
         "published figure for the synchronous DP-1 permutation is about 14 ms per micro-batch of 4 samples on an A100).",
-        "",
-        "Command (from the repository root, in the project's virtual environment):",
-        "",
-        f"    {command}",
-        "",
-        _dist.machine_line(info),
-        "",
+        *_dist.provenance_lines(command, info),
         "| samples per micro-batch | pixel MB per micro-batch | median us | p90 us | p99 us | mean us | samples that changed place | balance_window alone, median us | source alone, median us |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]

@@ -749,13 +749,7 @@ def render(summary: dict, opts: dict, info: dict, command: str, seconds: float) 
         f"{opts['compute']} {opts['compute_ms']:g} ms, then a one-number all-reduce over the DP group. "
         f"{opts['rounds']} rounds of the {len(modes(opts))} modes (order rotated per round), {opts['steps']} micro-batches per run, the first "
         f"{opts['warmup']} not timed. Whole run: {seconds:.0f} s.",
-        "",
-        "Command (from the repository root, in the project's virtual environment):",
-        "",
-        f"    {command}",
-        "",
-        _dist.machine_line(info),
-        "",
+        *_dist.provenance_lines(command, info),
         "**Training-thread time in `next()` per micro-batch** (all ranks, all rounds; exchange = time inside "
         "`exchange_window`, on whichever thread ran it):",
         "",

@@ -34,6 +34,19 @@ def make_config(components, *, microbatch_size, reorder=True, window_size=1, acr
     )
 
 
+def rank_result(position, records: list[dict], **extra) -> dict:
+    """What a scenario returns for one rank: where it sits and the micro-batches it consumed."""
+    return {
+        "module": position.module.name,
+        "dp_rank": position.dp_rank,
+        "dp_size": position.dp_size,
+        "tp_rank": position.tp_rank,
+        "pp_rank": position.pp_rank,
+        "records": records,
+        **extra,
+    }
+
+
 def check_batch(batch: dict, dataset: SyntheticProcessedDataset) -> None:
     """Every sample of a collated micro-batch is intact: token rows and its pixel rows."""
     offset = 0
@@ -87,15 +100,7 @@ def run_graph(components, *, steps, dataset_size=4096, timeout_s=60.0, exchange_
     finally:
         loader.close()
     reads = sorted(set(dataset.reads))
-    return {
-        "module": position.module.name,
-        "dp_rank": position.dp_rank,
-        "dp_size": position.dp_size,
-        "tp_rank": position.tp_rank,
-        "pp_rank": position.pp_rank,
-        "records": records,
-        "reads": reads,
-    }
+    return rank_result(position, records, reads=reads)
 
 
 def exchange_threads() -> list[str]:

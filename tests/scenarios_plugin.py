@@ -15,7 +15,7 @@ from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
 from mimo_pipes.topology import build_topology
 from mimo_pipes.wrap import balance_iterator
 from mimo_pipes_recipes.existing_pipeline import build, example_samples
-from scenarios_exchange import PAD_VALUES, check_batch, make_config
+from scenarios_exchange import PAD_VALUES, check_batch, make_config, rank_result
 
 DATASET_SIZE = 4096
 SEQ_LENGTH = 2048  # the longest synthetic sample has 1569 tokens
@@ -32,16 +32,12 @@ def _rank(components, timeout_s=60.0):
     return position, RankLayout(position.dp_rank, position.dp_size, topology.canonical_slots, groups.exchange_group)
 
 
-def _result(position, records, **extra):
-    return {
-        "module": position.module.name,
-        "dp_rank": position.dp_rank,
-        "dp_size": position.dp_size,
-        "tp_rank": position.tp_rank,
-        "pp_rank": position.pp_rank,
-        "records": records,
-        **extra,
-    }
+def _wrapper_config(components, microbatch_size, window_size, across, seed):
+    """One global batch per window, so across-micro-batch windows are allowed."""
+    return make_config(
+        components, microbatch_size=microbatch_size, window_size=window_size, across=across, seed=seed,
+        seq_length=SEQ_LENGTH, global_batch_size=microbatch_size * window_size,
+    )
 
 
 def _record(batch, sample_ids=None):
@@ -79,7 +75,7 @@ def run_recipe(components, *, steps, microbatch_size, seed, window_size=1):
                 break
     finally:
         loader.close()
-    return _result(position, records)
+    return rank_result(position, records)
 
 
 class RankMicrobatches:
@@ -139,10 +135,7 @@ def run_wrapper_vs_graph(components, *, steps, microbatch_size, seed, with_ids, 
     if rank is None:
         return None
     position, layout = rank
-    config = make_config(
-        components, microbatch_size=microbatch_size, window_size=window_size, across=across, seed=seed,
-        seq_length=SEQ_LENGTH, global_batch_size=microbatch_size * window_size,
-    )
+    config = _wrapper_config(components, microbatch_size, window_size, across, seed)
     config.validate(world_size=build_topology(components).world_size)
     dataset = SyntheticProcessedDataset(DATASET_SIZE, seed=seed)
     graph = build_graph(dataset, config, layout, map_fn=None, image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES)
@@ -167,7 +160,7 @@ def run_wrapper_vs_graph(components, *, steps, microbatch_size, seed, with_ids, 
             assert_batches_equal(got, want, f"step {step}", names=["image_tokens", "real_tokens", "costs"])
             records.append(_record(got, ids))
         assert wrapped.num_yielded == steps
-    return _result(position, records)
+    return rank_result(position, records)
 
 
 def _resume_source(kind, source, first=0):
@@ -183,10 +176,7 @@ def run_wrapper_resume(components, *, microbatch_size, seed, window_size, across
     if rank is None:
         return None
     position, layout = rank
-    config = make_config(
-        components, microbatch_size=microbatch_size, window_size=window_size, across=across, seed=seed,
-        seq_length=SEQ_LENGTH, global_batch_size=microbatch_size * window_size,
-    )
+    config = _wrapper_config(components, microbatch_size, window_size, across, seed)
     dataset = SyntheticProcessedDataset(DATASET_SIZE, seed=seed)
     source = RankMicrobatches(dataset, layout, microbatch_size=microbatch_size, seed=seed, with_ids=False)
     common = dict(
@@ -218,4 +208,4 @@ def run_wrapper_resume(components, *, microbatch_size, seed, window_size, across
                 assert_batches_equal(got, want, f"{name}: micro-batch {count}")
             assert wrapped.num_yielded == total
     records = [_record(b, dataset_ids(b["sample_ids"], microbatch_size=microbatch_size, seed=seed)) for b in reference]
-    return _result(position, records)
+    return rank_result(position, records)
