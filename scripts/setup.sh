@@ -11,4 +11,4 @@ python -m pip install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
 # torch 2.13.0 is the CPU build this environment keeps on disk; set TORCH_SPEC to choose another.
 python -m pip install -q "${TORCH_SPEC:-torch==2.13.0}" 2>&1 | grep -v "is ignored" || true
 python -m pip install -q -e ".[test]" 2>&1 | grep -v "is ignored" || true
-python -c "import torch, torchdata, megatron.core, transformers, datasets, mimo_pipes; print('set-up ok: torch', torch.__version__)"
+python -W ignore -c "import torch, torchdata, megatron.core, transformers, datasets, mimo_pipes; print('set-up ok: torch', torch.__version__)"
