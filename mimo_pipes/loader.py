@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Iterator
 
-from torchdata.nodes import BaseNode, Loader
+from torchdata.nodes import BaseNode, Loader, ParallelMapper, Unbatcher
 
 
 class GraphLoader(Loader[dict]):
@@ -62,11 +62,31 @@ class GraphLoader(Loader[dict]):
         return copy.deepcopy({self.ROOT_KEY: self.root.state_dict(), self.NUM_YIELDED_KEY: self._num_yielded})
 
     def close(self) -> None:
-        """Stop background threads in the graph (the exchange's prefetcher); safe to call twice."""
+        """Stop every background thread of the graph (the exchange's prefetcher, torchdata's mapper
+        workers); safe to call twice. The position is kept: iterating again resumes exactly there
+        (windows that were prefetched are exchanged again)."""
+        if self._started:
+            self._pending_state = self.state_dict()
+            self._started = False
         for node in graph_nodes(self.root):
             close = getattr(node, "close", None)
             if callable(close):
                 close()
+            elif isinstance(node, ParallelMapper):
+                _stop_mapper_threads(node)
+
+
+def _stop_mapper_threads(node: ParallelMapper) -> None:
+    # torchdata 0.11 stops a ParallelMapper's reader, worker and sorter threads only when its internal
+    # iterator is garbage collected; reach that iterator's shutdown so close() does not wait on GC.
+    impl = getattr(node, "_it", None)
+    if isinstance(impl, Unbatcher):  # the mapper prebatches
+        impl = impl.source
+    iterator = getattr(impl, "_it", None)
+    shutdown = getattr(iterator, "_shutdown", None)
+    if callable(shutdown):
+        shutdown()
+        impl._it = None  # released now, not at interpreter exit; the next reset() builds a new one
 
 
 def graph_nodes(root: BaseNode) -> list[BaseNode]:

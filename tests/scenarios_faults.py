@@ -33,6 +33,18 @@ class FaultyDataset(SyntheticProcessedDataset):
         return sample
 
 
+class FailingProcessor:
+    """A processing step (run on torchdata's mapper threads) that fails on one sample."""
+
+    def __init__(self, bad_index: int) -> None:
+        self.bad_index = bad_index
+
+    def __call__(self, sample: dict) -> dict:
+        if sample["sample_id"] == self.bad_index:
+            raise ValueError(f"cannot decode the image of sample {self.bad_index}")
+        return sample
+
+
 def run_fault(mode: str, *, bad_rank: int, overlap: bool, timeout_s: float = 20.0):
     """Returns (exception type name, message, seconds) per rank, or 'ok'."""
     topology = build_topology(COMPONENTS)
@@ -46,9 +58,10 @@ def run_fault(mode: str, *, bad_rank: int, overlap: bool, timeout_s: float = 20.
 
     bad_index = int(global_microbatch_indices(3, 4096, 8, 1, True)[(bad_rank % 2) * 4 + 1])
     faulty = dist.get_rank() == bad_rank or mode == "packing"
-    dataset = FaultyDataset(4096, seed=1, bad_index=bad_index if faulty else -1, mode=mode)
+    dataset = FaultyDataset(4096, seed=1, bad_index=bad_index if faulty and mode != "worker" else -1, mode=mode)
     layout = RankLayout(position.dp_rank, position.dp_size, topology.canonical_slots, groups.exchange_group)
-    loader = build_graph(dataset, config, layout, map_fn=None, image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES)
+    map_fn = FailingProcessor(bad_index if faulty else -1) if mode == "worker" else None
+    loader = build_graph(dataset, config, layout, map_fn=map_fn, image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES)
     started = time.monotonic()
     if mode == "exit" and dist.get_rank() == bad_rank:
         next(iter(loader))
@@ -61,5 +74,5 @@ def run_fault(mode: str, *, bad_rank: int, overlap: bool, timeout_s: float = 20.
         outcome = (type(error).__name__, str(error), time.monotonic() - started)
     finally:
         loader.close()
-    threads = [t.name for t in threading.enumerate() if t.name.startswith("mimo-pipes")]
+    threads = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
     return {"module": position.module.name, "dp_rank": position.dp_rank, "outcome": outcome, "threads": threads}

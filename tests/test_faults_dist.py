@@ -33,6 +33,19 @@ def test_source_error_on_one_rank_raises_on_every_rank_of_the_module(pool, overl
 
 
 @pytest.mark.parametrize("overlap", [True, False])
+def test_worker_thread_error_on_one_rank_raises_on_every_rank_of_the_module(pool, overlap):
+    results = pool.run(run_fault, "worker", bad_rank=2, overlap=overlap, timeout_s=TIMEOUT_S)
+    images = {r["dp_rank"]: r for r in results if r["module"] == "images"}
+    origin, peer = images[0]["outcome"], images[1]["outcome"]
+    assert origin[0] == "ValueError" and "cannot decode the image" in origin[1], origin
+    assert peer[0] == "PeerError" and "rank 2 failed" in peer[1] and "cannot decode the image" in peer[1], peer
+    assert all(r["outcome"][0] == "ok" for r in results if r["module"] == "language")
+    for result in results:
+        assert result["outcome"][2] < TIMEOUT_S + 10
+        assert result["threads"] == [], f"threads left behind: {result['threads']}"
+
+
+@pytest.mark.parametrize("overlap", [True, False])
 def test_unpackable_sample_is_refused_on_every_rank_naming_field_and_sample(pool, overlap):
     results = pool.run(run_fault, "packing", bad_rank=1, overlap=overlap, timeout_s=TIMEOUT_S)
     for module in ("language", "images"):
