@@ -1,0 +1,19 @@
+"""The graph's torchdata.nodes, one per module: reader, costs, windows, exchange, assembly."""
+
+from mimo_pipes.nodes.balance_exchange import BalanceExchange
+from mimo_pipes.nodes.canonical_shard_reader import CanonicalShardReader
+from mimo_pipes.nodes.cost_annotator import CostAnnotator
+from mimo_pipes.nodes.microbatch_assembler import MicroBatchAssembler
+from mimo_pipes.nodes.snapshot_guard import SnapshotGuard
+from mimo_pipes.nodes.uncollate import Uncollate
+from mimo_pipes.nodes.windower import Windower
+
+__all__ = [
+    "BalanceExchange",
+    "CanonicalShardReader",
+    "CostAnnotator",
+    "MicroBatchAssembler",
+    "SnapshotGuard",
+    "Uncollate",
+    "Windower",
+]
