@@ -8,7 +8,9 @@
    decreasing against a target halfway between the bound and the result (``best_fit``), refined;
    the better of the two is kept.
 5. If it is still above the bound and the micro-batch has at most 256 samples, exact re-partitions
-   of three slots at a time (``repartition``); with at most 16 samples, exact branch and bound
+   of three slots at a time (``repartition``), continued with a second node budget when the first
+   runs out while the result is still more than 0.8% above the bound (a count-based trigger, so
+   only the few hard micro-batches pay for it); with at most 16 samples, exact branch and bound
    (``exact``) with a node budget, then refinement of the spread.
 6. Keep LPT if it is better (it never is, by construction, but the guarantee is checked), and keep
    the samples where they are (the contiguous split) if that is at least as good: then nothing
@@ -28,7 +30,7 @@ from mimo_pipes.balance.karmarkar_karp import kk_members
 from mimo_pipes.balance.lpt import lpt_members
 from mimo_pipes.balance.quality import sorted_lower_bound
 from mimo_pipes.balance.refine import refine_members
-from mimo_pipes.balance.repartition import repartition_members
+from mimo_pipes.balance.repartition import repartition_search
 from mimo_pipes.balance.validate import check_costs
 
 # Work after refinement, only while the heaviest slot is above the cheap lower bound:
@@ -39,6 +41,11 @@ RESTART_GAP = 200
 ENUMERATE_MAX_PARTITIONS = 40
 REPARTITION_NODES = 2_000
 REPARTITION_MAX_SAMPLES = 256
+# If the three-slot search ran out of nodes while the heaviest slot is still more than
+# 1/EXTRA_GAP (0.8%) above the lower bound, it continues with REPARTITION_EXTRA_NODES more. A search
+# that ended on its own is not continued: it would repeat the same failed tries.
+EXTRA_GAP = 125
+REPARTITION_EXTRA_NODES = 2_000
 EXACT_MAX_SAMPLES = 16
 EXACT_NODE_LIMIT = 4_000
 
@@ -73,9 +80,16 @@ def plan_members(sorted_costs: np.ndarray, num_slots: int, exact: bool = True) -
         if score(other_loads) < score(best_loads):
             best, best_loads, top = other, other_loads, int(other_loads.max())
     if top > lower and size <= REPARTITION_MAX_SAMPLES:
-        best = repartition_members(sorted_costs, best, lower, REPARTITION_NODES)
+        best, resume = repartition_search(sorted_costs, best, lower, REPARTITION_NODES)
         best_loads = loads_of(sorted_costs, best)
         top = int(best_loads.max())
+        if resume is not None and (top - lower) * EXTRA_GAP > lower:
+            # Still far from the bound and the search was cut short: continue it with more nodes.
+            best, _ = repartition_search(
+                sorted_costs, best, lower, REPARTITION_EXTRA_NODES, resume=resume
+            )
+            best_loads = loads_of(sorted_costs, best)
+            top = int(best_loads.max())
     if exact and top > lower and size <= EXACT_MAX_SAMPLES:
         found = exact_members(
             sorted_costs, num_slots, incumbent=top, lower=lower, node_limit=EXACT_NODE_LIMIT

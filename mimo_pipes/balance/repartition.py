@@ -7,7 +7,8 @@ replaces the three rows, is followed by swap refinement, and the search starts o
 heaviest slot. A move is kept only if it does not worsen (heaviest, spread) for the whole micro-batch;
 since the three rows end below the old heaviest load, each kept move lowers either the heaviest load
 or the number of slots at it, so the search ends. All work is bounded by a total count of search
-nodes, so it is deterministic.
+nodes, so it is deterministic. ``repartition_search`` also reports where a search that ran out of
+nodes stopped, so that the caller can continue it with a further budget.
 """
 
 from __future__ import annotations
@@ -51,13 +52,33 @@ def repartition_members(
     nodes_per_try: int = NODES_PER_TRY,
 ) -> np.ndarray:
     """Improve ``members`` by exact three-slot re-partitions; returns the (possibly same) matrix."""
+    return repartition_search(sorted_costs, members, target, node_budget, nodes_per_try)[0]
+
+
+def repartition_search(
+    sorted_costs: np.ndarray,
+    members: np.ndarray,
+    target: int,
+    node_budget: int,
+    nodes_per_try: int = NODES_PER_TRY,
+    resume: int = 0,
+) -> tuple[np.ndarray, int | None]:
+    """``repartition_members`` that can be continued: returns (members, resume position).
+
+    The position is None when the search ended on its own (the target was reached, or no partner
+    pair of the heaviest slot gave an improvement): more nodes would only repeat the same tries.
+    Otherwise the node budget ran out in the middle of a pass over the partner pairs, and calling
+    again on the returned members with ``resume`` set to the position continues that pass where it
+    stopped (the pair that used the last nodes is tried again, in full) instead of starting over.
+    """
     num_slots, per_slot = members.shape
     if num_slots < GROUP or per_slot < 2 or node_budget <= 0:
-        return members
+        return members, None
     budget = node_budget
     cost_of = sorted_costs.tolist()
     loads = loads_of(sorted_costs, members)
     current = score(loads)
+    skip = resume
     while budget > 0 and current[0] > target:
         top = current[0]
         order = np.argsort(loads, kind="stable").tolist()
@@ -65,9 +86,11 @@ def repartition_members(
         load_list = loads.tolist()
         rows_list = members.tolist()
         improved = False
-        for a, b in _partner_pairs(order[:-1]):
+        for position, (a, b) in enumerate(_partner_pairs(order[:-1])):
+            if position < skip:
+                continue
             if budget <= 0:
-                break
+                return members, max(position - 1, 0)
             budget -= TRY_COST
             if -(-(top + load_list[a] + load_list[b]) // GROUP) >= top:
                 continue
@@ -92,5 +115,7 @@ def repartition_members(
                 improved = True
                 break
         if not improved:
-            break
-    return members
+            return members, None
+        skip = 0
+    # Left the loop after an improvement: at the target, or out of nodes before the next pass.
+    return members, (0 if current[0] > target else None)
