@@ -28,9 +28,12 @@ class RankGroups:
 
 
 def build_rank_groups(
-    topology: Topology, *, exchange_backend: str | None = None, timeout_s: float = 120.0
+    topology: Topology, *, exchange_backend: str = "gloo", timeout_s: float = 120.0
 ) -> RankGroups | None:
     """Collective over the whole world: every rank creates every module's groups in the same order.
+
+    The exchange group is Gloo unless asked otherwise: CPU bytes, safe beside a trainer's NCCL kernels
+    (an ``"nccl"`` exchange group needs ``RankLayout.exchange_device`` set to the rank's GPU).
 
     Ranks beyond the topology's world (spare ranks) take part in creating the groups and get None.
     """

@@ -77,7 +77,7 @@ class RecordingDataset(SyntheticProcessedDataset):
         return super().__getitem__(index)
 
 
-def run_graph(components, *, steps, dataset_size=4096, timeout_s=60.0, exchange_backend=None, **config_kwargs):
+def run_graph(components, *, steps, dataset_size=4096, timeout_s=60.0, exchange_backend="gloo", **config_kwargs):
     topology = build_topology(components)
     groups = build_rank_groups(topology, exchange_backend=exchange_backend, timeout_s=timeout_s)
     if groups is None:
