@@ -44,6 +44,11 @@ class BalancedIterator(GraphLoader):
             )
         super().load_state_dict(state_dict)
 
+    def close(self) -> None:
+        super().close()
+        if not self.restorable:
+            self._pending_state = None  # a plain iterator cannot be rewound: closing ends the iteration
+
     def __enter__(self) -> "BalancedIterator":
         return self
 
