@@ -25,7 +25,7 @@ def resolve_exchange_transport(requested: str, world_backend: str, overlap: bool
 
     ``auto`` takes NCCL only for an exchange on the training thread of an NCCL run; an overlapped exchange
     goes over Gloo, which cannot contend with the trainer's NCCL kernels (an overlapped NCCL exchange beside
-    a trainer's all-reduce was seen to hang; see docs/benchmarks.md).
+    a trainer's all-reduce hung once on two H200s, before a fix; see docs/benchmarks.md).
     """
     single_queue = device_max_connections is not None and device_max_connections.strip() == "1"
     if requested == "auto":
@@ -43,7 +43,7 @@ def resolve_exchange_transport(requested: str, world_backend: str, overlap: bool
     if requested == "nccl" and overlap:
         logging.getLogger(__name__).warning(
             "--exchange-transport nccl with overlap: NCCL kernels of the prefetch thread and of the trainer can "
-            "be ordered differently on different ranks; an NCCL run of this kind was seen to hang. "
+            "be ordered differently on different ranks (a run of this kind hung once, before a fix). "
             "--exchange-transport gloo keeps the overlap without that risk."
         )
     return requested
