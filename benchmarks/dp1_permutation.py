@@ -108,8 +108,8 @@ def main() -> int:
         pixel_mb = sum(s["pixel_values"].numel() * 4 for w in windows for s in w.microbatches[0]) / len(windows) / 1e6
         stream = [windows[i % len(windows)] for i in range(args.iterations + args.warmup)]
         ctx = ExchangeContext(group=None, dp_rank=0, dp_size=1, canonical_slots=args.slots, samples_per_rank=samples, window_size=1)
-        permute = time_next(lambda: BalanceExchange(iter(stream), ctx), args.iterations, args.warmup)
-        source = time_next(lambda: IterableWrapper(iter(stream)), args.iterations, args.warmup)
+        permute = time_next(lambda stream=stream: BalanceExchange(iter(stream), ctx), args.iterations, args.warmup)
+        source = time_next(lambda stream=stream: IterableWrapper(iter(stream)), args.iterations, args.warmup)
         # The balancing alone, on the same costs: what the permutation's time is made of.
         cost_rows = [[int(sample["cost"]) for sample in window.microbatches[0]] for window in windows]
         balance = time_next(lambda: IterableWrapper(balance_window([cost_rows[i % len(cost_rows)]], args.slots) for i in range(10**9)),
