@@ -10,6 +10,20 @@ from scenarios_faults import run_fault
 TIMEOUT_S = 20.0
 
 
+def check_one_module_failed(results, module, *, bad_global_rank, error, cause):
+    """DP rank 0 of ``module`` raised ``error``; its peer raised PeerError naming that rank and the cause;
+    the other module ran on; every rank returned within the timeout with no thread left."""
+    ranks = {r["dp_rank"]: r["outcome"] for r in results if r["module"] == module}
+    origin, peer = ranks[0], ranks[1]
+    assert origin[0] == error and cause in origin[1], origin
+    assert peer[0] == "PeerError", peer
+    assert f"rank {bad_global_rank} failed" in peer[1] and f"{error}: {cause}" in peer[1], peer
+    assert all(r["outcome"][0] == "ok" for r in results if r["module"] != module), "the other module was not affected"
+    for result in results:
+        assert result["outcome"][2] < TIMEOUT_S + 10
+        assert result["threads"] == [], f"threads left behind: {result['threads']}"
+
+
 @pytest.fixture(scope="module")
 def pool():
     pool = DistPool(4)
@@ -20,29 +34,13 @@ def pool():
 @pytest.mark.parametrize("overlap", [True, False])
 def test_source_error_on_one_rank_raises_on_every_rank_of_the_module(pool, overlap):
     results = pool.run(run_fault, "source", bad_rank=0, overlap=overlap, timeout_s=TIMEOUT_S)
-    language = {r["dp_rank"]: r for r in results if r["module"] == "language"}
-    images = [r for r in results if r["module"] == "images"]
-    origin, peer = language[0]["outcome"], language[1]["outcome"]
-    assert origin[0] == "OSError" and "storage read failed" in origin[1]
-    assert peer[0] == "PeerError", peer
-    assert "rank 0 failed" in peer[1] and "OSError: storage read failed" in peer[1]
-    assert all(r["outcome"][0] == "ok" for r in images), "the other module was not affected"
-    for result in results:
-        assert result["outcome"][2] < TIMEOUT_S + 10
-        assert result["threads"] == [], f"threads left behind: {result['threads']}"
+    check_one_module_failed(results, "language", bad_global_rank=0, error="OSError", cause="storage read failed")
 
 
 @pytest.mark.parametrize("overlap", [True, False])
 def test_worker_thread_error_on_one_rank_raises_on_every_rank_of_the_module(pool, overlap):
     results = pool.run(run_fault, "worker", bad_rank=2, overlap=overlap, timeout_s=TIMEOUT_S)
-    images = {r["dp_rank"]: r for r in results if r["module"] == "images"}
-    origin, peer = images[0]["outcome"], images[1]["outcome"]
-    assert origin[0] == "ValueError" and "cannot decode the image" in origin[1], origin
-    assert peer[0] == "PeerError" and "rank 2 failed" in peer[1] and "cannot decode the image" in peer[1], peer
-    assert all(r["outcome"][0] == "ok" for r in results if r["module"] == "language")
-    for result in results:
-        assert result["outcome"][2] < TIMEOUT_S + 10
-        assert result["threads"] == [], f"threads left behind: {result['threads']}"
+    check_one_module_failed(results, "images", bad_global_rank=2, error="ValueError", cause="cannot decode the image")
 
 
 @pytest.mark.parametrize("overlap", [True, False])
