@@ -49,9 +49,6 @@ class ModuleSpec:
     def grid_shape(self) -> list[int]:
         return [self.tp, self.cp, self.etp, self.pp, self.dp]
 
-    def to_spec(self) -> str:
-        return f"{self.name}=tp={self.tp},cp={self.cp},pp={self.pp},dp={self.dp},etp={self.etp},rank_offset={self.rank_offset}"
-
 
 @dataclass(frozen=True)
 class RankPosition:

@@ -19,7 +19,3 @@ class Window:
     first_step: int
     microbatches: list[list[Sample]] | list[dict[str, Any]]
     collated: bool = False
-
-    @property
-    def steps(self) -> range:
-        return range(self.first_step, self.first_step + len(self.microbatches))

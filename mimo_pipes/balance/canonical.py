@@ -29,13 +29,6 @@ def canonical_slots(members: np.ndarray, order: np.ndarray, offset: int = 0) -> 
     return rows.tolist()
 
 
-def canonicalize(slots: list[list[int]]) -> list[list[int]]:
-    """Canonical order for an assignment given as lists of indices."""
-    rows = [sorted(int(i) for i in slot) for slot in slots]
-    rows.sort(key=lambda row: (len(row) == 0, row[0] if row else 0))
-    return rows
-
-
 def loads_of(sorted_costs: np.ndarray, members: np.ndarray) -> np.ndarray:
     """Per-slot loads of a rank-space assignment."""
     if members.size == 0:

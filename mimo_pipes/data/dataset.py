@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mimo_pipes.data.cache import build_atomically, cache_root
+from mimo_pipes.data.paths import existing_folder
 from mimo_pipes.errors import ConfigError
 
 DATASET_VERSION = "v1"
@@ -25,12 +26,8 @@ def default_dataset_path(num_samples: int = DEFAULT_NUM_SAMPLES, seed: int = 0) 
 
 def check_dataset_path(path: str | Path) -> Path:
     """Fail with ``ConfigError('--dataset', ...)`` unless ``path`` is a folder written by ``save_to_disk``."""
-    p = Path(path).expanduser()
     hint = "pass a folder written by datasets' save_to_disk with columns images, prompt and response"
-    if not p.exists():
-        raise ConfigError("--dataset", f"{str(path)!r} does not exist; {hint}")
-    if not p.is_dir():
-        raise ConfigError("--dataset", f"{str(path)!r} is not a folder; {hint}")
+    p = existing_folder(path, "--dataset", hint)
     is_dataset = (p / "dataset_info.json").is_file() and (p / "state.json").is_file()
     is_dict = (p / "dataset_dict.json").is_file()
     if not (is_dataset or is_dict):

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from mimo_pipes.data.cache import build_atomically, cache_root
+from mimo_pipes.data.paths import existing_folder
 from mimo_pipes.cost import image_token_count as count_image_tokens  # noqa: F401 - re-exported
 from mimo_pipes.errors import ConfigError, SampleError
 from mimo_pipes.sample import SAMPLE_ID
@@ -140,12 +141,8 @@ def default_processor_path() -> Path:
 
 def check_processor_path(path: str | Path) -> Path:
     """Fail with ``ConfigError('--processor', ...)`` unless ``path`` looks like a saved processor folder."""
-    p = Path(path).expanduser()
     hint = "pass a folder written by save_pretrained with a tokenizer and a Qwen2-VL-style image processor"
-    if not p.exists():
-        raise ConfigError("--processor", f"{str(path)!r} does not exist; {hint}")
-    if not p.is_dir():
-        raise ConfigError("--processor", f"{str(path)!r} is not a folder; {hint}")
+    p = existing_folder(path, "--processor", hint)
     if not any((p / f).is_file() for f in _TOKENIZER_FILES):
         raise ConfigError("--processor", f"{str(path)!r} holds no tokenizer ({' or '.join(_TOKENIZER_FILES)}); {hint}")
     if not any((p / f).is_file() for f in _IMAGE_PROCESSOR_FILES):
