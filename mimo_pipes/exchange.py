@@ -114,9 +114,9 @@ def _agree(ctx: ExchangeContext, status: int, sequence: int, window: Window | No
     if len(set(statuses)) > 1:
         ended = [rank for rank, value in enumerate(statuses) if value == STATUS_END]
         raise PeerError(_global_rank(ctx, ended[0]), "its data ended while other ranks of the module still had data")
-    if len(set(gathered[:, 3].tolist())) > 1 or len(set(gathered[:, 1].tolist())) > 1 or len(set(gathered[:, 2].tolist())) > 1:
-        rows = gathered[:, 1:4].tolist()
-        raise PeerError(None, f"ranks are out of step (micro-batches, first step, sequence per rank: {rows})")
+    shapes = gathered[:, 1:HEADER]  # micro-batches, first step, sequence: identical on every rank
+    if (shapes != shapes[0]).any():
+        raise PeerError(None, f"ranks are out of step (micro-batches, first step, sequence per rank: {shapes.tolist()})")
     return gathered
 
 
