@@ -46,7 +46,7 @@ def make_windows(samples: int, slots: int, count: int, dataset_size: int, patch_
             return items[index]
 
     node: BaseNode = CanonicalShardReader(
-        Cached(), microbatch_size=samples, dp_rank=0, dp_size=1, canonical_slots=slots, seed=seed, dataloader_type="cyclic"
+        Cached(), microbatch_size=samples, dp_rank=0, dp_size=1, grid_size=slots, seed=seed, dataloader_type="cyclic"
     )
     node = CostAnnotator(node, image_token_id=IMAGE_TOKEN_ID, encoder_weight=1, language_weight=0)
     node = Windower(node, samples_per_microbatch=samples, window_size=1)
@@ -107,7 +107,7 @@ def main() -> int:
         windows = make_windows(samples, args.slots, args.distinct_windows, max(64, samples), args.patch_dim, args.seed)
         pixel_mb = sum(s["pixel_values"].numel() * 4 for w in windows for s in w.microbatches[0]) / len(windows) / 1e6
         stream = [windows[i % len(windows)] for i in range(args.iterations + args.warmup)]
-        ctx = ExchangeContext(group=None, dp_rank=0, dp_size=1, canonical_slots=args.slots, samples_per_rank=samples, window_size=1)
+        ctx = ExchangeContext(group=None, dp_rank=0, dp_size=1, grid_size=args.slots, samples_per_rank=samples, window_size=1)
         permute = time_next(lambda stream=stream: BalanceExchange(iter(stream), ctx), args.iterations, args.warmup)
         source = time_next(lambda stream=stream: IterableWrapper(iter(stream)), args.iterations, args.warmup)
         # The balancing alone, on the same costs: what the permutation's time is made of.

@@ -5,7 +5,7 @@ for one module of DP 2 (``language=dp=2``) or, with ``--ranks 4``, ``language=dp
 Samples are SyntheticProcessedDataset's: Qwen2-VL-sized pixel rows (``--patch-dim 1176``) with its
 image-token mix, micro-batch 8 (4 samples per rank). Three measurements, in the same processes:
 
-1. Overlap. Each rank's training thread loops ``next()`` on the graph build_graph makes (map_fn=None),
+1. Overlap. Each rank's training thread loops ``next()`` on the graph recipes/vlm_sft.py's pipeline makes (map_fn=None),
    then simulates compute for ``--compute-ms`` (sleep: the thread waits as it would on a GPU) and then
    all-reduces one number over its DP group (the gradient all-reduce that keeps ranks in step). Three
    modes, interleaved round by round: reordering with overlap, without overlap, and no reordering. The
@@ -243,17 +243,18 @@ def _training_run(env: dict, opts: dict, mode: str, window: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from mimo_pipes.graph import RankLayout, build_graph
+    from mimo_pipes.exchange import RankLayout
     from mimo_pipes.loader import graph_nodes
     from mimo_pipes.nodes.balance_exchange import BalanceExchange
     from mimo_pipes.testing import IMAGE_TOKEN_ID
+    from mimo_pipes_recipes.vlm_sft import pipeline
 
     groups, topology, probe, next_probe = env["groups"], env["topology"], env["probe"], env["next_probe"]
     config = _config(env["components"], opts, mode, window)
     config.validate(world_size=topology.world_size)
     position = groups.position
-    layout = RankLayout(position.dp_rank, position.dp_size, topology.canonical_slots, groups.exchange_group, env["device"])
-    loader = build_graph(env["dataset"], config, layout, map_fn=None, image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES)
+    layout = RankLayout(position.dp_rank, position.dp_size, topology.grid_size, groups.exchange_group, env["device"])
+    loader = pipeline(env["dataset"], config, layout, map_fn=None, image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES)
     node = next((n for n in graph_nodes(loader.root) if isinstance(n, BalanceExchange)), None)
     steps = -(-opts["steps"] // window) * window
     warmup = -(-opts["warmup"] // window) * window
@@ -360,7 +361,7 @@ def _make_windows(env: dict, opts: dict, window: int, count: int) -> list:
         microbatch_size=opts["micro_batch_size"],
         dp_rank=position.dp_rank,
         dp_size=position.dp_size,
-        canonical_slots=topology.canonical_slots,
+        grid_size=topology.grid_size,
         seed=opts["seed"] + 1,  # other windows than the training runs'
         dataloader_type="cyclic",
     )
@@ -394,7 +395,7 @@ def _bandwidth(env: dict, opts: dict, window: int) -> dict:
         group=groups.exchange_group,
         dp_rank=position.dp_rank,
         dp_size=position.dp_size,
-        canonical_slots=topology.canonical_slots,
+        grid_size=topology.grid_size,
         samples_per_rank=opts["micro_batch_size"] // position.dp_size,
         window_size=window,
         device=device,
@@ -490,7 +491,7 @@ def collation_contention(opts: dict, repeats: int = 40, rounds: int = 3) -> dict
     import torch
 
     from mimo_pipes.collate import collate_microbatch
-    from mimo_pipes.packing import layout_sample, unpack_samples
+    from mimo_pipes.exchange.wire_format import layout_sample, unpack_samples
     from mimo_pipes.testing import SyntheticProcessedDataset
 
     torch.set_num_threads(1)
@@ -555,7 +556,7 @@ def rank_main(rank: int, world_size: int, opts: dict) -> dict:
     import torch
     import torch.distributed as dist
 
-    from mimo_pipes.process_groups import build_rank_groups
+    from mimo_pipes.exchange.process_groups import build_rank_groups
     from mimo_pipes.testing import SyntheticProcessedDataset
     from mimo_pipes.topology import build_topology
 

@@ -196,7 +196,7 @@ class PipelineConfig:
         batch = self.micro_batch_size
         if batch < 1:
             raise ConfigError(flag("micro_batch_size"), f"must be >= 1, got {batch}")
-        slots = topology.canonical_slots
+        slots = topology.grid_size
         if batch % slots:
             raise ConfigError(
                 flag("micro_batch_size"),

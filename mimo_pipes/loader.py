@@ -10,7 +10,8 @@ from ``state_dict`` until then, and deep-copies every state it hands out or take
 from __future__ import annotations
 
 import copy
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from torchdata.nodes import BaseNode, Loader, ParallelMapper, Unbatcher
 

@@ -8,9 +8,9 @@ order ``tp, cp, ep, pp, dp`` (tp varies fastest), which is how Megatron MIMO bui
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import reduce
-from typing import Iterable, Sequence
 
 from mimo_pipes.errors import ConfigError
 
@@ -96,13 +96,13 @@ def canonical_slot_count(dp_sizes: Iterable[int]) -> int:
     return reduce(math.lcm, dp_sizes, 1)
 
 
-def owned_slots(dp_rank: int, dp_size: int, canonical_slots: int) -> range:
+def owned_slots(dp_rank: int, dp_size: int, grid_size: int) -> range:
     """Slots [r*G/d, (r+1)*G/d) belong to DP rank r of a module with DP size d."""
-    if canonical_slots % dp_size:
-        raise ValueError(f"dp size {dp_size} does not divide the canonical grid {canonical_slots}")
+    if grid_size % dp_size:
+        raise ValueError(f"dp size {dp_size} does not divide the canonical grid {grid_size}")
     if not 0 <= dp_rank < dp_size:
         raise ValueError(f"dp rank {dp_rank} outside [0, {dp_size})")
-    per_rank = canonical_slots // dp_size
+    per_rank = grid_size // dp_size
     return range(dp_rank * per_rank, (dp_rank + 1) * per_rank)
 
 
@@ -133,7 +133,7 @@ class Topology:
         return sum(module.size for module in self.modules)
 
     @property
-    def canonical_slots(self) -> int:
+    def grid_size(self) -> int:
         return canonical_slot_count(module.dp for module in self.modules)
 
     @property

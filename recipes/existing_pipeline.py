@@ -11,23 +11,26 @@ shows one way to write the reader: a torch Sampler over this rank's positions, S
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from torch.utils.data import Sampler
 from torchdata.nodes import BaseNode, Mapper, ParallelMapper, SamplerWrapper
 
+from mimo_pipes.adapters.microbatch_iterator import validate_settings
+from mimo_pipes.collate import Collator
 from mimo_pipes.config import ReorderConfig
-from mimo_pipes.graph import RankLayout, balance_tail, reorder_window_size, window_start
+from mimo_pipes.exchange import ExchangeContext, RankLayout
 from mimo_pipes.loader import GraphLoader
-from mimo_pipes.nodes.snapshot_guard import SnapshotGuard
+from mimo_pipes.nodes import BalanceExchange, CostAnnotator, MicroBatchAssembler, SnapshotGuard, Windower
+from mimo_pipes.resume import reorder_window_size, resume_point
 from mimo_pipes.sample import SAMPLE_ID, STEP, Sample
 from mimo_pipes.sharding import shard_indices
-from mimo_pipes.wrap import validate_settings
 
 
 def first_step(reorder: ReorderConfig, consumed_microbatches: int = 0) -> int:
     """The global micro-batch your reader must start at to resume after ``consumed_microbatches``."""
-    return window_start(consumed_microbatches, reorder_window_size(reorder))
+    return resume_point(consumed_microbatches, reorder_window_size(reorder)).first_step
 
 
 def build(
@@ -50,18 +53,21 @@ def build(
     restoring it restores your reader.
     """
     validate_settings(reorder, layout, micro_batch_size, seq_length, pad_to_seq_length)
-    start = first_step(reorder, consumed_microbatches)
-    root = balance_tail(
-        samples,
-        reorder,
-        layout,
-        samples_per_rank=micro_batch_size // layout.dp_size,
-        image_token_id=image_token_id,
-        pad_values=pad_values,
-        pad_length=seq_length if pad_to_seq_length else None,
-        skip_first=consumed_microbatches - start,
-    )
-    return GraphLoader(root, start_count=consumed_microbatches)
+    window_size = reorder_window_size(reorder)
+    resume = resume_point(consumed_microbatches, window_size)
+    samples_per_rank = micro_batch_size // layout.dp_size
+    encoder_weight, language_weight = reorder.integer_cost_weights()
+    collator = Collator(seq_length if pad_to_seq_length else None, dict(pad_values))
+
+    node: BaseNode[Any] = CostAnnotator(samples, image_token_id=image_token_id, encoder_weight=encoder_weight, language_weight=language_weight)
+    node = Windower(node, samples_per_microbatch=samples_per_rank, window_size=window_size)
+    if reorder.intra_microbatch_reorder:
+        exchange = ExchangeContext.for_layout(
+            layout, samples_per_rank=samples_per_rank, window_size=window_size, across_microbatches=reorder.reorder_across_microbatches
+        )
+        node = BalanceExchange(node, exchange, overlap=reorder.overlap_intra_microbatch_reorder, collator=collator)
+    node = MicroBatchAssembler(node, collator=collator, skip_first=resume.skip_first)
+    return GraphLoader(node, start_count=resume.consumed)
 
 
 class RankShardSampler(Sampler):

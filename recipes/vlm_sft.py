@@ -1,21 +1,81 @@
 """Recipe: a Qwen2-VL-style SFT graph for one module rank of a non-colocated MIMO run.
 
-source (HF dataset) -> CanonicalShardReader -> processor (threads) -> CostAnnotator -> Windower
--> BalanceExchange (when reordering) -> MicroBatchAssembler -> GraphLoader.
-
-Every module builds the same graph from the same data; only its DP layout differs.
+Every module builds the same graph from the same data; only its DP layout differs. Copy this file to
+build your own: :func:`pipeline` is the whole graph, one node per line.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
+from torchdata.nodes import BaseNode, ParallelMapper
+
+from mimo_pipes.collate import Collator
 from mimo_pipes.config import PipelineConfig
 from mimo_pipes.data.dataset import check_dataset_path, default_dataset_path, open_dataset
-from mimo_pipes.errors import ConfigError
 from mimo_pipes.data.processor import check_processor_path, default_processor_path, load_processor
-from mimo_pipes.graph import RankLayout, build_graph
+from mimo_pipes.errors import ConfigError
+from mimo_pipes.exchange import ExchangeContext, RankLayout
 from mimo_pipes.loader import GraphLoader
+from mimo_pipes.nodes import (
+    BalanceExchange,
+    CanonicalShardReader,
+    CostAnnotator,
+    MicroBatchAssembler,
+    SnapshotGuard,
+    Windower,
+)
+from mimo_pipes.nodes.canonical_shard_reader import MapStyleDataset
+from mimo_pipes.resume import reorder_window_size, resume_point
+from mimo_pipes.sample import Sample
+
+
+def pipeline(
+    dataset: MapStyleDataset,
+    config: PipelineConfig,
+    layout: RankLayout,
+    *,
+    map_fn: Callable[[Sample], Sample] | None,
+    image_token_id: int,
+    pad_values: Mapping[str, int | float],
+    consumed_microbatches: int = 0,
+) -> GraphLoader:
+    """This rank's loader over ``dataset`` (rows that ``map_fn`` turns into samples of unpadded tensors).
+
+    ``consumed_microbatches`` resumes from a Megatron-style count alone: the same stream as restoring
+    the loader's full state."""
+    reorder = config.reorder
+    window_size = reorder_window_size(reorder)
+    resume = resume_point(consumed_microbatches, window_size)
+    samples_per_rank = config.micro_batch_size // layout.dp_size
+    encoder_weight, language_weight = reorder.integer_cost_weights()
+    collator = Collator(config.seq_length if config.pad_to_seq_length else None, dict(pad_values))
+
+    # This rank's B/d samples of every global micro-batch, from the window that holds the next one.
+    node: BaseNode[Any] = CanonicalShardReader(
+        dataset,
+        microbatch_size=config.micro_batch_size,
+        dp_rank=layout.dp_rank,
+        dp_size=layout.dp_size,
+        grid_size=layout.grid_size,
+        seed=config.seed,
+        dataloader_type=config.dataloader_type,
+        start_step=resume.first_step,
+    )
+    if map_fn is not None:
+        # ParallelMapper keeps its source's state as snapshots without copying: SnapshotGuard hands it copies.
+        node = ParallelMapper(SnapshotGuard(node), map_fn, num_workers=max(config.num_workers, 1), in_order=True, method="thread")
+    node = CostAnnotator(node, image_token_id=image_token_id, encoder_weight=encoder_weight, language_weight=language_weight)
+    node = Windower(node, samples_per_microbatch=samples_per_rank, window_size=window_size)
+    if reorder.intra_microbatch_reorder:
+        exchange = ExchangeContext.for_layout(
+            layout, samples_per_rank=samples_per_rank, window_size=window_size, across_microbatches=reorder.reorder_across_microbatches
+        )
+        # Collates each window right after moving it (on the prefetch thread with overlap).
+        node = BalanceExchange(node, exchange, overlap=reorder.overlap_intra_microbatch_reorder, collator=collator)
+    node = MicroBatchAssembler(node, collator=collator, skip_first=resume.skip_first)
+    return GraphLoader(node, start_count=resume.consumed)
 
 
 def dataset_path(config: PipelineConfig) -> str:
@@ -34,21 +94,18 @@ def prepare(config: PipelineConfig, log: Callable[[str], None] = print) -> None:
         log(f"embedded dataset: {config.embedded_samples} synthetic VLM samples")
     if config.processor is not None:
         check_processor_path(config.processor)
-    dataset_path(config)
-    processor = load_processor(processor_path(config), config.seq_length)
+    load_processor(processor_path(config), config.seq_length)
     log(f"processor: {processor_path(config)}")
     dataset = open_dataset(dataset_path(config))
     if len(dataset) < config.micro_batch_size:
         raise ConfigError("--dataset", f"{len(dataset)} samples are fewer than one micro-batch of {config.micro_batch_size}")
-    del processor
 
 
 def build(config: PipelineConfig, layout: RankLayout, *, consumed_microbatches: int = 0) -> GraphLoader:
     """This rank's loader; ``consumed_microbatches`` resumes from a Megatron-style count."""
-    dataset = open_dataset(dataset_path(config))
     processor = load_processor(processor_path(config), config.seq_length)
-    return build_graph(
-        dataset,
+    return pipeline(
+        open_dataset(dataset_path(config)),
         config,
         layout,
         map_fn=processor,

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # One-time set-up of .venv: CPU torch first (so nothing pulls a multi-GB CUDA build), then the package.
+# Quiet when it works; prints pip's own output when a step fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
@@ -7,8 +8,17 @@ if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
 . .venv/bin/activate
-python -m pip install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+step() {
+    if ! "$@" >"$log" 2>&1; then
+        cat "$log" >&2
+        echo "set-up failed: $*" >&2
+        exit 1
+    fi
+}
+step python -m pip install -q --upgrade pip
 # torch 2.13.0 is the CPU build this environment keeps on disk; set TORCH_SPEC to choose another.
-python -m pip install -q "${TORCH_SPEC:-torch==2.13.0}" 2>&1 | grep -v "is ignored" || true
-python -m pip install -q -e ".[test]" 2>&1 | grep -v "is ignored" || true
+step python -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
+step python -m pip install -q -e ".[test]"
 python -W ignore -c "import torch, torchdata, megatron.core, transformers, datasets, mimo_pipes; print('set-up ok: torch', torch.__version__)"

@@ -13,7 +13,8 @@ import os
 import socket
 import sys
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -101,7 +102,7 @@ class DistPool:
         for connection in self.connections:
             connection.send(task)
         outcomes = []
-        for rank, connection in enumerate(self.connections):
+        for connection in self.connections:
             if not connection.poll(timeout):
                 outcomes.append(("timeout", None))
                 continue

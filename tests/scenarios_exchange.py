@@ -5,11 +5,12 @@ from __future__ import annotations
 import torch
 
 from mimo_pipes.config import PipelineConfig, ReorderConfig
-from mimo_pipes.graph import RankLayout, build_graph
+from mimo_pipes.exchange import RankLayout
+from mimo_pipes.exchange.process_groups import build_rank_groups
 from mimo_pipes.loader import graph_nodes
-from mimo_pipes.process_groups import build_rank_groups
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset, check_sample
 from mimo_pipes.topology import build_topology
+from mimo_pipes_recipes.vlm_sft import pipeline
 
 PAD_VALUES = {"input_ids": 0, "labels": -100}
 
@@ -88,8 +89,8 @@ def run_graph(components, *, steps, dataset_size=4096, timeout_s=60.0, exchange_
     reference = SyntheticProcessedDataset(dataset_size, seed=config.seed)
     position = groups.position
     device = torch.device("cuda", torch.cuda.current_device()) if exchange_backend == "nccl" else None
-    layout = RankLayout(position.dp_rank, position.dp_size, topology.canonical_slots, groups.exchange_group, device)
-    loader = build_graph(dataset, config, layout, map_fn=None, image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES)
+    layout = RankLayout(position.dp_rank, position.dp_size, topology.grid_size, groups.exchange_group, device)
+    loader = pipeline(dataset, config, layout, map_fn=None, image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES)
     records = []
     try:
         for batch in loader:
@@ -121,13 +122,13 @@ def run_thread_lifecycle(components, *, microbatch_size=8, window_size=2):
     if groups is None:
         return None
     position = groups.position
-    layout = RankLayout(position.dp_rank, position.dp_size, topology.canonical_slots, groups.exchange_group)
+    layout = RankLayout(position.dp_rank, position.dp_size, topology.grid_size, groups.exchange_group)
 
     def new_loader(dataset_size, dataloader_type="cyclic"):
         config = make_config(components, microbatch_size=microbatch_size, window_size=window_size,
                              dataloader_type=dataloader_type)
         dataset = SyntheticProcessedDataset(dataset_size, seed=0)
-        return build_graph(dataset, config, layout, map_fn=None, image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES)
+        return pipeline(dataset, config, layout, map_fn=None, image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES)
 
     def exchange_node(loader):
         return next(node for node in graph_nodes(loader.root) if isinstance(node, BalanceExchange))

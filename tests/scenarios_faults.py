@@ -7,12 +7,13 @@ import threading
 import time
 
 import torch.distributed as dist
+from scenarios_exchange import PAD_VALUES, make_config
 
-from mimo_pipes.graph import RankLayout, build_graph
-from mimo_pipes.process_groups import build_rank_groups
+from mimo_pipes.exchange import RankLayout
+from mimo_pipes.exchange.process_groups import build_rank_groups
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
 from mimo_pipes.topology import build_topology
-from scenarios_exchange import PAD_VALUES, make_config
+from mimo_pipes_recipes.vlm_sft import pipeline
 
 COMPONENTS = ["language=dp=2", "images=dp=2,rank_offset=2"]
 
@@ -59,9 +60,9 @@ def run_fault(mode: str, *, bad_rank: int, overlap: bool, timeout_s: float = 20.
     bad_index = int(global_microbatch_indices(3, 4096, 8, 1, True)[(bad_rank % 2) * 4 + 1])
     faulty = dist.get_rank() == bad_rank or mode == "packing"
     dataset = FaultyDataset(4096, seed=1, bad_index=bad_index if faulty and mode != "worker" else -1, mode=mode)
-    layout = RankLayout(position.dp_rank, position.dp_size, topology.canonical_slots, groups.exchange_group)
+    layout = RankLayout(position.dp_rank, position.dp_size, topology.grid_size, groups.exchange_group)
     map_fn = FailingProcessor(bad_index if faulty else -1) if mode == "worker" else None
-    loader = build_graph(dataset, config, layout, map_fn=map_fn, image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES)
+    loader = pipeline(dataset, config, layout, map_fn=map_fn, image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES)
     started = time.monotonic()
     if mode == "exit" and dist.get_rank() == bad_rank:
         next(iter(loader))

@@ -4,18 +4,19 @@ wrapped around a user's iterator of collated micro-batches."""
 from __future__ import annotations
 
 import torch
+from scenarios_exchange import PAD_VALUES, check_batch, make_config, rank_result
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from mimo_pipes.adapters.microbatch_iterator import balance_iterator
 from mimo_pipes.collate import collate_microbatch
-from mimo_pipes.graph import RankLayout, build_graph
-from mimo_pipes.process_groups import build_rank_groups
+from mimo_pipes.exchange import RankLayout
+from mimo_pipes.exchange.process_groups import build_rank_groups
 from mimo_pipes.sample import SAMPLE_ID, STEP
 from mimo_pipes.sharding import global_microbatch_indices, shard_indices
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
 from mimo_pipes.topology import build_topology
-from mimo_pipes.wrap import balance_iterator
 from mimo_pipes_recipes.existing_pipeline import build, example_samples
-from scenarios_exchange import PAD_VALUES, check_batch, make_config, rank_result
+from mimo_pipes_recipes.vlm_sft import pipeline
 
 DATASET_SIZE = 4096
 SEQ_LENGTH = 2048  # the longest synthetic sample has 1569 tokens
@@ -29,7 +30,7 @@ def _rank(components, timeout_s=60.0):
     if groups is None:
         return None
     position = groups.position
-    return position, RankLayout(position.dp_rank, position.dp_size, topology.canonical_slots, groups.exchange_group)
+    return position, RankLayout(position.dp_rank, position.dp_size, topology.grid_size, groups.exchange_group)
 
 
 def _wrapper_config(components, microbatch_size, window_size, across, seed):
@@ -138,7 +139,7 @@ def run_wrapper_vs_graph(components, *, steps, microbatch_size, seed, with_ids, 
     config = _wrapper_config(components, microbatch_size, window_size, across, seed)
     config.validate(world_size=build_topology(components).world_size)
     dataset = SyntheticProcessedDataset(DATASET_SIZE, seed=seed)
-    graph = build_graph(dataset, config, layout, map_fn=None, image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES)
+    graph = pipeline(dataset, config, layout, map_fn=None, image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES)
     try:
         expected = [next(graph) for _ in range(steps)]
     finally:

@@ -7,12 +7,13 @@ import json
 import time
 
 import torch
+from scenarios_exchange import PAD_VALUES, make_config
 
-from mimo_pipes.graph import RankLayout, build_graph
-from mimo_pipes.process_groups import build_rank_groups
+from mimo_pipes.exchange import RankLayout
+from mimo_pipes.exchange.process_groups import build_rank_groups
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
 from mimo_pipes.topology import build_topology
-from scenarios_exchange import PAD_VALUES, make_config
+from mimo_pipes_recipes.vlm_sft import pipeline
 
 
 def mark_processed(sample: dict) -> dict:
@@ -42,11 +43,11 @@ def resume_points(components, *, steps, points, dataset_size=160, settle_s=0.3, 
     position = groups.position
     config = make_config(components, **config_kwargs)
     config.validate(world_size=topology.world_size)
-    layout = RankLayout(position.dp_rank, position.dp_size, topology.canonical_slots, groups.exchange_group)
+    layout = RankLayout(position.dp_rank, position.dp_size, topology.grid_size, groups.exchange_group)
 
     def new_loader(consumed: int = 0):
         dataset = SyntheticProcessedDataset(dataset_size, seed=config.seed)
-        return build_graph(dataset, config, layout, map_fn=mark_processed, image_token_id=IMAGE_TOKEN_ID,
+        return pipeline(dataset, config, layout, map_fn=mark_processed, image_token_id=IMAGE_TOKEN_ID,
                            pad_values=PAD_VALUES, consumed_microbatches=consumed)
 
     def consume(loader, count):

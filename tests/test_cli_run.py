@@ -44,7 +44,7 @@ def test_default_layout_runs_and_prints_the_summary(uninterrupted):
     assert lines["language"][3:5] == lines["images"][3:5]
     assert float(lines["language"][6]) <= float(lines["language"][5])
     assert sorted(dumps) == [0, 1, 2, 3]
-    for rank, records in dumps.items():
+    for records in dumps.values():
         assert [r["step"] for r in records] == list(range(6))
         for record in records:
             assert set(record) == {"module", "dp_rank", "dp_size", "step", "sample_ids", "image_tokens", "real_tokens"}

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mimo_pipes.exchange_plan import (
+from mimo_pipes.exchange.plan import (
     ExchangePlan,
     destinations,
     local_flat_indices,

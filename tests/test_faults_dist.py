@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from dist_pool import DistPool
 from scenarios_faults import run_fault
 

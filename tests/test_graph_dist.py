@@ -4,7 +4,6 @@ without reordering, then the balance exchange."""
 from __future__ import annotations
 
 import pytest
-
 from dist_pool import DistPool
 from layout_checks import baseline_spread, check_fanout, check_invariants, vision_spread
 from scenarios_exchange import run_graph, run_thread_lifecycle

@@ -6,8 +6,9 @@ from __future__ import annotations
 import threading
 
 from mimo_pipes.config import PipelineConfig, ReorderConfig
-from mimo_pipes.graph import RankLayout, build_graph
+from mimo_pipes.exchange import RankLayout
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
+from mimo_pipes_recipes.vlm_sft import pipeline
 
 
 def tag(sample: dict) -> dict:
@@ -22,7 +23,7 @@ def graph():
         num_workers=2,
         reorder=ReorderConfig(scalable_dp=True, intra_microbatch_reorder=True, reorder_window_size=3),
     )
-    return build_graph(SyntheticProcessedDataset(64), config, RankLayout(0, 1, 1), map_fn=tag,
+    return pipeline(SyntheticProcessedDataset(64), config, RankLayout(0, 1, 1), map_fn=tag,
                        image_token_id=IMAGE_TOKEN_ID, pad_values={})
 
 

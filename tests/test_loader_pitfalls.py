@@ -43,7 +43,7 @@ class CountingSource(BaseNode[dict]):
 
 def graph(window_size: int = 3) -> BaseNode:
     windows = Windower(CountingSource(), samples_per_microbatch=2, window_size=window_size)
-    return MicroBatchAssembler(windows, pad_length=None)
+    return MicroBatchAssembler(windows)
 
 
 def ids(batches) -> list[list[int]]:

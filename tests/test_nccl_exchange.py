@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from dist_pool import DistPool
 from layout_checks import baseline_spread, check_invariants, vision_spread
 from scenarios_exchange import run_graph

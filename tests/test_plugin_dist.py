@@ -5,20 +5,19 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from dist_pool import DistPool
 from layout_checks import baseline_spread, check_fanout, check_invariants, vision_spread
 from scenarios_exchange import PAD_VALUES
 from scenarios_plugin import run_recipe, run_wrapper_resume, run_wrapper_vs_graph
 
+from mimo_pipes.adapters.microbatch_iterator import balance_iterator
 from mimo_pipes.collate import collate_microbatch
 from mimo_pipes.config import ReorderConfig
 from mimo_pipes.errors import ConfigError, SampleError
-from mimo_pipes.graph import RankLayout
+from mimo_pipes.exchange import RankLayout
 from mimo_pipes.nodes.uncollate import Uncollate
 from mimo_pipes.sample import SAMPLE_ID, SLOT, STEP
 from mimo_pipes.testing import IMAGE_TOKEN_ID, MERGE, TEXT_TOKEN_ID, SyntheticProcessedDataset
-from mimo_pipes.wrap import balance_iterator
 from mimo_pipes_recipes.existing_pipeline import build
 
 WORLD = 4

@@ -4,7 +4,6 @@ windows in flight, at an epoch's end and in the next epoch; overlap on and off; 
 from __future__ import annotations
 
 import pytest
-
 from dist_pool import DistPool
 from scenarios_resume import resume_points
 

@@ -55,7 +55,7 @@ def test_fanout_pairs_encoder_slots_with_language_slots(encoder_dp, k, per_slot)
 @settings(max_examples=60, deadline=None)
 @given(st.integers(1, 3), st.integers(1, 2), st.integers(1, 3), st.integers(1, 4), st.integers(0, 5))
 def test_rank_position_matches_megatron_hypercommgrid(tp, cp, pp, dp, offset):
-    from mimo_pipes.process_groups import HyperCommGrid
+    from mimo_pipes.exchange.process_groups import HyperCommGrid
 
     module = ModuleSpec("language", tp=tp, cp=cp, pp=pp, dp=dp, rank_offset=offset)
     filler = [ModuleSpec("images", rank_offset=0, dp=offset)] if offset else []
@@ -93,4 +93,4 @@ def test_tiling_names_the_missing_and_the_doubled_rank():
     with pytest.raises(ConfigError, match="rank 4 belongs to no module"):
         build_topology(["language=dp=2", "images=dp=2,rank_offset=2"], world_size=5)
     topology = build_topology(["language=tp=2,dp=2", "images=dp=2,rank_offset=4"])
-    assert topology.world_size == 6 and topology.canonical_slots == 2
+    assert topology.world_size == 6 and topology.grid_size == 2

@@ -20,7 +20,7 @@ def sort_order(costs: np.ndarray) -> np.ndarray:
     return np.argsort(-costs, kind="stable")
 
 
-def canonical_slots(members: np.ndarray, order: np.ndarray, offset: int = 0) -> list[list[int]]:
+def slots_in_canonical_order(members: np.ndarray, order: np.ndarray, offset: int = 0) -> list[list[int]]:
     """Map a rank-space assignment back to sample indices (+ ``offset``) in canonical order."""
     if members.size == 0:
         return [[] for _ in range(members.shape[0])]

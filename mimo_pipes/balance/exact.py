@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
-from mimo_pipes.balance.canonical import canonical_slots, sort_order
+from mimo_pipes.balance.canonical import slots_in_canonical_order, sort_order
 from mimo_pipes.balance.quality import sorted_lower_bound
 from mimo_pipes.balance.validate import check_costs
 
@@ -181,7 +182,7 @@ def exact_assignment(
     incumbent = int(sorted_costs[start].sum(axis=1).max()) if start.size else 0
     result = exact_members(sorted_costs, num_slots, incumbent, node_limit=node_limit)
     members = start if result.members is None else result.members
-    return canonical_slots(members, order), result.proven
+    return slots_in_canonical_order(members, order), result.proven
 
 
 def partition_count(size: int, num_slots: int) -> int:

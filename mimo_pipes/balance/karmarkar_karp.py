@@ -12,11 +12,11 @@ the sorted costs alone.
 from __future__ import annotations
 
 import heapq
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-from mimo_pipes.balance.canonical import canonical_slots, sort_order
+from mimo_pipes.balance.canonical import slots_in_canonical_order, sort_order
 from mimo_pipes.balance.validate import check_costs
 
 
@@ -55,4 +55,4 @@ def karmarkar_karp_assignment(costs: Sequence[int], num_slots: int) -> list[list
     """Balanced Karmarkar-Karp differencing alone (no refinement): G lists of indices, canonical order."""
     array = check_costs(costs, num_slots)
     order = sort_order(array)
-    return canonical_slots(kk_members(array[order], num_slots), order)
+    return slots_in_canonical_order(kk_members(array[order], num_slots), order)

@@ -8,11 +8,11 @@ and :func:`mimo_pipes.balance.balance_microbatch` never returns anything worse t
 from __future__ import annotations
 
 import heapq
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-from mimo_pipes.balance.canonical import canonical_slots, sort_order
+from mimo_pipes.balance.canonical import slots_in_canonical_order, sort_order
 from mimo_pipes.balance.validate import check_costs
 
 
@@ -44,4 +44,4 @@ def lpt_assignment(costs: Sequence[int], num_slots: int) -> list[list[int]]:
     """Equal-count greedy LPT: G lists of indices, canonical order (see ``canonical``)."""
     array = check_costs(costs, num_slots)
     order = sort_order(array)
-    return canonical_slots(lpt_members(array[order], num_slots), order)
+    return slots_in_canonical_order(lpt_members(array[order], num_slots), order)

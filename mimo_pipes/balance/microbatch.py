@@ -19,12 +19,12 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from mimo_pipes.balance.best_fit import best_fit_members
-from mimo_pipes.balance.canonical import canonical_slots, loads_of, score, sort_order
+from mimo_pipes.balance.canonical import loads_of, score, slots_in_canonical_order, sort_order
 from mimo_pipes.balance.exact import enumerate_members, exact_members, partition_count
 from mimo_pipes.balance.karmarkar_karp import kk_members
 from mimo_pipes.balance.lpt import lpt_members
@@ -131,4 +131,4 @@ def balance_microbatch(costs: Sequence[int], num_slots: int) -> list[list[int]]:
     """
     array = check_costs(costs, num_slots)
     indices = plan_indices(array, int(num_slots))
-    return canonical_slots(indices, np.arange(array.shape[0], dtype=np.int64))
+    return slots_in_canonical_order(indices, np.arange(array.shape[0], dtype=np.int64))

@@ -20,7 +20,7 @@ When samples stay in their micro-batch, the window bound is the sum of the per-m
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -26,7 +26,7 @@ so the result is a function of the sorted costs and the starting matrix.
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 
@@ -43,7 +43,7 @@ _SENTINEL = 2**61
 FOCUSED_RAISE = False
 
 
-@lru_cache(maxsize=None)
+@cache
 def _pairs(per_slot: int) -> tuple[np.ndarray, np.ndarray]:
     first, second = np.triu_indices(per_slot, k=1)
     return first.astype(np.int64), second.astype(np.int64)

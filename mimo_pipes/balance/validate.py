@@ -8,7 +8,7 @@ of a window fits comfortably in 62 bits, so no sum or difference formed later ca
 from __future__ import annotations
 
 import operator
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

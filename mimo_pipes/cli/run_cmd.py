@@ -119,7 +119,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[PipelineConfig, JobOptio
 
 def validate_job(config: PipelineConfig, options: JobOptions) -> int:
     """All checks that can run before a rank starts; returns the world size."""
-    from mimo_pipes.job import check_resume_dir, world_backend  # imports torch: only for `run`
+    from mimo_pipes.cli.job import check_resume_dir, world_backend  # imports torch: only for `run`
 
     topology = config.validate()
     if config.reorder.intra_microbatch_reorder:
@@ -184,16 +184,12 @@ def _run_under_torchrun(config: PipelineConfig, options: JobOptions, world_size:
 
 
 def _rank_entry(rank: int, world_size: int, port: int | None, config: PipelineConfig, options: JobOptions) -> int:
-    import torch.distributed as dist
-
-    from mimo_pipes.job import init_distributed, run_rank
+    from mimo_pipes.cli.job import run_in_process_group
 
     if port is not None:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
     try:
-        init_distributed(rank, world_size, config.exchange_timeout_s)
-        run_rank(config, options)
-        dist.destroy_process_group()
+        run_in_process_group(rank, world_size, config, options)
         return 0
     except (ConfigError, SampleError, PeerError) as error:
         print(f"mimo-pipes run: rank {rank}: {error}", file=sys.stderr, flush=True)

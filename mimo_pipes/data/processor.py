@@ -31,9 +31,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from mimo_pipes.cost import image_token_count as count_image_tokens  # noqa: F401 - re-exported
 from mimo_pipes.data.cache import build_atomically, cache_root
 from mimo_pipes.data.paths import existing_folder
-from mimo_pipes.cost import image_token_count as count_image_tokens  # noqa: F401 - re-exported
 from mimo_pipes.errors import ConfigError, SampleError
 from mimo_pipes.sample import SAMPLE_ID
 

@@ -6,7 +6,8 @@ import collections
 import copy
 import threading
 import weakref
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torchdata.nodes import BaseNode, IterableWrapper

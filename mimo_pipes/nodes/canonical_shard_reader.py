@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 import numpy as np
 from torchdata.nodes import BaseNode
@@ -36,7 +37,7 @@ class CanonicalShardReader(BaseNode[Sample]):
         microbatch_size: int,
         dp_rank: int,
         dp_size: int,
-        canonical_slots: int,
+        grid_size: int,
         seed: int = 0,
         dataloader_type: str = "cyclic",
         start_step: int = 0,
@@ -47,12 +48,12 @@ class CanonicalShardReader(BaseNode[Sample]):
         self.dataset = dataset
         self.microbatch_size = microbatch_size
         self.dp_rank = dp_rank
-        self.canonical_slots = canonical_slots
+        self.grid_size = grid_size
         self.seed = seed
         self.cyclic = dataloader_type == "cyclic"
         self.start_step = start_step
         self.positions = owned_positions(dp_rank, dp_size, microbatch_size)
-        self.samples_per_slot = microbatch_size // canonical_slots
+        self.samples_per_slot = microbatch_size // grid_size
         self.per_epoch = microbatches_per_epoch(len(dataset), microbatch_size)
         if self.per_epoch == 0:
             raise ValueError(f"dataset has {len(dataset)} samples, fewer than one micro-batch of {microbatch_size}")

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import copy
-from typing import Any, Mapping
+from typing import Any
 
 from torchdata.nodes import BaseNode
 
-from mimo_pipes.collate import DEFAULT_PAD_VALUES, Collator
+from mimo_pipes.collate import Collator
 from mimo_pipes.window import Window
 
 
 class MicroBatchAssembler(BaseNode[dict]):
-    """Yields one collated micro-batch per step of each window, padded to ``pad_length`` (None: longest).
-    Windows the exchange already collated (on its prefetch thread) pass through as they are.
+    """Yields one collated micro-batch per step of each window, collated by ``collator`` (default: padded
+    to the longest sample). Windows the exchange already collated (on its prefetch thread) pass through.
 
     Its state is the source's state from before the current window plus how many of the window's
     micro-batches were yielded, so a restore inside a window re-reads that window and skips ahead.
@@ -27,14 +27,13 @@ class MicroBatchAssembler(BaseNode[dict]):
         self,
         source: BaseNode[Window],
         *,
-        pad_length: int | None,
-        pad_values: Mapping[str, int | float] = DEFAULT_PAD_VALUES,
+        collator: Collator | None = None,
         skip_first: int = 0,
     ) -> None:
         super().__init__()
         self.source = source
         self.skip_first = skip_first  # micro-batches of the first window already consumed (resume by count)
-        self.collator = Collator(pad_length, dict(pad_values))
+        self.collator = collator if collator is not None else Collator(None)
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)

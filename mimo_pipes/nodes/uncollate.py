@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import collections
 import copy
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import torch
 from torchdata.nodes import BaseNode, IterableWrapper
@@ -182,7 +183,8 @@ class Uncollate(BaseNode[Sample]):
             taken = count = 0
             while taken < needed and image + count < len(patches):
                 if patches[image + count] % merge2:
-                    raise SampleError(sample[SAMPLE_ID], f"{patches[image + count]} patches is not a multiple of merge_size**2 = {merge2}", field="image_grid_thw")
+                    message = f"{patches[image + count]} patches is not a multiple of merge_size**2 = {merge2}"
+                    raise SampleError(sample[SAMPLE_ID], message, field="image_grid_thw")
                 taken += patches[image + count] // merge2
                 count += 1
             if taken != needed:

@@ -13,7 +13,7 @@ Realistic samples: input_ids (2048 int64) plus pixel_values of R rows x 1176 flo
 
 Throughput is tensor payload bytes / time (GB/s, 1e9). Prints a Markdown table.
 
-    python benchmarks/packing.py [--repeats N] [--threads T]
+    python benchmarks/wire_format.py [--repeats N] [--threads T]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from mimo_pipes.packing import layout_sample, pack_into, pack_sample, packed_size, unpack_sample
+from mimo_pipes.exchange.wire_format import layout_sample, pack_into, pack_sample, packed_size, unpack_sample
 
 ROWS = [0, 64, 256, 1024, 2500, 5000]
 

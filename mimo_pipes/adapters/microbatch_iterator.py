@@ -13,15 +13,18 @@ state is saved and restored inside ours.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
-from torchdata.nodes import IterableWrapper, Stateful
+from torchdata.nodes import BaseNode, IterableWrapper, Stateful
 
+from mimo_pipes.collate import Collator
 from mimo_pipes.config import ReorderConfig, flag
 from mimo_pipes.errors import ConfigError
-from mimo_pipes.graph import RankLayout, balance_tail, reorder_window_size, window_start
+from mimo_pipes.exchange import ExchangeContext, RankLayout
 from mimo_pipes.loader import GraphLoader
-from mimo_pipes.nodes.uncollate import Uncollate
+from mimo_pipes.nodes import BalanceExchange, CostAnnotator, MicroBatchAssembler, Uncollate, Windower
+from mimo_pipes.resume import reorder_window_size, resume_point
 
 SourceFactory = Callable[[int], Iterable[Mapping[str, Any]]]
 
@@ -49,7 +52,7 @@ class BalancedIterator(GraphLoader):
         if not self.restorable:
             self._pending_state = None  # a plain iterator cannot be rewound: closing ends the iteration
 
-    def __enter__(self) -> "BalancedIterator":
+    def __enter__(self) -> BalancedIterator:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -103,10 +106,10 @@ def validate_settings(
 ) -> None:
     """The checks a pipeline of your own needs before the library's tail; ConfigError names the flag."""
     config.validate()
-    if micro_batch_size < 1 or micro_batch_size % layout.canonical_slots or layout.canonical_slots % layout.dp_size:
+    if micro_batch_size < 1 or micro_batch_size % layout.grid_size or layout.grid_size % layout.dp_size:
         raise ConfigError(
             flag("micro_batch_size"),
-            f"{micro_batch_size} must be a multiple of the canonical grid size {layout.canonical_slots}, "
+            f"{micro_batch_size} must be a multiple of the canonical grid size {layout.grid_size}, "
             f"which must be a multiple of dp size {layout.dp_size}",
         )
     if pad_to_seq_length and (seq_length is None or seq_length < 1):
@@ -146,35 +149,35 @@ def balance_iterator(
         raise TypeError("pass exactly one of microbatches and source_factory")
     validate_settings(config, layout, micro_batch_size, seq_length, pad_to_seq_length)
     samples_per_rank = micro_batch_size // layout.dp_size
+    window_size = reorder_window_size(config)
     if source_factory is not None:
-        first_step = window_start(start_microbatch, reorder_window_size(config))
-        source = IterableWrapper(_CountedSource(source_factory, first_step))
+        resume = resume_point(start_microbatch, window_size)
+        source = IterableWrapper(_CountedSource(source_factory, resume.first_step))
         restorable = True
-    elif isinstance(microbatches, Stateful):
-        first_step = start_microbatch
-        source = IterableWrapper(microbatches)  # its own state is saved and restored inside ours
-        restorable = True
-    else:
-        first_step = start_microbatch
-        source = IterableWrapper(_CountedSource(_open_once(microbatches, first_step), first_step))
-        restorable = False
-    samples = Uncollate(
+    else:  # a live iterator starts where it stands: its first window may be short
+        resume = resume_point(start_microbatch, 1)
+        restorable = isinstance(microbatches, Stateful)
+        # A stateful source's own state is saved and restored inside ours.
+        counted = microbatches if restorable else _CountedSource(_open_once(microbatches, start_microbatch), start_microbatch)
+        source = IterableWrapper(counted)
+    encoder_weight, language_weight = config.integer_cost_weights()
+    collator = Collator(seq_length if pad_to_seq_length else None, dict(pad_values))
+
+    node: BaseNode[Any] = Uncollate(
         source,
         image_token_id=image_token_id,
         merge_size=merge_size,
         rows_per_batch=samples_per_rank,
         dp_rank=layout.dp_rank,
         dp_size=layout.dp_size,
-        start_step=first_step,
+        start_step=resume.first_step,
     )
-    root = balance_tail(
-        samples,
-        config,
-        layout,
-        samples_per_rank=samples_per_rank,
-        image_token_id=image_token_id,
-        pad_values=pad_values,
-        pad_length=seq_length if pad_to_seq_length else None,
-        skip_first=start_microbatch - first_step,
-    )
-    return BalancedIterator(root, start_count=start_microbatch, restorable=restorable)
+    node = CostAnnotator(node, image_token_id=image_token_id, encoder_weight=encoder_weight, language_weight=language_weight)
+    node = Windower(node, samples_per_microbatch=samples_per_rank, window_size=window_size)
+    if config.intra_microbatch_reorder:
+        exchange = ExchangeContext.for_layout(
+            layout, samples_per_rank=samples_per_rank, window_size=window_size, across_microbatches=config.reorder_across_microbatches
+        )
+        node = BalanceExchange(node, exchange, overlap=config.overlap_intra_microbatch_reorder, collator=collator)
+    node = MicroBatchAssembler(node, collator=collator, skip_first=resume.skip_first)
+    return BalancedIterator(node, start_count=resume.consumed, restorable=restorable)

@@ -14,11 +14,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from mimo_pipes.cli.report import format_summary, summarize
 from mimo_pipes.config import JobOptions, PipelineConfig, resolve_exchange_transport
 from mimo_pipes.errors import ConfigError
-from mimo_pipes.graph import RankLayout
-from mimo_pipes.process_groups import build_rank_groups
-from mimo_pipes.report import format_summary, summarize
+from mimo_pipes.exchange import RankLayout
+from mimo_pipes.exchange.process_groups import build_rank_groups
 
 STATE_FORMAT = 1
 # Settings that must match between a saved state and the run that resumes it.
@@ -67,6 +67,13 @@ def init_distributed(rank: int, world_size: int, timeout_s: float) -> str:
     return backend
 
 
+def run_in_process_group(rank: int, world_size: int, config: PipelineConfig, options: JobOptions) -> None:
+    """One rank of the job, from joining the process group to leaving it."""
+    init_distributed(rank, world_size, config.exchange_timeout_s)
+    run_rank(config, options)
+    dist.destroy_process_group()
+
+
 def run_rank(config: PipelineConfig, options: JobOptions) -> None:
     """Body of one rank; the process group is already initialised."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
@@ -81,7 +88,7 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> None:
     assert groups is not None
     position = groups.position
     device = torch.device("cuda", torch.cuda.current_device()) if transport == "nccl" else None
-    layout = RankLayout(position.dp_rank, position.dp_size, topology.canonical_slots, groups.exchange_group, device)
+    layout = RankLayout(position.dp_rank, position.dp_size, topology.grid_size, groups.exchange_group, device)
     recipe = importlib.import_module(options.recipe)
     loader = recipe.build(config, layout)
     if options.resume:
@@ -120,7 +127,7 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> None:
     everything: list[list[dict[str, Any]] | None] = [None] * world_size
     dist.all_gather_object(everything, records)
     if rank == 0:
-        summaries = summarize((r for per_rank in everything for r in per_rank or []), topology.canonical_slots)
+        summaries = summarize((r for per_rank in everything for r in per_rank or []), topology.grid_size)
         print(_headline(config, topology, start, stop), flush=True)
         print(format_summary(summaries), flush=True)
         if options.save_state and options.stop_after is not None:
@@ -139,7 +146,7 @@ def _headline(config: PipelineConfig, topology, start: int, stop: int) -> str:
         mode = "reorder off (enable with --scalable-dp --intra-microbatch-reorder)"
     modules = " + ".join(f"{m.name} dp={m.dp}" for m in topology.modules)
     return (
-        f"mimo-pipes run: {modules}, canonical grid {topology.canonical_slots}, micro-batch {config.micro_batch_size}, "
+        f"mimo-pipes run: {modules}, canonical grid {topology.grid_size}, micro-batch {config.micro_batch_size}, "
         f"micro-batches {start}..{stop - 1}, {mode}"
     )
 

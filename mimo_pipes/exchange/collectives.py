@@ -1,46 +1,30 @@
 """One balanced exchange of a window over a module's DP group: gather costs, plan, one ragged all_to_all.
 
-The arithmetic lives in pure modules (``balance``, ``exchange_plan``, ``packing``); this file only moves
-bytes. Every rank calls :func:`exchange_window` for the same window (or :func:`announce_end` when its
+The arithmetic lives in pure modules (``balance``, ``exchange.plan``, ``exchange.wire_format``); this file
+only moves bytes. Every rank calls :func:`exchange_window` for the same window (or :func:`announce_end` when its
 source is exhausted) so failures and ends are agreed on by all ranks instead of leaving a peer waiting.
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
-from typing import Iterator
+from collections.abc import Iterator
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
 
 from mimo_pipes.balance import balance_window
 from mimo_pipes.errors import PeerError
-from mimo_pipes.exchange_plan import ExchangePlan, permute_local, plan_exchange
-from mimo_pipes.packing import SampleLayout, layout_sample, unpack_samples
+from mimo_pipes.exchange.buffers import ExchangeBuffers, new_buffer
+from mimo_pipes.exchange.context import ExchangeContext
+from mimo_pipes.exchange.plan import ExchangePlan, permute_local, plan_exchange
+from mimo_pipes.exchange.wire_format import SampleLayout, layout_sample, unpack_samples
 from mimo_pipes.sample import COST, Sample
 from mimo_pipes.window import Window
 
 STATUS_OK, STATUS_FAILED, STATUS_END = 0, 1, 2
 HEADER = 4  # status, number of micro-batches, first step, window sequence number
-
-
-@dataclass(frozen=True)
-class ExchangeContext:
-    """What one rank needs to exchange: its module's DP layout and the group to talk on."""
-
-    group: dist.ProcessGroup | None  # None only when dp_size == 1
-    dp_rank: int
-    dp_size: int
-    canonical_slots: int
-    samples_per_rank: int  # B / d
-    window_size: int
-    across_microbatches: bool = False
-    device: torch.device | None = None  # where the group's collectives run: None for Gloo (CPU), cuda for NCCL
-
-    @property
-    def microbatch_size(self) -> int:
-        return self.samples_per_rank * self.dp_size
 
 
 @contextlib.contextmanager
@@ -52,31 +36,6 @@ def _collective(what: str) -> Iterator[None]:
         raise
     except RuntimeError as error:
         raise PeerError(None, f"{what} failed ({error}); a peer rank may have exited or stalled past the timeout") from error
-
-
-class ExchangeBuffers:
-    """Byte buffers kept from one window to the next by one exchanging thread.
-
-    Reusing them spares touching fresh memory every window (page faults cost more than the copy). Only
-    for callers that copy the received samples out (collate them) before their next exchange: received
-    tensors are views of the receive buffer. Costs one window's sent and received bytes of memory.
-    """
-
-    def __init__(self) -> None:
-        self._buffers: dict[tuple[str, str], torch.Tensor] = {}
-
-    def get(self, name: str, nbytes: int, device: torch.device | None = None, pinned: bool = False) -> torch.Tensor:
-        key = (name, str(device))
-        buffer = self._buffers.get(key)
-        if buffer is None or buffer.numel() < nbytes:
-            # Room to grow; host buffers that stage GPU copies are pinned (page-locked copies run at full speed).
-            buffer = torch.empty(nbytes + nbytes // 4, dtype=torch.uint8, device=device, pin_memory=pinned)
-            self._buffers[key] = buffer
-        return buffer[:nbytes]
-
-
-def _new_buffer(name: str, nbytes: int, device: torch.device | None = None, pinned: bool = False) -> torch.Tensor:
-    return torch.empty(nbytes, dtype=torch.uint8, device=device)
 
 
 def _describe(error: BaseException) -> str:
@@ -132,7 +91,7 @@ def announce_end(ctx: ExchangeContext, sequence: int) -> None:
         _agree(ctx, STATUS_END, sequence, None, None, [])
 
 
-def announce_failure(ctx: ExchangeContext, sequence: int, error: BaseException) -> None:
+def announce_failure(ctx: ExchangeContext, sequence: int, error: BaseException) -> NoReturn:
     """Make a local failure (bad sample, source error) an exception on every rank of the module."""
     if ctx.dp_size > 1:
         _agree(ctx, STATUS_FAILED, sequence, None, error, [])
@@ -182,8 +141,8 @@ def exchange_window(ctx: ExchangeContext, window: Window, sequence: int, buffers
 
 
 def _plan(ctx: ExchangeContext, cost_rows: list[list[int]]) -> ExchangePlan:
-    assignment = balance_window(cost_rows, ctx.canonical_slots, across_microbatches=ctx.across_microbatches)
-    return plan_exchange(assignment, ctx.dp_rank, ctx.dp_size, ctx.canonical_slots, ctx.microbatch_size)
+    assignment = balance_window(cost_rows, ctx.grid_size, across_microbatches=ctx.across_microbatches)
+    return plan_exchange(assignment, ctx.dp_rank, ctx.dp_size, ctx.grid_size, ctx.microbatch_size)
 
 
 def _flat_index(ctx: ExchangeContext, local_position: int) -> int:
@@ -205,7 +164,7 @@ def _move(
     if not plan.any_moves:  # identical on every rank: all of them skip the collective together
         return by_flat
     layout_by_flat = dict(zip(flat, layouts))
-    allocate = buffers.get if buffers is not None else _new_buffer
+    allocate = buffers.get if buffers is not None else new_buffer
     staged = ctx.device is not None  # NCCL: host bytes go through the GPU
     send_splits, recv_splits = plan.send_split_bytes(sizes), plan.recv_split_bytes(sizes)
     send_buffer = allocate("send", sum(send_splits), pinned=staged)

@@ -16,8 +16,9 @@ Both sides of every transfer list the samples in ascending flat index, so the by
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 __all__ = [
     "ExchangePlan",

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mimo_pipes.errors import SampleError
-from mimo_pipes.packing import (
+from mimo_pipes.exchange.wire_format import (
     ALIGN,
     layout_sample,
     pack_into,

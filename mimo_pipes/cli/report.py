@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,7 @@ class ModuleSummary:
     max_rank_tokens_after: int
 
 
-def summarize(records: Iterable[Mapping], canonical_slots: int) -> list[ModuleSummary]:
+def summarize(records: Iterable[Mapping], grid_size: int) -> list[ModuleSummary]:
     """``records``: one per (rank, micro-batch) with module, dp_rank, dp_size, tp_rank, pp_rank, step,
     image_tokens and slots (the canonical slot each sample was read into). Only TP/PP rank 0 lines count,
     since their peers hold the same samples."""
@@ -33,7 +33,7 @@ def summarize(records: Iterable[Mapping], canonical_slots: int) -> list[ModuleSu
             continue
         module, dp_size, step = record["module"], record["dp_size"], record["step"]
         dp_sizes[module] = dp_size
-        slots_per_rank = canonical_slots // dp_size
+        slots_per_rank = grid_size // dp_size
         samples[module] += len(record["image_tokens"])
         after[module][step][record["dp_rank"]] += sum(record["image_tokens"])
         for tokens, slot in zip(record["image_tokens"], record["slots"]):

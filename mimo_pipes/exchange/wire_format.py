@@ -62,13 +62,14 @@ from __future__ import annotations
 
 import re
 import struct
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
-from .errors import SampleError
-from .sample import SAMPLE_ID
+from mimo_pipes.errors import SampleError
+from mimo_pipes.sample import SAMPLE_ID
 
 __all__ = [
     "ALIGN",
