@@ -112,6 +112,10 @@ class DistPool:
                 outcomes.append(("exited", None))
         return outcomes
 
+    @property
+    def alive(self) -> bool:
+        return all(process.is_alive() for process in self.processes)
+
     def close(self) -> None:
         for connection in self.connections:
             try:

@@ -4,20 +4,16 @@ without reordering, then the balance exchange."""
 from __future__ import annotations
 
 import pytest
-from dist_pool import DistPool
 from layout_checks import baseline_spread, check_fanout, check_invariants, vision_spread
 from scenarios_exchange import run_graph, run_thread_lifecycle
 
 from mimo_pipes.sharding import global_microbatch_indices
 
-WORLD = 6
 
 
-@pytest.fixture(scope="module")
-def pool():
-    pool = DistPool(WORLD)
-    yield pool
-    pool.close()
+@pytest.fixture
+def pool(gloo_pool):
+    return gloo_pool
 
 
 LAYOUTS = {

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dist_pool import DistPool
 from layout_checks import baseline_spread, check_fanout, check_invariants, vision_spread
 from scenarios_exchange import PAD_VALUES
 from scenarios_plugin import run_recipe, run_wrapper_resume, run_wrapper_vs_graph
@@ -20,7 +19,6 @@ from mimo_pipes.sample import SAMPLE_ID, SLOT, STEP
 from mimo_pipes.testing import IMAGE_TOKEN_ID, MERGE, TEXT_TOKEN_ID, SyntheticProcessedDataset
 from mimo_pipes_recipes.existing_pipeline import build
 
-WORLD = 4
 BATCH = 8
 LAYOUTS = {
     "lang2-img2": ["language=dp=2", "images=dp=2,rank_offset=2"],
@@ -206,11 +204,9 @@ def test_wrapper_config_errors_name_the_flag():
 # --- Real Gloo ranks ------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def pool():
-    pool = DistPool(WORLD)
-    yield pool
-    pool.close()
+@pytest.fixture
+def pool(gloo_pool):
+    return gloo_pool
 
 
 @pytest.mark.parametrize("name", sorted(LAYOUTS))

@@ -4,7 +4,6 @@ windows in flight, at an epoch's end and in the next epoch; overlap on and off; 
 from __future__ import annotations
 
 import pytest
-from dist_pool import DistPool
 from scenarios_resume import resume_points
 
 # 160 samples / micro-batch 8 = 20 micro-batches per epoch; window 3 puts boundaries at 3, 6, ..., 18, 21.
@@ -17,11 +16,9 @@ LAYOUTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def pool():
-    pool = DistPool(6)
-    yield pool
-    pool.close()
+@pytest.fixture
+def pool(gloo_pool):
+    return gloo_pool
 
 
 def check(results, points):
