@@ -171,11 +171,6 @@ class PipelineConfig:
 
     def _validate_modules(self, topology: Topology) -> None:
         language = topology.language
-        for module in topology.modules:
-            if module.etp > 1:
-                raise ConfigError(
-                    COMPONENT_FLAG, f"{module.name}: expert tensor parallelism (etp={module.etp}) > 1 is not supported"
-                )
         for encoder in topology.encoders:
             if encoder.pp > 1:
                 raise ConfigError(COMPONENT_FLAG, f"{encoder.name}: encoder pipeline parallelism (pp={encoder.pp}) > 1 is not supported")

@@ -33,9 +33,17 @@ class ModuleSpec:
     etp: int = 1
     rank_offset: int = 0
 
+    def __post_init__(self) -> None:
+        # Expert tensor parallelism re-splits ranks that tp/cp/dp already place: it adds none to the grid,
+        # and scalable data parallelism does not support it (checked here, before any rank arithmetic).
+        if self.etp != 1:
+            raise ConfigError(
+                COMPONENT_FLAG, f"{self.name}: etp={self.etp}: expert tensor parallelism > 1 is not supported"
+            )
+
     @property
     def size(self) -> int:
-        return self.tp * self.cp * self.etp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
 
     @property
     def ranks(self) -> range:
@@ -156,7 +164,6 @@ class Topology:
                 local = global_rank - module.rank_offset
                 tp_rank, local = local % module.tp, local // module.tp
                 cp_rank, local = local % module.cp, local // module.cp
-                local //= module.etp
                 pp_rank, dp_rank = local % module.pp, local // module.pp
                 return RankPosition(module, global_rank, tp_rank, cp_rank, pp_rank, dp_rank)
         raise ValueError(f"rank {global_rank} belongs to no module (world size {self.world_size})")
@@ -165,7 +172,7 @@ class Topology:
         """Global ranks of ``global_rank``'s DP group, ordered by DP rank."""
         position = self.position(global_rank)
         module = position.module
-        stride = module.tp * module.cp * module.etp * module.pp
+        stride = module.tp * module.cp * module.pp
         first = global_rank - position.dp_rank * stride
         return [first + dp_rank * stride for dp_rank in range(module.dp)]
 

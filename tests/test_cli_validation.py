@@ -15,6 +15,8 @@ CASES = {
     "encoder dp above language dp": (["--component", "language=dp=1", "--component", "images=dp=2,rank_offset=1"], "--component", "exceeds language dp"),
     "encoder pp": (["--component", "language=dp=2", "--component", "images=pp=2,dp=1,rank_offset=2"], "--component", "pipeline parallelism"),
     "expert tp": (["--component", "language=dp=2,etp=2", "--component", "images=dp=2,rank_offset=4"], "--component", "expert tensor parallelism"),
+    # etp adds no ranks: the images module right after dp=2 must not be reported as overlapping.
+    "expert tp, adjacent module": (["--component", "language=dp=2,etp=2", "--component", "images=dp=2,rank_offset=2"], "--component", "etp=2"),
     "batch not divisible by grid": (["--micro-batch-size", "6", "--component", "language=dp=4", "--component", "images=dp=2,rank_offset=4"], "--micro-batch-size", "canonical grid size 4"),
     "reorder without scalable dp": (["--intra-microbatch-reorder"], "--intra-microbatch-reorder", "--scalable-dp"),
     "both weights zero": (REORDER + ["--reorder-encoder-cost-weight", "0"], "--reorder-encoder-cost-weight", "both 0"),
