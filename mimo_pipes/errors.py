@@ -1,12 +1,64 @@
-"""Exceptions that name what went wrong: the setting, the sample, or the rank."""
+"""Exceptions that name what went wrong: the setting, the sample, or the rank.
+
+``ConfigError`` and ``SampleError`` can also be rebuilt from their message alone, as pickling and
+torch's ``ExceptionWrapper`` (which torchdata's mappers use to carry a worker's exception to the
+caller) rebuild an exception: ``type(message)``. So ``except SampleError`` still matches, with
+``sample_id`` / ``field`` / ``setting`` recovered from the message, after a hop through a worker.
+"""
 
 from __future__ import annotations
+
+import ast
+import re
+
+
+def _own_line(cls: type, text: str) -> str:
+    """The exception's own one-line message: ``text`` itself, or, in a re-raised worker traceback, what
+    follows the last ``...ClassName: `` line."""
+    marker = f"{cls.__name__}: "
+    for line in reversed(text.splitlines()):
+        head, found, rest = line.partition(marker)
+        if found and (not head or head.endswith(".")) and " " not in head:
+            return rest
+    return text
+
+
+def _repr_prefix(text: str, ends: str) -> tuple[object, str] | None:
+    """Split ``text`` after the shortest prefix that is the repr of a value and is followed by one of
+    the separators ``ends`` (a regex); returns (value, rest after the separator)."""
+    for match in re.finditer(ends, text):
+        head = text[: match.start()]
+        try:
+            value = ast.literal_eval(head)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            continue
+        if repr(value) == head:
+            return value, text[match.start() :]
+    return None
+
+
+def _parse_sample_message(line: str) -> tuple[object, str | None, str] | None:
+    """(sample id, field, message) from "sample 12, field 'pixel_values': message"."""
+    if not line.startswith("sample "):
+        return None
+    split = _repr_prefix(line[len("sample ") :], r", field |: ")
+    if split is None:
+        return None
+    sample_id, rest = split
+    if rest.startswith(": "):
+        return sample_id, None, rest[2:]
+    split = _repr_prefix(rest[len(", field ") :], r": ")
+    if split is None or not isinstance(split[0], str):
+        return None
+    return sample_id, split[0], split[1][2:]
 
 
 class ConfigError(ValueError):
     """A configuration value is invalid. ``setting`` names the flag or field at fault."""
 
-    def __init__(self, setting: str, message: str) -> None:
+    def __init__(self, setting: str, message: str | None = None) -> None:
+        if message is None:  # rebuilt from the message alone: "setting: message"
+            setting, _, message = _own_line(type(self), setting).partition(": ")
         self.setting = setting
         super().__init__(f"{setting}: {message}")
 
@@ -14,7 +66,10 @@ class ConfigError(ValueError):
 class SampleError(ValueError):
     """One sample cannot be processed, packed or exchanged. Names the sample and, if known, the field."""
 
-    def __init__(self, sample_id: object, message: str, field: str | None = None) -> None:
+    def __init__(self, sample_id: object, message: str | None = None, field: str | None = None) -> None:
+        if message is None and isinstance(sample_id, str):  # rebuilt from the message alone
+            line = _own_line(type(self), sample_id)
+            sample_id, field, message = _parse_sample_message(line) or (None, None, line)
         self.sample_id = sample_id
         self.field = field
         where = f"sample {sample_id!r}" + (f", field {field!r}" if field else "")
