@@ -83,6 +83,8 @@ BAD_LINES = [
     ('{"costs": [1, 2], "slots": 1, "across_microbatches": "yes"}', "true or false"),
     ('{"costs": [1, 2], "slots": 1, "slot": 1}', "unknown key 'slot'"),
     ('[1, 2]', "expected a JSON object"),
+    ('{"costs": ' + "[" * 50_000 + "]" * 50_000 + ', "slots": 1}', "nested too deeply"),
+    ('{"costs": [1], "slots": 1, "x": ' + '{"a": ' * 50_000 + "0" + "}" * 50_001, "nested too deeply"),
 ]
 GOOD = json.dumps({"costs": [1, 2, 3, 4], "slots": 2})
 GOOD_OUT = json.dumps({"slots": [[0, 3], [1, 2]]}, separators=(",", ":"))
@@ -109,6 +111,13 @@ def test_bad_line_exit_2_one_stderr_line():
     assert len(err) == 1, proc.stderr
     assert "line 3" in err[0] and "must be >= 0" in err[0]
     assert "Traceback" not in proc.stderr
+
+
+def test_deeply_nested_json_exit_2_one_stderr_line():
+    proc = run_balance(GOOD + "\n" + "[" * 100_000 + "]" * 100_000 + "\n")
+    assert proc.returncode == 2
+    assert proc.stdout.splitlines() == [GOOD_OUT]
+    assert proc.stderr.strip() == "mimo-pipes balance: line 2: JSON nested too deeply"
 
 
 def test_invalid_utf8_is_a_bad_line():

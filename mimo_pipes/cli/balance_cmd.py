@@ -86,6 +86,9 @@ def serve(stdin: BinaryIO, stdout: TextIO, stderr: TextIO) -> int:
                 f"mimo-pipes balance: line {number}: invalid JSON: {exc.msg} (column {exc.colno})\n"
             )
             return EXIT_BAD_INPUT
+        except RecursionError:  # the decoder recurses once per nesting level
+            stderr.write(f"mimo-pipes balance: line {number}: JSON nested too deeply\n")
+            return EXIT_BAD_INPUT
         try:
             result = answer(request)
         except (ValueError, TypeError, RecursionError) as exc:
