@@ -22,11 +22,17 @@ Stages, each bounded by a count (never a clock):
 
 Ties go to the first candidate in (slot, position, rank) order and slots are ordered by stable sorts,
 so the result is a function of the sorted costs and the starting matrix.
+
+Memory stays linear in the input. The best swap between two slots is found on a dense table of every
+pair of candidates while that table is small (it is for the usual tens of samples per slot); beyond
+``DENSE_ELEMENTS`` the same best swap (same ties) is found slot by slot with a sorted search. The
+2-2 swaps look at every pair of samples of a slot, so they are skipped past ``MAX_PAIRS`` pairs per
+slot (about 1,450 samples), where 1-1 swaps already level the loads finely.
 """
 
 from __future__ import annotations
 
-from functools import cache
+from functools import lru_cache
 
 import numpy as np
 
@@ -41,12 +47,47 @@ _STEPS = np.arange(1, NEIGHBOUR_WINDOW + 1, dtype=np.int64)
 # Far beyond any cost (totals are below 2**62), small enough that sums with it stay in int64.
 _SENTINEL = 2**61
 FOCUSED_RAISE = False
+# Largest dense table of candidate swaps (int64 elements, 16 MiB); larger searches go slot by slot.
+DENSE_ELEMENTS = 1 << 21
+# Most pairs of samples per slot that 2-2 swaps consider (each pair list costs 8 bytes a pair).
+MAX_PAIRS = 1 << 20
 
 
-@cache
+@lru_cache(maxsize=4)
 def _pairs(per_slot: int) -> tuple[np.ndarray, np.ndarray]:
     first, second = np.triu_indices(per_slot, k=1)
     return first.astype(np.int64), second.astype(np.int64)
+
+
+def _best_swap(give: np.ndarray, take: np.ndarray, gap: int) -> tuple[int, int, int] | None:
+    """The swap of one ``give[i]`` for one ``take[j]`` that moves d = give[i] - take[j] with 0 < d < gap
+    and leaves the pair closest to level (largest min(d, gap - d)); ties to the smallest i, then j.
+
+    Returns (min(d, gap - d), i, j), or None. Memory linear in the inputs: a sorted search of ``take``
+    for each ``give`` (the dense tables below compare every i with every j)."""
+    if gap < 2 or give.size == 0 or take.size == 0:
+        return None
+    order = np.argsort(take, kind="stable")
+    ordered = take[order]
+    # d >= gap/2 exactly when 2 * take[j] <= 2 * give[i] - gap: the largest such take is the best of
+    # that side, the next larger take the best of the other side.
+    split = np.searchsorted(2 * ordered, 2 * give - gap, side="right")
+    best = np.zeros(give.size, dtype=np.int64)
+    pick = np.zeros(give.size, dtype=np.int64)
+    for candidate in (split - 1, split):  # the lower side first: its ties keep the smaller j below
+        inside = (candidate >= 0) & (candidate < ordered.size)
+        at = np.where(inside, candidate, 0)
+        value = ordered[at]
+        d = give - value
+        level = np.where(inside & (d > 0) & (d < gap), np.minimum(d, gap - d), 0)
+        first = order[np.searchsorted(ordered, value, side="left")]  # the first j holding that value
+        better = (level > best) | ((level == best) & (level > 0) & (first < pick))
+        best = np.where(better, level, best)
+        pick = np.where(better, first, pick)
+    i = int(np.argmax(best))
+    if best[i] == 0:
+        return None
+    return int(best[i]), i, int(pick[i])
 
 
 class _Assignment:
@@ -95,15 +136,24 @@ def _paired_pass(state: _Assignment, shift: int) -> bool:
     order = np.argsort(state.loads, kind="stable")
     heavy = order[::-1][:half]
     light = np.roll(order[:half], -(shift % half))
-    gap = (state.loads[heavy] - state.loads[light])[:, None, None]
-    diff = state.values[heavy][:, :, None] - state.values[light][:, None, :]  # (P, k, k)
-    badness = np.where((diff > 0) & (diff < gap), np.abs(gap - 2 * diff), _NONE)
-    badness = badness.reshape(half, -1)
-    pick = np.argmin(badness, axis=1)
-    moving = badness[np.arange(half), pick] < _NONE
+    if half * per_slot * per_slot <= DENSE_ELEMENTS:
+        gap = (state.loads[heavy] - state.loads[light])[:, None, None]
+        diff = state.values[heavy][:, :, None] - state.values[light][:, None, :]  # (P, k, k)
+        badness = np.where((diff > 0) & (diff < gap), np.abs(gap - 2 * diff), _NONE)
+        badness = badness.reshape(half, -1)
+        pick = np.argmin(badness, axis=1)
+        moving = badness[np.arange(half), pick] < _NONE
+        i, j = np.divmod(pick[moving], per_slot)
+    else:  # the same swaps, pair by pair
+        found = [
+            _best_swap(state.values[h], state.values[lo], int(state.loads[h] - state.loads[lo]))
+            for h, lo in zip(heavy.tolist(), light.tolist())
+        ]
+        moving = np.array([swap is not None for swap in found])
+        i = np.array([swap[1] for swap in found if swap is not None], dtype=np.int64)
+        j = np.array([swap[2] for swap in found if swap is not None], dtype=np.int64)
     if not moving.any():
         return False
-    i, j = np.divmod(pick[moving], per_slot)
     state.swap(state.members[heavy[moving], i], state.members[light[moving], j])
     return True
 
@@ -169,6 +219,27 @@ def _focused_scores(ref: int, loads: np.ndarray, diff: np.ndarray, lower: bool) 
     return np.where(allowed, -np.minimum(ref + diff, other - diff), _NONE)
 
 
+def _best_focused(ref: int, own: np.ndarray, loads: np.ndarray, rows: np.ndarray, lower: bool) -> tuple[int, int, int] | None:
+    """The best swap of one of ``own`` for one entry of a row of ``rows`` (slot loads ``loads``): for the
+    heaviest slot (``lower``) it must not lift that slot to ``ref``, for the lightest not sink it.
+    Returns (row, i, j): the first of the best in (row, i, j) order, as the dense tables pick."""
+    sign = 1 if lower else -1
+    if loads.size * own.size * rows.shape[1] <= DENSE_ELEMENTS:
+        diff = sign * (own[None, :, None] - rows[:, None, :])  # (rows, k, k)
+        score = _focused_scores(ref, loads, diff, lower)
+        flat = int(np.argmin(score))
+        if score.flat[flat] == _NONE:
+            return None
+        o, i, j = (int(x) for x in np.unravel_index(flat, score.shape))
+        return o, i, j
+    best: tuple[int, int, int, int] | None = None  # (level, row, i, j)
+    for o in range(loads.size):
+        found = _best_swap(sign * own, sign * rows[o], sign * (ref - int(loads[o])))
+        if found is not None and (best is None or found[0] > best[0]):
+            best = (found[0], o, found[1], found[2])
+    return None if best is None else best[1:]
+
+
 def _focused_move(state: _Assignment, lower: bool) -> bool:
     """Best 1-1 swap of the heaviest (lightest) slot with any slot, else the best 2-2 swap with one of
     the few lightest (heaviest) slots. False if neither helps."""
@@ -176,27 +247,23 @@ def _focused_move(state: _Assignment, lower: bool) -> bool:
     per_slot = values.shape[1]
     s = int(np.argmax(loads)) if lower else int(np.argmin(loads))
     ref = int(loads[s])
-    sign = 1 if lower else -1
-    diff = sign * (values[s][None, :, None] - values[:, None, :])  # (G, k, k)
-    score = _focused_scores(ref, loads, diff, lower)
-    flat = int(np.argmin(score))
-    if score.flat[flat] != _NONE:
-        o, i, j = (int(x) for x in np.unravel_index(flat, score.shape))
+    found = _best_focused(ref, values[s], loads, values, lower)
+    if found is not None:
+        o, i, j = found
         state.swap(int(state.members[s, i]), int(state.members[o, j]))
         return True
-    if per_slot < 2:
+    if per_slot < 2 or per_slot * (per_slot - 1) // 2 > MAX_PAIRS:
         return False
     order = np.argsort(loads, kind="stable")
     partners = order[:FOCUSED_PAIR_PARTNERS] if lower else order[::-1][:FOCUSED_PAIR_PARTNERS]
     partners = partners[partners != s]
     first, second = _pairs(per_slot)
-    sums = values[:, first] + values[:, second]
-    diff = sign * (sums[s][None, :, None] - sums[partners][:, None, :])  # (p, P, P)
-    score = _focused_scores(ref, loads[partners], diff, lower)
-    flat = int(np.argmin(score))
-    if score.flat[flat] == _NONE:
+    sums = values[s, first] + values[s, second]
+    partner_sums = values[partners][:, first] + values[partners][:, second]  # (p, P)
+    found = _best_focused(ref, sums, loads[partners], partner_sums, lower)
+    if found is None:
         return False
-    o, p, q = (int(x) for x in np.unravel_index(flat, score.shape))
+    o, p, q = found
     o = int(partners[o])
     give = (int(state.members[s, first[p]]), int(state.members[s, second[p]]))
     take = (int(state.members[o, first[q]]), int(state.members[o, second[q]]))

@@ -1,0 +1,108 @@
+"""Refinement memory stays linear in the input, and its slot-by-slot search finds exactly the swaps of
+the dense tables it replaces for large slots."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mimo_pipes.balance import balance_microbatch, balance_window, refine
+
+GIB = 1 << 30
+
+
+@st.composite
+def refinement_cases(draw):
+    num_slots = draw(st.integers(2, 8))
+    per_slot = draw(st.integers(1, 7))
+    heavy = draw(st.sampled_from([10, 10**6, 10**12]))
+    costs = draw(st.lists(st.one_of(st.just(0), st.just(heavy), st.integers(0, heavy)),
+                          min_size=num_slots * per_slot, max_size=num_slots * per_slot))
+    members = np.array(draw(st.permutations(range(len(costs))))).reshape(num_slots, per_slot)
+    return np.array(sorted(costs), dtype=np.int64), members, draw(st.booleans())
+
+
+@settings(max_examples=300, deadline=None)
+@given(refinement_cases())
+def test_slot_by_slot_search_matches_the_dense_tables(case):
+    sorted_costs, members, raise_lightest = case
+    saved = refine.DENSE_ELEMENTS, refine.FOCUSED_RAISE
+    try:
+        refine.FOCUSED_RAISE = raise_lightest
+        dense = refine.refine_members(sorted_costs, members)
+        refine.DENSE_ELEMENTS = 0  # every search slot by slot
+        searched = refine.refine_members(sorted_costs, members)
+    finally:
+        refine.DENSE_ELEMENTS, refine.FOCUSED_RAISE = saved
+    assert np.array_equal(dense, searched)
+
+
+def test_best_swap_against_brute_force():
+    rng = random.Random(7)
+    for _ in range(2000):
+        give = np.array([rng.randint(-50, 50) for _ in range(rng.randint(0, 6))], dtype=np.int64)
+        take = np.array([rng.randint(-50, 50) for _ in range(rng.randint(0, 6))], dtype=np.int64)
+        gap = rng.randint(-3, 60)
+        best = None
+        for i, a in enumerate(give.tolist()):
+            for j, b in enumerate(take.tolist()):
+                if 0 < a - b < gap and (best is None or min(a - b, gap - a + b) > best[0]):
+                    best = (min(a - b, gap - a + b), i, j)
+        assert refine._best_swap(give, take, gap) == best
+
+
+def _peak_rss(stdin: str, command: list[str]) -> tuple[int, int, str, list[str]]:
+    """(exit status, peak RSS in bytes, stderr, stdout lines) of ``command`` run on ``stdin``, under a 2 GiB address
+    space limit so that a regression fails instead of swamping the machine."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (2 * GIB, 2 * GIB))
+
+    with tempfile.TemporaryFile("w+") as source, tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        source.write(stdin)
+        source.seek(0)
+        env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+        process = subprocess.Popen(command, stdin=source, stdout=out, stderr=err, env=env, preexec_fn=limit)
+        _, status, usage = os.wait4(process.pid, 0)
+        process.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        out.seek(0)
+        lines = out.read().splitlines()
+        return process.returncode, usage.ru_maxrss * 1024, err.read(), lines
+
+
+def test_balance_of_10k_samples_over_64_slots_stays_under_1_gib():
+    rng = random.Random(1)
+    num_slots, size = 64, 10_048
+    requests = [
+        [rng.choice([0, 10**12, rng.randint(0, 10**12)]) for _ in range(size)],
+        [rng.randint(0, 10**12) for _ in range(size)],
+    ]
+    stdin = "".join(json.dumps({"costs": costs, "slots": num_slots}) + "\n" for costs in requests)
+    status, peak, stderr, lines = _peak_rss(stdin, [sys.executable, "-m", "mimo_pipes.cli.main", "balance"])
+    assert status == 0, stderr
+    assert peak < GIB, f"peak RSS {peak / GIB:.2f} GiB"
+    assert len(lines) == len(requests)
+    for line in lines:
+        slots = json.loads(line)["slots"]
+        assert sorted(i for slot in slots for i in slot) == list(range(size))
+        assert {len(slot) for slot in slots} == {size // num_slots}
+    assert json.loads(lines[0])["slots"] == balance_microbatch(requests[0], num_slots)
+
+
+def test_window_with_large_slots_stays_exact():
+    # Few slots, many samples each: the searches run slot by slot and 2-2 swaps beyond MAX_PAIRS are skipped.
+    rng = random.Random(3)
+    rows = [[rng.choice([0, 10**12, rng.randint(0, 10**9)]) for _ in range(3000)] for _ in range(2)]
+    result = balance_window(rows, 2, across_microbatches=True)
+    flat = sorted(i for microbatch in result for slot in microbatch for i in slot)
+    assert flat == list(range(6000))
