@@ -13,7 +13,7 @@ import copy
 from collections.abc import Iterator
 from typing import Any
 
-from torchdata.nodes import BaseNode, Loader, ParallelMapper, Unbatcher
+from torchdata.nodes import BaseNode, Loader
 
 
 class GraphLoader(Loader[dict]):
@@ -69,31 +69,54 @@ class GraphLoader(Loader[dict]):
         if self._started:
             self._pending_state = self.state_dict()
             self._started = False
+        # Consumers first: the exchange's prefetcher finishes the exchanges its peers may be in, reading
+        # from its source, so the threads that feed it stop after it.
         for node in graph_nodes(self.root):
             close = getattr(node, "close", None)
             if callable(close):
                 close()
-            elif isinstance(node, ParallelMapper):
-                _stop_mapper_threads(node)
+            _stop_torchdata_threads(node)
 
 
-def _stop_mapper_threads(node: ParallelMapper) -> None:
-    # torchdata 0.11 stops a ParallelMapper's reader, worker and sorter threads only when its internal
-    # iterator is garbage collected; reach that iterator's shutdown so close() does not wait on GC.
-    impl = getattr(node, "_it", None)
-    if isinstance(impl, Unbatcher):  # the mapper prebatches
-        impl = impl.source
-    iterator = getattr(impl, "_it", None)
+def _stop_torchdata_threads(node: BaseNode) -> None:
+    # torchdata 0.11's ParallelMapper (in the inner node it holds as ``_it``), Prefetcher and PinMemory run
+    # their threads in an iterator kept as ``_it`` that stops them only in ``_shutdown()``, called when it
+    # is garbage collected or the node is reset; stop them now. The next reset() builds a new iterator.
+    iterator = getattr(node, "_it", None)
     shutdown = getattr(iterator, "_shutdown", None)
     if callable(shutdown):
         shutdown()
-        impl._it = None  # released now, not at interpreter exit; the next reset() builds a new one
+        node._it = None
 
 
 def graph_nodes(root: BaseNode) -> list[BaseNode]:
-    """Every node reachable from ``root`` through ``source`` attributes (the chain this library builds)."""
-    nodes, node = [], root
-    while isinstance(node, BaseNode) and node not in nodes:
-        nodes.append(node)
-        node = getattr(node, "source", None)
-    return nodes
+    """Every node reachable from ``root``, each once, consumers before their sources.
+
+    A node's links are its attributes that hold a node, or a list, tuple, set or dict of nodes
+    (``source``, several sources, torchdata's inner nodes)."""
+    order: list[BaseNode] = []
+    seen = {id(root)}
+    stack = [(root, iter(_linked_nodes(root)))]
+    while stack:  # depth first; the reversed post-order puts every node before the nodes it reads
+        node, links = stack[-1]
+        child = next(links, None)
+        if child is None:
+            stack.pop()
+            order.append(node)
+        elif id(child) not in seen:
+            seen.add(id(child))
+            stack.append((child, iter(_linked_nodes(child))))
+    order.reverse()
+    return order
+
+
+def _linked_nodes(node: BaseNode) -> list[BaseNode]:
+    linked = []
+    for value in getattr(node, "__dict__", {}).values():
+        if isinstance(value, dict):
+            value = list(value.values())
+        if isinstance(value, (list, tuple, set, frozenset)):
+            linked.extend(item for item in value if isinstance(item, BaseNode))
+        elif isinstance(value, BaseNode):
+            linked.append(value)
+    return linked
