@@ -9,13 +9,18 @@ from collections.abc import Sequence
 
 def build_parser() -> argparse.ArgumentParser:
     from mimo_pipes.cli import balance_cmd, run_cmd
+    from mimo_pipes.cli.help_format import HelpFormatter
 
     parser = argparse.ArgumentParser(prog="mimo-pipes", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     balance_cmd.add_arguments(
-        commands.add_parser("balance", help="read cost windows as JSON lines, write balanced slots")
+        commands.add_parser(
+            "balance", help="read cost windows as JSON lines, write balanced slots", formatter_class=HelpFormatter
+        )
     )
-    run_cmd.add_arguments(commands.add_parser("run", help="run the balanced MIMO input pipeline"))
+    run_cmd.add_arguments(
+        commands.add_parser("run", help="run the balanced MIMO input pipeline", formatter_class=HelpFormatter)
+    )
     return parser
 
 

@@ -37,44 +37,72 @@ def _bool(value: str) -> bool:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    # Every flag says what it does; the formatter appends its default (see cli/help_format.py).
+    parser.description = (
+        "Run the balanced MIMO input pipeline on locally spawned ranks (Gloo on CPUs, NCCL on GPUs) or under "
+        "torchrun, and print a per-module summary of the vision load before and after balancing."
+    )
     defaults = PipelineConfig()
     reorder = ReorderConfig()
     parser.add_argument("--component", action="append", metavar="SPEC",
-                        help="module spec, repeatable: 'language=tp=1,pp=1,dp=2,rank_offset=0' "
-                             "(default: language=dp=2 + images=dp=2)")
+                        help="a module and its parallel layout, repeatable: 'language=tp=1,pp=1,dp=2,rank_offset=0' "
+                             "(keys tp, cp, pp, dp, etp, rank_offset; one module must be named language) "
+                             "(default: language=dp=2 + images=dp=2,rank_offset=2)")
     parser.add_argument("--micro-batch-size", type=int, default=defaults.micro_batch_size,
                         help="samples per global micro-batch, over all DP ranks of a module")
     parser.add_argument("--global-batch-size", type=int, default=None,
-                        help="samples per global batch (default: one window of micro-batches)")
-    parser.add_argument("--seq-length", type=int, default=defaults.seq_length)
-    parser.add_argument("--pad-to-seq-length", type=_bool, default=True, metavar="{true,false}")
-    parser.add_argument("--scalable-dp", action="store_true", help="each rank reads only its canonical shard")
-    parser.add_argument("--intra-microbatch-reorder", action="store_true", help="balance vision load across DP ranks")
-    parser.add_argument("--reorder-encoder-cost-weight", default=str(reorder.reorder_encoder_cost_weight))
-    parser.add_argument("--reorder-language-cost-weight", default=str(reorder.reorder_language_cost_weight))
+                        help="samples per global batch; with --reorder-across-microbatches a window never crosses "
+                             "one (default: one window of micro-batches)")
+    parser.add_argument("--seq-length", type=int, default=defaults.seq_length,
+                        help="tokens per sample: the processor truncates to it, and micro-batches are padded to it")
+    parser.add_argument("--pad-to-seq-length", type=_bool, default=True, metavar="{true,false}",
+                        help="pad every micro-batch to --seq-length; false pads to its longest sample")
+    parser.add_argument("--scalable-dp", action="store_true",
+                        help="each rank reads only its canonical shard, never the whole global micro-batch")
+    parser.add_argument("--intra-microbatch-reorder", action="store_true",
+                        help="balance the vision load of every micro-batch (window) over each module's DP ranks "
+                             "(needs --scalable-dp)")
+    parser.add_argument("--reorder-encoder-cost-weight", default=str(reorder.reorder_encoder_cost_weight),
+                        help="weight of a sample's image tokens in its cost (only the ratio of the weights matters)")
+    parser.add_argument("--reorder-language-cost-weight", default=str(reorder.reorder_language_cost_weight),
+                        help="weight of a sample's real tokens in its cost")
     parser.add_argument("--no-overlap-intra-microbatch-reorder", action="store_true",
-                        help="exchange on the training thread instead of a background thread")
-    parser.add_argument("--reorder-window-size", type=int, default=reorder.reorder_window_size)
+                        help="exchange on the training thread instead of prefetching on a background thread")
+    parser.add_argument("--reorder-window-size", type=int, default=reorder.reorder_window_size,
+                        help="micro-batches balanced in one exchange")
     parser.add_argument("--reorder-across-microbatches", action="store_true",
-                        help="let samples move between the micro-batches of a window")
-    parser.add_argument("--dataloader-type", default=defaults.dataloader_type, help=f"{' or '.join(DATALOADER_TYPES)}")
-    parser.add_argument("--drop-last", type=_bool, default=True, metavar="{true,false}")
-    parser.add_argument("--steps", type=int, default=JobOptions.steps, help="global micro-batches to consume")
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--dataset", default=None, help="a datasets save_to_disk folder (default: embedded data)")
-    parser.add_argument("--processor", default=None, help="a saved processor folder (default: embedded processor)")
+                        help="let samples move between the micro-batches of a window (opt-in)")
+    parser.add_argument("--dataloader-type", default=defaults.dataloader_type,
+                        help=f"{' or '.join(DATALOADER_TYPES)}: read the data once, or start a new shuffled "
+                             "epoch when it ends")
+    parser.add_argument("--drop-last", type=_bool, default=True, metavar="{true,false}",
+                        help="drop the samples that do not fill a last global micro-batch (only true is supported)")
+    parser.add_argument("--steps", type=int, default=JobOptions.steps,
+                        help="global micro-batches to consume (counted from the start of training)")
+    parser.add_argument("--seed", type=int, default=defaults.seed, help="seed of the epoch shuffle")
+    parser.add_argument("--dataset", default=None,
+                        help="a datasets save_to_disk folder (default: the embedded synthetic data)")
+    parser.add_argument("--processor", default=None,
+                        help="a saved processor folder (default: the embedded offline processor)")
     parser.add_argument("--embedded-samples", type=int, default=defaults.embedded_samples,
-                        help="size of the embedded synthetic dataset")
-    parser.add_argument("--num-workers", type=int, default=defaults.num_workers, help="processing threads per rank")
+                        help="size of the embedded synthetic dataset (without --dataset)")
+    parser.add_argument("--num-workers", type=int, default=defaults.num_workers,
+                        help="processing threads per rank")
     parser.add_argument("--exchange-transport", default=defaults.exchange_transport,
-                        help=f"{', '.join(EXCHANGE_TRANSPORTS)}: gloo moves bytes on the CPU")
+                        help=f"{', '.join(EXCHANGE_TRANSPORTS)}: gloo moves bytes on the CPU, nccl through the GPU; "
+                             "auto takes nccl only for an exchange on the training thread of a GPU run")
     parser.add_argument("--exchange-timeout", type=float, default=defaults.exchange_timeout_s,
                         help="seconds before a collective gives up on a silent peer")
-    parser.add_argument("--dump-assignments", metavar="DIR", default=None)
-    parser.add_argument("--stop-after", type=int, default=None, metavar="K")
-    parser.add_argument("--save-state", metavar="DIR", default=None)
-    parser.add_argument("--resume", metavar="DIR", default=None)
-    parser.add_argument("--recipe", default=JobOptions.recipe, help="module with build(config, layout) -> loader")
+    parser.add_argument("--dump-assignments", metavar="DIR", default=None,
+                        help="write DIR/rank{N}.jsonl, one line per micro-batch a rank consumes (default: no dump)")
+    parser.add_argument("--stop-after", type=int, default=None, metavar="K",
+                        help="stop after K micro-batches and save the state to --save-state (default: run to --steps)")
+    parser.add_argument("--save-state", metavar="DIR", default=None,
+                        help="where --stop-after saves the graph's state (default: none)")
+    parser.add_argument("--resume", metavar="DIR", default=None,
+                        help="continue from a state saved with --save-state, up to --steps (default: start afresh)")
+    parser.add_argument("--recipe", default=JobOptions.recipe,
+                        help="module whose build(config, layout) returns each rank's loader")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 

@@ -1,0 +1,63 @@
+"""`--help` of every subcommand: each flag says what it does and, where it has a default value, names it."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from mimo_pipes.cli.main import build_parser
+
+
+def help_text(command: str) -> str:
+    result = subprocess.run([sys.executable, "-m", "mimo_pipes.cli.main", command, "--help"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def option_entries(text: str) -> dict[str, str]:
+    """``{--flag: its help text}`` from argparse's ``options:`` section."""
+    section = text.split("\noptions:\n", 1)[1]
+    entries: dict[str, str] = {}
+    current = None
+    for line in section.splitlines():
+        if line.startswith("  -"):  # "  -h, --help  text" or "  --flag VALUE" with the text on the next lines
+            invocation, _, text = line.strip().partition("  ")
+            current = max(re.findall(r"--?[\w-]+", invocation), key=len)
+            entries[current] = text
+        elif current and line.startswith("    "):
+            entries[current] += " " + line.strip()
+        else:
+            current = None
+    return {name: " ".join(value.split()) for name, value in entries.items()}
+
+
+def subparser(command: str):
+    parser = build_parser()
+    action = next(a for a in parser._actions if a.dest == "command")
+    return action.choices[command]
+
+
+@pytest.mark.parametrize("command", ["run", "balance"])
+def test_every_flag_says_what_it_does_and_its_default(command):
+    entries = option_entries(help_text(command))
+    actions = [a for a in subparser(command)._actions if a.option_strings]
+    assert {max(a.option_strings, key=len) for a in actions} == set(entries)
+    for action in actions:
+        name = max(action.option_strings, key=len)
+        text = entries[name]
+        assert len(text) > 10, f"{name} has no help"
+        takes_value = action.nargs != 0
+        if takes_value:
+            assert "(default: " in text, f"{name} does not name its default: {text!r}"
+        if takes_value and action.default is not None:
+            shown = str(action.default).lower() if isinstance(action.default, bool) else str(action.default)
+            assert f"(default: {shown})" in text, f"{name}: {text!r}"
+
+
+def test_run_help_names_the_default_layout():
+    entries = option_entries(help_text("run"))
+    assert "(default: language=dp=2 + images=dp=2,rank_offset=2)" in entries["--component"]
