@@ -94,3 +94,15 @@ def test_runs_under_torchrun_with_the_same_stream(uninterrupted, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "language dp=2 + images dp=2" in result.stdout
     assert read_dumps(dumps) == full
+
+
+def test_summary_says_when_the_data_ended_before_steps():
+    # 16 samples of micro-batches of 4, read once: 4 micro-batches, fewer than the 10 asked for.
+    result = run_cli("--steps", "10", "--micro-batch-size", "4", "--embedded-samples", "16", "--quiet",
+                     "--dataloader-type", "single", *REORDER)
+    assert result.returncode == 0, result.stderr
+    assert "micro-batches 0..3," in result.stdout
+    assert "the data ended after 4 micro-batches, before the 10 asked for (--steps)" in result.stdout
+    steps = {line.split()[0]: int(line.split()[2]) for line in result.stdout.splitlines()
+             if line.split() and line.split()[0] in ("language", "images")}
+    assert steps == {"language": 4, "images": 4}

@@ -116,25 +116,31 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> None:
                 progress.update(1)
             if loader.num_yielded >= stop:
                 break
+        end = loader.num_yielded  # below stop when the data ended first
         if options.save_state and options.stop_after is not None:
-            _save_state(options.save_state, rank, loader.state_dict(), config, loader.num_yielded)
+            _save_state(options.save_state, rank, loader.state_dict(), config, end)
     finally:
         if progress is not None:
             progress.close()
         if dump is not None:
             dump.close()
         loader.close()
-    everything: list[list[dict[str, Any]] | None] = [None] * world_size
-    dist.all_gather_object(everything, records)
+    everything: list[tuple[list[dict[str, Any]], int] | None] = [None] * world_size
+    dist.all_gather_object(everything, (records, end))
     if rank == 0:
-        summaries = summarize((r for per_rank in everything for r in per_rank or []), topology.grid_size)
-        print(_headline(config, topology, start, stop), flush=True)
+        summaries = summarize((r for per_rank, _ in everything for r in per_rank), topology.grid_size)
+        end = min(rank_end for _, rank_end in everything)
+        print(_headline(config, topology, start, end), flush=True)
+        if end < stop:
+            print(f"the data ended after {end} micro-batches, before the {stop} asked for "
+                  f"({'--stop-after' if options.stop_after is not None else '--steps'})", flush=True)
         print(format_summary(summaries), flush=True)
         if options.save_state and options.stop_after is not None:
-            print(f"saved state after {stop} micro-batches to {options.save_state}", flush=True)
+            print(f"saved state after {end} micro-batches to {options.save_state}", flush=True)
 
 
-def _headline(config: PipelineConfig, topology, start: int, stop: int) -> str:
+def _headline(config: PipelineConfig, topology, start: int, end: int) -> str:
+    """``end``: the count of micro-batches consumed when the run stopped (start..end-1 were this run's)."""
     reorder = config.reorder
     if reorder.intra_microbatch_reorder:
         mode = (
@@ -147,7 +153,7 @@ def _headline(config: PipelineConfig, topology, start: int, stop: int) -> str:
     modules = " + ".join(f"{m.name} dp={m.dp}" for m in topology.modules)
     return (
         f"mimo-pipes run: {modules}, canonical grid {topology.grid_size}, micro-batch {config.micro_batch_size}, "
-        f"micro-batches {start}..{stop - 1}, {mode}"
+        f"{f'micro-batches {start}..{end - 1}' if end > start else 'no micro-batches'}, {mode}"
     )
 
 
