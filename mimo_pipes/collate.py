@@ -64,6 +64,10 @@ class Collator:
     def microbatch(self, samples: Sequence[Sample], step: int) -> dict[str, Any]:
         return collate_microbatch(samples, step=step, pad_length=self.pad_length, pad_values=self.pad_values)
 
+    def check(self, samples: Sequence[Sample]) -> None:
+        """Raise SampleError for what would fail collating ``samples`` (see :func:`check_collatable`)."""
+        check_collatable(samples, self.pad_length)
+
     def window(self, window: Window) -> Window:
         """Every micro-batch of a window collated; the result shares no memory with the samples."""
         if window.collated:
@@ -72,12 +76,41 @@ class Collator:
         return Window(window.first_step, batches, collated=True)
 
 
+def check_collatable(samples: Sequence[Sample], pad_length: int | None) -> None:
+    """What collation needs of samples, checked on one rank's share before they are exchanged so that a
+    bad sample fails on the rank that read it: sequence fields 1-D and within ``pad_length``, and each
+    concatenated field of one trailing shape. Raises SampleError naming the sample and the field."""
+    first_of: dict[str, tuple[tuple[int, ...], Sample]] = {}
+    for sample in samples:
+        for name in SEQUENCE_FIELDS:
+            if isinstance(sample.get(name), torch.Tensor):
+                _check_sequence(sample[name], sample, name, pad_length)
+        for name in CONCAT_FIELDS:
+            value = sample.get(name)
+            if not isinstance(value, torch.Tensor):
+                continue
+            if value.dim() == 0:
+                raise SampleError(sample.get(SAMPLE_ID), "is a scalar; it is concatenated along dim 0", field=name)
+            shape, first = first_of.setdefault(name, (tuple(value.shape[1:]), sample))
+            if tuple(value.shape[1:]) != shape:
+                raise SampleError(
+                    sample.get(SAMPLE_ID),
+                    f"has shape {tuple(value.shape)}, which cannot be concatenated with the shape "
+                    f"(N, {', '.join(map(str, shape))}) of sample {first.get(SAMPLE_ID)!r}",
+                    field=name,
+                )
+
+
+def _check_sequence(value: torch.Tensor, sample: Sample, name: str, length: int | None) -> None:
+    if value.dim() != 1:
+        raise SampleError(sample.get(SAMPLE_ID), f"must be 1-D, got shape {tuple(value.shape)}", field=name)
+    if length is not None and len(value) > length:
+        raise SampleError(sample.get(SAMPLE_ID), f"has {len(value)} tokens, more than the pad length {length}", field=name)
+
+
 def _pad_stack(values: list[torch.Tensor], samples: Sequence[Sample], name: str, length: int, pad_value: int | float) -> torch.Tensor:
     out = torch.full((len(values), length), pad_value, dtype=values[0].dtype)
     for row, (value, sample) in enumerate(zip(values, samples)):
-        if value.dim() != 1:
-            raise SampleError(sample.get(SAMPLE_ID), f"must be 1-D, got shape {tuple(value.shape)}", field=name)
-        if len(value) > length:
-            raise SampleError(sample.get(SAMPLE_ID), f"has {len(value)} tokens, more than the pad length {length}", field=name)
+        _check_sequence(value, sample, name, length)
         out[row, : len(value)] = value
     return out

@@ -6,6 +6,7 @@ import os
 import threading
 import time
 
+import torch
 import torch.distributed as dist
 from scenarios_exchange import PAD_VALUES, make_config
 
@@ -16,6 +17,8 @@ from mimo_pipes.topology import build_topology
 from mimo_pipes_recipes.vlm_sft import pipeline
 
 COMPONENTS = ["language=dp=2", "images=dp=2,rank_offset=2"]
+SEQ_LENGTH = 4096
+TOO_LONG = SEQ_LENGTH + 1
 
 
 class FaultyDataset(SyntheticProcessedDataset):
@@ -30,6 +33,9 @@ class FaultyDataset(SyntheticProcessedDataset):
         if index == self.bad_index:
             if self.mode == "source":
                 raise OSError(f"storage read failed for index {index}")
+            if self.mode == "too_long":  # longer than the pad length: collation would fail after the exchange
+                sample["input_ids"] = torch.full((TOO_LONG,), 7, dtype=torch.int64)
+                return sample
             sample["extra"] = {"boxes": [object()]}  # not packable
         return sample
 
@@ -53,16 +59,18 @@ def run_fault(mode: str, *, bad_rank: int, overlap: bool, timeout_s: float = 20.
     if groups is None:
         return None
     position = groups.position
-    config = make_config(COMPONENTS, microbatch_size=8, overlap=overlap, seed=1)
+    config = make_config(COMPONENTS, microbatch_size=8, overlap=overlap, seed=1, seq_length=SEQ_LENGTH)
     # Index read by language dp rank (bad_rank % 2)'s shard at step 3: both modules read it on the matching rank.
     from mimo_pipes.sharding import global_microbatch_indices
 
     bad_index = int(global_microbatch_indices(3, 4096, 8, 1, True)[(bad_rank % 2) * 4 + 1])
     faulty = dist.get_rank() == bad_rank or mode == "packing"
-    dataset = FaultyDataset(4096, seed=1, bad_index=bad_index if faulty and mode != "worker" else -1, mode=mode)
+    dataset = FaultyDataset(4096, seed=1, bad_index=bad_index if faulty and mode not in ("worker", "collate") else -1, mode=mode)
     layout = RankLayout(position.dp_rank, position.dp_size, topology.grid_size, groups.exchange_group)
     map_fn = FailingProcessor(bad_index if faulty else -1) if mode == "worker" else None
-    loader = pipeline(dataset, config, layout, map_fn=map_fn, image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES)
+    # "collate": this rank's pad value cannot fill a tensor, so its collation fails after every exchange.
+    pad_values = {**PAD_VALUES, "labels": "pad"} if mode == "collate" and faulty else PAD_VALUES
+    loader = pipeline(dataset, config, layout, map_fn=map_fn, image_token_id=IMAGE_TOKEN_ID, pad_values=pad_values)
     started = time.monotonic()
     if mode == "exit" and dist.get_rank() == bad_rank:
         next(iter(loader))

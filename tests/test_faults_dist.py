@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from dist_pool import DistPool
-from scenarios_faults import run_fault
+from scenarios_faults import SEQ_LENGTH, TOO_LONG, run_fault
 
 TIMEOUT_S = 20.0
 
@@ -51,6 +51,29 @@ def test_unpackable_sample_is_refused_on_every_rank_naming_field_and_sample(pool
         assert "extra.boxes[0]" in ranks[1][1] and "sample" in ranks[1][1]
         assert ranks[0][0] == "PeerError" and "SampleError" in ranks[0][1] and "extra.boxes[0]" in ranks[0][1]
     assert all(r["threads"] == [] for r in results)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_sample_too_long_to_collate_fails_before_the_exchange_on_every_rank(pool, overlap):
+    results = pool.run(run_fault, "too_long", bad_rank=1, overlap=overlap, timeout_s=TIMEOUT_S)
+    cause = f"field 'input_ids': has {TOO_LONG} tokens, more than the pad length {SEQ_LENGTH}"
+    ranks = {r["dp_rank"]: r["outcome"] for r in results if r["module"] == "language"}
+    assert ranks[1][0] == "SampleError" and cause in ranks[1][1], ranks[1]
+    assert ranks[0][0] == "PeerError" and "rank 1 failed: SampleError: sample" in ranks[0][1], ranks[0]
+    assert cause in ranks[0][1] and "during the balance exchange" in ranks[0][1]
+    assert all(r["outcome"][0] == "ok" for r in results if r["module"] == "images")
+    assert all(r["threads"] == [] for r in results), [r["threads"] for r in results]
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_collation_error_after_the_exchange_raises_on_every_rank_naming_rank_and_cause(pool, overlap):
+    results = pool.run(run_fault, "collate", bad_rank=3, overlap=overlap, timeout_s=TIMEOUT_S)
+    ranks = {r["dp_rank"]: r["outcome"] for r in results if r["module"] == "images"}
+    assert ranks[1][0] == "TypeError", ranks[1]
+    assert ranks[0][0] == "PeerError", ranks[0]
+    assert "rank 3 failed: TypeError: " in ranks[0][1] and "after the balance exchange" in ranks[0][1], ranks[0]
+    assert all(r["outcome"][0] == "ok" for r in results if r["module"] == "language")
+    assert all(r["threads"] == [] for r in results), [r["threads"] for r in results]
 
 
 def test_peer_that_exits_makes_the_others_raise_within_the_timeout():

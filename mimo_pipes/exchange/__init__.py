@@ -2,7 +2,15 @@
 and the pure plan and wire format they follow. Everything else in mimo_pipes is plain logic."""
 
 from mimo_pipes.exchange.buffers import ExchangeBuffers
-from mimo_pipes.exchange.collectives import announce_end, announce_failure, exchange_window
+from mimo_pipes.exchange.collectives import agree_after_exchange, announce_end, announce_failure, exchange_window
 from mimo_pipes.exchange.context import ExchangeContext, RankLayout
 
-__all__ = ["ExchangeBuffers", "ExchangeContext", "RankLayout", "announce_end", "announce_failure", "exchange_window"]
+__all__ = [
+    "ExchangeBuffers",
+    "ExchangeContext",
+    "RankLayout",
+    "agree_after_exchange",
+    "announce_end",
+    "announce_failure",
+    "exchange_window",
+]

@@ -8,7 +8,7 @@ source is exhausted) so failures and ends are agreed on by all ranks instead of 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NoReturn
 
 import torch
@@ -50,7 +50,15 @@ def _gather_header(ctx: ExchangeContext, local: torch.Tensor) -> torch.Tensor:
     return torch.stack(rows).cpu()
 
 
-def _agree(ctx: ExchangeContext, status: int, sequence: int, window: Window | None, error: BaseException | None, costs_sizes: list[int]) -> torch.Tensor:
+def _agree(
+    ctx: ExchangeContext,
+    status: int,
+    sequence: int,
+    window: Window | None,
+    error: BaseException | None,
+    costs_sizes: list[int],
+    stage: str = "during the balance exchange",
+) -> torch.Tensor:
     """All-gather status, window shape and per-sample (cost, packed size); raise on every rank if any failed."""
     width = HEADER + 2 * ctx.window_size * ctx.samples_per_rank
     local = torch.full((width,), -1, dtype=torch.int64)
@@ -69,7 +77,7 @@ def _agree(ctx: ExchangeContext, status: int, sequence: int, window: Window | No
         failed = statuses.index(STATUS_FAILED)
         if error is not None:
             raise error
-        raise PeerError(_global_rank(ctx, failed), f"{messages[failed]} (during the balance exchange)")
+        raise PeerError(_global_rank(ctx, failed), f"{messages[failed]} ({stage})")
     if len(set(statuses)) > 1:
         ended = [rank for rank, value in enumerate(statuses) if value == STATUS_END]
         raise PeerError(_global_rank(ctx, ended[0]), "its data ended while other ranks of the module still had data")
@@ -98,6 +106,17 @@ def announce_failure(ctx: ExchangeContext, sequence: int, error: BaseException) 
     raise error
 
 
+def agree_after_exchange(ctx: ExchangeContext, sequence: int, error: BaseException | None) -> None:
+    """After local work on an exchanged window (collation): one small all-gather of every rank's outcome,
+    so that a failure on any rank raises on every rank of the module, naming that rank and the cause,
+    instead of leaving its peers to wait out the timeout in the next exchange. Raises ``error`` here."""
+    if ctx.dp_size > 1:
+        status = STATUS_OK if error is None else STATUS_FAILED
+        _agree(ctx, status, sequence, None, error, [], stage="after the balance exchange")
+    if error is not None:
+        raise error
+
+
 def local_costs_and_layouts(window: Window, need_layouts: bool) -> tuple[list[int], list[SampleLayout | None]]:
     """Interleaved (cost, packed bytes) per local sample, and the layouts (measured once, reused to pack).
 
@@ -113,14 +132,23 @@ def local_costs_and_layouts(window: Window, need_layouts: bool) -> tuple[list[in
     return values, layouts
 
 
-def exchange_window(ctx: ExchangeContext, window: Window, sequence: int, buffers: ExchangeBuffers | None = None) -> Window:
+def exchange_window(
+    ctx: ExchangeContext,
+    window: Window,
+    sequence: int,
+    buffers: ExchangeBuffers | None = None,
+    validate: Callable[[list[Sample]], None] | None = None,
+) -> Window:
     """Balance one window over the module's DP ranks and return this rank's samples in canonical order.
 
     With ``buffers`` the byte buffers are reused: the caller must copy the result out (collate it)
-    before its next exchange."""
+    before its next exchange. ``validate`` checks this rank's samples before anything is sent (what
+    the caller's work on the result needs), so a bad sample fails on every rank at once."""
     try:
         if any(len(microbatch) != ctx.samples_per_rank for microbatch in window.microbatches):
             raise ValueError(f"window at step {window.first_step}: every micro-batch must hold {ctx.samples_per_rank} samples")
+        if validate is not None:
+            validate([sample for microbatch in window.microbatches for sample in microbatch])
         costs_sizes, layouts = local_costs_and_layouts(window, need_layouts=ctx.dp_size > 1)
     except Exception as error:  # noqa: BLE001 - forwarded to every rank, then re-raised here
         announce_failure(ctx, sequence, error)

@@ -13,7 +13,14 @@ import torch
 from torchdata.nodes import BaseNode, IterableWrapper
 
 from mimo_pipes.collate import Collator
-from mimo_pipes.exchange import ExchangeBuffers, ExchangeContext, announce_end, announce_failure, exchange_window
+from mimo_pipes.exchange import (
+    ExchangeBuffers,
+    ExchangeContext,
+    agree_after_exchange,
+    announce_end,
+    announce_failure,
+    exchange_window,
+)
 from mimo_pipes.window import Window
 
 # Windows exchanged ahead of the consumer. Every rank's thread runs at most this far ahead, which bounds
@@ -105,8 +112,17 @@ class _WindowExchange:
         self.buffers = ExchangeBuffers() if collator is not None else None
 
     def __call__(self, window: Window, sequence: int) -> Window:
-        result = exchange_window(self.ctx, window, sequence, self.buffers)
-        return self.collator.window(result) if self.collator is not None else result
+        if self.collator is None:
+            return exchange_window(self.ctx, window, sequence, self.buffers)
+        # What collation needs is checked before the exchange; what still fails is agreed on after it.
+        result = exchange_window(self.ctx, window, sequence, self.buffers, validate=self.collator.check)
+        error: Exception | None = None
+        try:
+            result = self.collator.window(result)
+        except Exception as caught:  # noqa: BLE001 - raised on every rank by the agreement
+            error = caught
+        agree_after_exchange(self.ctx, sequence, error)
+        return result
 
 
 class BalanceExchange(BaseNode[Window]):
@@ -115,7 +131,9 @@ class BalanceExchange(BaseNode[Window]):
     Wraps any BaseNode (or plain iterator) of :class:`Window`. With ``overlap`` the next windows are
     exchanged on a background thread over ``ctx.group``, which must be a group used for nothing else.
     DP size 1 permutes locally on the calling thread. With a ``collator`` each window is also collated
-    right after its exchange, on the same thread, so the training thread only hands micro-batches out.
+    right after its exchange, on the same thread, so the training thread only hands micro-batches out;
+    the samples are checked for it before the exchange, and one small all-gather after collation makes
+    a collation failure on any rank an exception on every rank.
     The state is the source's state after the last delivered window: plain counters, never samples.
     """
 
