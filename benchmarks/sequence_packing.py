@@ -33,6 +33,7 @@ from mimo_pipes.collate import collate_microbatch
 from mimo_pipes.data import KIND_MIX, default_dataset_path, default_processor_path, load_processor, open_dataset
 from mimo_pipes.thd import CU_SEQLENS, CU_SEQLENS_UNPADDED, pack_microbatch
 
+WHOLE_MIX = "embedded (all kinds)"
 LAYOUTS = ("padded to seq-length", "padded to longest", "packed", "packed, multiple K")
 TOKEN_FIELDS = ("input_ids", "attention_mask", "labels", "loss_mask", "position_ids", CU_SEQLENS, CU_SEQLENS_UNPADDED)
 
@@ -45,51 +46,67 @@ def token_slots(batch: dict[str, Any]) -> int:
     return batch["input_ids"].numel()
 
 
-def measure(samples: list[dict], *, seq_length: int, rows: int, multiple: int, pad_values: dict) -> dict[str, Any]:
-    """Totals over the micro-batches of ``samples`` (a short tail is dropped, as drop_last does)."""
-    totals = {layout: {"slots": 0, "bytes": 0, "token_bytes": 0} for layout in LAYOUTS}
-    real = 0
-    count = len(samples) // rows
-    for m in range(count):
-        padded = collate_microbatch(samples[m * rows : (m + 1) * rows], step=m, pad_length=seq_length, pad_values=pad_values)
+class Totals:
+    """Running totals of one mix: micro-batches are measured as they fill, so memory stays at one
+    micro-batch per mix (processed samples hold megabytes of pixels). A short tail is dropped, as
+    drop_last does."""
+
+    def __init__(self, *, seq_length: int, rows: int, multiple: int, pad_values: dict) -> None:
+        self.seq_length, self.rows, self.multiple, self.pad_values = seq_length, rows, multiple, pad_values
+        self.pending: list[dict] = []
+        self.count = self.real = 0
+        self.totals = {layout: {"slots": 0, "bytes": 0, "token_bytes": 0} for layout in LAYOUTS}
+
+    def add(self, sample: dict) -> None:
+        self.pending.append(sample)
+        if len(self.pending) == self.rows:
+            self._measure(collate_microbatch(self.pending, step=self.count, pad_length=self.seq_length, pad_values=self.pad_values))
+            self.pending = []
+
+    def _measure(self, padded: dict[str, Any]) -> None:
         longest = int(padded["attention_mask"].sum(dim=1).max())
         shortened = {k: v[:, :longest] if k in TOKEN_FIELDS and isinstance(v, torch.Tensor) else v for k, v in padded.items()}
         layouts = {
             "padded to seq-length": padded,
             "padded to longest": shortened,
-            "packed": pack_microbatch(padded, pad_values=pad_values),
-            "packed, multiple K": pack_microbatch(padded, pad_multiple=multiple, pad_values=pad_values),
+            "packed": pack_microbatch(padded, pad_values=self.pad_values),
+            "packed, multiple K": pack_microbatch(padded, pad_multiple=self.multiple, pad_values=self.pad_values),
         }
-        real += int(padded["attention_mask"].sum())
+        self.count += 1
+        self.real += int(padded["attention_mask"].sum())
         for layout, batch in layouts.items():
-            totals[layout]["slots"] += token_slots(batch)
-            totals[layout]["bytes"] += tensor_bytes(batch)
-            totals[layout]["token_bytes"] += tensor_bytes(batch, TOKEN_FIELDS)
-    result: dict[str, Any] = {"microbatches": count, "real_tokens": real, "samples": count * rows}
-    for layout, total in totals.items():
-        result[layout] = {
-            "padding_fraction": 1 - real / total["slots"] if total["slots"] else 0.0,
-            "tokens_per_microbatch": total["slots"] / count if count else 0.0,
-            "mb_per_microbatch": total["bytes"] / count / 1e6 if count else 0.0,
-            "token_mb_per_microbatch": total["token_bytes"] / count / 1e6 if count else 0.0,
-        }
-    return result
+            self.totals[layout]["slots"] += token_slots(batch)
+            self.totals[layout]["bytes"] += tensor_bytes(batch)
+            self.totals[layout]["token_bytes"] += tensor_bytes(batch, TOKEN_FIELDS)
+
+    def result(self) -> dict[str, Any]:
+        count = self.count
+        result: dict[str, Any] = {"microbatches": count, "real_tokens": self.real, "samples": count * self.rows}
+        for layout, total in self.totals.items():
+            result[layout] = {
+                "padding_fraction": 1 - self.real / total["slots"] if total["slots"] else 0.0,
+                "tokens_per_microbatch": total["slots"] / count if count else 0.0,
+                "mb_per_microbatch": total["bytes"] / count / 1e6 if count else 0.0,
+                "token_mb_per_microbatch": total["token_bytes"] / count / 1e6 if count else 0.0,
+            }
+        return result
 
 
-def process(dataset, processor) -> dict[str, list[dict]]:
-    """Processed samples by kind, in dataset order."""
-    by_kind: dict[str, list[dict]] = {kind: [] for kind in KIND_MIX}
-    by_kind["all"] = []
+def measure(dataset, processor, *, seq_length: int, rows: int, multiple: int) -> dict[str, dict[str, Any]]:
+    """Results per mix (the whole embedded mix, then each kind alone), rows in dataset order."""
+    pad_values = {"input_ids": processor.pad_token_id, "labels": -100}
+    mixes = {name: Totals(seq_length=seq_length, rows=rows, multiple=multiple, pad_values=pad_values)
+             for name in (WHOLE_MIX, *KIND_MIX)}
     started = time.monotonic()
     for index in range(len(dataset)):
         row = dataset[index]
         sample = processor(row)
         sample["sample_id"] = index
-        by_kind["all"].append(sample)
-        by_kind[row["kind"]].append(sample)
+        mixes[WHOLE_MIX].add(sample)
+        mixes[row["kind"]].add(sample)
         if (index + 1) % 128 == 0:
             print(f"  processed {index + 1}/{len(dataset)} rows ({time.monotonic() - started:.0f}s)", file=sys.stderr, flush=True)
-    return by_kind
+    return {name: totals.result() for name, totals in mixes.items()}
 
 
 def table(results: dict[str, dict[str, Any]], seq_length: int, rows: int, multiple: int) -> str:
@@ -126,14 +143,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for seq_length in args.seq_lengths:
         print(f"seq-length {seq_length}: processing {len(dataset)} rows", file=sys.stderr, flush=True)
         processor = load_processor(default_processor_path(), seq_length)
-        pad_values = {"input_ids": processor.pad_token_id, "labels": -100}
-        by_kind = process(dataset, processor)
-        results = {
-            ("embedded (all kinds)" if kind == "all" else kind): measure(
-                samples, seq_length=seq_length, rows=args.rows, multiple=args.pad_multiple, pad_values=pad_values
-            )
-            for kind, samples in sorted(by_kind.items(), key=lambda item: item[0] != "all")
-        }
+        results = measure(dataset, processor, seq_length=seq_length, rows=args.rows, multiple=args.pad_multiple)
         report["results"][seq_length] = results
         print(table(results, seq_length, args.rows, args.pad_multiple) + "\n", flush=True)
     if args.out:
