@@ -51,6 +51,11 @@ def resolve_exchange_transport(requested: str, world_backend: str, overlap: bool
     return requested
 
 
+def check_pack_pad_multiple(value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(flag("pack_pad_multiple"), f"must be an integer >= 1, got {value!r}")
+
+
 def flag(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
 
@@ -119,8 +124,8 @@ class ReorderConfig:
             raise ConfigError(flag("reorder_window_size"), f"must be an integer >= 1, got {self.reorder_window_size!r}")
         if self.reorder_language_cost not in LANGUAGE_COSTS:
             raise ConfigError(flag("reorder_language_cost"), f"must be one of {', '.join(LANGUAGE_COSTS)}, got {self.reorder_language_cost!r}")
-        self.integer_cost_weights()
-        if self.reorder_language_cost == "packed" and self.integer_cost_weights()[1] == 0:
+        _, language = self.integer_cost_weights()
+        if self.reorder_language_cost == "packed" and language == 0:
             raise ConfigError(
                 flag("reorder_language_cost"),
                 "packed has no effect with --reorder-language-cost-weight 0; give the language term a positive weight",
@@ -193,8 +198,7 @@ class PipelineConfig:
             raise ConfigError(flag("num_workers"), f"must be >= 0, got {self.num_workers}")
         if self.exchange_transport not in EXCHANGE_TRANSPORTS:
             raise ConfigError(flag("exchange_transport"), f"must be one of {', '.join(EXCHANGE_TRANSPORTS)}")
-        if isinstance(self.pack_pad_multiple, bool) or not isinstance(self.pack_pad_multiple, int) or self.pack_pad_multiple < 1:
-            raise ConfigError(flag("pack_pad_multiple"), f"must be an integer >= 1, got {self.pack_pad_multiple!r}")
+        check_pack_pad_multiple(self.pack_pad_multiple)
         if not self.exchange_timeout_s > 0:
             raise ConfigError(flag("exchange_timeout_s"), f"must be positive, got {self.exchange_timeout_s}")
         for setting in ("dataset", "processor"):

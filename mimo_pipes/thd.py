@@ -63,6 +63,11 @@ def sequence_lengths(batch: Mapping[str, Any]) -> list[int]:
     return lengths
 
 
+def check_pad_multiple(pad_multiple: object) -> None:
+    if isinstance(pad_multiple, bool) or not isinstance(pad_multiple, int) or pad_multiple < 1:
+        raise ValueError(f"pad_multiple must be an integer >= 1, got {pad_multiple!r}")
+
+
 def padded_length(length: int, multiple: int) -> int:
     """``length`` rounded up to a multiple of ``multiple``."""
     return -(-length // multiple) * multiple
@@ -80,8 +85,7 @@ def pack_microbatch(
     batch: Mapping[str, Any], *, pad_multiple: int = 1, pad_values: Mapping[str, int | float] = DEFAULT_PAD_VALUES
 ) -> dict[str, Any]:
     """The THD form of one collated micro-batch (see the module docstring); ``batch`` is not modified."""
-    if not isinstance(pad_multiple, int) or pad_multiple < 1:
-        raise ValueError(f"pad_multiple must be an integer >= 1, got {pad_multiple!r}")
+    check_pad_multiple(pad_multiple)
     lengths = sequence_lengths(batch)
     padded = [padded_length(n, pad_multiple) for n in lengths]
     starts = cumulative(padded)

@@ -20,7 +20,7 @@ from typing import Any
 from torchdata.nodes import BaseNode, IterableWrapper, Stateful
 
 from mimo_pipes.collate import Collator
-from mimo_pipes.config import ReorderConfig, flag
+from mimo_pipes.config import ReorderConfig, check_pack_pad_multiple, flag
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange import ExchangeContext, RankLayout
 from mimo_pipes.loader import GraphLoader
@@ -153,8 +153,7 @@ def balance_iterator(
     if (microbatches is None) == (source_factory is None):
         raise TypeError("pass exactly one of microbatches and source_factory")
     validate_settings(config, layout, micro_batch_size, seq_length, pad_to_seq_length)
-    if isinstance(pack_pad_multiple, bool) or not isinstance(pack_pad_multiple, int) or pack_pad_multiple < 1:
-        raise ConfigError(flag("pack_pad_multiple"), f"must be an integer >= 1, got {pack_pad_multiple!r}")
+    check_pack_pad_multiple(pack_pad_multiple)
     samples_per_rank = micro_batch_size // layout.dp_size
     window_size = reorder_window_size(config)
     if source_factory is not None:

@@ -8,7 +8,7 @@ from typing import Any
 from torchdata.nodes import BaseNode
 
 from mimo_pipes.collate import DEFAULT_PAD_VALUES
-from mimo_pipes.thd import pack_microbatch, packing_metrics
+from mimo_pipes.thd import check_pad_multiple, pack_microbatch, packing_metrics
 
 
 class SequencePacker(BaseNode[dict]):
@@ -24,8 +24,7 @@ class SequencePacker(BaseNode[dict]):
         self, source: BaseNode[dict], *, pad_multiple: int = 1, pad_values: Mapping[str, int | float] = DEFAULT_PAD_VALUES
     ) -> None:
         super().__init__()
-        if not isinstance(pad_multiple, int) or pad_multiple < 1:
-            raise ValueError(f"pad_multiple must be an integer >= 1, got {pad_multiple!r}")
+        check_pad_multiple(pad_multiple)
         self.source = source
         self.pad_multiple = pad_multiple
         self.pad_values = dict(pad_values)
