@@ -62,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pack-sequences-in-batch", action="store_true",
                         help="pack each rank's micro-batch into one THD row after reordering: real tokens "
                              "concatenated, cu_seqlens, no attention mask (default: off, padded rows)")
-    parser.add_argument("--pack-pad-multiple", type=int, default=defaults.pack_pad_multiple,
+    parser.add_argument("--pack-pad-multiple", type=int, default=defaults.pack_pad_multiple, metavar="K",
                         help="with packing, pad every sequence to a multiple of this; 2 x cp for context "
                              f"parallelism (default: {defaults.pack_pad_multiple})")
     parser.add_argument("--reorder-language-cost", choices=LANGUAGE_COSTS, default=reorder.reorder_language_cost,
@@ -70,6 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "--reorder-attention-crossover, a packed rank's linear plus attention work "
                              f"(default: {reorder.reorder_language_cost})")
     parser.add_argument("--reorder-attention-crossover", type=int, default=reorder.reorder_attention_crossover,
+                        metavar="TOKENS",
                         help="with --reorder-language-cost packed: the sequence length at which attention work "
                              "equals the linear layers' work, about 12 x hidden size for a causal decoder "
                              f"(default: {reorder.reorder_attention_crossover})")
