@@ -18,6 +18,8 @@ from mimo_pipes.topology import COMPONENT_FLAG, Topology, build_topology
 DATALOADER_TYPES = ("single", "cyclic")
 EXCHANGE_TRANSPORTS = ("auto", "gloo", "nccl")
 DEFAULT_COMPONENTS = ("language=tp=1,pp=1,dp=2,rank_offset=0", "images=tp=1,dp=2,rank_offset=2")
+LANGUAGE_COSTS = ("tokens", "packed")
+DEFAULT_ATTENTION_CROSSOVER = 12 * 4096  # causal decoder, hidden size 4096, 4h MLP (see docs/sequence-packing.md)
 
 
 def resolve_exchange_transport(requested: str, world_backend: str, overlap: bool, device_max_connections: str | None) -> str:
@@ -49,6 +51,11 @@ def resolve_exchange_transport(requested: str, world_backend: str, overlap: bool
     return requested
 
 
+def check_pack_pad_multiple(value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(flag("pack_pad_multiple"), f"must be an integer >= 1, got {value!r}")
+
+
 def flag(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
 
@@ -77,9 +84,23 @@ class ReorderConfig:
     overlap_intra_microbatch_reorder: bool = True
     reorder_window_size: int = 1
     reorder_across_microbatches: bool = False
+    # Language term of a sample's cost: "tokens" = real tokens L; "packed" = L + L**2 / crossover, what a
+    # language rank's time grows with when its micro-batch is packed (linear layers plus attention).
+    reorder_language_cost: str = "tokens"
+    reorder_attention_crossover: int = DEFAULT_ATTENTION_CROSSOVER
 
     def integer_cost_weights(self) -> tuple[int, int]:
-        """(encoder, language) weights as coprime integers with the same ratio: exact, identical everywhere."""
+        """(encoder, language) weights as integers with the same ratio: exact, identical everywhere.
+        Coprime together with :meth:`integer_language_square_weight`."""
+        encoder, language, _ = self._integer_cost_terms()
+        return encoder, language
+
+    def integer_language_square_weight(self) -> int:
+        """Weight of real_tokens**2 in a sample's cost, on the scale of :meth:`integer_cost_weights`:
+        ``language / crossover`` with ``--reorder-language-cost packed``, else 0."""
+        return self._integer_cost_terms()[2]
+
+    def _integer_cost_terms(self) -> tuple[int, int, int]:
         encoder = exact_weight(self.reorder_encoder_cost_weight, flag("reorder_encoder_cost_weight"))
         language = exact_weight(self.reorder_language_cost_weight, flag("reorder_language_cost_weight"))
         if encoder == 0 and language == 0:
@@ -87,15 +108,28 @@ class ReorderConfig:
                 flag("reorder_encoder_cost_weight"),
                 "and --reorder-language-cost-weight are both 0; at least one cost weight must be positive",
             )
-        common = math.lcm(encoder.denominator, language.denominator)
-        encoder_int, language_int = int(encoder * common), int(language * common)
-        divisor = math.gcd(encoder_int, language_int)
-        return encoder_int // divisor, language_int // divisor
+        square = Fraction(0)
+        if self.reorder_language_cost == "packed":
+            crossover = self.reorder_attention_crossover
+            if isinstance(crossover, bool) or not isinstance(crossover, int) or crossover < 1:
+                raise ConfigError(flag("reorder_attention_crossover"), f"must be an integer >= 1, got {crossover!r}")
+            square = language / crossover
+        common = math.lcm(encoder.denominator, language.denominator, square.denominator)
+        terms = [int(weight * common) for weight in (encoder, language, square)]
+        divisor = math.gcd(*terms)
+        return terms[0] // divisor, terms[1] // divisor, terms[2] // divisor
 
     def validate(self) -> None:
         if not isinstance(self.reorder_window_size, int) or self.reorder_window_size < 1:
             raise ConfigError(flag("reorder_window_size"), f"must be an integer >= 1, got {self.reorder_window_size!r}")
-        self.integer_cost_weights()
+        if self.reorder_language_cost not in LANGUAGE_COSTS:
+            raise ConfigError(flag("reorder_language_cost"), f"must be one of {', '.join(LANGUAGE_COSTS)}, got {self.reorder_language_cost!r}")
+        _, language = self.integer_cost_weights()
+        if self.reorder_language_cost == "packed" and language == 0:
+            raise ConfigError(
+                flag("reorder_language_cost"),
+                "packed has no effect with --reorder-language-cost-weight 0; give the language term a positive weight",
+            )
         if self.intra_microbatch_reorder and not self.scalable_dp:
             raise ConfigError(
                 flag("intra_microbatch_reorder"),
@@ -133,6 +167,9 @@ class PipelineConfig:
     exchange_transport: str = "auto"
     exchange_timeout_s: float = 120.0
     reorder: ReorderConfig = field(default_factory=ReorderConfig)
+    # Sequence packing (THD) of each rank's collated micro-batch, after reordering.
+    pack_sequences_in_batch: bool = False
+    pack_pad_multiple: int = 1  # pad every packed sequence to a multiple of this (2 x cp with context parallelism)
 
     @property
     def microbatches_per_global_batch(self) -> int:
@@ -161,6 +198,7 @@ class PipelineConfig:
             raise ConfigError(flag("num_workers"), f"must be >= 0, got {self.num_workers}")
         if self.exchange_transport not in EXCHANGE_TRANSPORTS:
             raise ConfigError(flag("exchange_transport"), f"must be one of {', '.join(EXCHANGE_TRANSPORTS)}")
+        check_pack_pad_multiple(self.pack_pad_multiple)
         if not self.exchange_timeout_s > 0:
             raise ConfigError(flag("exchange_timeout_s"), f"must be positive, got {self.exchange_timeout_s}")
         for setting in ("dataset", "processor"):

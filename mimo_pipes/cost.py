@@ -21,6 +21,10 @@ def real_token_count(attention_mask: torch.Tensor) -> int:
     return int(attention_mask.sum())
 
 
-def sample_cost(image_tokens: int, real_tokens: int, encoder_weight: int, language_weight: int) -> int:
-    """``w_enc * image_tokens + w_lang * real_tokens`` with integer weights (see ReorderConfig)."""
-    return encoder_weight * image_tokens + language_weight * real_tokens
+def sample_cost(
+    image_tokens: int, real_tokens: int, encoder_weight: int, language_weight: int, language_square_weight: int = 0
+) -> int:
+    """``w_enc * image_tokens + w_lang * real_tokens + w_sq * real_tokens**2`` with integer weights (see
+    ReorderConfig). The square term is attention under sequence packing: a packed rank's language time
+    grows with the sum of its sequences' squared lengths, and that sum adds up sample by sample."""
+    return encoder_weight * image_tokens + language_weight * real_tokens + language_square_weight * real_tokens**2

@@ -23,6 +23,7 @@ from mimo_pipes.nodes import (
     CanonicalShardReader,
     CostAnnotator,
     MicroBatchAssembler,
+    SequencePacker,
     SnapshotGuard,
     Windower,
 )
@@ -66,7 +67,10 @@ def pipeline(
     if map_fn is not None:
         # ParallelMapper keeps its source's state as snapshots without copying: SnapshotGuard hands it copies.
         node = ParallelMapper(SnapshotGuard(node), map_fn, num_workers=max(config.num_workers, 1), in_order=True, method="thread")
-    node = CostAnnotator(node, image_token_id=image_token_id, encoder_weight=encoder_weight, language_weight=language_weight)
+    node = CostAnnotator(
+        node, image_token_id=image_token_id, encoder_weight=encoder_weight, language_weight=language_weight,
+        language_square_weight=reorder.integer_language_square_weight(),
+    )
     node = Windower(node, samples_per_microbatch=samples_per_rank, window_size=window_size)
     if reorder.intra_microbatch_reorder:
         exchange = ExchangeContext.for_layout(
@@ -75,6 +79,9 @@ def pipeline(
         # Collates each window right after moving it (on the prefetch thread with overlap).
         node = BalanceExchange(node, exchange, overlap=reorder.overlap_intra_microbatch_reorder, collator=collator)
     node = MicroBatchAssembler(node, collator=collator, skip_first=resume.skip_first)
+    if config.pack_sequences_in_batch:
+        # One THD row per micro-batch, after the exchange: packing never changes which samples a rank holds.
+        node = SequencePacker(node, pad_multiple=config.pack_pad_multiple, pad_values=collator.pad_values)
     return GraphLoader(node, start_count=resume.consumed)
 
 

@@ -16,7 +16,9 @@ PAD_VALUES = {"input_ids": 0, "labels": -100}
 
 
 def make_config(components, *, microbatch_size, reorder=True, window_size=1, across=False, overlap=True,
-                dataloader_type="cyclic", global_batch_size=None, seed=0, seq_length=4096) -> PipelineConfig:
+                dataloader_type="cyclic", global_batch_size=None, seed=0, seq_length=4096,
+                pack_sequences_in_batch=False, pack_pad_multiple=1, reorder_language_cost="tokens",
+                reorder_language_cost_weight=0.0) -> PipelineConfig:
     return PipelineConfig(
         components=tuple(components),
         micro_batch_size=microbatch_size,
@@ -25,12 +27,16 @@ def make_config(components, *, microbatch_size, reorder=True, window_size=1, acr
         dataloader_type=dataloader_type,
         seed=seed,
         num_workers=1,
+        pack_sequences_in_batch=pack_sequences_in_batch,
+        pack_pad_multiple=pack_pad_multiple,
         reorder=ReorderConfig(
             scalable_dp=True,
             intra_microbatch_reorder=reorder,
             overlap_intra_microbatch_reorder=overlap,
             reorder_window_size=window_size,
             reorder_across_microbatches=across,
+            reorder_language_cost=reorder_language_cost,
+            reorder_language_cost_weight=reorder_language_cost_weight,
         ),
     )
 

@@ -1,7 +1,8 @@
 """The balance exchange for training loops that hold an iterator of collated micro-batches (Megatron style).
 
 ``balance_iterator`` composes existing nodes: the source (IterableWrapper) -> Uncollate -> CostAnnotator
--> Windower -> BalanceExchange -> MicroBatchAssembler, under a GraphLoader. Only the wiring lives here.
+-> Windower -> BalanceExchange -> MicroBatchAssembler (-> SequencePacker), under a GraphLoader. Only the
+wiring lives here.
 
 Resuming: a plain iterator cannot be rewound, so the state only records counters (micro-batches taken
 from the source up to the start of the current window, and how many of that window were handed out).
@@ -19,11 +20,11 @@ from typing import Any
 from torchdata.nodes import BaseNode, IterableWrapper, Stateful
 
 from mimo_pipes.collate import Collator
-from mimo_pipes.config import ReorderConfig, flag
+from mimo_pipes.config import ReorderConfig, check_pack_pad_multiple, flag
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange import ExchangeContext, RankLayout
 from mimo_pipes.loader import GraphLoader
-from mimo_pipes.nodes import BalanceExchange, CostAnnotator, MicroBatchAssembler, Uncollate, Windower
+from mimo_pipes.nodes import BalanceExchange, CostAnnotator, MicroBatchAssembler, SequencePacker, Uncollate, Windower
 from mimo_pipes.resume import reorder_window_size, resume_point
 
 SourceFactory = Callable[[int], Iterable[Mapping[str, Any]]]
@@ -130,6 +131,8 @@ def balance_iterator(
     merge_size: int = 2,
     start_microbatch: int = 0,
     source_factory: SourceFactory | None = None,
+    pack_sequences: bool = False,
+    pack_pad_multiple: int = 1,
 ) -> BalancedIterator:
     """Balanced micro-batches from this rank's collated ones, in the same format plus metadata lists.
 
@@ -143,11 +146,14 @@ def balance_iterator(
 
     With ``source_factory``, a start in the middle of a window reads from the window's start and skips
     ahead, exactly as a restored state does; an iterator that starts mid-window gets a short first
-    window. Raises ConfigError, naming the flag, on a bad setting.
+    window. With ``pack_sequences``, each output micro-batch is packed into one THD row (see
+    :mod:`mimo_pipes.thd`), every sequence padded to a multiple of ``pack_pad_multiple``. Raises
+    ConfigError, naming the flag, on a bad setting.
     """
     if (microbatches is None) == (source_factory is None):
         raise TypeError("pass exactly one of microbatches and source_factory")
     validate_settings(config, layout, micro_batch_size, seq_length, pad_to_seq_length)
+    check_pack_pad_multiple(pack_pad_multiple)
     samples_per_rank = micro_batch_size // layout.dp_size
     window_size = reorder_window_size(config)
     if source_factory is not None:
@@ -172,7 +178,10 @@ def balance_iterator(
         dp_size=layout.dp_size,
         start_step=resume.first_step,
     )
-    node = CostAnnotator(node, image_token_id=image_token_id, encoder_weight=encoder_weight, language_weight=language_weight)
+    node = CostAnnotator(
+        node, image_token_id=image_token_id, encoder_weight=encoder_weight, language_weight=language_weight,
+        language_square_weight=config.integer_language_square_weight(),
+    )
     node = Windower(node, samples_per_microbatch=samples_per_rank, window_size=window_size)
     if config.intra_microbatch_reorder:
         exchange = ExchangeContext.for_layout(
@@ -180,4 +189,6 @@ def balance_iterator(
         )
         node = BalanceExchange(node, exchange, overlap=config.overlap_intra_microbatch_reorder, collator=collator)
     node = MicroBatchAssembler(node, collator=collator, skip_first=resume.skip_first)
+    if pack_sequences:
+        node = SequencePacker(node, pad_multiple=pack_pad_multiple, pad_values=collator.pad_values)
     return BalancedIterator(node, start_count=resume.consumed, restorable=restorable)

@@ -14,11 +14,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mimo_pipes.cli.report import format_summary, summarize
+from mimo_pipes.cli.report import format_packing_summary, format_summary, summarize, summarize_packing
 from mimo_pipes.config import JobOptions, PipelineConfig, resolve_exchange_transport
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.exchange.process_groups import build_rank_groups
+from mimo_pipes.loader import graph_nodes
+from mimo_pipes.nodes import SequencePacker
 
 STATE_FORMAT = 1
 # Settings that must match between a saved state and the run that resumes it.
@@ -94,6 +96,7 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> None:
     if options.resume:
         loader.load_state_dict(json.loads(state_path(options.resume, rank).read_text())["loader"])
     start = loader.num_yielded
+    packer = next((node for node in graph_nodes(loader.root) if isinstance(node, SequencePacker)), None)
     stop = options.stop_after if options.stop_after is not None else options.steps
     dump = _open_dump(options, rank, append=bool(options.resume))
     records: list[dict[str, Any]] = []
@@ -112,6 +115,8 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> None:
             if dump is not None:
                 dump.write(json.dumps(record) + "\n")
             records.append({**record, "slots": batch["slots"], "tp_rank": position.tp_rank, "pp_rank": position.pp_rank})
+            if packer is not None:
+                records[-1]["packing"] = packer.last_metrics
             if progress is not None:
                 progress.update(1)
             if loader.num_yielded >= stop:
@@ -135,6 +140,9 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> None:
             print(f"the data ended after {end} micro-batches, before the {stop} asked for "
                   f"({'--stop-after' if options.stop_after is not None else '--steps'})", flush=True)
         print(format_summary(summaries), flush=True)
+        packing = summarize_packing(r for per_rank in everything for r in per_rank or [])
+        if packing:
+            print(format_packing_summary(packing), flush=True)
         if options.save_state and options.stop_after is not None:
             print(f"saved state after {end} micro-batches to {options.save_state}", flush=True)
 
@@ -150,6 +158,8 @@ def _headline(config: PipelineConfig, topology, start: int, end: int) -> str:
         )
     else:
         mode = "reorder off (enable with --scalable-dp --intra-microbatch-reorder)"
+    if config.pack_sequences_in_batch:
+        mode += f", sequence packing on (THD, pad multiple {config.pack_pad_multiple})"
     modules = " + ".join(f"{m.name} dp={m.dp}" for m in topology.modules)
     return (
         f"mimo-pipes run: {modules}, canonical grid {topology.grid_size}, micro-batch {config.micro_batch_size}, "

@@ -83,3 +83,59 @@ def format_summary(summaries: Sequence[ModuleSummary]) -> str:
     lines.append("spread: mean over micro-batches of (heaviest - lightest) per-rank image tokens; "
                  "crit. path: sum over micro-batches of the heaviest rank's image tokens")
     return "\n".join(lines)
+
+
+# --- Sequence packing: padding before and after, per rank ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class PackingSummary:
+    module: str
+    dp_rank: int
+    microbatches: int
+    real_tokens: int
+    padded_tokens: int  # rows x padded length, summed over micro-batches: what the padded layout holds
+    packed_tokens: int  # tokens of the packed rows, per-sequence padding included
+
+    @property
+    def padding_fraction_before(self) -> float:
+        return 1 - self.real_tokens / self.padded_tokens if self.padded_tokens else 0.0
+
+    @property
+    def padding_fraction_after(self) -> float:
+        return 1 - self.real_tokens / self.packed_tokens if self.packed_tokens else 0.0
+
+    @property
+    def mean_tokens_per_packed_row(self) -> float:
+        return self.packed_tokens / self.microbatches if self.microbatches else 0.0
+
+
+def summarize_packing(records: Iterable[Mapping]) -> list[PackingSummary]:
+    """Per (module, DP rank), from records carrying the packer's ``packing`` metrics (TP/PP rank 0 only)."""
+    totals: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+    for record in records:
+        metrics = record.get("packing")
+        if metrics is None or record.get("tp_rank", 0) or record.get("pp_rank", 0):
+            continue
+        total = totals[(record["module"], record["dp_rank"])]
+        total[0] += 1
+        total[1] += metrics["real_tokens"]
+        total[2] += metrics["rows"] * metrics["padded_length"]
+        total[3] += metrics["tokens_per_packed_row"]
+    return [
+        PackingSummary(module, dp_rank, *totals[(module, dp_rank)])
+        for module, dp_rank in sorted(totals, key=lambda key: (key[0] != "language", key))
+    ]
+
+
+def format_packing_summary(summaries: Sequence[PackingSummary]) -> str:
+    header = f"{'module':<10} {'dp rank':>7} {'padding before':>15} {'padding after':>14} {'tokens/packed row':>18}"
+    lines = ["sequence packing (THD)", header, "-" * len(header)]
+    for s in summaries:
+        lines.append(
+            f"{s.module:<10} {s.dp_rank:>7} {s.padding_fraction_before:>15.1%} {s.padding_fraction_after:>14.1%} "
+            f"{s.mean_tokens_per_packed_row:>18.1f}"
+        )
+    lines.append("padding: share of token slots that hold no real token, over the rank's micro-batches; "
+                 "tokens/packed row: mean length of the packed row handed to the model")
+    return "\n".join(lines)

@@ -16,6 +16,7 @@ from mimo_pipes.config import (
     DATALOADER_TYPES,
     DEFAULT_COMPONENTS,
     EXCHANGE_TRANSPORTS,
+    LANGUAGE_COSTS,
     JobOptions,
     PipelineConfig,
     ReorderConfig,
@@ -72,6 +73,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="micro-batches balanced in one exchange")
     parser.add_argument("--reorder-across-microbatches", action="store_true",
                         help="let samples move between the micro-batches of a window (opt-in)")
+    # Sequence packing (THD) and the language cost it implies.
+    parser.add_argument("--pack-sequences-in-batch", action="store_true",
+                        help="pack each rank's micro-batch into one THD row after reordering: real tokens "
+                             "concatenated, cu_seqlens, no attention mask")
+    parser.add_argument("--pack-pad-multiple", type=int, default=defaults.pack_pad_multiple, metavar="K",
+                        help="with packing, pad every sequence to a multiple of this; 2 x cp for context "
+                             "parallelism")
+    parser.add_argument("--reorder-language-cost", choices=LANGUAGE_COSTS, default=reorder.reorder_language_cost,
+                        help="language term of a sample's cost: tokens = real tokens L; packed = L + L^2 / "
+                             "--reorder-attention-crossover, a packed rank's linear plus attention work")
+    parser.add_argument("--reorder-attention-crossover", type=int, default=reorder.reorder_attention_crossover,
+                        metavar="TOKENS",
+                        help="with --reorder-language-cost packed: the sequence length at which attention work "
+                             "equals the linear layers' work, about 12 x hidden size for a causal decoder")
     parser.add_argument("--dataloader-type", default=defaults.dataloader_type,
                         help=f"{' or '.join(DATALOADER_TYPES)}: read the data once, or start a new shuffled "
                              "epoch when it ends")
@@ -115,6 +130,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[PipelineConfig, JobOptio
         overlap_intra_microbatch_reorder=not args.no_overlap_intra_microbatch_reorder,
         reorder_window_size=args.reorder_window_size,
         reorder_across_microbatches=args.reorder_across_microbatches,
+        reorder_language_cost=args.reorder_language_cost,
+        reorder_attention_crossover=args.reorder_attention_crossover,
     )
     config = PipelineConfig(
         components=tuple(args.component) if args.component else DEFAULT_COMPONENTS,
@@ -132,6 +149,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[PipelineConfig, JobOptio
         exchange_transport=args.exchange_transport,
         exchange_timeout_s=args.exchange_timeout,
         reorder=reorder,
+        pack_sequences_in_batch=args.pack_sequences_in_batch,
+        pack_pad_multiple=args.pack_pad_multiple,
     )
     options = JobOptions(
         steps=args.steps,

@@ -1,9 +1,10 @@
-"""The graph's torchdata.nodes, one per module: reader, costs, windows, exchange, assembly."""
+"""The graph's torchdata.nodes, one per module: reader, costs, windows, exchange, assembly, sequence packing."""
 
 from mimo_pipes.nodes.balance_exchange import BalanceExchange
 from mimo_pipes.nodes.canonical_shard_reader import CanonicalShardReader
 from mimo_pipes.nodes.cost_annotator import CostAnnotator
 from mimo_pipes.nodes.microbatch_assembler import MicroBatchAssembler
+from mimo_pipes.nodes.sequence_packer import SequencePacker
 from mimo_pipes.nodes.snapshot_guard import SnapshotGuard
 from mimo_pipes.nodes.uncollate import Uncollate
 from mimo_pipes.nodes.windower import Windower
@@ -13,6 +14,7 @@ __all__ = [
     "CanonicalShardReader",
     "CostAnnotator",
     "MicroBatchAssembler",
+    "SequencePacker",
     "SnapshotGuard",
     "Uncollate",
     "Windower",

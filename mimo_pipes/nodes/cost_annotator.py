@@ -14,19 +14,32 @@ from mimo_pipes.sample import COST, IMAGE_TOKENS, REAL_TOKENS, SAMPLE_ID, Sample
 class CostAnnotator(BaseNode[Sample]):
     """Counts image placeholders in ``input_ids`` and real tokens in ``attention_mask``; cost = weighted sum.
 
-    Weights are integers (``ReorderConfig.integer_cost_weights``), so every process gets the same cost.
+    Weights are integers (``ReorderConfig.integer_cost_weights``), so every process gets the same cost;
+    ``language_square_weight`` (``ReorderConfig.integer_language_square_weight``) adds the attention term of
+    a packed micro-batch, ``real_tokens**2``.
     """
 
     SOURCE_KEY = "source"
 
-    def __init__(self, source: BaseNode[Sample], *, image_token_id: int, encoder_weight: int, language_weight: int) -> None:
+    def __init__(
+        self,
+        source: BaseNode[Sample],
+        *,
+        image_token_id: int,
+        encoder_weight: int,
+        language_weight: int,
+        language_square_weight: int = 0,
+    ) -> None:
         super().__init__()
         if encoder_weight < 0 or language_weight < 0 or encoder_weight + language_weight == 0:
             raise ValueError(f"cost weights ({encoder_weight}, {language_weight}) must be >= 0 and not both 0")
+        if language_square_weight < 0:
+            raise ValueError(f"language_square_weight must be >= 0, got {language_square_weight}")
         self.source = source
         self.image_token_id = image_token_id
         self.encoder_weight = encoder_weight
         self.language_weight = language_weight
+        self.language_square_weight = language_square_weight
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
@@ -41,7 +54,9 @@ class CostAnnotator(BaseNode[Sample]):
         real_tokens = real_token_count(sample["attention_mask"])
         sample[IMAGE_TOKENS] = image_tokens
         sample[REAL_TOKENS] = real_tokens
-        sample[COST] = sample_cost(image_tokens, real_tokens, self.encoder_weight, self.language_weight)
+        sample[COST] = sample_cost(
+            image_tokens, real_tokens, self.encoder_weight, self.language_weight, self.language_square_weight
+        )
         return sample
 
     def get_state(self) -> dict[str, Any]:

@@ -1,0 +1,45 @@
+"""SequencePacker: packs each collated micro-batch into one THD row (sequence packing, no padding rows)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from torchdata.nodes import BaseNode
+
+from mimo_pipes.collate import DEFAULT_PAD_VALUES
+from mimo_pipes.thd import check_pad_multiple, pack_microbatch, packing_metrics
+
+
+class SequencePacker(BaseNode[dict]):
+    """Yields the THD form of each micro-batch of its source (:func:`mimo_pipes.thd.pack_microbatch`).
+
+    Stateless per micro-batch, so its state is its source's. ``last_metrics`` holds the counts of the
+    micro-batch yielded last (padding fraction before and after packing, tokens per packed row).
+    """
+
+    SOURCE_KEY = "source"
+
+    def __init__(
+        self, source: BaseNode[dict], *, pad_multiple: int = 1, pad_values: Mapping[str, int | float] = DEFAULT_PAD_VALUES
+    ) -> None:
+        super().__init__()
+        check_pad_multiple(pad_multiple)
+        self.source = source
+        self.pad_multiple = pad_multiple
+        self.pad_values = dict(pad_values)
+        self.last_metrics: dict[str, float | int] | None = None
+
+    def reset(self, initial_state: dict | None = None) -> None:
+        super().reset(initial_state)
+        self.last_metrics = None
+        self.source.reset(None if initial_state is None else initial_state[self.SOURCE_KEY])
+
+    def next(self) -> dict:
+        batch = next(self.source)
+        packed = pack_microbatch(batch, pad_multiple=self.pad_multiple, pad_values=self.pad_values)
+        self.last_metrics = packing_metrics(batch, packed).as_dict()
+        return packed
+
+    def get_state(self) -> dict[str, Any]:
+        return {self.SOURCE_KEY: self.source.state_dict()}
