@@ -19,6 +19,8 @@ from mimo_pipes.config import JobOptions, PipelineConfig, resolve_exchange_trans
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.exchange.process_groups import build_rank_groups
+from mimo_pipes.metrics import summary_line
+from mimo_pipes.observer import ExchangeRecord
 
 STATE_FORMAT = 1
 # Settings that must match between a saved state and the run that resumes it.
@@ -95,6 +97,7 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> None:
         loader.load_state_dict(json.loads(state_path(options.resume, rank).read_text())["loader"])
     start = loader.num_yielded
     stop = options.stop_after if options.stop_after is not None else options.steps
+    metrics_log = _attach_metrics(loader, position, options)
     dump = _open_dump(options, rank, append=bool(options.resume))
     records: list[dict[str, Any]] = []
     progress = _progress(rank == 0 and options.progress, total=options.steps, initial=start)
@@ -118,12 +121,16 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> None:
                 break
         if options.save_state and options.stop_after is not None:
             _save_state(options.save_state, rank, loader.state_dict(), config, loader.num_yielded)
+        if metrics_log is not None:
+            metrics_log.finish(loader.exchange_metrics())
     finally:
         if progress is not None:
             progress.close()
         if dump is not None:
             dump.close()
         loader.close()
+        if metrics_log is not None:
+            metrics_log.close()
     everything: list[list[dict[str, Any]] | None] = [None] * world_size
     dist.all_gather_object(everything, records)
     if rank == 0:
@@ -132,6 +139,51 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> None:
         print(format_summary(summaries), flush=True)
         if options.save_state and options.stop_after is not None:
             print(f"saved state after {stop} micro-batches to {options.save_state}", flush=True)
+
+
+class _MetricsLog:
+    """On DP rank 0 of a module: the exchange's metrics to TensorBoard and, every N windows, to stderr."""
+
+    def __init__(self, module: str, options: JobOptions) -> None:
+        self.module = module
+        self.interval = options.log_interval if options.progress else None
+        self.sink = None
+        if options.tensorboard is not None:
+            from mimo_pipes.tensorboard_sink import TensorBoardSink
+
+            self.sink = TensorBoardSink(str(Path(options.tensorboard) / module))
+        self.printed_at = 0
+
+    def __call__(self, record: ExchangeRecord) -> None:
+        if self.sink is not None:
+            self.sink(record)
+        windows = record.metrics["cumulative/windows"] if record.metrics is not None else 0
+        if self.interval and windows % self.interval == 0:
+            self._print(record.metrics)
+
+    def finish(self, metrics: dict[str, Any] | None) -> None:
+        if self.interval is not None and metrics is not None and metrics["cumulative/windows"] != self.printed_at:
+            self._print(metrics)
+
+    def _print(self, metrics: dict[str, Any]) -> None:
+        self.printed_at = metrics["cumulative/windows"]
+        print(f"exchange metrics: {summary_line(self.module, metrics)}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.sink is not None:
+            self.sink.close()
+
+
+def _attach_metrics(loader, position, options: JobOptions) -> _MetricsLog | None:
+    """Metrics come from the exchange node, identical on every DP rank of a module but for the rank's own
+    times and bytes: the first rank of each module reports them."""
+    exchange = loader.exchange_node() if hasattr(loader, "exchange_node") else None
+    first = position.dp_rank == 0 and position.tp_rank == 0 and position.cp_rank == 0 and position.pp_rank == 0
+    if exchange is None or not first or (options.tensorboard is None and not options.progress):
+        return None
+    log = _MetricsLog(position.module.name, options)
+    exchange.add_observer(log)
+    return log
 
 
 def _headline(config: PipelineConfig, topology, start: int, stop: int) -> str:
