@@ -106,7 +106,7 @@ def bandwidth(env: dict, opts: dict, window: int) -> dict:
                     record = exchange(w)
                     exchange_s.append(time.perf_counter() - start)
                     sent.append(record.bytes_sent)
-                    window_bytes.append(sum(row[k] for row in record.packed_bytes for k in common._own(record)))
+                    window_bytes.append(sum(row[k] for row in record.packed_bytes for k in common.own_positions(record)))
                     for phase, seconds in record.seconds.items():
                         profile[phase] = profile.get(phase, 0.0) + seconds
                 elif buffers[index] is None:
