@@ -39,7 +39,32 @@ def rank_main(rank: int, world_size: int, opts: dict) -> dict:
                 runs.append(run)
                 say(f"  round {round_index + 1}/{opts['rounds']} W={window} {mode:<25} next() mean "
                     f"{1e3 * statistics.fmean(run['next_s']):6.2f} ms ({time.perf_counter() - started:.1f} s)")
-    return {"rank": rank, "runs": [{k: run[k] for k in ("mode", "round", "window", "next_s", "step_s")} for run in runs]}
+    return {"rank": rank, "runs": [{k: run[k] for k in ("mode", "round", "window", "next_s", "step_s")} for run in runs],
+            "arithmetic": {window: arithmetic(env, opts, window) for window in opts["windows"]}}
+
+
+def arithmetic(env: dict, opts: dict, window: int, repeats: int = 20) -> dict:
+    """The metrics' own work, timed alone on records of real windows: the figures (on the exchanging thread)
+    and the fold into the running totals (on delivery)."""
+    from mimo_pipes.metrics import MetricsAccumulator, window_metrics
+
+    loader = common.build_loader(env, opts, reorder=True, overlap=False, window=window)
+    records = []
+    loader.exchange_node().add_observer(records.append)
+    for _, _batch in zip(range(opts["steps"] // window * window), loader):
+        pass
+    loader.close()
+    figures_s, fold_s = [], []
+    for _ in range(repeats):
+        accumulator = MetricsAccumulator()
+        for record in records:
+            start = time.perf_counter()
+            figures = window_metrics(record)
+            middle = time.perf_counter()
+            accumulator.add(figures, record.wait_seconds)
+            figures_s.append(middle - start)
+            fold_s.append(time.perf_counter() - middle)
+    return {"figures_us": 1e6 * statistics.median(figures_s), "fold_us": 1e6 * statistics.median(fold_s)}
 
 
 def summarize(results: list[dict], opts: dict) -> dict:
@@ -53,7 +78,10 @@ def summarize(results: list[dict], opts: dict) -> dict:
                 steps = [x for r in results for run in r["runs"] if run["window"] == window and run["mode"] == mode for x in run["step_s"]]
                 figures[metrics] = {"next_mean_ms": 1e3 * common.mean(nexts), "next_median_ms": 1e3 * statistics.median(nexts),
                                     "step_mean_ms": 1e3 * common.mean(steps), "timed": len(nexts)}
+            arithmetic = [r["arithmetic"][window] for r in results]
             rows.append({"window": window, "overlap": overlap, **figures,
+                         "figures_us": statistics.median(a["figures_us"] for a in arithmetic),
+                         "fold_us": statistics.median(a["fold_us"] for a in arithmetic),
                          "ratio_mean": figures["on"]["next_mean_ms"] / figures["off"]["next_mean_ms"],
                          "ratio_step": figures["on"]["step_mean_ms"] / figures["off"]["step_mean_ms"]})
     return {"metrics_cost": rows}
@@ -69,15 +97,18 @@ def render(summary: dict, opts: dict, info: dict, command: str, seconds: float) 
                           f"{opts['steps']} micro-batches per run, the first {opts['warmup']} not timed. Whole run: {seconds:.0f} s."),
         *_dist.provenance_lines(command, info),
         "Training-thread `next()` per micro-batch with the exchange node's `collect_metrics` on and off (all ranks, "
-        "all rounds):",
+        "all rounds). The last two columns time the metrics' own work alone on the records of real windows (median "
+        "per window over ranks and 20 repeats): the figures, computed on the exchanging thread, and the fold into "
+        "the running totals, on the training thread at delivery.",
         "",
-        "| W | overlap | next() mean ms, metrics on | metrics off | on / off (means) | next() median ms, on | off | step mean ms, on / off |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|",
+        "| W | overlap | next() mean ms, metrics on | metrics off | on / off (means) | next() median ms, on | off | step mean ms, on / off | figures per window, us | fold on delivery, us |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in summary["metrics_cost"]:
         on, off = row["on"], row["off"]
         lines.append(f"| {row['window']} | {row['overlap']} | {fmt(on['next_mean_ms'])} | {fmt(off['next_mean_ms'])} | "
-                     f"{row['ratio_mean']:.2f} | {fmt(on['next_median_ms'])} | {fmt(off['next_median_ms'])} | {row['ratio_step']:.3f} |")
+                     f"{row['ratio_mean']:.2f} | {fmt(on['next_median_ms'])} | {fmt(off['next_median_ms'])} | {row['ratio_step']:.3f} | "
+                     f"{row['figures_us']:.0f} | {row['fold_us']:.0f} |")
     return "\n".join(lines)
 
 
