@@ -118,17 +118,20 @@ class _WindowExchange:
     def __init__(self, ctx: ExchangeContext, collator: Collator | None, node: BalanceExchange) -> None:
         self.ctx = ctx
         self.collator = collator
-        self.node = node
+        # Weak: a strong reference from the prefetch thread would keep the node, and so its thread, alive.
+        self.node = weakref.ref(node)
         # Buffers can be reused only when collation copies the received samples out right away.
         self.buffers = ExchangeBuffers() if collator is not None else None
 
     def __call__(self, window: Window, sequence: int, on_training_thread: bool) -> tuple[Window, ExchangeRecord | None]:
-        node = self.node
+        node = self.node()
+        collect = node is not None and node.collect_metrics
         record = None
-        if node.collect_metrics or node.observers:
+        if collect or (node is not None and node.observers):
             ctx = self.ctx
             record = ExchangeRecord(sequence, window.first_step, ctx.dp_rank, ctx.dp_size, ctx.grid_size,
                                     ctx.across_microbatches, on_training_thread=on_training_thread)
+        del node
         started = time.perf_counter()
         result = exchange_window(self.ctx, window, sequence, self.buffers, record)
         if self.collator is not None:
@@ -139,7 +142,7 @@ class _WindowExchange:
         if record is not None:
             record.started_at = started
             record.exchange_seconds = time.perf_counter() - started
-            if node.collect_metrics:
+            if collect:
                 record.metrics = window_metrics(record)
         return result, record
 
