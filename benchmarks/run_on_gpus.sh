@@ -17,10 +17,14 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/install-self
 cat "$OUT/machine.txt"
 echo "== NCCL exchange tests"
 timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_nccl_exchange.py 2>&1 | tail -15 | tee "$OUT/tests.txt"
-echo "== exchange benchmark, NCCL"
-timeout 420 python3 benchmarks/exchange.py --backend nccl --no-docs --out "$OUT/nccl" >"$OUT/bench_nccl.log" 2>&1; tail -3 "$OUT/bench_nccl.log"
-echo "== exchange benchmark, Gloo with cores to spare"
-timeout 420 python3 benchmarks/exchange.py --no-docs --out "$OUT/gloo" >"$OUT/bench_gloo.log" 2>&1; tail -3 "$OUT/bench_gloo.log"
+for part in overlap memory bandwidth metrics_cost; do
+    echo "== exchange benchmark ($part), NCCL"
+    timeout 420 python3 benchmarks/exchange_$part.py --backend nccl --no-docs --out "$OUT/nccl" >"$OUT/${part}_nccl.log" 2>&1
+    tail -3 "$OUT/${part}_nccl.log"
+    echo "== exchange benchmark ($part), Gloo with cores to spare"
+    timeout 420 python3 benchmarks/exchange_$part.py --no-docs --out "$OUT/gloo" >"$OUT/${part}_gloo.log" 2>&1
+    tail -3 "$OUT/${part}_gloo.log"
+done
 echo "== mimo-pipes run on 2 GPU ranks"
 timeout 300 python3 -m mimo_pipes.cli.main run --component language=dp=2 --scalable-dp --intra-microbatch-reorder \
     --steps 16 --quiet --dump-assignments /tmp/dumps >"$OUT/run.log" 2>&1; echo "exit $?" >>"$OUT/run.log"

@@ -259,3 +259,6 @@ class JobOptions:
     save_state: str | None = None
     resume: str | None = None
     progress: bool = True
+    # Exchange metrics (mimo_pipes.metrics), written by DP rank 0 of each module.
+    tensorboard: str | None = None  # event files under DIR/<module>/
+    log_interval: int = 20  # a metrics line every N windows and at the end (0: only at the end)

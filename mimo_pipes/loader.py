@@ -15,6 +15,8 @@ from typing import Any
 
 from torchdata.nodes import BaseNode, Loader
 
+from mimo_pipes.nodes.balance_exchange import BalanceExchange
+
 
 class GraphLoader(Loader[dict]):
     """Iterates a graph's root node; ``state_dict`` / ``load_state_dict`` capture the whole graph."""
@@ -61,6 +63,16 @@ class GraphLoader(Loader[dict]):
         if not self._started:
             iter(self)
         return copy.deepcopy({self.ROOT_KEY: self.root.state_dict(), self.NUM_YIELDED_KEY: self._num_yielded})
+
+    def exchange_node(self) -> BalanceExchange | None:
+        """The graph's BalanceExchange (None when the graph does not reorder)."""
+        return next((node for node in graph_nodes(self.root) if isinstance(node, BalanceExchange)), None)
+
+    def exchange_metrics(self) -> dict[str, Any] | None:
+        """The exchange's metrics for the last window it delivered (see :mod:`mimo_pipes.metrics`); None
+        without an exchange (reordering off: every figure would equal its "before") or before the first window."""
+        node = self.exchange_node()
+        return node.metrics() if node is not None else None
 
     def close(self) -> None:
         """Stop every background thread of the graph (the exchange's prefetcher, torchdata's mapper

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from mimo_pipes.cli.metrics_log import attach_metrics
 from mimo_pipes.cli.report import format_packing_summary, format_summary, summarize, summarize_packing
 from mimo_pipes.config import JobOptions, PipelineConfig, resolve_exchange_transport
 from mimo_pipes.errors import ConfigError
@@ -98,6 +99,7 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> None:
     start = loader.num_yielded
     packer = next((node for node in graph_nodes(loader.root) if isinstance(node, SequencePacker)), None)
     stop = options.stop_after if options.stop_after is not None else options.steps
+    metrics_log = attach_metrics(loader, position, options)
     dump = _open_dump(options, rank, append=bool(options.resume))
     records: list[dict[str, Any]] = []
     progress = _progress(rank == 0 and options.progress, total=options.steps, initial=start)
@@ -124,12 +126,16 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> None:
         end = loader.num_yielded  # below stop when the data ended first
         if options.save_state and options.stop_after is not None:
             _save_state(options.save_state, rank, loader.state_dict(), config, end)
+        if metrics_log is not None:
+            metrics_log.finish(loader.exchange_metrics())
     finally:
         if progress is not None:
             progress.close()
         if dump is not None:
             dump.close()
         loader.close()
+        if metrics_log is not None:
+            metrics_log.close()
     everything: list[tuple[list[dict[str, Any]], int] | None] = [None] * world_size
     dist.all_gather_object(everything, (records, end))
     if rank == 0:
@@ -140,7 +146,7 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> None:
             print(f"the data ended after {end} micro-batches, before the {stop} asked for "
                   f"({'--stop-after' if options.stop_after is not None else '--steps'})", flush=True)
         print(format_summary(summaries), flush=True)
-        packing = summarize_packing(r for per_rank in everything for r in per_rank or [])
+        packing = summarize_packing(r for per_rank, _ in everything for r in per_rank)
         if packing:
             print(format_packing_summary(packing), flush=True)
         if options.save_state and options.stop_after is not None:

@@ -118,7 +118,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="continue from a state saved with --save-state, up to --steps (default: start afresh)")
     parser.add_argument("--recipe", default=JobOptions.recipe,
                         help="module whose build(config, layout) returns each rank's loader")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar and no metrics lines")
+    # Exchange metrics (see docs/metrics.md); they come from the exchange, so they need reordering on.
+    parser.add_argument("--tensorboard", metavar="DIR", default=None,
+                        help="write every window's exchange metrics as TensorBoard scalars to DIR/<module>/ "
+                             "(DP rank 0 of each module; needs --intra-microbatch-reorder; default: off)")
+    parser.add_argument("--log-interval", type=int, default=JobOptions.log_interval, metavar="N",
+                        help="print cumulative exchange metrics on DP rank 0 of each module every N windows "
+                             "and at the end (0: only at the end; none with --quiet)")
 
 
 def config_from_args(args: argparse.Namespace) -> tuple[PipelineConfig, JobOptions]:
@@ -160,6 +167,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[PipelineConfig, JobOptio
         save_state=args.save_state,
         resume=args.resume,
         progress=not args.quiet,
+        tensorboard=args.tensorboard,
+        log_interval=args.log_interval,
     )
     return config, options
 
@@ -185,6 +194,11 @@ def validate_job(config: PipelineConfig, options: JobOptions) -> int:
                           "--stop-after K and --save-state DIR go together")
     if options.stop_after is not None and not 1 <= options.stop_after <= options.steps:
         raise ConfigError("--stop-after", f"must be between 1 and --steps ({options.steps}), got {options.stop_after}")
+    if options.tensorboard is not None and not config.reorder.intra_microbatch_reorder:
+        raise ConfigError("--tensorboard", "exchange metrics need --scalable-dp --intra-microbatch-reorder (without "
+                          "reordering every rank's load is its reader's: see the run summary's 'before')")
+    if options.log_interval < 0:
+        raise ConfigError("--log-interval", f"must be >= 0, got {options.log_interval}")
     if options.resume is not None:
         consumed = check_resume_dir(options.resume, config, topology.world_size)
         if consumed >= options.steps:

@@ -8,6 +8,7 @@ source is exhausted) so failures and ends are agreed on by all ranks instead of 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from typing import NoReturn
 
@@ -20,11 +21,15 @@ from mimo_pipes.exchange.buffers import ExchangeBuffers, new_buffer
 from mimo_pipes.exchange.context import ExchangeContext
 from mimo_pipes.exchange.plan import ExchangePlan, permute_local, plan_exchange
 from mimo_pipes.exchange.wire_format import SampleLayout, layout_sample, unpack_samples
-from mimo_pipes.sample import COST, Sample
+from mimo_pipes.observer import ExchangeRecord
+from mimo_pipes.sample import COST, IMAGE_TOKENS, Sample
 from mimo_pipes.window import Window
 
 STATUS_OK, STATUS_FAILED, STATUS_END = 0, 1, 2
 HEADER = 4  # status, number of micro-batches, first step, window sequence number
+# Per sample in the gathered row: cost (balanced on), packed bytes (plans the all_to_all), image tokens
+# (metrics only: carried in the same row so that metrics cost no collective of their own).
+PER_SAMPLE = 3
 
 
 @contextlib.contextmanager
@@ -59,8 +64,9 @@ def _agree(
     costs_sizes: list[int],
     stage: str = "during the balance exchange",
 ) -> torch.Tensor:
-    """All-gather status, window shape and per-sample (cost, packed size); raise on every rank if any failed."""
-    width = HEADER + 2 * ctx.window_size * ctx.samples_per_rank
+    """All-gather status, window shape and per-sample (cost, packed size, image tokens); raise on every rank
+    if any failed."""
+    width = HEADER + PER_SAMPLE * ctx.window_size * ctx.samples_per_rank
     local = torch.full((width,), -1, dtype=torch.int64)
     local[0] = status
     local[3] = sequence
@@ -118,7 +124,8 @@ def agree_after_exchange(ctx: ExchangeContext, sequence: int, error: BaseExcepti
 
 
 def local_costs_and_layouts(window: Window, need_layouts: bool) -> tuple[list[int], list[SampleLayout | None]]:
-    """Interleaved (cost, packed bytes) per local sample, and the layouts (measured once, reused to pack).
+    """Interleaved (cost, packed bytes, image tokens) per local sample, and the layouts (measured once,
+    reused to pack).
 
     Laying out validates packability, so a bad sample fails here, before any collective."""
     values: list[int] = []
@@ -129,6 +136,7 @@ def local_costs_and_layouts(window: Window, need_layouts: bool) -> tuple[list[in
             layouts.append(layout)
             values.append(int(sample[COST]))
             values.append(layout.size if layout is not None else 0)
+            values.append(int(sample.get(IMAGE_TOKENS) or 0))
     return values, layouts
 
 
@@ -138,12 +146,16 @@ def exchange_window(
     sequence: int,
     buffers: ExchangeBuffers | None = None,
     validate: Callable[[list[Sample]], None] | None = None,
+    record: ExchangeRecord | None = None,
 ) -> Window:
     """Balance one window over the module's DP ranks and return this rank's samples in canonical order.
 
     With ``buffers`` the byte buffers are reused: the caller must copy the result out (collate it)
     before its next exchange. ``validate`` checks this rank's samples before anything is sent (what
-    the caller's work on the result needs), so a bad sample fails on every rank at once."""
+    the caller's work on the result needs), so a bad sample fails on every rank at once. With ``record`` (see
+    :mod:`mimo_pipes.observer`) the exchange fills in what it did: the window's gathered figures, its
+    assignment, phase times and bytes moved."""
+    clock = _Clock(record)
     try:
         if any(len(microbatch) != ctx.samples_per_rank for microbatch in window.microbatches):
             raise ValueError(f"window at step {window.first_step}: every micro-batch must hold {ctx.samples_per_rank} samples")
@@ -152,24 +164,56 @@ def exchange_window(
         costs_sizes, layouts = local_costs_and_layouts(window, need_layouts=ctx.dp_size > 1)
     except Exception as error:  # noqa: BLE001 - forwarded to every rank, then re-raised here
         announce_failure(ctx, sequence, error)
+    clock.lap("layout")
     count = len(window.microbatches)
     local_samples = [sample for microbatch in window.microbatches for sample in microbatch]
     if ctx.dp_size == 1:
         # Nothing to exchange: a local permutation into canonical order, no collective.
-        costs = costs_sizes[0::2]
-        plan = _plan(ctx, [costs[m * ctx.microbatch_size : (m + 1) * ctx.microbatch_size] for m in range(count)])
-        return Window(window.first_step, permute_local(local_samples, plan))
+        per_microbatch = PER_SAMPLE * ctx.microbatch_size
+        rows = [costs_sizes[m * per_microbatch : (m + 1) * per_microbatch] for m in range(count)]
+        plan = _plan(ctx, [row[0::PER_SAMPLE] for row in rows], record)
+        if record is not None:
+            record.packed_bytes = [row[1::PER_SAMPLE] for row in rows]  # zeros: nothing is packed
+            record.image_tokens = [row[2::PER_SAMPLE] for row in rows]
+        clock.lap("plan")
+        result = Window(window.first_step, permute_local(local_samples, plan))
+        clock.lap("unpack")
+        return result
     gathered = _agree(ctx, STATUS_OK, sequence, window, None, costs_sizes)
+    clock.lap("gather")
     # gathered[r] holds rank r's samples, micro-batch by micro-batch: reorder into canonical flat indices.
-    values = gathered[:, HEADER : HEADER + 2 * count * ctx.samples_per_rank].reshape(ctx.dp_size, count, ctx.samples_per_rank, 2)
-    canonical = values.permute(1, 0, 2, 3).reshape(count, ctx.microbatch_size, 2)
-    plan = _plan(ctx, canonical[:, :, 0].tolist())
-    by_flat = _move(ctx, plan, local_samples, layouts, canonical[:, :, 1].reshape(-1).tolist(), buffers)
-    return Window(window.first_step, permute_local(by_flat, plan))
+    width = PER_SAMPLE * count * ctx.samples_per_rank
+    values = gathered[:, HEADER : HEADER + width].reshape(ctx.dp_size, count, ctx.samples_per_rank, PER_SAMPLE)
+    canonical = values.permute(1, 0, 2, 3).reshape(count, ctx.microbatch_size, PER_SAMPLE)
+    plan = _plan(ctx, canonical[:, :, 0].tolist(), record)
+    if record is not None:
+        record.packed_bytes = canonical[:, :, 1].tolist()
+        record.image_tokens = canonical[:, :, 2].tolist()
+    clock.lap("plan")
+    by_flat = _move(ctx, plan, local_samples, layouts, canonical[:, :, 1].reshape(-1).tolist(), buffers, clock)
+    result = Window(window.first_step, permute_local(by_flat, plan))
+    clock.lap("unpack")
+    return result
 
 
-def _plan(ctx: ExchangeContext, cost_rows: list[list[int]]) -> ExchangePlan:
+class _Clock:
+    """Phase times of one exchange into its record (when there is one); laps add up, so a phase may run twice."""
+
+    def __init__(self, record: ExchangeRecord | None) -> None:
+        self.record = record
+        self.last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        if self.record is not None:
+            self.record.seconds[phase] = self.record.seconds.get(phase, 0.0) + now - self.last
+        self.last = now
+
+
+def _plan(ctx: ExchangeContext, cost_rows: list[list[int]], record: ExchangeRecord | None) -> ExchangePlan:
     assignment = balance_window(cost_rows, ctx.grid_size, across_microbatches=ctx.across_microbatches)
+    if record is not None:
+        record.costs, record.assignment = cost_rows, assignment
     return plan_exchange(assignment, ctx.dp_rank, ctx.dp_size, ctx.grid_size, ctx.microbatch_size)
 
 
@@ -185,6 +229,7 @@ def _move(
     layouts: list[SampleLayout | None],
     sizes: list[int],
     buffers: ExchangeBuffers | None,
+    clock: _Clock,
 ) -> dict[int, Sample]:
     """The one ragged all_to_all: only samples that change rank are packed and sent."""
     flat = [_flat_index(ctx, position) for position in range(len(local_samples))]
@@ -195,20 +240,28 @@ def _move(
     allocate = buffers.get if buffers is not None else new_buffer
     staged = ctx.device is not None  # NCCL: host bytes go through the GPU
     send_splits, recv_splits = plan.send_split_bytes(sizes), plan.recv_split_bytes(sizes)
+    if clock.record is not None:
+        clock.record.bytes_sent, clock.record.bytes_received = sum(send_splits), sum(recv_splits)
+        clock.record.samples_sent = sum(len(chunk) for chunk in plan.send_indices)
+        clock.record.samples_received = sum(len(chunk) for chunk in plan.recv_indices)
     send_buffer = allocate("send", sum(send_splits), pinned=staged)
     offset = 0
     for index in plan.send_order():
         offset = layout_by_flat[index].write_into(send_buffer, offset)
     recv_buffer = allocate("recv", sum(recv_splits), pinned=staged)
     if not staged:
+        clock.lap("pack")
         with _collective("all_to_all of packed samples"):
             dist.all_to_all_single(recv_buffer, send_buffer, recv_splits, send_splits, group=ctx.group)
+        clock.lap("all_to_all")
     else:  # NCCL: stage the bytes through the GPU
         send_device = allocate("send", send_buffer.numel(), ctx.device)
         send_device.copy_(send_buffer, non_blocking=send_buffer.is_pinned())  # the collective waits for it
         recv_device = allocate("recv", recv_buffer.numel(), ctx.device)
+        clock.lap("pack")
         with _collective("all_to_all of packed samples"):
             dist.all_to_all_single(recv_device, send_device, recv_splits, send_splits, group=ctx.group)
+        clock.lap("all_to_all")
         recv_buffer.copy_(recv_device)
     # Received tensors are views of recv_buffer (no copy); the buffer lives as long as its samples.
     incoming = unpack_samples(recv_buffer, sizes=plan.recv_sizes(sizes))

@@ -5,9 +5,10 @@ from __future__ import annotations
 import collections
 import copy
 import threading
+import time
 import weakref
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple
 
 import torch
 from torchdata.nodes import BaseNode, IterableWrapper
@@ -21,11 +22,20 @@ from mimo_pipes.exchange import (
     announce_failure,
     exchange_window,
 )
+from mimo_pipes.metrics import MetricsAccumulator, window_metrics
+from mimo_pipes.observer import ExchangeObserver, ExchangeRecord
 from mimo_pipes.window import Window
 
 # Windows exchanged ahead of the consumer. Every rank's thread runs at most this far ahead, which bounds
 # memory (two extra windows per rank) and tells a stopping thread which exchanges its peers may have begun.
 PREFETCH_DEPTH = 2
+
+
+class Prefetched(NamedTuple):
+    """Windows an overlapped exchange holds ahead of the consumer."""
+
+    queued: int  # exchanged, not yet delivered
+    in_flight: int  # being exchanged on the prefetch thread now (0 or 1)
 
 
 class _Prefetcher:
@@ -41,6 +51,7 @@ class _Prefetcher:
         self.delivered = 0
         self.first_sequence = first_sequence
         self.stopping = False
+        self.in_flight = 0
         self.thread = threading.Thread(target=self._run, name="mimo-pipes-exchange", daemon=True)
         self.thread.start()
 
@@ -65,7 +76,11 @@ class _Prefetcher:
                 except Exception as error:  # noqa: BLE001 - made an exception on every rank
                     announce_failure(self.exchange.ctx, sequence, error)
                 state_after = copy.deepcopy(self.source.state_dict())
-                result = self.exchange(window, sequence)
+                self.in_flight = 1
+                try:
+                    result = self.exchange(window, sequence, on_training_thread=False)
+                finally:
+                    self.in_flight = 0
             except BaseException as error:  # noqa: BLE001 - handed to the consumer thread
                 self._publish("error", error, None)
                 return
@@ -103,26 +118,48 @@ def _stop_prefetcher(prefetcher: _Prefetcher | None, join_timeout: float | None)
 
 
 class _WindowExchange:
-    """One exchanging thread's step: the exchange, then (optionally) collation, with its own buffers."""
+    """One exchanging thread's step: the exchange, then (optionally) collation, with its own buffers.
+    Records what it did when the node collects metrics or has observers (the window's metrics are
+    computed here, on the exchanging thread, off the training thread when overlapped)."""
 
-    def __init__(self, ctx: ExchangeContext, collator: Collator | None) -> None:
+    def __init__(self, ctx: ExchangeContext, collator: Collator | None, node: BalanceExchange) -> None:
         self.ctx = ctx
         self.collator = collator
+        # Weak: a strong reference from the prefetch thread would keep the node, and so its thread, alive.
+        self.node = weakref.ref(node)
         # Buffers can be reused only when collation copies the received samples out right away.
         self.buffers = ExchangeBuffers() if collator is not None else None
 
-    def __call__(self, window: Window, sequence: int) -> Window:
+    def __call__(self, window: Window, sequence: int, on_training_thread: bool) -> tuple[Window, ExchangeRecord | None]:
+        node = self.node()
+        collect = node is not None and node.collect_metrics
+        record = None
+        if collect or (node is not None and node.observers):
+            ctx = self.ctx
+            record = ExchangeRecord(sequence, window.first_step, ctx.dp_rank, ctx.dp_size, ctx.grid_size,
+                                    ctx.across_microbatches, on_training_thread=on_training_thread)
+        del node
+        started = time.perf_counter()
         if self.collator is None:
-            return exchange_window(self.ctx, window, sequence, self.buffers)
-        # What collation needs is checked before the exchange; what still fails is agreed on after it.
-        result = exchange_window(self.ctx, window, sequence, self.buffers, validate=self.collator.check)
-        error: Exception | None = None
-        try:
-            result = self.collator.window(result)
-        except Exception as caught:  # noqa: BLE001 - raised on every rank by the agreement
-            error = caught
-        agree_after_exchange(self.ctx, sequence, error)
-        return result
+            result = exchange_window(self.ctx, window, sequence, self.buffers, record=record)
+        else:
+            # What collation needs is checked before the exchange; what still fails is agreed on after it.
+            result = exchange_window(self.ctx, window, sequence, self.buffers, validate=self.collator.check, record=record)
+            collating = time.perf_counter()
+            error: Exception | None = None
+            try:
+                result = self.collator.window(result)
+            except Exception as caught:  # noqa: BLE001 - raised on every rank by the agreement
+                error = caught
+            agree_after_exchange(self.ctx, sequence, error)
+            if record is not None:
+                record.seconds["collate"] = time.perf_counter() - collating
+        if record is not None:
+            record.started_at = started
+            record.exchange_seconds = time.perf_counter() - started
+            if collect:
+                record.metrics = window_metrics(record)
+        return result, record
 
 
 class BalanceExchange(BaseNode[Window]):
@@ -135,6 +172,11 @@ class BalanceExchange(BaseNode[Window]):
     the samples are checked for it before the exchange, and one small all-gather after collation makes
     a collation failure on any rank an exception on every rank.
     The state is the source's state after the last delivered window: plain counters, never samples.
+
+    Each delivered window is described by an :class:`~mimo_pipes.observer.ExchangeRecord` handed to
+    ``observers`` (on the training thread, in order). With ``collect_metrics`` (default) the node also
+    keeps :mod:`mimo_pipes.metrics`' figures: :meth:`metrics` is the last delivered window's dict,
+    cumulative figures included (since the last ``reset``). Neither costs a collective.
     """
 
     SOURCE_KEY = "source"
@@ -147,13 +189,19 @@ class BalanceExchange(BaseNode[Window]):
         *,
         overlap: bool = True,
         collator: Collator | None = None,
+        collect_metrics: bool = True,
+        observers: Sequence[ExchangeObserver] = (),
     ) -> None:
         super().__init__()
         self.source = source if isinstance(source, BaseNode) else IterableWrapper(source)
         self.ctx = ctx
         self.collator = collator
         self.overlap = overlap and ctx.dp_size > 1
-        self._sync_exchange = _WindowExchange(ctx, collator)
+        self.collect_metrics = collect_metrics  # read per window: may be switched while iterating
+        self.observers: list[ExchangeObserver] = list(observers)
+        self._accumulator = MetricsAccumulator()
+        self._last_metrics: dict[str, Any] | None = None
+        self._sync_exchange = _WindowExchange(ctx, collator, self)
         self._prefetcher: _Prefetcher | None = None
         self._finalizer: weakref.finalize | None = None
 
@@ -168,6 +216,34 @@ class BalanceExchange(BaseNode[Window]):
             self._sequence = int(initial_state[self.SEQUENCE_KEY])
         self._state_after_delivered = copy.deepcopy(self.source.state_dict())
         self._ended = False
+        self._accumulator.reset()
+        self._last_metrics = None
+
+    def add_observer(self, observer: ExchangeObserver) -> None:
+        """Call ``observer`` with the record of every window delivered from now on."""
+        self.observers.append(observer)
+
+    def metrics(self) -> dict[str, Any] | None:
+        """The last delivered window's metrics (see :mod:`mimo_pipes.metrics`), cumulative figures included;
+        None before the first window or while ``collect_metrics`` is off."""
+        return self._last_metrics
+
+    def prefetched(self) -> Prefetched:
+        """Windows the overlapped exchange holds ahead of the consumer now (zeros when not overlapped)."""
+        prefetcher = self._prefetcher
+        if prefetcher is None:
+            return Prefetched(0, 0)
+        return Prefetched(len(prefetcher.results), prefetcher.in_flight)
+
+    def _deliver(self, record: ExchangeRecord | None, wait_seconds: float) -> None:
+        if record is None:
+            return
+        record.wait_seconds = wait_seconds
+        if record.metrics is not None:
+            record.metrics = self._accumulator.add(record.metrics, wait_seconds)
+            self._last_metrics = record.metrics
+        for observer in self.observers:
+            observer(record)
 
     def next(self) -> Window:
         if self._ended:
@@ -175,9 +251,11 @@ class BalanceExchange(BaseNode[Window]):
         if not self.overlap:
             return self._next_synchronous()
         if self._prefetcher is None:
-            self._prefetcher = _Prefetcher(self.source, _WindowExchange(self.ctx, self.collator), self._sequence)
+            self._prefetcher = _Prefetcher(self.source, _WindowExchange(self.ctx, self.collator, self), self._sequence)
             self._finalizer = weakref.finalize(self, _stop_prefetcher, self._prefetcher, 0)
+        waiting = time.perf_counter()
         kind, value, state_after = self._prefetcher.take()
+        waited = time.perf_counter() - waiting
         if kind == "end":
             self._ended = True
             self.close()
@@ -188,7 +266,9 @@ class BalanceExchange(BaseNode[Window]):
             raise value
         self._sequence += 1
         self._state_after_delivered = state_after
-        return value
+        result, record = value
+        self._deliver(record, waited)
+        return result
 
     def _next_synchronous(self) -> Window:
         try:
@@ -200,9 +280,11 @@ class BalanceExchange(BaseNode[Window]):
         except Exception as error:  # noqa: BLE001 - made an exception on every rank
             self._ended = True
             announce_failure(self.ctx, self._sequence, error)
-        result = self._sync_exchange(window, self._sequence)
+        result, record = self._sync_exchange(window, self._sequence, on_training_thread=True)
         self._sequence += 1
         self._state_after_delivered = copy.deepcopy(self.source.state_dict())
+        # On the training thread the exchange itself is the wait.
+        self._deliver(record, record.exchange_seconds if record is not None else 0.0)
         return result
 
     def close(self, join_timeout: float | None = None) -> None:

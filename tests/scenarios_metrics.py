@@ -1,0 +1,44 @@
+"""Scenarios run on every rank of a Gloo pool: the exchange's records and metrics as an observer sees them."""
+
+from __future__ import annotations
+
+from scenarios_exchange import PAD_VALUES, make_config
+
+from mimo_pipes.exchange import RankLayout
+from mimo_pipes.exchange.process_groups import build_rank_groups
+from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
+from mimo_pipes.topology import build_topology
+from mimo_pipes_recipes.vlm_sft import pipeline
+
+RECORD_FIELDS = ("sequence", "first_step", "dp_rank", "bytes_sent", "bytes_received", "samples_sent", "samples_received",
+                 "on_training_thread", "wait_seconds", "exchange_seconds", "seconds")
+
+
+def run_observed(components, *, steps, microbatch_size, **config_kwargs):
+    """Consume ``steps`` micro-batches with an observer on the exchange; return its records and the batches."""
+    topology = build_topology(components)
+    groups = build_rank_groups(topology, exchange_backend="gloo", timeout_s=60.0)
+    if groups is None:
+        return None
+    config = make_config(components, microbatch_size=microbatch_size, **config_kwargs)
+    position = groups.position
+    layout = RankLayout(position.dp_rank, position.dp_size, topology.grid_size, groups.exchange_group)
+    loader = pipeline(SyntheticProcessedDataset(512, seed=3), config, layout, map_fn=None, image_token_id=IMAGE_TOKEN_ID,
+                      pad_values=PAD_VALUES)
+    records = []
+    loader.exchange_node().add_observer(records.append)
+    batches = []
+    try:
+        for batch in loader:
+            batches.append({"step": batch["step"], "image_tokens": batch["image_tokens"], "costs": batch["costs"]})
+            if len(batches) == steps:
+                break
+    finally:
+        loader.close()
+    return {
+        "module": position.module.name,
+        "dp_rank": position.dp_rank,
+        "dp_size": position.dp_size,
+        "records": [{**{name: getattr(r, name) for name in RECORD_FIELDS}, "metrics": r.metrics} for r in records],
+        "batches": batches,
+    }
