@@ -10,7 +10,6 @@ from scenarios_exchange import run_graph, run_thread_lifecycle
 from mimo_pipes.sharding import global_microbatch_indices
 
 
-
 @pytest.fixture
 def pool(gloo_pool):
     return gloo_pool

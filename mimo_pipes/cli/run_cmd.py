@@ -139,7 +139,7 @@ def validate_job(config: PipelineConfig, options: JobOptions) -> int:
     if options.stop_after is not None and not 1 <= options.stop_after <= options.steps:
         raise ConfigError("--stop-after", f"must be between 1 and --steps ({options.steps}), got {options.stop_after}")
     if options.resume is not None:
-        consumed = check_resume_dir(options.resume, config, topology.world_size)
+        consumed = check_resume_dir(options.resume, config, topology.world_size, options.recipe)
         if consumed >= options.steps:
             raise ConfigError("--steps", f"{options.steps} is not past the {consumed} micro-batches already consumed in {options.resume}")
         if options.stop_after is not None and options.stop_after <= consumed:

@@ -14,6 +14,7 @@ from torchdata.nodes import BaseNode, IterableWrapper
 
 from mimo_pipes.collate import Collator
 from mimo_pipes.exchange import ExchangeBuffers, ExchangeContext, announce_end, announce_failure, exchange_window
+from mimo_pipes.validity import VALID_FOR_KEY, check_valid_for, collation_settings, valid_for
 from mimo_pipes.window import Window
 
 # Windows exchanged ahead of the consumer. Every rank's thread runs at most this far ahead, which bounds
@@ -117,10 +118,13 @@ class BalanceExchange(BaseNode[Window]):
     DP size 1 permutes locally on the calling thread. With a ``collator`` each window is also collated
     right after its exchange, on the same thread, so the training thread only hands micro-batches out.
     The state is the source's state after the last delivered window: plain counters, never samples.
+    It is valid for one DP layout, B/d, W, across-micro-batch setting and collation; with overlap or
+    without, the state is the same.
     """
 
     SOURCE_KEY = "source"
     SEQUENCE_KEY = "windows_delivered"
+    VALID_FOR_KEY = VALID_FOR_KEY
 
     def __init__(
         self,
@@ -138,8 +142,19 @@ class BalanceExchange(BaseNode[Window]):
         self._sync_exchange = _WindowExchange(ctx, collator)
         self._prefetcher: _Prefetcher | None = None
         self._finalizer: weakref.finalize | None = None
+        self.valid_for = valid_for(type(self).__name__, {
+            "dp rank": ctx.dp_rank,
+            "dp size": ctx.dp_size,
+            "canonical grid size": ctx.grid_size,
+            "micro-batch size per rank": ctx.samples_per_rank,
+            "window size": ctx.window_size,
+            "reorder across micro-batches": ctx.across_microbatches,
+            **(collation_settings(collator) if collator is not None else {"collation": None}),
+        })
 
     def reset(self, initial_state: dict | None = None) -> None:
+        if initial_state is not None:
+            check_valid_for(initial_state, self.valid_for)
         super().reset(initial_state)
         self.close()
         if initial_state is None:
@@ -197,4 +212,8 @@ class BalanceExchange(BaseNode[Window]):
             self._prefetcher = None
 
     def get_state(self) -> dict[str, Any]:
-        return {self.SOURCE_KEY: copy.deepcopy(self._state_after_delivered), self.SEQUENCE_KEY: self._sequence}
+        return {
+            self.VALID_FOR_KEY: copy.deepcopy(self.valid_for),
+            self.SOURCE_KEY: copy.deepcopy(self._state_after_delivered),
+            self.SEQUENCE_KEY: self._sequence,
+        }
