@@ -66,9 +66,12 @@ class MicroBatchAssembler(BaseNode[dict]):
 
     def get_state(self) -> dict[str, Any]:
         window_done = self._window is not None and self._yielded == len(self._window.microbatches)
-        if self._window_start_state is None or window_done:
+        if window_done:
             # At a window boundary the source's current state starts the next window: no re-read on restore.
             source_state, yielded = self.source.state_dict(), 0
+        elif self._window_start_state is None:
+            # No window read yet: the source stands at the first one, of which ``skip_first`` are still to skip.
+            source_state, yielded = self.source.state_dict(), self._yielded
         else:
             source_state, yielded = self._window_start_state, self._yielded
         return {self.VALID_FOR_KEY: copy.deepcopy(self.valid_for), self.SOURCE_KEY: copy.deepcopy(source_state), self.YIELDED_KEY: yielded}
