@@ -18,7 +18,8 @@ class MicroBatchAssembler(BaseNode[dict]):
 
     Its state is the source's state from before the current window plus how many of the window's
     micro-batches were yielded, so a restore inside a window re-reads that window and skips ahead.
-    ``skip_first`` does the same for a fresh start in the middle of a window (resume from a count).
+    ``skip_first`` does the same for a fresh start in the middle of a window (resume from a count); a
+    state taken before the first window is read carries that pending skip.
     The state is valid for one collation (pad length and values).
     """
 
