@@ -36,6 +36,7 @@ FLAGS = {
     "exchange_timeout_s": "--exchange-timeout",
     "overlap_intra_microbatch_reorder": "--no-overlap-intra-microbatch-reorder",
 }
+_UNSET = object()  # a setting one side does not know (saved by another version)
 
 
 def state_path(directory: str, rank: int) -> Path:
@@ -87,9 +88,6 @@ def check_resume_dir(directory: str, config: PipelineConfig, world_size: int, re
     if missing:
         raise ConfigError("--resume", f"{directory} has no state for rank {missing[0]}")
     return int(meta["consumed_microbatches"])
-
-
-_UNSET = object()
 
 
 def _show(value: Any) -> str:
