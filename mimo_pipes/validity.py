@@ -96,17 +96,18 @@ def _nearest_described(values: Iterable[Any]) -> Mapping[str, Any] | None:
     return None
 
 
-def source_fingerprint(dataset: Any) -> str:
+def source_fingerprint(dataset: Any, rows: Sequence[int]) -> str:
     """A cheap fingerprint of a map-style source, never reading all of it: a Hugging Face dataset's own
-    ``_fingerprint`` when it has one, else a hash of the contents of a few rows (first, middle, last)."""
+    ``_fingerprint`` when it has one (nothing is read), else a hash of the contents of the first
+    :data:`SAMPLED_ROWS` of ``rows`` (a reader passes rows of its own shard, so scalable DP still reads
+    only this rank's slots)."""
     own = getattr(dataset, "_fingerprint", None)
     if isinstance(own, str) and own:
         return f"datasets:{own}"
-    size = len(dataset)
     digest = hashlib.sha256()
-    for index in sorted({0, size // 2, size - 1} if size else set())[:SAMPLED_ROWS]:
-        digest.update(f"row {index}:".encode())
-        _feed(digest, dataset[index])
+    for index in list(rows)[:SAMPLED_ROWS]:
+        digest.update(f"row {int(index)}:".encode())
+        _feed(digest, dataset[int(index)])
     return f"rows:{digest.hexdigest()[:16]}"
 
 

@@ -97,11 +97,15 @@ class CountingReads:
         return self.dataset[index]
 
 
-def test_fingerprint_reads_a_few_rows_or_none():
+def test_fingerprint_reads_a_few_of_the_rank_s_own_rows_or_none():
     counting = CountingReads(SyntheticProcessedDataset(1000))
-    first = source_fingerprint(counting)
-    assert counting.reads == SAMPLED_ROWS and source_fingerprint(counting) == first
-    assert source_fingerprint(SyntheticProcessedDataset(1000, seed=1)) != first
+    first = source_fingerprint(counting, range(10, 20))
+    assert counting.reads == SAMPLED_ROWS and source_fingerprint(counting, range(10, 20)) == first
+    assert source_fingerprint(SyntheticProcessedDataset(1000, seed=1), range(10, 20)) != first
+    counting = CountingReads(DATASET)
+    node = reader(counting)
+    own = [s[SAMPLE_ID] for s in take(reader(), 4)]  # this rank's slots of step 0
+    assert counting.reads == SAMPLED_ROWS and node.valid_for["dataset fingerprint"] == source_fingerprint(DATASET, own)
     table = datasets.Dataset.from_dict({"prompt": ["a", "b", "c"], "response": ["x", "y", "z"]})
-    assert source_fingerprint(table) == f"datasets:{table._fingerprint}"
-    assert source_fingerprint(table.select([0, 2, 1])) != source_fingerprint(table)
+    assert source_fingerprint(table, [0]) == f"datasets:{table._fingerprint}"
+    assert source_fingerprint(table.select([0, 2, 1]), [0]) != source_fingerprint(table, [0])

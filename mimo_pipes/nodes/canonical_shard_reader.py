@@ -28,7 +28,8 @@ class CanonicalShardReader(BaseNode[Sample]):
     ends. Each sample gets its dataset index, global step and canonical slot. The state is two counters,
     so resuming from a consumed-sample count (``start_step = consumed // B``) is the same as restoring it.
     It is valid for one dataset (length and fingerprint: ``dataset_fingerprint`` if given, else
-    :func:`~mimo_pipes.validity.source_fingerprint`), B, DP layout, seed and dataloader type.
+    :func:`~mimo_pipes.validity.source_fingerprint` of the rows it reads first), B, DP layout, seed and
+    dataloader type.
     """
 
     NEXT_STEP_KEY = "next_step"
@@ -63,6 +64,10 @@ class CanonicalShardReader(BaseNode[Sample]):
         self.per_epoch = microbatches_per_epoch(len(dataset), microbatch_size)
         if self.per_epoch == 0:
             raise ValueError(f"dataset has {len(dataset)} samples, fewer than one micro-batch of {microbatch_size}")
+        self._order_epoch = -1
+        self._order = np.empty(0, dtype=np.int64)
+        if dataset_fingerprint is None:  # rows this rank reads first (its own slots of step 0), never others
+            dataset_fingerprint = source_fingerprint(dataset, self._first_rows())
         self.valid_for = valid_for(type(self).__name__, {
             "micro-batch size": microbatch_size,
             "dp rank": dp_rank,
@@ -71,10 +76,12 @@ class CanonicalShardReader(BaseNode[Sample]):
             "seed": seed,
             "dataloader type": dataloader_type,
             "dataset length": len(dataset),
-            "dataset fingerprint": dataset_fingerprint if dataset_fingerprint is not None else source_fingerprint(dataset),
+            "dataset fingerprint": dataset_fingerprint,
         })
-        self._order_epoch = -1
-        self._order = np.empty(0, dtype=np.int64)
+
+    def _first_rows(self) -> list[int]:
+        self._order, self._order_epoch = epoch_order(len(self.dataset), 0, self.seed, shuffle=self.cyclic), 0  # kept for step 0
+        return [int(index) for index in self._order[self.positions.start : self.positions.stop]]
 
     def reset(self, initial_state: dict | None = None) -> None:
         if initial_state is not None:
