@@ -63,6 +63,15 @@ class ConfigError(ValueError):
         super().__init__(f"{setting}: {message}")
 
 
+class StateMismatchError(ConfigError):
+    """A saved state was made for other settings than the graph that is asked to restore it."""
+
+    def __init__(self, node: str, setting: str, message: str) -> None:
+        self.node = node
+        self.setting = setting
+        ValueError.__init__(self, f"{node}: {message}")
+
+
 class SampleError(ValueError):
     """One sample cannot be processed, packed or exchanged. Names the sample and, if known, the field."""
 

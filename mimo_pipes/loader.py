@@ -4,7 +4,9 @@ torchdata 0.11's Loader (a) counts one item twice after a restore (its look-ahea
 ``num_yielded``), (b) ignores ``load_state_dict`` when ``state_dict`` was called first (the iterator
 made for that call is reused as is), and (c) hands out state dicts that may alias live node state.
 This loader never looks ahead, applies a loaded state on the next ``iter``, reports that pending state
-from ``state_dict`` until then, and deep-copies every state it hands out or takes in.
+from ``state_dict`` until then, and deep-copies every state it hands out or takes in. ``load_state_dict``
+checks the state against every node of the graph at once (what each is valid for), so a state made for
+other settings is refused right there, not at the next ``iter``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 from torchdata.nodes import BaseNode, Loader
 
 from mimo_pipes.nodes.balance_exchange import BalanceExchange
+from mimo_pipes.validity import check_graph_state
 
 
 class GraphLoader(Loader[dict]):
@@ -54,6 +57,8 @@ class GraphLoader(Loader[dict]):
         return self._num_yielded
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore on the next ``iter``; raises StateMismatchError now if a node's settings differ."""
+        check_graph_state(state_dict.get(self.ROOT_KEY) if isinstance(state_dict, dict) else None, graph_validity(self.root))
         self._pending_state = copy.deepcopy(state_dict)
         self._started = False
 
@@ -99,6 +104,11 @@ def _stop_torchdata_threads(node: BaseNode) -> None:
     if callable(shutdown):
         shutdown()
         node._it = None
+
+
+def graph_validity(root: BaseNode) -> list[dict[str, Any]]:
+    """What each node of the graph that describes itself is valid for, from the root down."""
+    return [node.valid_for for node in graph_nodes(root) if isinstance(getattr(node, "valid_for", None), dict)]
 
 
 def graph_nodes(root: BaseNode) -> list[BaseNode]:

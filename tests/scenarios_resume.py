@@ -33,9 +33,10 @@ def fingerprint(batch: dict) -> tuple:
     return batch["step"], list(batch["sample_ids"]), digest.hexdigest()
 
 
-def resume_points(components, *, steps, points, dataset_size=160, settle_s=0.3, **config_kwargs):
+def resume_points(components, *, steps, points, dataset_size=160, settle_s=0.3, restore_overlap=None, **config_kwargs):
     """For each point K: consume K micro-batches, save the state (through JSON, as on disk), close the graph,
-    build a new one, restore, consume to ``steps``; also rebuild from the count K alone (Megatron)."""
+    build a new one, restore, consume to ``steps``; also rebuild from the count K alone (Megatron).
+    ``restore_overlap`` (when not None) builds the restored graphs with that overlap setting instead."""
     topology = build_topology(components)
     groups = build_rank_groups(topology, timeout_s=60)
     if groups is None:
@@ -45,7 +46,11 @@ def resume_points(components, *, steps, points, dataset_size=160, settle_s=0.3, 
     config.validate(world_size=topology.world_size)
     layout = RankLayout(position.dp_rank, position.dp_size, topology.grid_size, groups.exchange_group)
 
-    def new_loader(consumed: int = 0):
+    restored_config = config
+    if restore_overlap is not None:
+        restored_config = make_config(components, **{**config_kwargs, "overlap": restore_overlap})
+
+    def new_loader(consumed: int = 0, config=config):
         dataset = SyntheticProcessedDataset(dataset_size, seed=config.seed)
         return pipeline(dataset, config, layout, map_fn=mark_processed, image_token_id=IMAGE_TOKEN_ID,
                            pad_values=PAD_VALUES, consumed_microbatches=consumed)
@@ -67,12 +72,12 @@ def resume_points(components, *, steps, points, dataset_size=160, settle_s=0.3, 
         time.sleep(settle_s)  # let the prefetch thread fill up: windows in flight when the state is taken
         state = json.loads(json.dumps(first.state_dict()))
         first.close()
-        second = new_loader()
+        second = new_loader(config=restored_config)
         second.load_state_dict(state)
         tail = consume(second, steps - point)
         yielded = second.num_yielded
         second.close()
-        by_count = new_loader(consumed=point)
+        by_count = new_loader(consumed=point, config=restored_config)
         counted = consume(by_count, steps - point)
         by_count.close()
         outcome["points"][point] = {

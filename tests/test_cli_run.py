@@ -82,6 +82,25 @@ def test_resume_with_other_settings_is_refused(saved_state):
     assert "reorder" in other.stderr and "Traceback" not in other.stderr
 
 
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--embedded-samples", "64"], "--embedded-samples 48, this run has 64"),
+        (["--seq-length", "1024"], "--seq-length 2048, this run has 1024"),
+        (["--processor", "EMBEDDED"], "--processor unset (the default), this run has "),
+    ],
+)
+def test_resume_refuses_other_data_or_processing_naming_the_flag(saved_state, flags, named, capsys):
+    from mimo_pipes.cli.main import main
+    from mimo_pipes.data.processor import default_processor_path
+
+    state, _ = saved_state
+    flags = [str(default_processor_path()) if flag == "EMBEDDED" else flag for flag in flags]
+    assert main(["run", *SMALL, *REORDER, *flags, "--resume", str(state)]) == 2  # refused before any rank starts
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"mimo-pipes run: error: --resume: {state} was saved with {named}"), err
+
+
 def test_runs_under_torchrun_with_the_same_stream(uninterrupted, tmp_path):
     _, full = uninterrupted
     dumps = tmp_path / "dumps"

@@ -6,39 +6,14 @@ from __future__ import annotations
 import copy
 
 import pytest
-import torch
+from node_checks import CountingSource
 from torchdata.nodes import BaseNode, Loader, Prefetcher
 
 from mimo_pipes.loader import GraphLoader
 from mimo_pipes.nodes.microbatch_assembler import MicroBatchAssembler
 from mimo_pipes.nodes.snapshot_guard import SnapshotGuard
 from mimo_pipes.nodes.windower import Windower
-from mimo_pipes.sample import SAMPLE_ID, STEP
-
-
-class CountingSource(BaseNode[dict]):
-    """Yields samples of steps 0, 1, ...; two samples per step. Its get_state hands out a LIVE dict
-    (as some nodes do), so a caller that keeps it without copying sees it change."""
-
-    NEXT_KEY = "next"
-
-    def __init__(self, total: int = 40) -> None:
-        super().__init__()
-        self.total = total
-
-    def reset(self, initial_state=None):
-        super().reset(initial_state)
-        self._state = {self.NEXT_KEY: 0 if initial_state is None else initial_state[self.NEXT_KEY]}
-
-    def next(self):
-        index = self._state[self.NEXT_KEY]
-        if index >= self.total:
-            raise StopIteration
-        self._state[self.NEXT_KEY] = index + 1
-        return {SAMPLE_ID: index, STEP: index // 2, "input_ids": torch.tensor([index, index + 1])}
-
-    def get_state(self):
-        return self._state  # live on purpose
+from mimo_pipes.sample import SAMPLE_ID
 
 
 def graph(window_size: int = 3) -> BaseNode:

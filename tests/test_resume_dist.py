@@ -52,3 +52,14 @@ def test_resume_with_across_microbatch_windows(pool, layout):
 def test_resume_without_reordering(pool):
     results = pool.run(resume_points, LAYOUTS["dp4-dp2"], steps=STEPS, points=POINTS, microbatch_size=8, reorder=False, seed=6)
     check(results, POINTS)
+
+
+@pytest.mark.parametrize("saved_with, restored_with", [(True, False), (False, True)])
+def test_resume_may_switch_the_overlap(pool, saved_with, restored_with):
+    # `run --resume` lets --no-overlap-intra-microbatch-reorder change: the state and the stream are the same
+    points = [4, 6]
+    results = pool.run(resume_points, LAYOUTS["equal-dp"], steps=10, points=points, microbatch_size=8, window_size=3,
+                       overlap=saved_with, restore_overlap=restored_with, seed=8)
+    for result in filter(None, results):
+        for point in points:
+            assert result["points"][point]["full_state"] and result["points"][point]["count_only"], (result, point)

@@ -16,44 +16,89 @@ import torch.distributed as dist
 
 from mimo_pipes.cli.metrics_log import attach_metrics
 from mimo_pipes.cli.report import format_packing_summary, format_summary, summarize, summarize_packing
-from mimo_pipes.config import JobOptions, PipelineConfig, resolve_exchange_transport
+from mimo_pipes.config import JobOptions, PipelineConfig, exact_weight, flag, resolve_exchange_transport
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.exchange.process_groups import build_rank_groups
 from mimo_pipes.loader import graph_nodes
 from mimo_pipes.nodes import SequencePacker
+from mimo_pipes.topology import COMPONENT_FLAG
 
-STATE_FORMAT = 1
-# Settings that must match between a saved state and the run that resumes it.
-RESUME_FIELDS = ("components", "micro_batch_size", "global_batch_size", "seed", "dataloader_type", "dataset", "reorder")
+STATE_FORMAT = 2  # 2: meta.json holds every setting that shapes the stream; node states say what they are valid for
+# Settings of PipelineConfig (and the configs inside it) that do not change the stream or the saved state,
+# so a resumed run may change them. Every other field, present or added later, must match.
+RESUME_EXEMPT = {
+    "num_workers": "processing threads; the mapper keeps the order",
+    "exchange_transport": "how the bytes travel, not which",
+    "exchange_timeout_s": "how long a rank waits for a silent peer",
+    "overlap_intra_microbatch_reorder": "which thread runs the exchange; the state is the same either way",
+}
+# Fields whose flag is not the field name with dashes.
+FLAGS = {
+    "components": COMPONENT_FLAG,
+    "exchange_timeout_s": "--exchange-timeout",
+    "overlap_intra_microbatch_reorder": "--no-overlap-intra-microbatch-reorder",
+}
+_UNSET = object()  # a setting one side does not know (saved by another version)
 
 
 def state_path(directory: str, rank: int) -> Path:
     return Path(directory) / f"rank{rank}.json"
 
 
-def resume_fingerprint(config: PipelineConfig) -> dict[str, Any]:
-    values = dataclasses.asdict(config)
-    return {name: values[name] if name != "components" else list(values[name]) for name in RESUME_FIELDS}
+def stream_settings(config: PipelineConfig, recipe: str) -> dict[str, Any]:
+    """Every setting that shapes the stream, by field name, JSON-plain: all fields of the config and of the
+    configs inside it except :data:`RESUME_EXEMPT`, and the recipe that builds the graph."""
+    settings: dict[str, Any] = {}
+
+    def add(holder: Any) -> None:
+        for item in dataclasses.fields(holder):
+            value = getattr(holder, item.name)
+            if dataclasses.is_dataclass(value):
+                add(value)
+            elif item.name not in RESUME_EXEMPT:
+                settings[item.name] = value
+
+    add(config)
+    for name in ("reorder_encoder_cost_weight", "reorder_language_cost_weight"):  # 1, 1.0 and "1" are one weight
+        settings[name] = str(exact_weight(settings[name], flag(name)))
+    if config.dataset is not None:
+        settings["embedded_samples"] = None  # the embedded data is not used
+    settings["recipe"] = recipe
+    return json.loads(json.dumps(settings))
 
 
-def check_resume_dir(directory: str, config: PipelineConfig, world_size: int) -> int:
+def setting_flag(name: str) -> str:
+    return FLAGS.get(name, flag(name))
+
+
+def check_resume_dir(directory: str, config: PipelineConfig, world_size: int, recipe: str) -> int:
     """Validate a saved state before any rank starts; returns the consumed micro-batch count."""
     meta_path = Path(directory) / "meta.json"
     if not meta_path.is_file():
         raise ConfigError("--resume", f"{directory} holds no saved state (meta.json missing)")
     meta = json.loads(meta_path.read_text())
     if meta.get("format") != STATE_FORMAT:
-        raise ConfigError("--resume", f"{directory}: state format {meta.get('format')} is not {STATE_FORMAT}")
-    saved = meta["fingerprint"]
-    current = json.loads(json.dumps(resume_fingerprint(config)))
-    for name in RESUME_FIELDS:
-        if saved.get(name) != current[name]:
-            raise ConfigError("--resume", f"{directory} was saved with {name}={saved.get(name)!r}, this run has {current[name]!r}")
+        raise ConfigError(
+            "--resume", f"{directory}: state format {meta.get('format')} is not {STATE_FORMAT} (saved by another mimo-pipes version); start the run again"
+        )
+    saved, current = meta["settings"], stream_settings(config, recipe)
+    for name in [*current, *(name for name in saved if name not in current)]:
+        before, now = saved.get(name, _UNSET), current.get(name, _UNSET)
+        if before != now:
+            raise ConfigError("--resume", f"{directory} was saved with {setting_flag(name)} {_show(before)}, this run has {_show(now)}")
     missing = [rank for rank in range(world_size) if not state_path(directory, rank).is_file()]
     if missing:
         raise ConfigError("--resume", f"{directory} has no state for rank {missing[0]}")
     return int(meta["consumed_microbatches"])
+
+
+def _show(value: Any) -> str:
+    if value is _UNSET:
+        return "no value (an unknown setting)"
+    if value is None:
+        return "unset (the default)"
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def world_backend(world_size: int) -> str:
@@ -125,7 +170,7 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> None:
                 break
         end = loader.num_yielded  # below stop when the data ended first
         if options.save_state and options.stop_after is not None:
-            _save_state(options.save_state, rank, loader.state_dict(), config, end)
+            _save_state(options.save_state, rank, loader.state_dict(), stream_settings(config, options.recipe), end)
         if metrics_log is not None:
             metrics_log.finish(loader.exchange_metrics())
     finally:
@@ -188,7 +233,7 @@ def _progress(enabled: bool, total: int, initial: int):
     return tqdm(total=total, initial=initial, desc="micro-batches", unit="mb", file=sys.stderr, dynamic_ncols=True)
 
 
-def _save_state(directory: str, rank: int, state: dict, config: PipelineConfig, consumed: int) -> None:
+def _save_state(directory: str, rank: int, state: dict, settings: dict[str, Any], consumed: int) -> None:
     os.makedirs(directory, exist_ok=True)
     state_path(directory, rank).write_text(json.dumps({"format": STATE_FORMAT, "loader": state}))
     dist.barrier()
@@ -197,6 +242,6 @@ def _save_state(directory: str, rank: int, state: dict, config: PipelineConfig, 
             "format": STATE_FORMAT,
             "consumed_microbatches": consumed,
             "world_size": dist.get_world_size(),
-            "fingerprint": resume_fingerprint(config),
+            "settings": settings,
         }
         (Path(directory) / "meta.json").write_text(json.dumps(meta, indent=1))

@@ -200,7 +200,7 @@ def validate_job(config: PipelineConfig, options: JobOptions) -> int:
     if options.log_interval < 0:
         raise ConfigError("--log-interval", f"must be >= 0, got {options.log_interval}")
     if options.resume is not None:
-        consumed = check_resume_dir(options.resume, config, topology.world_size)
+        consumed = check_resume_dir(options.resume, config, topology.world_size, options.recipe)
         if consumed >= options.steps:
             raise ConfigError("--steps", f"{options.steps} is not past the {consumed} micro-batches already consumed in {options.resume}")
         if options.stop_after is not None and options.stop_after <= consumed:

@@ -24,6 +24,7 @@ from mimo_pipes.exchange import (
 )
 from mimo_pipes.metrics import MetricsAccumulator, window_metrics
 from mimo_pipes.observer import ExchangeObserver, ExchangeRecord
+from mimo_pipes.validity import VALID_FOR_KEY, check_valid_for, collation_settings, valid_for
 from mimo_pipes.window import Window
 
 # Windows exchanged ahead of the consumer. Every rank's thread runs at most this far ahead, which bounds
@@ -177,10 +178,13 @@ class BalanceExchange(BaseNode[Window]):
     ``observers`` (on the training thread, in order). With ``collect_metrics`` (default) the node also
     keeps :mod:`mimo_pipes.metrics`' figures: :meth:`metrics` is the last delivered window's dict,
     cumulative figures included (since the last ``reset``). Neither costs a collective.
+    It is valid for one DP layout, B/d, W, across-micro-batch setting and collation; with overlap or
+    without, the state is the same.
     """
 
     SOURCE_KEY = "source"
     SEQUENCE_KEY = "windows_delivered"
+    VALID_FOR_KEY = VALID_FOR_KEY
 
     def __init__(
         self,
@@ -204,8 +208,19 @@ class BalanceExchange(BaseNode[Window]):
         self._sync_exchange = _WindowExchange(ctx, collator, self)
         self._prefetcher: _Prefetcher | None = None
         self._finalizer: weakref.finalize | None = None
+        self.valid_for = valid_for(type(self).__name__, {
+            "dp rank": ctx.dp_rank,
+            "dp size": ctx.dp_size,
+            "canonical grid size": ctx.grid_size,
+            "micro-batch size per rank": ctx.samples_per_rank,
+            "window size": ctx.window_size,
+            "reorder across micro-batches": ctx.across_microbatches,
+            **(collation_settings(collator) if collator is not None else {"collation": None}),
+        })
 
     def reset(self, initial_state: dict | None = None) -> None:
+        if initial_state is not None:
+            check_valid_for(initial_state, self.valid_for)
         super().reset(initial_state)
         self.close()
         if initial_state is None:
@@ -297,4 +312,8 @@ class BalanceExchange(BaseNode[Window]):
             self._prefetcher = None
 
     def get_state(self) -> dict[str, Any]:
-        return {self.SOURCE_KEY: copy.deepcopy(self._state_after_delivered), self.SEQUENCE_KEY: self._sequence}
+        return {
+            self.VALID_FOR_KEY: copy.deepcopy(self.valid_for),
+            self.SOURCE_KEY: copy.deepcopy(self._state_after_delivered),
+            self.SEQUENCE_KEY: self._sequence,
+        }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -11,6 +12,7 @@ from torchdata.nodes import BaseNode
 from mimo_pipes.sample import SAMPLE_ID, SLOT, STEP, Sample
 from mimo_pipes.sharding import epoch_order, microbatches_per_epoch
 from mimo_pipes.topology import owned_positions
+from mimo_pipes.validity import VALID_FOR_KEY, check_valid_for, source_fingerprint, valid_for
 
 
 class MapStyleDataset(Protocol):
@@ -25,10 +27,14 @@ class CanonicalShardReader(BaseNode[Sample]):
     ``single`` reads the dataset once in order; ``cyclic`` reshuffles each epoch from the seed and never
     ends. Each sample gets its dataset index, global step and canonical slot. The state is two counters,
     so resuming from a consumed-sample count (``start_step = consumed // B``) is the same as restoring it.
+    It is valid for one dataset (length and fingerprint: ``dataset_fingerprint`` if given, else
+    :func:`~mimo_pipes.validity.source_fingerprint` of the rows it reads first), B, DP layout, seed and
+    dataloader type.
     """
 
     NEXT_STEP_KEY = "next_step"
     NEXT_POSITION_KEY = "next_position"
+    VALID_FOR_KEY = VALID_FOR_KEY
 
     def __init__(
         self,
@@ -41,6 +47,7 @@ class CanonicalShardReader(BaseNode[Sample]):
         seed: int = 0,
         dataloader_type: str = "cyclic",
         start_step: int = 0,
+        dataset_fingerprint: str | None = None,
     ) -> None:
         super().__init__()
         if dataloader_type not in ("single", "cyclic"):
@@ -59,8 +66,26 @@ class CanonicalShardReader(BaseNode[Sample]):
             raise ValueError(f"dataset has {len(dataset)} samples, fewer than one micro-batch of {microbatch_size}")
         self._order_epoch = -1
         self._order = np.empty(0, dtype=np.int64)
+        if dataset_fingerprint is None:  # rows this rank reads first (its own slots of step 0), never others
+            dataset_fingerprint = source_fingerprint(dataset, self._first_rows())
+        self.valid_for = valid_for(type(self).__name__, {
+            "micro-batch size": microbatch_size,
+            "dp rank": dp_rank,
+            "dp size": dp_size,
+            "canonical grid size": grid_size,
+            "seed": seed,
+            "dataloader type": dataloader_type,
+            "dataset length": len(dataset),
+            "dataset fingerprint": dataset_fingerprint,
+        })
+
+    def _first_rows(self) -> list[int]:
+        self._order, self._order_epoch = epoch_order(len(self.dataset), 0, self.seed, shuffle=self.cyclic), 0  # kept for step 0
+        return [int(index) for index in self._order[self.positions.start : self.positions.stop]]
 
     def reset(self, initial_state: dict | None = None) -> None:
+        if initial_state is not None:
+            check_valid_for(initial_state, self.valid_for)
         super().reset(initial_state)
         if initial_state is None:
             self._next_step, self._next_position = self.start_step, 0
@@ -91,4 +116,4 @@ class CanonicalShardReader(BaseNode[Sample]):
         return row
 
     def get_state(self) -> dict[str, Any]:
-        return {self.NEXT_STEP_KEY: self._next_step, self.NEXT_POSITION_KEY: self._next_position}
+        return {self.VALID_FOR_KEY: copy.deepcopy(self.valid_for), self.NEXT_STEP_KEY: self._next_step, self.NEXT_POSITION_KEY: self._next_position}

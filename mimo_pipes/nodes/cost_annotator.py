@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from torchdata.nodes import BaseNode
@@ -9,6 +10,7 @@ from torchdata.nodes import BaseNode
 from mimo_pipes.cost import image_token_count, real_token_count, sample_cost
 from mimo_pipes.errors import SampleError
 from mimo_pipes.sample import COST, IMAGE_TOKENS, REAL_TOKENS, SAMPLE_ID, Sample
+from mimo_pipes.validity import VALID_FOR_KEY, check_valid_for, valid_for
 
 
 class CostAnnotator(BaseNode[Sample]):
@@ -17,9 +19,11 @@ class CostAnnotator(BaseNode[Sample]):
     Weights are integers (``ReorderConfig.integer_cost_weights``), so every process gets the same cost;
     ``language_square_weight`` (``ReorderConfig.integer_language_square_weight``) adds the attention term of
     a packed micro-batch, ``real_tokens**2``.
+    The state is valid for one cost function (:meth:`cost_function`).
     """
 
     SOURCE_KEY = "source"
+    VALID_FOR_KEY = VALID_FOR_KEY
 
     def __init__(
         self,
@@ -40,8 +44,21 @@ class CostAnnotator(BaseNode[Sample]):
         self.encoder_weight = encoder_weight
         self.language_weight = language_weight
         self.language_square_weight = language_square_weight
+        self.valid_for = valid_for(type(self).__name__, self.cost_function())
+
+    def cost_function(self) -> dict[str, Any]:
+        """Everything that decides a sample's cost, as plain values; a state is valid only for the same.
+        A cost model adds its own description (e.g. its fingerprint) here."""
+        return {
+            "image token id": self.image_token_id,
+            "encoder cost weight": self.encoder_weight,
+            "language cost weight": self.language_weight,
+            "language square weight": self.language_square_weight,
+        }
 
     def reset(self, initial_state: dict | None = None) -> None:
+        if initial_state is not None:
+            check_valid_for(initial_state, self.valid_for)
         super().reset(initial_state)
         self.source.reset(None if initial_state is None else initial_state[self.SOURCE_KEY])
 
@@ -60,4 +77,4 @@ class CostAnnotator(BaseNode[Sample]):
         return sample
 
     def get_state(self) -> dict[str, Any]:
-        return {self.SOURCE_KEY: self.source.state_dict()}
+        return {self.VALID_FOR_KEY: copy.deepcopy(self.valid_for), self.SOURCE_KEY: self.source.state_dict()}

@@ -8,6 +8,7 @@ from typing import Any
 from torchdata.nodes import BaseNode
 
 from mimo_pipes.collate import Collator
+from mimo_pipes.validity import VALID_FOR_KEY, check_valid_for, collation_settings, valid_for
 from mimo_pipes.window import Window
 
 
@@ -17,11 +18,14 @@ class MicroBatchAssembler(BaseNode[dict]):
 
     Its state is the source's state from before the current window plus how many of the window's
     micro-batches were yielded, so a restore inside a window re-reads that window and skips ahead.
-    ``skip_first`` does the same for a fresh start in the middle of a window (resume from a count).
+    ``skip_first`` does the same for a fresh start in the middle of a window (resume from a count); a
+    state taken before the first window is read carries that pending skip.
+    The state is valid for one collation (pad length and values).
     """
 
     SOURCE_KEY = "source"
     YIELDED_KEY = "yielded_in_window"
+    VALID_FOR_KEY = VALID_FOR_KEY
 
     def __init__(
         self,
@@ -34,8 +38,11 @@ class MicroBatchAssembler(BaseNode[dict]):
         self.source = source
         self.skip_first = skip_first  # micro-batches of the first window already consumed (resume by count)
         self.collator = collator if collator is not None else Collator(None)
+        self.valid_for = valid_for(type(self).__name__, collation_settings(self.collator))
 
     def reset(self, initial_state: dict | None = None) -> None:
+        if initial_state is not None:
+            check_valid_for(initial_state, self.valid_for)
         super().reset(initial_state)
         self._window: Window | None = None
         if initial_state is None:
@@ -60,7 +67,12 @@ class MicroBatchAssembler(BaseNode[dict]):
 
     def get_state(self) -> dict[str, Any]:
         window_done = self._window is not None and self._yielded == len(self._window.microbatches)
-        if self._window_start_state is None or window_done:
+        if window_done:
             # At a window boundary the source's current state starts the next window: no re-read on restore.
-            return {self.SOURCE_KEY: copy.deepcopy(self.source.state_dict()), self.YIELDED_KEY: 0}
-        return {self.SOURCE_KEY: copy.deepcopy(self._window_start_state), self.YIELDED_KEY: self._yielded}
+            source_state, yielded = self.source.state_dict(), 0
+        elif self._window_start_state is None:
+            # No window read yet: the source stands at the first one, of which ``skip_first`` are still to skip.
+            source_state, yielded = self.source.state_dict(), self._yielded
+        else:
+            source_state, yielded = self._window_start_state, self._yielded
+        return {self.VALID_FOR_KEY: copy.deepcopy(self.valid_for), self.SOURCE_KEY: copy.deepcopy(source_state), self.YIELDED_KEY: yielded}

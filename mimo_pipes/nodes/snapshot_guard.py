@@ -7,6 +7,8 @@ from typing import Any, TypeVar
 
 from torchdata.nodes import BaseNode
 
+from mimo_pipes.validity import VALID_FOR_KEY, check_valid_for, valid_for
+
 T = TypeVar("T")
 
 
@@ -19,12 +21,16 @@ class SnapshotGuard(BaseNode[T]):
     """
 
     SOURCE_KEY = "source"
+    VALID_FOR_KEY = VALID_FOR_KEY
 
     def __init__(self, source: BaseNode[T]) -> None:
         super().__init__()
         self.source = source
+        self.valid_for = valid_for(type(self).__name__, {})  # no settings: it only marks its place in the graph
 
     def reset(self, initial_state: dict | None = None) -> None:
+        if initial_state is not None:
+            check_valid_for(initial_state, self.valid_for)
         super().reset(initial_state)
         self.source.reset(None if initial_state is None else copy.deepcopy(initial_state[self.SOURCE_KEY]))
 
@@ -32,4 +38,4 @@ class SnapshotGuard(BaseNode[T]):
         return next(self.source)
 
     def get_state(self) -> dict[str, Any]:
-        return {self.SOURCE_KEY: copy.deepcopy(self.source.state_dict())}
+        return {self.VALID_FOR_KEY: copy.deepcopy(self.valid_for), self.SOURCE_KEY: copy.deepcopy(self.source.state_dict())}

@@ -14,6 +14,7 @@ from mimo_pipes.collate import CONCAT_FIELDS, METADATA_LIST_NAMES, SEQUENCE_FIEL
 from mimo_pipes.cost import image_token_count
 from mimo_pipes.errors import SampleError
 from mimo_pipes.sample import SAMPLE_ID, STEP, Sample
+from mimo_pipes.validity import VALID_FOR_KEY, check_valid_for, valid_for
 
 NUM_IMAGES = "num_images"  # optional per-row image counts in a collated batch
 _METADATA_BY_LIST_NAME = {list_name: key for key, list_name in METADATA_LIST_NAMES.items()}
@@ -36,12 +37,14 @@ class Uncollate(BaseNode[Sample]):
     * Other metadata lists (``slots``, ``costs``, ...) come back when not None; any other field must be a
       tensor or list with one entry per row.
 
-    The state is the source's state before the current batch, its step and the rows already yielded.
+    The state is the source's state before the current batch, its step and the rows already yielded;
+    it is valid for one image token id, merge size, rows per batch and DP layout.
     """
 
     SOURCE_KEY = "source"
     STEP_KEY = "step"
     ROWS_YIELDED_KEY = "rows_yielded"
+    VALID_FOR_KEY = VALID_FOR_KEY
 
     def __init__(
         self,
@@ -64,8 +67,17 @@ class Uncollate(BaseNode[Sample]):
         self.dp_rank = dp_rank
         self.dp_size = dp_size
         self.start_step = start_step
+        self.valid_for = valid_for(type(self).__name__, {
+            "image token id": image_token_id,
+            "merge size": merge_size,
+            "rows per batch": rows_per_batch,
+            "dp rank": dp_rank,
+            "dp size": dp_size,
+        })
 
     def reset(self, initial_state: dict | None = None) -> None:
+        if initial_state is not None:
+            check_valid_for(initial_state, self.valid_for)
         super().reset(initial_state)
         self._rows: collections.deque[Sample] = collections.deque()
         self._taken = 0
@@ -98,12 +110,15 @@ class Uncollate(BaseNode[Sample]):
 
     def get_state(self) -> dict[str, Any]:
         if self._rows:  # inside a batch: restart from it
-            return {
-                self.SOURCE_KEY: copy.deepcopy(self._batch_start_state),
-                self.STEP_KEY: self._step - 1,
-                self.ROWS_YIELDED_KEY: self._taken,
-            }
-        return {self.SOURCE_KEY: copy.deepcopy(self.source.state_dict()), self.STEP_KEY: self._step, self.ROWS_YIELDED_KEY: 0}
+            source_state, step, taken = self._batch_start_state, self._step - 1, self._taken
+        else:
+            source_state, step, taken = self.source.state_dict(), self._step, 0
+        return {
+            self.VALID_FOR_KEY: copy.deepcopy(self.valid_for),
+            self.SOURCE_KEY: copy.deepcopy(source_state),
+            self.STEP_KEY: step,
+            self.ROWS_YIELDED_KEY: taken,
+        }
 
     def split(self, batch: Mapping[str, Any], step: int) -> list[Sample]:
         """The samples of one collated micro-batch of global step ``step``, in row order."""

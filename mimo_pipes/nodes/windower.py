@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from torchdata.nodes import BaseNode
 
 from mimo_pipes.sample import STEP, Sample
+from mimo_pipes.validity import VALID_FOR_KEY, check_valid_for, valid_for
 from mimo_pipes.window import Window
 
 
@@ -14,10 +16,11 @@ class Windower(BaseNode[Window]):
     """Emits windows covering steps [k*W, (k+1)*W); a window is cut short only where the source ends.
 
     Windows are aligned to multiples of W of the global step, so every rank and every module cuts the
-    stream at the same places.
+    stream at the same places. The state is valid for one B/d and W.
     """
 
     SOURCE_KEY = "source"
+    VALID_FOR_KEY = VALID_FOR_KEY
 
     def __init__(self, source: BaseNode[Sample], *, samples_per_microbatch: int, window_size: int) -> None:
         super().__init__()
@@ -26,8 +29,11 @@ class Windower(BaseNode[Window]):
         self.source = source
         self.samples_per_microbatch = samples_per_microbatch
         self.window_size = window_size
+        self.valid_for = valid_for(type(self).__name__, {"micro-batch size per rank": samples_per_microbatch, "window size": window_size})
 
     def reset(self, initial_state: dict | None = None) -> None:
+        if initial_state is not None:
+            check_valid_for(initial_state, self.valid_for)
         super().reset(initial_state)
         self.source.reset(None if initial_state is None else initial_state[self.SOURCE_KEY])
 
@@ -55,4 +61,4 @@ class Windower(BaseNode[Window]):
         return Window(first_step=first_step, microbatches=microbatches)
 
     def get_state(self) -> dict[str, Any]:
-        return {self.SOURCE_KEY: self.source.state_dict()}
+        return {self.VALID_FOR_KEY: copy.deepcopy(self.valid_for), self.SOURCE_KEY: self.source.state_dict()}

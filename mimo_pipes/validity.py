@@ -1,0 +1,149 @@
+"""What a saved state is valid for, and the one check that refuses a state made for other settings.
+
+Each node of the graph builds, once in ``__init__``, a ``valid_for`` description: its class and every
+setting that shapes its stream (B/d, W, DP layout, seed, the source's length and fingerprint, cost
+function, collation). ``get_state`` stores it under :data:`VALID_FOR_KEY`; ``reset(initial_state)``
+refuses a state whose description differs, naming the setting and both values, before anything is read.
+
+States saved before these checks carry no description and are refused as well: nothing tells what they
+were made for. Such a run resumes from its consumed micro-batch count instead (``consumed_microbatches``).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from mimo_pipes.errors import StateMismatchError
+
+VALID_FOR_KEY = "valid_for"
+NODE = "node"  # the description's entry that names the node's class
+SAMPLED_ROWS = 3  # rows hashed for the fingerprint of a source that has none of its own
+_MISSING = object()
+
+
+def valid_for(node: str, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """A node's description: ``node`` plus readable setting names, values made JSON-plain (tuples become
+    lists), so a description compares equal to itself after a round trip through a JSON checkpoint."""
+    return json.loads(json.dumps({NODE: node, **settings}, default=_plain))
+
+
+def collation_settings(collator: Any) -> dict[str, Any]:
+    """A collator's settings (every field of the dataclass), named for :func:`valid_for`."""
+    return {f"collation {field.name.replace('_', ' ')}": getattr(collator, field.name) for field in dataclasses.fields(collator)}
+
+
+def check_valid_for(saved_state: Any, expected: Mapping[str, Any]) -> None:
+    """Raise :class:`StateMismatchError` unless ``saved_state`` was made for the node ``expected`` describes."""
+    node = str(expected[NODE])
+    saved = saved_state.get(VALID_FOR_KEY) if isinstance(saved_state, Mapping) else None
+    if not isinstance(saved, Mapping):
+        raise StateMismatchError(
+            node, VALID_FOR_KEY,
+            "the saved state does not say what it is valid for (saved before mimo-pipes checked states, or not "
+            "by this graph), so it is refused; resume from the consumed micro-batch count instead",
+        )
+    if saved.get(NODE) != node:
+        raise StateMismatchError(node, NODE, f"the saved state is a {saved.get(NODE)}'s state, not a {node}'s: it was made with another graph")
+    for setting in [*expected, *(name for name in saved if name not in expected)]:
+        before, now = saved.get(setting, _MISSING), expected.get(setting, _MISSING)
+        if before != now:
+            raise StateMismatchError(node, setting, f"saved state was made with {setting} {_show(before)}, this graph has {_show(now)}")
+
+
+def check_graph_state(saved_state: Any, expected: Sequence[Mapping[str, Any]]) -> None:
+    """Check a whole graph's state at once: ``expected`` lists the nodes' descriptions from the root down,
+    as the nodes' states nest (other nodes, e.g. torchdata's mappers, may sit between them). Described
+    states nested deeper than the last expected node belong to nodes the walk cannot reach (a loader used
+    as a source, say): they are left to those nodes, which check them when they are restored."""
+    saved = nested_node_states(saved_state)
+    for index, description in enumerate(expected):
+        if index < len(saved):
+            check_valid_for(saved[index], description)
+        elif not saved:
+            check_valid_for(saved_state, description)  # says that the state carries no description
+        else:
+            raise StateMismatchError(str(description[NODE]), "graph", "the saved state holds no state for this node: it was made with another graph")
+
+
+def nested_node_states(state: Any) -> list[Mapping[str, Any]]:
+    """The states that carry a description, outermost first: each one's nearest described descendant."""
+    found: list[Mapping[str, Any]] = []
+    current = _nearest_described([state])
+    while current is not None:
+        found.append(current)
+        current = _nearest_described(value for key, value in current.items() if key != VALID_FOR_KEY)
+    return found
+
+
+def _nearest_described(values: Iterable[Any]) -> Mapping[str, Any] | None:
+    queue = collections.deque(values)
+    while queue:
+        value = queue.popleft()
+        if isinstance(value, Mapping):
+            if VALID_FOR_KEY in value:
+                return value
+            queue.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            queue.extend(value)
+    return None
+
+
+def source_fingerprint(dataset: Any, rows: Sequence[int]) -> str:
+    """A cheap fingerprint of a map-style source, never reading all of it: a Hugging Face dataset's own
+    ``_fingerprint`` when it has one (nothing is read), else a hash of the contents of the first
+    :data:`SAMPLED_ROWS` of ``rows`` (a reader passes rows of its own shard, so scalable DP still reads
+    only this rank's slots)."""
+    own = getattr(dataset, "_fingerprint", None)
+    if isinstance(own, str) and own:
+        return f"datasets:{own}"
+    digest = hashlib.sha256()
+    for index in list(rows)[:SAMPLED_ROWS]:
+        digest.update(f"row {int(index)}:".encode())
+        _feed(digest, dataset[int(index)])
+    return f"rows:{digest.hexdigest()[:16]}"
+
+
+def _feed(digest: Any, value: Any) -> None:
+    """Add ``value`` to ``digest`` the same way in every process (no ids, no hash randomisation)."""
+    if isinstance(value, Mapping):
+        for key in sorted(value, key=str):
+            digest.update(f"<{key}>".encode())
+            _feed(digest, value[key])
+    elif isinstance(value, (list, tuple)):
+        digest.update(f"[{len(value)}".encode())
+        for item in value:
+            _feed(digest, item)
+    elif isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu().contiguous()
+        digest.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    elif isinstance(value, np.ndarray):
+        digest.update(f"{value.dtype}{value.shape}".encode())
+        digest.update(np.ascontiguousarray(value).tobytes())
+    elif value is None or isinstance(value, (str, bytes, int, float, bool)):
+        digest.update(repr(value).encode())
+    elif callable(getattr(value, "tobytes", None)):  # e.g. a PIL image
+        digest.update(type(value).__name__.encode())
+        digest.update(value.tobytes())
+    else:
+        digest.update(type(value).__name__.encode())
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise TypeError(f"a state's description holds plain values only, got {type(value).__name__}")
+
+
+def _show(value: Any) -> str:
+    if value is _MISSING:
+        return "(not recorded)"
+    return value if isinstance(value, str) else json.dumps(value)
