@@ -57,6 +57,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reorder-window-size", type=int, default=reorder.reorder_window_size)
     parser.add_argument("--reorder-across-microbatches", action="store_true",
                         help="let samples move between the micro-batches of a window")
+    parser.add_argument("--reorder-cost-model", metavar="PATH", default=None,
+                        help="balance on a vision encoder's modelled time: a JSON file written by "
+                             "'mimo-pipes calibrate' (default: cost linear in image tokens)")
+    parser.add_argument("--reorder-two-level", action="store_true",
+                        help="when language dp is k > 1 times the encoder dp: split samples over encoder replicas by "
+                             "encoder cost, then each replica's k language slots by real tokens (default: off)")
     parser.add_argument("--dataloader-type", default=defaults.dataloader_type, help=f"{' or '.join(DATALOADER_TYPES)}")
     parser.add_argument("--drop-last", type=_bool, default=True, metavar="{true,false}")
     parser.add_argument("--steps", type=int, default=JobOptions.steps, help="global micro-batches to consume")
@@ -87,6 +93,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[PipelineConfig, JobOptio
         overlap_intra_microbatch_reorder=not args.no_overlap_intra_microbatch_reorder,
         reorder_window_size=args.reorder_window_size,
         reorder_across_microbatches=args.reorder_across_microbatches,
+        reorder_cost_model=args.reorder_cost_model,
+        reorder_two_level=args.reorder_two_level,
     )
     config = PipelineConfig(
         components=tuple(args.component) if args.component else DEFAULT_COMPONENTS,

@@ -14,17 +14,19 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from mimo_pipes.balance import balance_window
+from mimo_pipes.balance import balance_two_level, balance_window
 from mimo_pipes.errors import PeerError
 from mimo_pipes.exchange.buffers import ExchangeBuffers, new_buffer
 from mimo_pipes.exchange.context import ExchangeContext
 from mimo_pipes.exchange.plan import ExchangePlan, permute_local, plan_exchange
 from mimo_pipes.exchange.wire_format import SampleLayout, layout_sample, unpack_samples
-from mimo_pipes.sample import COST, Sample
+from mimo_pipes.sample import COST, ENCODER_COST, REAL_TOKENS, Sample
 from mimo_pipes.window import Window
 
 STATUS_OK, STATUS_FAILED, STATUS_END = 0, 1, 2
 HEADER = 4  # status, number of micro-batches, first step, window sequence number
+# Gathered per sample: the planners' costs (cost; encoder cost and real tokens for two levels), packed bytes.
+PER_SAMPLE = 4
 
 
 @contextlib.contextmanager
@@ -51,8 +53,8 @@ def _gather_header(ctx: ExchangeContext, local: torch.Tensor) -> torch.Tensor:
 
 
 def _agree(ctx: ExchangeContext, status: int, sequence: int, window: Window | None, error: BaseException | None, costs_sizes: list[int]) -> torch.Tensor:
-    """All-gather status, window shape and per-sample (cost, packed size); raise on every rank if any failed."""
-    width = HEADER + 2 * ctx.window_size * ctx.samples_per_rank
+    """All-gather status, window shape and per-sample values; raise on every rank if any failed."""
+    width = HEADER + PER_SAMPLE * ctx.window_size * ctx.samples_per_rank
     local = torch.full((width,), -1, dtype=torch.int64)
     local[0] = status
     local[3] = sequence
@@ -99,7 +101,8 @@ def announce_failure(ctx: ExchangeContext, sequence: int, error: BaseException) 
 
 
 def local_costs_and_layouts(window: Window, need_layouts: bool) -> tuple[list[int], list[SampleLayout | None]]:
-    """Interleaved (cost, packed bytes) per local sample, and the layouts (measured once, reused to pack).
+    """Interleaved (cost, encoder cost, real tokens, packed bytes) per local sample, and the layouts
+    (measured once, reused to pack).
 
     Laying out validates packability, so a bad sample fails here, before any collective."""
     values: list[int] = []
@@ -108,7 +111,7 @@ def local_costs_and_layouts(window: Window, need_layouts: bool) -> tuple[list[in
         for sample in microbatch:
             layout = layout_sample(sample) if need_layouts else None
             layouts.append(layout)
-            values.append(int(sample[COST]))
+            values.extend((int(sample[COST]), int(sample.get(ENCODER_COST, 0)), int(sample.get(REAL_TOKENS, 0))))
             values.append(layout.size if layout is not None else 0)
     return values, layouts
 
@@ -128,20 +131,27 @@ def exchange_window(ctx: ExchangeContext, window: Window, sequence: int, buffers
     local_samples = [sample for microbatch in window.microbatches for sample in microbatch]
     if ctx.dp_size == 1:
         # Nothing to exchange: a local permutation into canonical order, no collective.
-        costs = costs_sizes[0::2]
-        plan = _plan(ctx, [costs[m * ctx.microbatch_size : (m + 1) * ctx.microbatch_size] for m in range(count)])
+        local = torch.tensor(costs_sizes, dtype=torch.int64).reshape(count, ctx.microbatch_size, PER_SAMPLE)
+        plan = _plan(ctx, local)
         return Window(window.first_step, permute_local(local_samples, plan))
     gathered = _agree(ctx, STATUS_OK, sequence, window, None, costs_sizes)
     # gathered[r] holds rank r's samples, micro-batch by micro-batch: reorder into canonical flat indices.
-    values = gathered[:, HEADER : HEADER + 2 * count * ctx.samples_per_rank].reshape(ctx.dp_size, count, ctx.samples_per_rank, 2)
-    canonical = values.permute(1, 0, 2, 3).reshape(count, ctx.microbatch_size, 2)
-    plan = _plan(ctx, canonical[:, :, 0].tolist())
-    by_flat = _move(ctx, plan, local_samples, layouts, canonical[:, :, 1].reshape(-1).tolist(), buffers)
+    values = gathered[:, HEADER : HEADER + PER_SAMPLE * count * ctx.samples_per_rank]
+    values = values.reshape(ctx.dp_size, count, ctx.samples_per_rank, PER_SAMPLE)
+    canonical = values.permute(1, 0, 2, 3).reshape(count, ctx.microbatch_size, PER_SAMPLE)
+    plan = _plan(ctx, canonical)
+    by_flat = _move(ctx, plan, local_samples, layouts, canonical[:, :, 3].reshape(-1).tolist(), buffers)
     return Window(window.first_step, permute_local(by_flat, plan))
 
 
-def _plan(ctx: ExchangeContext, cost_rows: list[list[int]]) -> ExchangePlan:
-    assignment = balance_window(cost_rows, ctx.grid_size, across_microbatches=ctx.across_microbatches)
+def _plan(ctx: ExchangeContext, values: torch.Tensor) -> ExchangePlan:
+    """The assignment from (W, B, PER_SAMPLE) gathered values: one level on cost, or two levels."""
+    across = ctx.across_microbatches
+    if ctx.encoder_groups:
+        encoder, language = values[:, :, 1].tolist(), values[:, :, 2].tolist()
+        assignment = balance_two_level(encoder, language, ctx.encoder_groups, ctx.grid_size, across, ctx.floor)
+    else:
+        assignment = balance_window(values[:, :, 0].tolist(), ctx.grid_size, across_microbatches=across, floor=ctx.floor)
     return plan_exchange(assignment, ctx.dp_rank, ctx.dp_size, ctx.grid_size, ctx.microbatch_size)
 
 
