@@ -265,3 +265,29 @@ def test_two_level_pairs_groups_and_balances_each_level(count, shape, across, da
             assert sorted(sum(flat_language[group[j]] for j in slot) for slot in split) == sorted(
                 sum(flat_language[i] for i in slot) for slot in slots_[g * k : (g + 1) * k]
             )
+
+
+def test_saved_state_remembers_the_model():
+    from torchdata.nodes import IterableWrapper
+
+    from mimo_pipes.nodes import CostAnnotator
+
+    ids = torch.tensor([START, *[IMAGE] * 4, END])
+    samples = [{"input_ids": ids, "attention_mask": torch.ones(6, dtype=torch.int64)} for _ in range(3)]
+
+    def node(model):
+        return CostAnnotator(IterableWrapper(samples), image_token_id=IMAGE, encoder_weight=1, language_weight=0, cost_model=model)
+
+    first = node(MODEL)
+    first.reset()
+    next(first)
+    state = first.get_state()
+    assert state[CostAnnotator.COST_MODEL_KEY] == MODEL.fingerprint()
+    same = node(MODEL)
+    same.reset(state)  # the same model: accepted
+    assert next(same)["cost"] == MODEL.encoder_time_ns([4])
+    with pytest.raises(ValueError, match="resume with the same --reorder-cost-model"):
+        node(None).reset(state)
+    other = TimeModel(floor_ps=MODEL.floor_ps, per_image_ps=MODEL.per_image_ps + 1, per_patch_ps=MODEL.per_patch_ps)
+    with pytest.raises(ValueError, match="cost model"):
+        node(other).reset(state)

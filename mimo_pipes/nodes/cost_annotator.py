@@ -21,6 +21,7 @@ class CostAnnotator(BaseNode[Sample]):
     """
 
     SOURCE_KEY = "source"
+    COST_MODEL_KEY = "cost_model"  # fingerprint of the time model (None: linear): costs made under another differ
 
     def __init__(self, source: BaseNode[Sample], *, image_token_id: int, encoder_weight: int, language_weight: int,
                  cost_model: TimeModel | None = None) -> None:
@@ -35,6 +36,11 @@ class CostAnnotator(BaseNode[Sample]):
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
+        if initial_state is not None and initial_state.get(self.COST_MODEL_KEY, self._fingerprint()) != self._fingerprint():
+            raise ValueError(
+                f"saved state was made with cost model {initial_state[self.COST_MODEL_KEY]}, this graph uses "
+                f"{self._fingerprint()}: resume with the same --reorder-cost-model file"
+            )
         self.source.reset(None if initial_state is None else initial_state[self.SOURCE_KEY])
 
     def next(self) -> Sample:
@@ -53,5 +59,8 @@ class CostAnnotator(BaseNode[Sample]):
         sample[COST] = sample_cost(encoder_cost, real_tokens, self.encoder_weight, self.language_weight)
         return sample
 
+    def _fingerprint(self) -> str | None:
+        return None if self.cost_model is None else self.cost_model.fingerprint()
+
     def get_state(self) -> dict[str, Any]:
-        return {self.SOURCE_KEY: self.source.state_dict()}
+        return {self.SOURCE_KEY: self.source.state_dict(), self.COST_MODEL_KEY: self._fingerprint()}
