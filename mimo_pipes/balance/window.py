@@ -22,19 +22,25 @@ from collections.abc import Sequence
 import numpy as np
 
 from mimo_pipes.balance.canonical import loads_of, sort_order
-from mimo_pipes.balance.karmarkar_karp import kk_members
 from mimo_pipes.balance.lpt import lpt_members
-from mimo_pipes.balance.microbatch import plan_indices
+from mimo_pipes.balance.microbatch import plan_indices, plan_members
+from mimo_pipes.balance.quality import window_lower_bound
 from mimo_pipes.balance.refine import refine_members
 from mimo_pipes.balance.validate import check_floor, check_window
 
 # Budgets of the search across micro-batches (counts, so the result never depends on the machine):
-# swaps taken, and candidate swaps looked at (about 2 ms of numpy on a busy 2-core machine).
+# swaps taken, and candidate swaps looked at (a few ms of numpy on a busy 2-core machine).
 MAX_MOVES = 512
-MAX_WORK = 1_500_000
+MAX_WORK = 200_000
+# An iteration counts at least this much work (its fixed cost: a sort of the bins, a few small arrays).
+ITERATION_WORK = 2_000
 # The second start (heads, then fill to level) places one sample at a time: only for windows this small.
-FILL_MAX_SAMPLES = 1024
-# Refinement rounds of the cheap split of each sorted run (the search across micro-batches follows).
+FILL_MAX_SAMPLES = 512
+# With more samples per slot, sorted runs already split evenly (measured: the search found nothing at 8).
+SEARCH_MAX_PER_SLOT = 4
+# The search runs only while the sorted runs are more than 1/NEAR_BOUND (0.1%) above the window bound.
+NEAR_BOUND = 1000
+# Refinement rounds inside a micro-batch after the moves across micro-batches touched it.
 LIGHT_ROUNDS = 2
 
 
@@ -87,7 +93,7 @@ def _across(window: np.ndarray, num_slots: int) -> list[np.ndarray]:
     plans = []
     for m in range(count):
         run = sorted_costs[m * size : (m + 1) * size]
-        plans.append(order[_light_split(run, num_slots) + m * size])
+        plans.append(order[plan_members(run, num_slots, exact=False) + m * size])
     return plans
 
 
@@ -124,16 +130,6 @@ def _fill_to_level(window: np.ndarray, num_slots: int, floor: int) -> list[np.nd
     return [members[m * num_slots : (m + 1) * num_slots] for m in range(count)]
 
 
-def _light_split(sorted_costs: np.ndarray, num_slots: int) -> np.ndarray:
-    """A cheap split of costs sorted heaviest first: balanced KK, refined towards the mean. Runs of a
-    sorted window hold samples of similar cost, which split evenly without the engine's searches."""
-    size = int(sorted_costs.shape[0])
-    if num_slots == 1 or size // num_slots <= 1:
-        return np.arange(size, dtype=np.int64).reshape(num_slots, size // num_slots)
-    target = -(-int(sorted_costs.sum()) // num_slots)
-    return refine_members(sorted_costs, kk_members(sorted_costs, num_slots), target=target, max_rounds=LIGHT_ROUNDS)
-
-
 def _improve(flat: np.ndarray, plans: list[np.ndarray], num_slots: int, floor: int) -> list[np.ndarray]:
     """Swaps across micro-batches that lower the critical path, then each micro-batch re-split.
 
@@ -150,6 +146,7 @@ def _improve(flat: np.ndarray, plans: list[np.ndarray], num_slots: int, floor: i
     if count == 1 or per_bin == 0:
         return plans
     loads = flat[members].sum(axis=1)
+    touched = np.zeros(bins, dtype=bool)
     work = 0
     moves = 0
     stale = 0  # micro-batches tried since the last move
@@ -171,7 +168,7 @@ def _improve(flat: np.ndarray, plans: list[np.ndarray], num_slots: int, floor: i
         y_bins = np.flatnonzero(other)
         y = flat[members[y_bins]]  # (n, k)
         d = x[:, None, None] - y[None, :, :]  # (k, n, k)
-        work += d.size
+        work += max(d.size, ITERATION_WORK)
         new_i = top - d
         gain = max(top, floor) - np.maximum(np.maximum(second, new_i), floor)
         top_j = tops[group[y_bins]][None, :, None]
@@ -194,20 +191,22 @@ def _improve(flat: np.ndarray, plans: list[np.ndarray], num_slots: int, floor: i
         moved = int(d[a, n, b])
         loads[i] -= moved
         loads[j] += moved
+        touched[i] = touched[j] = True
         moves += 1
         stale = 0
     order = np.argsort(-loads, kind="stable")
     improved = []
     for m in range(count):
-        chosen = members[order[m * num_slots : (m + 1) * num_slots]]
-        if moves:
+        rows = order[m * num_slots : (m + 1) * num_slots]
+        chosen = members[rows]
+        if touched[rows].any():
             # Swap refinement inside the micro-batch, from where the moves left it (never raises its top).
             samples = chosen.reshape(-1)
             sub_order = sort_order(flat[samples])
             rank = np.empty_like(sub_order)
             rank[sub_order] = np.arange(sub_order.shape[0])
             start = rank.reshape(chosen.shape)
-            chosen = samples[sub_order][refine_members(flat[samples][sub_order], start)]
+            chosen = samples[sub_order][refine_members(flat[samples][sub_order], start, max_rounds=LIGHT_ROUNDS)]
         improved.append(chosen)
     return improved
 
@@ -235,9 +234,15 @@ def balance_window(
         return [_canonical_microbatch(plan) for plan in plans]
     count, size = window.shape
     flat = window.reshape(-1)
-    candidates = [_improve(flat, _across(window, num_slots), num_slots, floor)]
-    if size // num_slots > 1 and flat.shape[0] <= FILL_MAX_SAMPLES:
-        candidates.append(_improve(flat, _fill_to_level(window, num_slots, floor), num_slots, floor))
+    candidates = [_across(window, num_slots)]
+    if 1 < size // num_slots <= SEARCH_MAX_PER_SLOT:
+        # Within 1/NEAR_BOUND of a valid lower bound the search cannot gain enough to pay for itself.
+        bound = max(window_lower_bound(window, num_slots), floor * count)
+        first = _path(np.stack([flat[p].sum(axis=1) for p in candidates[0]]), floor)
+        if (first - bound) * NEAR_BOUND > bound:
+            candidates[0] = _improve(flat, candidates[0], num_slots, floor)
+            if flat.shape[0] <= FILL_MAX_SAMPLES:
+                candidates.append(_improve(flat, _fill_to_level(window, num_slots, floor), num_slots, floor))
     plans, path = candidates[0], None
     for plan in candidates:
         value = _path(np.stack([flat[p].sum(axis=1) for p in plan]) if size else np.zeros((count, 0)), floor)
