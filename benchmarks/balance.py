@@ -401,7 +401,7 @@ def windows_vs_exact(seed: int, reps: int):
                 if small:
                     best = exact_window_path(costs, slots, floor)
                 else:  # best known: the planner with 50x its budgets and every gate open
-                    names = ("MAX_MOVES", "MAX_WORK", "FILL_MAX_SAMPLES", "NEAR_BOUND", "SEARCH_MAX_PER_SLOT")
+                    names = ("MAX_MOVES", "MAX_WORK", "FILL_MAX_SAMPLES", "NEAR_BOUND", "SEARCH_MAX_SAMPLES")
                     saved = {name: getattr(window_module, name) for name in names}
                     for name in names:
                         setattr(window_module, name, saved[name] * 50)

@@ -161,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tower", default=None, help="preset or config folder (default: qwen2-vl-675m; tiny with --smoke)")
     parser.add_argument("--cost-model", default=None, help="use this calibrated model instead of calibrating")
     parser.add_argument("--steps", type=int, default=None, help="global micro-batches per configuration (default 32; 2 with --smoke)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed forwards per rank and step, median kept (default 3)")
+    parser.add_argument("--repeats", type=int, default=2, help="timed forwards per rank and step after one warm-up, median kept (default 2)")
+    parser.add_argument("--layouts", default=",".join(f"{dp}x{batch}" for dp, batch in LAYOUTS),
+                        help="vision dp x micro-batch size, comma-separated (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=PipelineConfig.seed, help="the run's --seed (default: run's default)")
     parser.add_argument("--embedded-samples", type=int, default=None,
                         help=f"embedded dataset size (default: run's default, {PipelineConfig.embedded_samples}; 16 with --smoke)")
@@ -199,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     samples = processed_samples(args.embedded_samples or (16 if args.smoke else PipelineConfig.embedded_samples), args.seq_length, log)
     timer = Timer(tower, device, dtype, repeats=1 if args.smoke else args.repeats, warmup=0 if args.smoke else 1)
     results = []
-    layouts = LAYOUTS[:1] if args.smoke else LAYOUTS
+    layouts = [tuple(int(x) for x in item.split("x")) for item in args.layouts.split(",")]
+    layouts = layouts[:1] if args.smoke else layouts
     for dp, batch in layouts:
         configurations = [("linear", "off", 1)] + [(cost, mode, w) for cost in ("linear", "calibrated") for mode, w in (("micro-batch", 1), ("across", 4))]
         for cost, mode, window in configurations:

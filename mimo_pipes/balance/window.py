@@ -35,9 +35,10 @@ MAX_WORK = 200_000
 # An iteration counts at least this much work (its fixed cost: a sort of the bins, a few small arrays).
 ITERATION_WORK = 2_000
 # The second start (heads, then fill to level) places one sample at a time: only for windows this small.
-FILL_MAX_SAMPLES = 512
-# With more samples per slot, sorted runs already split evenly (measured: the search found nothing at 8).
-SEARCH_MAX_PER_SLOT = 4
+FILL_MAX_SAMPLES = 2048
+# The search (and the second start) only for windows of at most this many samples: above it an iteration
+# looks at too many pairs to pay for itself within the budgets.
+SEARCH_MAX_SAMPLES = 2048
 # The search runs only while the sorted runs are more than 1/NEAR_BOUND (0.1%) above the window bound.
 NEAR_BOUND = 1000
 # Refinement rounds inside a micro-batch after the moves across micro-batches touched it.
@@ -120,9 +121,8 @@ def _fill_to_level(window: np.ndarray, num_slots: int, floor: int) -> list[np.nd
         level = tops[group]
         rise = np.where(fill < per_bin, np.maximum(new - level, 0), big)
         room = np.where(rise == 0, level - new, 0)
-        key = rise
-        best = int(key.min())
-        slot = int(np.flatnonzero(key == best)[np.argmin(room[key == best])])
+        fits = np.flatnonzero(rise == rise.min())
+        slot = int(fits[np.argmin(room[fits])])
         members[slot, fill[slot]] = index
         fill[slot] += 1
         loads[slot] = new[slot]
@@ -131,7 +131,7 @@ def _fill_to_level(window: np.ndarray, num_slots: int, floor: int) -> list[np.nd
 
 
 def _improve(flat: np.ndarray, plans: list[np.ndarray], num_slots: int, floor: int) -> list[np.ndarray]:
-    """Swaps across micro-batches that lower the critical path, then each micro-batch re-split.
+    """Swaps across micro-batches that lower the critical path, then refinement inside the touched ones.
 
     The slots of the whole window are "bins" of k samples; for any bin loads the best grouping into
     micro-batches sorts the bins heaviest first and cuts them into runs of G (each micro-batch then costs
@@ -235,7 +235,7 @@ def balance_window(
     count, size = window.shape
     flat = window.reshape(-1)
     candidates = [_across(window, num_slots)]
-    if 1 < size // num_slots <= SEARCH_MAX_PER_SLOT:
+    if size // num_slots > 1 and flat.shape[0] <= SEARCH_MAX_SAMPLES:
         # Within 1/NEAR_BOUND of a valid lower bound the search cannot gain enough to pay for itself.
         bound = max(window_lower_bound(window, num_slots), floor * count)
         first = _path(np.stack([flat[p].sum(axis=1) for p in candidates[0]]), floor)
