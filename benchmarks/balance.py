@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _dist  # noqa: E402  (benchmarks/_dist.py)
 
-from mimo_pipes.balance import balance_microbatch, balance_window, window_lower_bound  # noqa: E402
+from mimo_pipes.balance import balance_microbatch, balance_window, lpt_assignment, window_lower_bound  # noqa: E402
 from mimo_pipes.balance.canonical import loads_of, sort_order  # noqa: E402
 from mimo_pipes.balance.exact import exact_members, search_slots  # noqa: E402
 from mimo_pipes.balance.karmarkar_karp import kk_members  # noqa: E402
@@ -360,8 +360,8 @@ def _floored_path(flat, plan, floor):
 
 
 def sorted_runs_plan(costs, num_slots, floor):
-    """The earlier window planner: sorted runs of B, each balanced; kept only if it beats balancing every
-    micro-batch where it stands and the window as it stands (as it did)."""
+    """The earlier window planner: sorted runs of B, each balanced by the engine, kept only if it beats
+    LPT on every micro-batch where it stands and the window as it stands (as it did)."""
     flat = [c for row in costs for c in row]
     size = len(costs[0])
     order = sorted(range(len(flat)), key=lambda i: (-flat[i], i))
@@ -369,7 +369,7 @@ def sorted_runs_plan(costs, num_slots, floor):
     for m in range(len(costs)):
         chunk = order[m * size : (m + 1) * size]
         runs.append([[chunk[j] for j in slot] for slot in balance_microbatch([flat[i] for i in chunk], num_slots)])
-    each = [[[m * size + i for i in slot] for slot in balance_microbatch(row, num_slots)] for m, row in enumerate(costs)]
+    each = [[[m * size + i for i in slot] for slot in lpt_assignment(row, num_slots)] for m, row in enumerate(costs)]
     per = size // num_slots
     still = [[list(range(m * size + s * per, m * size + (s + 1) * per)) for s in range(num_slots)] for m in range(len(costs))]
     return min((runs, each, still), key=lambda plan: _floored_path(flat, plan, floor))

@@ -249,8 +249,10 @@ def balance_window(
         if path is None or value < path:
             plans, path = plan, value
     if size and path > _independent_bound(window, num_slots, floor):
-        # Per-micro-batch LPT (the anchor) could still be better: never return worse than it.
-        anchor, _ = _independent(window, num_slots, anchor=True, floor=floor)
+        # Balancing every micro-batch where it stands could still be better: never return worse than LPT
+        # does that way. With a floor, light micro-batches of sorted runs waste it, and the engine's
+        # own per-micro-batch plan is the one to beat.
+        anchor, _ = _independent(window, num_slots, anchor=floor == 0, floor=floor)
         value = _path(np.stack([flat[p].sum(axis=1) for p in anchor]), floor)
         if value < path:
             plans, path = anchor, value
