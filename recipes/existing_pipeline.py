@@ -59,7 +59,8 @@ def build(
     encoder_weight, language_weight = reorder.integer_cost_weights()
     collator = Collator(seq_length if pad_to_seq_length else None, dict(pad_values))
 
-    node: BaseNode[Any] = CostAnnotator(samples, image_token_id=image_token_id, encoder_weight=encoder_weight, language_weight=language_weight)
+    node: BaseNode[Any] = CostAnnotator(samples, image_token_id=image_token_id, encoder_weight=encoder_weight,
+                                        language_weight=language_weight, cost_model=reorder.load_cost_model())
     node = Windower(node, samples_per_microbatch=samples_per_rank, window_size=window_size)
     if reorder.intra_microbatch_reorder:
         exchange = ExchangeContext.for_layout(
