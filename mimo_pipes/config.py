@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+from mimo_pipes.cost_model import CostModelError, TimeModel, load_cost_model
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.topology import COMPONENT_FLAG, Topology, build_topology
 
@@ -88,6 +89,19 @@ class ReorderConfig:
     # language rank's time grows with when its micro-batch is packed (linear layers plus attention).
     reorder_language_cost: str = "tokens"
     reorder_attention_crossover: int = DEFAULT_ATTENTION_CROSSOVER
+    # Time model of the vision encoder (a file of `mimo-pipes calibrate`); None: cost linear in image tokens.
+    reorder_cost_model: str | None = None
+    # Language dp = k * encoder dp, k > 1: encoder replicas by encoder cost, their k slots by real tokens.
+    reorder_two_level: bool = False
+
+    def load_cost_model(self) -> TimeModel | None:
+        """The time model of ``reorder_cost_model`` (None without one); a bad file is a ConfigError."""
+        if self.reorder_cost_model is None:
+            return None
+        try:
+            return load_cost_model(self.reorder_cost_model)
+        except CostModelError as error:
+            raise ConfigError(flag("reorder_cost_model"), str(error)) from None
 
     def integer_cost_weights(self) -> tuple[int, int]:
         """(encoder, language) weights as integers with the same ratio: exact, identical everywhere.
@@ -137,6 +151,9 @@ class ReorderConfig:
             )
         if self.reorder_across_microbatches and not self.intra_microbatch_reorder:
             raise ConfigError(flag("reorder_across_microbatches"), "needs --intra-microbatch-reorder")
+        if self.reorder_two_level and not self.intra_microbatch_reorder:
+            raise ConfigError(flag("reorder_two_level"), "needs --intra-microbatch-reorder")
+        self.load_cost_model()
 
     def check_padding(self, pad_to_seq_length: bool) -> None:
         """Reordering concatenates exchanged samples into one micro-batch: every rank pads alike."""
@@ -181,6 +198,8 @@ class PipelineConfig:
         topology = build_topology(self.components, world_size)
         self.reorder.validate()
         self._validate_modules(topology)
+        if self.reorder.reorder_two_level:
+            two_level_groups(topology)
         self._validate_batching(topology)
         if self.dataloader_type not in DATALOADER_TYPES:
             raise ConfigError(
@@ -246,6 +265,41 @@ class PipelineConfig:
                 f"{window} must divide the {self.microbatches_per_global_batch} micro-batches of a global batch "
                 "when samples move across micro-batches (a window never crosses a global batch)",
             )
+
+
+def two_level_groups(topology: Topology) -> int:
+    """d_enc for two-level balance: every encoder has the same dp, and language dp is k > 1 times it."""
+    sizes = sorted({encoder.dp for encoder in topology.encoders})
+    language = topology.language.dp
+    if len(sizes) != 1 or language // sizes[0] < 2:
+        raise ConfigError(
+            flag("reorder_two_level"),
+            f"needs every encoder at one dp that language dp={language} is a multiple k > 1 of; encoder dp: {sizes}",
+        )
+    return sizes[0]
+
+
+@dataclass(frozen=True)
+class PlannerSettings:
+    """What the exchange's planner needs besides the costs, identical on every module."""
+
+    floor: int = 0  # per-forward floor in the planner's cost units (per slot, or per group with two levels)
+    encoder_groups: int = 0  # d_enc with two-level balance, else 0
+
+
+def planner_settings(topology: Topology, reorder: ReorderConfig, model: TimeModel | None) -> PlannerSettings:
+    """From the component specs every rank knows: the floor in cost units and the two-level grouping.
+
+    One level: the floor, scaled by the encoder weight, is spread over the G/d_enc slots of one encoder
+    forward (the smallest encoder dp when encoders differ). Two levels: the encoder level balances
+    encoder cost alone, so the floor is the model's, per group (one group = one encoder forward)."""
+    floor_ns = model.floor_ns if model is not None else 0
+    if reorder.reorder_two_level:
+        return PlannerSettings(floor=floor_ns, encoder_groups=two_level_groups(topology))
+    encoder_weight, _ = reorder.integer_cost_weights()
+    encoders = [encoder.dp for encoder in topology.encoders]
+    slots_per_forward = topology.grid_size // min(encoders) if encoders else 1
+    return PlannerSettings(floor=encoder_weight * floor_ns // slots_per_forward)
 
 
 @dataclass

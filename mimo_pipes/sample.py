@@ -16,6 +16,7 @@ STEP = "step"  # int: global micro-batch index from the start of training
 SLOT = "slot"  # int: canonical slot the reader placed the sample in
 IMAGE_TOKENS = "image_tokens"  # int: image placeholder tokens in input_ids
 REAL_TOKENS = "real_tokens"  # int: attention_mask sum
-COST = "cost"  # int: w_enc * image_tokens + w_lang * real_tokens, in fixed point
+ENCODER_COST = "encoder_cost"  # int: image_tokens, or modelled encoder ns with a time model (cost_model.py)
+COST = "cost"  # int: w_enc * encoder_cost + w_lang * real_tokens, in fixed point
 
-METADATA_KEYS = (SAMPLE_ID, STEP, SLOT, IMAGE_TOKENS, REAL_TOKENS, COST)
+METADATA_KEYS = (SAMPLE_ID, STEP, SLOT, IMAGE_TOKENS, REAL_TOKENS, COST, ENCODER_COST)

@@ -61,7 +61,7 @@ def build(
 
     node: BaseNode[Any] = CostAnnotator(
         samples, image_token_id=image_token_id, encoder_weight=encoder_weight, language_weight=language_weight,
-        language_square_weight=reorder.integer_language_square_weight(),
+        language_square_weight=reorder.integer_language_square_weight(), cost_model=reorder.load_cost_model(),
     )
     node = Windower(node, samples_per_microbatch=samples_per_rank, window_size=window_size)
     if reorder.intra_microbatch_reorder:

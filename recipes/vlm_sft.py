@@ -12,7 +12,8 @@ from typing import Any
 from torchdata.nodes import BaseNode, ParallelMapper
 
 from mimo_pipes.collate import Collator
-from mimo_pipes.config import PipelineConfig
+from mimo_pipes.config import PipelineConfig, flag, planner_settings
+from mimo_pipes.cost_model import CostModelError
 from mimo_pipes.data.dataset import check_dataset_path, default_dataset_path, open_dataset
 from mimo_pipes.data.processor import check_processor_path, default_processor_path, load_processor
 from mimo_pipes.errors import ConfigError
@@ -30,6 +31,7 @@ from mimo_pipes.nodes import (
 from mimo_pipes.nodes.canonical_shard_reader import MapStyleDataset
 from mimo_pipes.resume import reorder_window_size, resume_point
 from mimo_pipes.sample import Sample
+from mimo_pipes.topology import build_topology
 
 
 def pipeline(
@@ -51,6 +53,7 @@ def pipeline(
     resume = resume_point(consumed_microbatches, window_size)
     samples_per_rank = config.micro_batch_size // layout.dp_size
     encoder_weight, language_weight = reorder.integer_cost_weights()
+    cost_model = reorder.load_cost_model()
     collator = Collator(config.seq_length if config.pad_to_seq_length else None, dict(pad_values))
 
     # This rank's B/d samples of every global micro-batch, from the window that holds the next one.
@@ -69,12 +72,15 @@ def pipeline(
         node = ParallelMapper(SnapshotGuard(node), map_fn, num_workers=max(config.num_workers, 1), in_order=True, method="thread")
     node = CostAnnotator(
         node, image_token_id=image_token_id, encoder_weight=encoder_weight, language_weight=language_weight,
-        language_square_weight=reorder.integer_language_square_weight(),
+        language_square_weight=reorder.integer_language_square_weight(), cost_model=cost_model,
     )
     node = Windower(node, samples_per_microbatch=samples_per_rank, window_size=window_size)
     if reorder.intra_microbatch_reorder:
+        # Floor and two-level grouping come from the component specs, so every module plans alike.
+        settings = planner_settings(build_topology(config.components), reorder, cost_model)
         exchange = ExchangeContext.for_layout(
-            layout, samples_per_rank=samples_per_rank, window_size=window_size, across_microbatches=reorder.reorder_across_microbatches
+            layout, samples_per_rank=samples_per_rank, window_size=window_size, across_microbatches=reorder.reorder_across_microbatches,
+            floor=settings.floor, encoder_groups=settings.encoder_groups,
         )
         # Collates each window right after moving it (on the prefetch thread with overlap).
         node = BalanceExchange(node, exchange, overlap=reorder.overlap_intra_microbatch_reorder, collator=collator)
@@ -101,16 +107,33 @@ def prepare(config: PipelineConfig, log: Callable[[str], None] = print) -> None:
         log(f"embedded dataset: {config.embedded_samples} synthetic VLM samples")
     if config.processor is not None:
         check_processor_path(config.processor)
-    load_processor(processor_path(config), config.seq_length)
+    check_cost_model(config, load_processor(processor_path(config), config.seq_length))
     log(f"processor: {processor_path(config)}")
     dataset = open_dataset(dataset_path(config))
     if len(dataset) < config.micro_batch_size:
         raise ConfigError("--dataset", f"{len(dataset)} samples are fewer than one micro-batch of {config.micro_batch_size}")
 
 
+def check_cost_model(config: PipelineConfig, processor: Any) -> None:
+    """A time model fit for other patches than the processor makes is refused."""
+    model = config.reorder.load_cost_model()
+    if model is None:
+        return
+    try:
+        model.check_geometry(
+            config.reorder.reorder_cost_model,
+            merge_size=processor.merge_size,
+            patch_size=processor.patch_size,
+            temporal_patch_size=processor.temporal_patch_size,
+        )
+    except CostModelError as error:
+        raise ConfigError(flag("reorder_cost_model"), str(error)) from None
+
+
 def build(config: PipelineConfig, layout: RankLayout, *, consumed_microbatches: int = 0) -> GraphLoader:
     """This rank's loader; ``consumed_microbatches`` resumes from a Megatron-style count."""
     processor = load_processor(processor_path(config), config.seq_length)
+    check_cost_model(config, processor)
     return pipeline(
         open_dataset(dataset_path(config)),
         config,

@@ -116,6 +116,8 @@ def validate_settings(
     if pad_to_seq_length and (seq_length is None or seq_length < 1):
         raise ConfigError(flag("seq_length"), f"must be >= 1 with --pad-to-seq-length true, got {seq_length}")
     config.check_padding(pad_to_seq_length)
+    if config.reorder_two_level:
+        raise ConfigError(flag("reorder_two_level"), "needs every module's dp: use a recipe's pipeline, which has the component specs")
 
 
 def balance_iterator(
@@ -181,6 +183,7 @@ def balance_iterator(
     node = CostAnnotator(
         node, image_token_id=image_token_id, encoder_weight=encoder_weight, language_weight=language_weight,
         language_square_weight=config.integer_language_square_weight(),
+        cost_model=config.load_cost_model(),  # the model's costs; its floor needs the component specs
     )
     node = Windower(node, samples_per_microbatch=samples_per_rank, window_size=window_size)
     if config.intra_microbatch_reorder:

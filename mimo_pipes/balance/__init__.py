@@ -21,10 +21,12 @@ from mimo_pipes.balance.quality import (
     spread,
     window_lower_bound,
 )
+from mimo_pipes.balance.two_level import balance_two_level
 from mimo_pipes.balance.window import balance_window
 
 __all__ = [
     "balance_microbatch",
+    "balance_two_level",
     "balance_window",
     "contiguous_assignment",
     "critical_path",

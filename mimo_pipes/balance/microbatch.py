@@ -31,7 +31,7 @@ from mimo_pipes.balance.lpt import lpt_members
 from mimo_pipes.balance.quality import sorted_lower_bound
 from mimo_pipes.balance.refine import refine_members
 from mimo_pipes.balance.repartition import repartition_search
-from mimo_pipes.balance.validate import check_costs
+from mimo_pipes.balance.validate import check_costs, check_floor
 
 # Work after refinement, only while the heaviest slot is above the cheap lower bound:
 # a best-fit restart when the gap to the bound is large (more than 1/RESTART_GAP of it),
@@ -103,8 +103,11 @@ def plan_members(sorted_costs: np.ndarray, num_slots: int, exact: bool = True) -
     return best
 
 
-def plan_indices(costs: np.ndarray, num_slots: int, exact: bool = True) -> np.ndarray:
-    """(G, B/G) matrix of sample indices for validated int64 ``costs`` (rows = slots, unordered)."""
+def plan_indices(costs: np.ndarray, num_slots: int, exact: bool = True, floor: int = 0) -> np.ndarray:
+    """(G, B/G) matrix of sample indices for validated int64 ``costs`` (rows = slots, unordered).
+
+    The contiguous split is kept when it is at least as good once every load below ``floor`` counts as
+    ``floor`` (a forward costs at least that): a micro-batch that is all below the floor does not move."""
     size = int(costs.shape[0])
     per_slot = size // num_slots
     contiguous = np.arange(size, dtype=np.int64).reshape(num_slots, per_slot)
@@ -113,22 +116,22 @@ def plan_indices(costs: np.ndarray, num_slots: int, exact: bool = True) -> np.nd
     order = sort_order(costs)
     sorted_costs = costs[order]
     planned = order[plan_members(sorted_costs, num_slots, exact=exact)]
-    if score(loads_of(costs, contiguous)) <= score(loads_of(costs, planned)):
+    if score(np.maximum(loads_of(costs, contiguous), floor)) <= score(np.maximum(loads_of(costs, planned), floor)):
         return contiguous
     return planned
 
 
-def balance_microbatch(costs: Sequence[int], num_slots: int) -> list[list[int]]:
+def balance_microbatch(costs: Sequence[int], num_slots: int, floor: int = 0) -> list[list[int]]:
     """Split one micro-batch into ``num_slots`` slots of equal sample count, balancing the load.
 
     Returns G lists of sample indices: each list ascending, lists ordered by their smallest index.
     Minimises the heaviest slot load, then the spread; never worse than equal-count LPT on either
     (compared lexicographically). When the contiguous split (slot s = indices s*B/G ..) is at least
-    as good, it is returned, so balanced input moves nothing. Deterministic: depends on the costs
-    alone.
+    as good, it is returned, so balanced input moves nothing; with a per-forward ``floor`` (int >= 0)
+    loads below it count as the floor in that comparison. Deterministic: depends on the costs alone.
     Raises ValueError for non-integer or negative costs, ``num_slots`` < 1, or a size not divisible
     by ``num_slots``.
     """
     array = check_costs(costs, num_slots)
-    indices = plan_indices(array, int(num_slots))
+    indices = plan_indices(array, int(num_slots), floor=check_floor(floor))
     return slots_in_canonical_order(indices, np.arange(array.shape[0], dtype=np.int64))

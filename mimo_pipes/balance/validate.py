@@ -34,6 +34,16 @@ def check_num_slots(num_slots: object) -> int:
     return value
 
 
+def check_floor(floor: object) -> int:
+    """Return the per-forward ``floor`` as an int, or raise ValueError if it is not an integer >= 0."""
+    if not _is_int(floor) or operator.index(floor) < 0:  # type: ignore[arg-type]
+        raise ValueError(f"floor must be an integer >= 0, got {floor!r}")
+    value = operator.index(floor)  # type: ignore[arg-type]
+    if value > MAX_TOTAL_COST:
+        raise ValueError(f"floor {value} is too large (limit {MAX_TOTAL_COST})")
+    return value
+
+
 def check_costs(costs: Sequence[int], num_slots: int, what: str = "costs") -> np.ndarray:
     """Validate one micro-batch of costs against ``num_slots`` and return them as an int64 array.
 

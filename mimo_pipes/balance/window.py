@@ -24,7 +24,25 @@ import numpy as np
 from mimo_pipes.balance.canonical import loads_of, sort_order
 from mimo_pipes.balance.lpt import lpt_members
 from mimo_pipes.balance.microbatch import plan_indices, plan_members
-from mimo_pipes.balance.validate import check_window
+from mimo_pipes.balance.quality import window_lower_bound
+from mimo_pipes.balance.refine import refine_members
+from mimo_pipes.balance.validate import check_floor, check_window
+
+# Budgets of the search across micro-batches (counts, so the result never depends on the machine):
+# swaps taken, and candidate swaps looked at (a few ms of numpy on a busy 2-core machine).
+MAX_MOVES = 512
+MAX_WORK = 200_000
+# An iteration counts at least this much work (its fixed cost: a sort of the bins, a few small arrays).
+ITERATION_WORK = 2_000
+# The second start (heads, then fill to level) places one sample at a time: only for windows this small.
+FILL_MAX_SAMPLES = 2048
+# The search (and the second start) only for windows of at most this many samples: above it an iteration
+# looks at too many pairs to pay for itself within the budgets.
+SEARCH_MAX_SAMPLES = 2048
+# The search runs only while the sorted runs are more than 1/NEAR_BOUND (0.1%) above the window bound.
+NEAR_BOUND = 1000
+# Refinement rounds inside a micro-batch after the moves across micro-batches touched it.
+LIGHT_ROUNDS = 2
 
 
 def _canonical_microbatch(indices: np.ndarray) -> list[list[int]]:
@@ -35,7 +53,7 @@ def _canonical_microbatch(indices: np.ndarray) -> list[list[int]]:
     return rows[np.argsort(rows[:, 0], kind="stable")].tolist()
 
 
-def _independent(window: np.ndarray, num_slots: int, anchor: bool) -> tuple[list[np.ndarray], int]:
+def _independent(window: np.ndarray, num_slots: int, anchor: bool, floor: int = 0) -> tuple[list[np.ndarray], int]:
     """Balance each micro-batch where it stands (with the engine, or with LPT if ``anchor``).
     Returns per-micro-batch (G, k) flat indices and the critical path."""
     count, size = window.shape
@@ -46,32 +64,155 @@ def _independent(window: np.ndarray, num_slots: int, anchor: bool) -> tuple[list
             order = sort_order(window[m])
             indices = order[lpt_members(window[m][order], num_slots)]
         else:
-            indices = plan_indices(window[m], num_slots)
+            indices = plan_indices(window[m], num_slots, floor=floor)
         if indices.size:
             path += int(loads_of(window[m], indices).max())
         plans.append(indices + m * size)
     return plans, path
 
 
-def _across(window: np.ndarray, num_slots: int) -> tuple[list[np.ndarray], int]:
-    """Sorted runs of B over the whole window, each balanced. Returns (plans, critical path)."""
+def _independent_bound(window: np.ndarray, num_slots: int, floor: int) -> int:
+    """No plan that keeps every sample in its micro-batch beats this: per micro-batch, its mean slot and
+    its heaviest sample, at least the floor."""
+    mean = -(-window.sum(axis=1) // num_slots)
+    return int(np.maximum(np.maximum(mean, window.max(axis=1)), floor).sum())
+
+
+def _path(loads: np.ndarray, floor: int) -> int:
+    """Critical path of (W, G) slot loads: every forward costs at least ``floor``."""
+    if loads.size == 0:
+        return 0
+    return int(np.maximum(loads.max(axis=1), floor).sum())
+
+
+def _across(window: np.ndarray, num_slots: int) -> list[np.ndarray]:
+    """Sorted runs of B over the whole window, each balanced: per-micro-batch (G, k) flat indices."""
     count, size = window.shape
     flat = window.reshape(-1)
     order = sort_order(flat)  # flat indices, heaviest first, ties by index
     sorted_costs = flat[order]
     plans = []
-    path = 0
     for m in range(count):
         run = sorted_costs[m * size : (m + 1) * size]
-        members = plan_members(run, num_slots, exact=False)
-        if members.size:
-            path += int(loads_of(run, members).max())
-        plans.append(order[members + m * size])
-    return plans, path
+        plans.append(order[plan_members(run, num_slots, exact=False) + m * size])
+    return plans
+
+
+def _fill_to_level(window: np.ndarray, num_slots: int, floor: int) -> list[np.ndarray]:
+    """Heads then fill: the W*G heaviest samples open one slot each (sorted runs of G make the
+    micro-batches); every other sample, heaviest first, goes where it raises the critical path least,
+    and among those into the slot it leaves with the least room below its micro-batch's top (best fit),
+    ties to the lower slot. Pairs a heavy head with light samples where the head sets the top anyway."""
+    count, size = window.shape
+    flat = window.reshape(-1)
+    order = sort_order(flat)
+    bins = count * num_slots
+    per_bin = size // num_slots
+    members = np.empty((bins, per_bin), dtype=np.int64)
+    members[:, 0] = order[:bins]
+    loads = flat[order[:bins]].copy()
+    fill = np.ones(bins, dtype=np.int64)
+    group = np.arange(bins) // num_slots
+    tops = np.maximum(loads[::num_slots], floor)  # heads are sorted: the first of each run is the top
+    big = np.iinfo(np.int64).max // 4
+    for index in order[bins:].tolist():
+        cost = int(flat[index])
+        new = loads + cost
+        level = tops[group]
+        rise = np.where(fill < per_bin, np.maximum(new - level, 0), big)
+        room = np.where(rise == 0, level - new, 0)
+        fits = np.flatnonzero(rise == rise.min())
+        slot = int(fits[np.argmin(room[fits])])
+        members[slot, fill[slot]] = index
+        fill[slot] += 1
+        loads[slot] = new[slot]
+        tops[group[slot]] = max(tops[group[slot]], int(new[slot]))
+    return [members[m * num_slots : (m + 1) * num_slots] for m in range(count)]
+
+
+def _improve(flat: np.ndarray, plans: list[np.ndarray], num_slots: int, floor: int) -> list[np.ndarray]:
+    """Swaps across micro-batches that lower the critical path, then refinement inside the touched ones.
+
+    The slots of the whole window are "bins" of k samples; for any bin loads the best grouping into
+    micro-batches sorts the bins heaviest first and cuts them into runs of G (each micro-batch then costs
+    its first bin). A move swaps one sample of a micro-batch's heaviest bin with a lighter sample of a
+    bin in another micro-batch: taken if the critical path falls, or stays and the bin leaves a tie at
+    the top of its micro-batch while the other bin stays below its micro-batch's top. The bins are
+    regrouped after every move. Budgets are counts (moves, candidate pairs looked at), never a clock.
+    """
+    count = len(plans)
+    members = np.concatenate(plans)  # (W*G, k) flat indices
+    bins, per_bin = members.shape
+    if count == 1 or per_bin == 0:
+        return plans
+    loads = flat[members].sum(axis=1)
+    touched = np.zeros(bins, dtype=bool)
+    work = 0
+    moves = 0
+    stale = 0  # micro-batches tried since the last move
+    m = 0
+    while stale < count and moves < MAX_MOVES and work < MAX_WORK:
+        order = np.argsort(-loads, kind="stable")
+        heads = order[::num_slots]
+        tops = loads[heads]
+        group = np.empty(bins, dtype=np.int64)
+        group[order] = np.arange(bins) // num_slots
+        top = int(tops[m])
+        if top <= floor:
+            stale, m = stale + 1, (m + 1) % count
+            continue
+        i = int(heads[m])
+        second = int(loads[order[m * num_slots + 1]]) if num_slots > 1 else -1
+        x = flat[members[i]]  # (k,)
+        other = group != m
+        y_bins = np.flatnonzero(other)
+        y = flat[members[y_bins]]  # (n, k)
+        d = x[:, None, None] - y[None, :, :]  # (k, n, k)
+        work += max(d.size, ITERATION_WORK)
+        new_i = top - d
+        gain = max(top, floor) - np.maximum(np.maximum(second, new_i), floor)
+        top_j = tops[group[y_bins]][None, :, None]
+        load_j = loads[y_bins][None, :, None]
+        new_j = load_j + d
+        loss = np.maximum(np.maximum(top_j, new_j), floor) - np.maximum(top_j, floor)
+        delta = np.where(d > 0, loss - gain, 1)
+        plateau = (delta == 0) & (second == top) & (new_j < top_j) & (new_i < top)
+        score = np.where(delta < 0, delta, np.where(plateau, 0, 1))
+        best = int(score.min())
+        if best > 0:
+            stale, m = stale + 1, (m + 1) % count
+            continue
+        # The largest fall first; among equals the gentlest swap (smallest difference), then the lowest position.
+        candidates = np.flatnonzero((score == best).reshape(-1))
+        pick = int(candidates[np.argmin(d.reshape(-1)[candidates])])
+        a, n, b = np.unravel_index(pick, d.shape)
+        j = int(y_bins[n])
+        members[i, a], members[j, b] = members[j, b], members[i, a]
+        moved = int(d[a, n, b])
+        loads[i] -= moved
+        loads[j] += moved
+        touched[i] = touched[j] = True
+        moves += 1
+        stale = 0
+    order = np.argsort(-loads, kind="stable")
+    improved = []
+    for m in range(count):
+        rows = order[m * num_slots : (m + 1) * num_slots]
+        chosen = members[rows]
+        if touched[rows].any():
+            # Swap refinement inside the micro-batch, from where the moves left it (never raises its top).
+            samples = chosen.reshape(-1)
+            sub_order = sort_order(flat[samples])
+            rank = np.empty_like(sub_order)
+            rank[sub_order] = np.arange(sub_order.shape[0])
+            start = rank.reshape(chosen.shape)
+            chosen = samples[sub_order][refine_members(flat[samples][sub_order], start, max_rounds=LIGHT_ROUNDS)]
+        improved.append(chosen)
+    return improved
 
 
 def balance_window(
-    costs: Sequence[Sequence[int]], num_slots: int, across_microbatches: bool = False
+    costs: Sequence[Sequence[int]], num_slots: int, across_microbatches: bool = False, floor: int = 0
 ) -> list[list[list[int]]]:
     """Balance a window of W micro-batches of B samples each over ``num_slots`` slots.
 
@@ -79,23 +220,46 @@ def balance_window(
     keeps B samples and every slot B/G. With ``across_microbatches`` False, micro-batch m holds exactly
     its own samples m*B .. m*B+B-1, balanced as by :func:`balance_microbatch`. With True, samples may
     move between the window's micro-batches to lower the critical path (sum of heaviest slots).
+    ``floor`` (an int >= 0, in cost units) is the least a forward costs however light its slot: the
+    critical path is then the sum of max(floor, heaviest slot), and with ``across_microbatches`` False a
+    micro-batch whose slots all stay below it does not move.
     Raises ValueError on invalid costs, micro-batches of different sizes, an empty window, or a size
     not divisible by ``num_slots``.
     """
     window = check_window(costs, num_slots)
     num_slots = int(num_slots)
+    floor = check_floor(floor)
     if not across_microbatches:
-        plans, _ = _independent(window, num_slots, anchor=False)
+        plans, _ = _independent(window, num_slots, anchor=False, floor=floor)
         return [_canonical_microbatch(plan) for plan in plans]
-    plans, path = _across(window, num_slots)
-    anchor, anchor_path = _independent(window, num_slots, anchor=True)
-    if anchor_path < path:
-        plans, path = anchor, anchor_path
     count, size = window.shape
+    flat = window.reshape(-1)
+    candidates = [_across(window, num_slots)]
+    if size // num_slots > 1 and flat.shape[0] <= SEARCH_MAX_SAMPLES:
+        # Within 1/NEAR_BOUND of a valid lower bound the search cannot gain enough to pay for itself.
+        bound = max(window_lower_bound(window, num_slots), floor * count)
+        first = _path(np.stack([flat[p].sum(axis=1) for p in candidates[0]]), floor)
+        if (first - bound) * NEAR_BOUND > bound:
+            candidates[0] = _improve(flat, candidates[0], num_slots, floor)
+            if flat.shape[0] <= FILL_MAX_SAMPLES:
+                candidates.append(_improve(flat, _fill_to_level(window, num_slots, floor), num_slots, floor))
+    plans, path = candidates[0], None
+    for plan in candidates:
+        value = _path(np.stack([flat[p].sum(axis=1) for p in plan]) if size else np.zeros((count, 0)), floor)
+        if path is None or value < path:
+            plans, path = plan, value
+    if size and path > _independent_bound(window, num_slots, floor):
+        # Balancing every micro-batch where it stands could still be better: never return worse than LPT
+        # does that way. With a floor, light micro-batches of sorted runs waste it, and the engine's
+        # own per-micro-batch plan is the one to beat.
+        anchor, _ = _independent(window, num_slots, anchor=floor == 0, floor=floor)
+        value = _path(np.stack([flat[p].sum(axis=1) for p in anchor]), floor)
+        if value < path:
+            plans, path = anchor, value
     if size:
         # Nothing moves if the window as it stands (contiguous slots) is at least as good.
-        still = window.reshape(count, num_slots, -1).sum(axis=2).max(axis=1).sum()
-        if int(still) <= path:
+        still = _path(window.reshape(count, num_slots, -1).sum(axis=2), floor)
+        if still <= path:
             per_slot = size // num_slots
             plans = [
                 np.arange(m * size, (m + 1) * size, dtype=np.int64).reshape(num_slots, per_slot)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from mimo_pipes.cli import balance_cmd, run_cmd
+    from mimo_pipes.cli import balance_cmd, calibrate_cmd, run_cmd
     from mimo_pipes.cli.help_format import HelpFormatter
 
     parser = argparse.ArgumentParser(prog="mimo-pipes", description=__doc__)
@@ -21,6 +21,13 @@ def build_parser() -> argparse.ArgumentParser:
     run_cmd.add_arguments(
         commands.add_parser("run", help="run the balanced MIMO input pipeline", formatter_class=HelpFormatter)
     )
+    calibrate_cmd.add_arguments(
+        commands.add_parser(
+            "calibrate",
+            help="time a vision encoder and write the time model --reorder-cost-model reads",
+            formatter_class=HelpFormatter,
+        )
+    )
     return parser
 
 
@@ -30,6 +37,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from mimo_pipes.cli import balance_cmd
 
         return balance_cmd.run(args)
+    if args.command == "calibrate":
+        from mimo_pipes.cli import calibrate_cmd
+
+        return calibrate_cmd.run(args)
     from mimo_pipes.cli import run_cmd
 
     return run_cmd.run(args)

@@ -73,6 +73,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="micro-batches balanced in one exchange")
     parser.add_argument("--reorder-across-microbatches", action="store_true",
                         help="let samples move between the micro-batches of a window (opt-in)")
+    parser.add_argument("--reorder-cost-model", metavar="PATH", default=None,
+                        help="balance on a vision encoder's modelled time: a JSON file written by "
+                             "'mimo-pipes calibrate'; without it the cost is linear in image tokens")
+    parser.add_argument("--reorder-two-level", action="store_true",
+                        help="when language dp is k > 1 times the encoder dp: split samples over encoder replicas by "
+                             "encoder cost, then each replica's k language slots by real tokens")
     # Sequence packing (THD) and the language cost it implies.
     parser.add_argument("--pack-sequences-in-batch", action="store_true",
                         help="pack each rank's micro-batch into one THD row after reordering: real tokens "
@@ -139,6 +145,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[PipelineConfig, JobOptio
         reorder_across_microbatches=args.reorder_across_microbatches,
         reorder_language_cost=args.reorder_language_cost,
         reorder_attention_crossover=args.reorder_attention_crossover,
+        reorder_cost_model=args.reorder_cost_model,
+        reorder_two_level=args.reorder_two_level,
     )
     config = PipelineConfig(
         components=tuple(args.component) if args.component else DEFAULT_COMPONENTS,

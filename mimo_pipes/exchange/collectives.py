@@ -15,21 +15,23 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from mimo_pipes.balance import balance_window
+from mimo_pipes.balance import balance_two_level, balance_window
 from mimo_pipes.errors import PeerError
 from mimo_pipes.exchange.buffers import ExchangeBuffers, new_buffer
 from mimo_pipes.exchange.context import ExchangeContext
 from mimo_pipes.exchange.plan import ExchangePlan, permute_local, plan_exchange
 from mimo_pipes.exchange.wire_format import SampleLayout, layout_sample, unpack_samples
 from mimo_pipes.observer import ExchangeRecord
-from mimo_pipes.sample import COST, IMAGE_TOKENS, Sample
+from mimo_pipes.sample import COST, ENCODER_COST, IMAGE_TOKENS, REAL_TOKENS, Sample
 from mimo_pipes.window import Window
 
 STATUS_OK, STATUS_FAILED, STATUS_END = 0, 1, 2
 HEADER = 4  # status, number of micro-batches, first step, window sequence number
-# Per sample in the gathered row: cost (balanced on), packed bytes (plans the all_to_all), image tokens
-# (metrics only: carried in the same row so that metrics cost no collective of their own).
-PER_SAMPLE = 3
+# Gathered per sample, at these offsets: the planners' costs (cost; encoder cost and real tokens for two
+# levels), packed bytes (plans the all_to_all), image tokens (metrics only: carried in the same row so that
+# metrics cost no collective of their own).
+COST_AT, ENCODER_COST_AT, REAL_TOKENS_AT, PACKED_BYTES_AT, IMAGE_TOKENS_AT = range(5)
+PER_SAMPLE = 5
 
 
 @contextlib.contextmanager
@@ -64,8 +66,8 @@ def _agree(
     costs_sizes: list[int],
     stage: str = "during the balance exchange",
 ) -> torch.Tensor:
-    """All-gather status, window shape and per-sample (cost, packed size, image tokens); raise on every rank
-    if any failed."""
+    """All-gather status, window shape and per-sample values (see ``PER_SAMPLE``); raise on every rank if
+    any failed."""
     width = HEADER + PER_SAMPLE * ctx.window_size * ctx.samples_per_rank
     local = torch.full((width,), -1, dtype=torch.int64)
     local[0] = status
@@ -124,8 +126,8 @@ def agree_after_exchange(ctx: ExchangeContext, sequence: int, error: BaseExcepti
 
 
 def local_costs_and_layouts(window: Window, need_layouts: bool) -> tuple[list[int], list[SampleLayout | None]]:
-    """Interleaved (cost, packed bytes, image tokens) per local sample, and the layouts (measured once,
-    reused to pack).
+    """Interleaved per local sample (cost, encoder cost, real tokens, packed bytes, image tokens), and the
+    layouts (measured once, reused to pack).
 
     Laying out validates packability, so a bad sample fails here, before any collective."""
     values: list[int] = []
@@ -134,7 +136,7 @@ def local_costs_and_layouts(window: Window, need_layouts: bool) -> tuple[list[in
         for sample in microbatch:
             layout = layout_sample(sample) if need_layouts else None
             layouts.append(layout)
-            values.append(int(sample[COST]))
+            values.extend((int(sample[COST]), int(sample.get(ENCODER_COST, 0)), int(sample.get(REAL_TOKENS, 0))))
             values.append(layout.size if layout is not None else 0)
             values.append(int(sample.get(IMAGE_TOKENS) or 0))
     return values, layouts
@@ -169,12 +171,8 @@ def exchange_window(
     local_samples = [sample for microbatch in window.microbatches for sample in microbatch]
     if ctx.dp_size == 1:
         # Nothing to exchange: a local permutation into canonical order, no collective.
-        per_microbatch = PER_SAMPLE * ctx.microbatch_size
-        rows = [costs_sizes[m * per_microbatch : (m + 1) * per_microbatch] for m in range(count)]
-        plan = _plan(ctx, [row[0::PER_SAMPLE] for row in rows], record)
-        if record is not None:
-            record.packed_bytes = [row[1::PER_SAMPLE] for row in rows]  # zeros: nothing is packed
-            record.image_tokens = [row[2::PER_SAMPLE] for row in rows]
+        local = torch.tensor(costs_sizes, dtype=torch.int64).reshape(count, ctx.microbatch_size, PER_SAMPLE)
+        plan = _plan(ctx, local, record)
         clock.lap("plan")
         result = Window(window.first_step, permute_local(local_samples, plan))
         clock.lap("unpack")
@@ -185,12 +183,10 @@ def exchange_window(
     width = PER_SAMPLE * count * ctx.samples_per_rank
     values = gathered[:, HEADER : HEADER + width].reshape(ctx.dp_size, count, ctx.samples_per_rank, PER_SAMPLE)
     canonical = values.permute(1, 0, 2, 3).reshape(count, ctx.microbatch_size, PER_SAMPLE)
-    plan = _plan(ctx, canonical[:, :, 0].tolist(), record)
-    if record is not None:
-        record.packed_bytes = canonical[:, :, 1].tolist()
-        record.image_tokens = canonical[:, :, 2].tolist()
+    plan = _plan(ctx, canonical, record)
     clock.lap("plan")
-    by_flat = _move(ctx, plan, local_samples, layouts, canonical[:, :, 1].reshape(-1).tolist(), buffers, clock)
+    sizes = canonical[:, :, PACKED_BYTES_AT].reshape(-1).tolist()
+    by_flat = _move(ctx, plan, local_samples, layouts, sizes, buffers, clock)
     result = Window(window.first_step, permute_local(by_flat, plan))
     clock.lap("unpack")
     return result
@@ -210,10 +206,19 @@ class _Clock:
         self.last = now
 
 
-def _plan(ctx: ExchangeContext, cost_rows: list[list[int]], record: ExchangeRecord | None) -> ExchangePlan:
-    assignment = balance_window(cost_rows, ctx.grid_size, across_microbatches=ctx.across_microbatches)
+def _plan(ctx: ExchangeContext, values: torch.Tensor, record: ExchangeRecord | None) -> ExchangePlan:
+    """The assignment from (W, B, PER_SAMPLE) gathered values: one level on cost, or two levels."""
+    across = ctx.across_microbatches
+    costs = values[:, :, COST_AT].tolist()
+    if ctx.encoder_groups:
+        encoder, language = values[:, :, ENCODER_COST_AT].tolist(), values[:, :, REAL_TOKENS_AT].tolist()
+        assignment = balance_two_level(encoder, language, ctx.encoder_groups, ctx.grid_size, across, ctx.floor)
+    else:
+        assignment = balance_window(costs, ctx.grid_size, across_microbatches=across, floor=ctx.floor)
     if record is not None:
-        record.costs, record.assignment = cost_rows, assignment
+        record.costs, record.assignment = costs, assignment
+        record.packed_bytes = values[:, :, PACKED_BYTES_AT].tolist()  # zeros at DP 1: nothing is packed
+        record.image_tokens = values[:, :, IMAGE_TOKENS_AT].tolist()
     return plan_exchange(assignment, ctx.dp_rank, ctx.dp_size, ctx.grid_size, ctx.microbatch_size)
 
 

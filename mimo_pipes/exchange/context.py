@@ -31,10 +31,13 @@ class ExchangeContext:
     window_size: int
     across_microbatches: bool = False
     device: torch.device | None = None  # where the group's collectives run: None for Gloo (CPU), cuda for NCCL
+    floor: int = 0  # the encoder's per-forward floor in planner cost units (config.planner_settings)
+    encoder_groups: int = 0  # > 0: two-level balance over this many encoder replicas
 
     @classmethod
     def for_layout(
-        cls, layout: RankLayout, *, samples_per_rank: int, window_size: int, across_microbatches: bool = False
+        cls, layout: RankLayout, *, samples_per_rank: int, window_size: int, across_microbatches: bool = False,
+        floor: int = 0, encoder_groups: int = 0,
     ) -> ExchangeContext:
         return cls(
             group=layout.exchange_group,
@@ -45,6 +48,8 @@ class ExchangeContext:
             window_size=window_size,
             across_microbatches=across_microbatches,
             device=layout.exchange_device,
+            floor=floor,
+            encoder_groups=encoder_groups,
         )
 
     @property

@@ -1,0 +1,61 @@
+"""`mimo-pipes calibrate`: a CPU smoke run with the tiny tower, any callable from Python, and refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from mimo_pipes.calibrate import calibrate, sweep
+from mimo_pipes.cli.main import main
+from mimo_pipes.config import ReorderConfig
+from mimo_pipes.cost_model import load_cost_model
+
+
+def test_cpu_smoke_run_with_the_tiny_tower_writes_a_loadable_model(tmp_path, capsys):
+    out = tmp_path / "model.json"
+    code = main(["calibrate", "--tower", "tiny", "--device", "cpu", "--sides", "4,8", "--images-per-forward", "1,2",
+                 "--repeats", "1", "--warmup", "0", "--out", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "error" in printed and printed.count(" x ") >= 4  # one line per point, with its fit error
+    model = load_cost_model(out)
+    assert (model.merge_size, model.patch_size, model.temporal_patch_size) == (2, 14, 2)
+    body = json.loads(out.read_text())
+    assert [(p["images"], p["patches_each"]) for p in body["calibration"]["points"]] == [(1, 16), (2, 16), (1, 64), (2, 64)]
+    ReorderConfig(reorder_cost_model=str(out)).validate()
+
+
+def test_any_callable_is_timed_over_the_sweep():
+    seen = []
+
+    def encoder(pixels, grid):
+        seen.append((pixels.shape[0], grid.tolist()))
+
+    model, points, fitted = calibrate(encoder, patch_dim=6, merge_size=2, patch_size=14, temporal_patch_size=2,
+                                      device=torch.device("cpu"), dtype=torch.float32, sides=[2, 4, 6], counts=[1, 3],
+                                      repeats=1, warmup=0, log=lambda line: None)
+    assert seen[0] == (4, [[1, 2, 2]])  # the floor: one image of merge x merge patches
+    assert [(p.side, p.count) for p in points] == [(2, 1), (2, 3), (4, 1), (4, 3), (6, 1), (6, 3)]
+    assert seen[1:] == [(s * s * c, [[1, s, s]] * c) for s, c in [(2, 1), (2, 3), (4, 1), (4, 3), (6, 1), (6, 3)]]
+    assert len(fitted) == 6 and model.per_image_ps + model.per_patch_ps + model.per_patch_squared_ps > 0
+
+
+def test_sweep_rounds_sides_to_the_merge_size_and_caps_forwards():
+    assert sweep([3, 4], [1, 2], merge_size=2) == [(4, 1), (4, 2)]
+    assert sweep([8, 100], [1, 8], merge_size=2, max_patches=10_000) == [(8, 1), (8, 8), (100, 1)]
+    with pytest.raises(ValueError, match="no forward"):
+        sweep([200], [1], merge_size=2, max_patches=100)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_refuses_without_a_gpu_unless_told_cpu(tmp_path, capsys):
+    assert main(["calibrate", "--tower", "tiny", "--out", str(tmp_path / "m.json")]) == 2
+    assert "--device: no GPU found" in capsys.readouterr().err
+    assert not (tmp_path / "m.json").exists()
+
+
+def test_unknown_tower_is_refused(tmp_path, capsys):
+    assert main(["calibrate", "--tower", str(tmp_path / "none"), "--device", "cpu", "--out", str(tmp_path / "m.json")]) == 2
+    assert "--tower" in capsys.readouterr().err
