@@ -1,4 +1,5 @@
-"""``mimo-pipes`` command line: ``balance`` (assignment as a filter) and ``run`` (the main job)."""
+"""``mimo-pipes`` command line: ``balance`` (assignment as a filter), ``run`` (the main job) and ``analyze``
+(what reordering would do, offline)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Sequence
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from mimo_pipes.cli import balance_cmd, run_cmd
+    from mimo_pipes.cli import analyze_cmd, balance_cmd, run_cmd
 
     parser = argparse.ArgumentParser(prog="mimo-pipes", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -16,6 +17,9 @@ def build_parser() -> argparse.ArgumentParser:
         commands.add_parser("balance", help="read cost windows as JSON lines, write balanced slots")
     )
     run_cmd.add_arguments(commands.add_parser("run", help="run the balanced MIMO input pipeline"))
+    analyze_cmd.add_arguments(
+        commands.add_parser("analyze", help="offline: what reordering would do for run's flags (JSON + PNG)")
+    )
     return parser
 
 
@@ -25,6 +29,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from mimo_pipes.cli import balance_cmd
 
         return balance_cmd.run(args)
+    if args.command == "analyze":
+        from mimo_pipes.cli import analyze_cmd
+
+        return analyze_cmd.run(args)
     from mimo_pipes.cli import run_cmd
 
     return run_cmd.run(args)
