@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import multiprocessing
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +17,8 @@ from mimo_pipes.cli.report import summarize
 from mimo_pipes.config import PipelineConfig
 from mimo_pipes.cost import sample_cost
 from mimo_pipes.topology import Topology
+
+PARALLEL_FROM_MICROBATCHES = 4096  # below this, starting worker processes costs more than it saves
 
 Progress = Callable[[str, int], Callable[[int], None]]
 """(description, total) -> callback taking the units just done."""
@@ -66,12 +71,7 @@ def analyze(
     variants = {"per_microbatch": (True, 1, False), **{f"across_window_{w}": (True, w, True) for w in compare_window_sizes}}
     given = (reorder.intra_microbatch_reorder, reorder.reorder_window_size, reorder.reorder_across_microbatches)
     settings = [given, (False, 1, False), *(v for v in variants.values() if v not in (given, (False, 1, False)))]
-    tick = progress("replay", consumed * len(set(settings)))
-    replays: dict[tuple[bool, int, bool], GridReplay] = {}
-    for setting in settings:
-        if setting not in replays:
-            on, window, across = setting
-            replays[setting] = replay(schedule, costs, start=start, stop=stop, reorder=on, window_size=window, across_microbatches=across, progress=tick)
+    replays = _replay_all(schedule, costs, list(dict.fromkeys(settings)), start, stop, progress("replay", consumed * len(set(settings))))
     result, unreordered = replays[given], replays[(False, 1, False)]
     summaries = {s.module: s for s in summarize(run_records(result, image_tokens, topology), topology.grid_size)}
     figures: dict[str, dict[str, Any]] = {}
@@ -99,6 +99,28 @@ def analyze(
             "critical_path_lower_bound": bounds,
         }
     return Analysis(figures, result, unreordered)
+
+
+def _replay_one(schedule: Schedule, costs: np.ndarray, setting: tuple[bool, int, bool], start: int, stop: int,
+                progress: Callable[[int], None] | None = None) -> GridReplay:
+    on, window, across = setting
+    return replay(schedule, costs, start=start, stop=stop, reorder=on, window_size=window, across_microbatches=across, progress=progress)
+
+
+def _replay_all(schedule: Schedule, costs: np.ndarray, settings: list[tuple[bool, int, bool]], start: int, stop: int,
+                tick: Callable[[int], None]) -> dict[tuple[bool, int, bool], GridReplay]:
+    """Each setting's replay; large ones in worker processes, one per core (they are independent)."""
+    consumed = max(schedule.end(stop) - start, 0)
+    workers = min(len(settings), os.cpu_count() or 1)
+    if workers < 2 or consumed < PARALLEL_FROM_MICROBATCHES:
+        return {setting: _replay_one(schedule, costs, setting, start, stop, tick) for setting in settings}
+    context = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+        futures = {setting: pool.submit(_replay_one, schedule, costs, setting, start, stop) for setting in settings}
+        for future in concurrent.futures.as_completed(futures.values()):
+            future.result()
+            tick(consumed)
+        return {setting: future.result() for setting, future in futures.items()}
 
 
 def write_plots(out: Path, analysis: Analysis, image_tokens: np.ndarray, topology: Topology, title: str) -> list[Path]:

@@ -22,6 +22,8 @@ from mimo_pipes.data.cache import cache_root
 CACHE_VERSION = "v1"
 CHUNK_ROWS = 2048  # rows read from the dataset at a time: memory bounded by one chunk of encoded images
 
+UNCOUNTED = -1  # real tokens of a row when they were not asked for
+
 TokenCounts = tuple[np.ndarray, np.ndarray]
 """(image_tokens, real_tokens): int64 arrays indexed by dataset row."""
 
@@ -80,18 +82,21 @@ def _image_size(item: Any) -> tuple[int, int]:
 class ResizeRuleCounter:
     """Counts of the built-in ``SampleProcessor``'s output from image sizes and tokenized text."""
 
-    def __init__(self, processor: Any, tokens_for_size: Callable[[int, int], int], fallback: RowCounter) -> None:
+    def __init__(self, processor: Any, tokens_for_size: Callable[[int, int], int], fallback: RowCounter, real_tokens: bool = True) -> None:
         self.processor = processor
+        self.real_tokens = real_tokens
         self.tokens_for_size = tokens_for_size
         self.fallback = fallback
 
     def count_rows(self, rows: Sequence[Mapping[str, Any]]) -> list[tuple[int, int]]:
         from mimo_pipes.data.processor import _split_budget
 
-        texts = [row.get("prompt") or "" for row in rows] + [row.get("response") or "" for row in rows]
-        if not all(isinstance(text, str) for text in texts):
-            return [self.fallback(row) for row in rows]  # let the processor name the bad row
-        encoded = self.processor._tokenizer.encode_batch(texts, add_special_tokens=False)
+        encoded = None
+        if self.real_tokens:
+            texts = [row.get("prompt") or "" for row in rows] + [row.get("response") or "" for row in rows]
+            if not all(isinstance(text, str) for text in texts):
+                return [self.fallback(row) for row in rows]  # let the processor name the bad row
+            encoded = self.processor._tokenizer.encode_batch(texts, add_special_tokens=False)
         out = []
         for k, row in enumerate(rows):
             images = row.get("images") or []
@@ -104,6 +109,9 @@ class ResizeRuleCounter:
             fixed = self.processor.template_tokens(len(per_image)) + image_tokens
             if fixed > self.processor.seq_length:
                 out.append(self.fallback(row))  # raises the processor's own error for this sample
+                continue
+            if encoded is None:
+                out.append((image_tokens, UNCOUNTED))
                 continue
             keep_prompt, keep_response = _split_budget(len(encoded[k].ids), len(encoded[len(rows) + k].ids), self.processor.seq_length - fixed)
             out.append((image_tokens, fixed + keep_prompt + keep_response))
@@ -122,7 +130,7 @@ def _is_hf_dataset(dataset: Any) -> bool:
     return hasattr(dataset, "with_format") and hasattr(dataset, "features")
 
 
-def fingerprint(dataset: Any, processor: Any) -> str | None:
+def fingerprint(dataset: Any, processor: Any, real_tokens: bool = True) -> str | None:
     """Cache key of a dataset's counts under a processor's settings; None when the dataset has none."""
     data_key = getattr(dataset, "_fingerprint", None)
     if data_key is None:
@@ -130,6 +138,7 @@ def fingerprint(dataset: Any, processor: Any) -> str | None:
     image_processor = getattr(processor, "image_processor", None)
     settings = {
         "version": CACHE_VERSION,
+        "real_tokens": real_tokens,
         "dataset": data_key,
         "rows": len(dataset),
         "processor": type(processor).__qualname__,
@@ -145,6 +154,7 @@ def count_tokens(
     processor: Any,
     *,
     row_counter: RowCounter | None = None,
+    real_tokens: bool = True,
     use_cache: bool = True,
     progress: Callable[[int], None] | None = None,
 ) -> TokenCounts:
@@ -153,30 +163,31 @@ def count_tokens(
     ``row_counter`` overrides how one row is counted (for processors this module does not know);
     by default the resize rule where it applies, else the processor itself. ``progress(n)`` is called
     with the rows done after each chunk. Counts are cached under the dataset's fingerprint and the
-    processor's settings (HF datasets only)."""
-    key = fingerprint(dataset, processor) if use_cache and row_counter is None else None
+    processor's settings (HF datasets only). ``real_tokens=False`` skips tokenizing the text where the
+    resize rule applies (real tokens are then ``UNCOUNTED``): all a vision-only cost needs."""
+    key = fingerprint(dataset, processor, real_tokens) if use_cache and row_counter is None else None
     path = cache_root() / "analyze" / f"tokens-{key}.npz" if key else None
     if path is not None and path.is_file():
         cached = np.load(path)
         if progress is not None:
             progress(len(dataset))
         return cached["image_tokens"], cached["real_tokens"]
-    image_tokens, real_tokens = _count_all(dataset, processor, row_counter, progress)
+    counts = _count_all(dataset, processor, row_counter, real_tokens, progress)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{np.random.default_rng().integers(1 << 30)}.tmp.npz")
-        np.savez(partial, image_tokens=image_tokens, real_tokens=real_tokens)
+        np.savez(partial, image_tokens=counts[0], real_tokens=counts[1])
         partial.replace(path)
-    return image_tokens, real_tokens
+    return counts
 
 
-def _count_all(dataset: Any, processor: Any, row_counter: RowCounter | None, progress: Callable[[int], None] | None) -> TokenCounts:
+def _count_all(dataset: Any, processor: Any, row_counter: RowCounter | None, real: bool, progress: Callable[[int], None] | None) -> TokenCounts:
     size = len(dataset)
     image_tokens = np.zeros(size, dtype=np.int64)
     real_tokens = np.zeros(size, dtype=np.int64)
     fallback = processed_counter(processor, processor.image_token_id)
     rule = _resize_rule(getattr(processor, "image_processor", None)) if row_counter is None else None
-    fast = ResizeRuleCounter(processor, rule, fallback) if rule is not None and hasattr(processor, "_tokenizer") else None
+    fast = ResizeRuleCounter(processor, rule, fallback, real) if rule is not None and hasattr(processor, "_tokenizer") else None
     encoded = fast is not None and _is_hf_dataset(dataset)
     if fast is not None and not encoded:
         fast = None  # plain map-style rows: nothing cheaper than processing them

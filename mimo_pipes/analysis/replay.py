@@ -10,7 +10,7 @@ size d gives DP rank r the slots ``[r*G/d, (r+1)*G/d)``, i.e. canonical position
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -41,6 +41,7 @@ class Schedule:
     grid_size: int
     seed: int
     cyclic: bool
+    _orders: dict[int, np.ndarray] = field(default_factory=dict, compare=False, repr=False)  # epoch -> order, last one kept
 
     @property
     def per_epoch(self) -> int:
@@ -63,13 +64,16 @@ class Schedule:
         (``sharding.global_microbatch_indices``, with one epoch order computed per epoch)."""
         batch, per_epoch = self.microbatch_size, self.per_epoch
         out = np.empty((len(steps), batch), dtype=np.int64)
-        order_epoch, order = -1, np.empty(0, dtype=np.int64)
         for i, step in enumerate(steps):
             epoch, within = divmod(step, per_epoch)
-            if epoch != order_epoch:
-                order_epoch, order = epoch, epoch_order(self.dataset_size, epoch, self.seed, self.cyclic)
-            out[i] = order[within * batch : (within + 1) * batch]
+            out[i] = self._order(epoch)[within * batch : (within + 1) * batch]
         return out
+
+    def _order(self, epoch: int) -> np.ndarray:
+        if epoch not in self._orders:
+            self._orders.clear()
+            self._orders[epoch] = epoch_order(self.dataset_size, epoch, self.seed, self.cyclic)
+        return self._orders[epoch]
 
 
 def replay(

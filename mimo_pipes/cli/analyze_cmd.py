@@ -78,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
     progress = _progress_factory(options.progress)
     stop = options.stop_after if options.stop_after is not None else options.steps
     try:
-        image_tokens, real_tokens = count_tokens(dataset, processor, progress=progress("costs", len(dataset)))
+        language_weight = config.reorder.integer_cost_weights()[1]
+        image_tokens, real_tokens = count_tokens(dataset, processor, real_tokens=language_weight > 0, progress=progress("costs", len(dataset)))
     except SampleError as error:
         print(f"mimo-pipes analyze: error: {error}", file=sys.stderr)
         return run_cmd.EXIT_FAILED
