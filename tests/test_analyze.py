@@ -13,7 +13,7 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from mimo_pipes.analysis.costs import count_tokens, processed_counter
+from mimo_pipes.analysis.costs import UNCOUNTED, count_tokens, processed_counter
 from mimo_pipes.analysis.plot import DPI, FIGSIZE_INCHES
 from mimo_pipes.data.dataset import default_dataset_path, open_dataset
 from mimo_pipes.data.processor import default_processor_path, load_processor
@@ -147,6 +147,8 @@ def test_counts_from_the_resize_rule_equal_the_processor_output(seq_length):
         return
     image_tokens, real_tokens = count_tokens(dataset, processor, use_cache=False)
     assert list(zip(image_tokens.tolist(), real_tokens.tolist())) == expected
+    vision_only, uncounted = count_tokens(dataset, processor, real_tokens=False, use_cache=False)  # no text tokenizing
+    assert vision_only.tolist() == image_tokens.tolist() and set(uncounted.tolist()) == {UNCOUNTED}
     assert len(set(image_tokens.tolist())) > 10  # varied data, not a degenerate comparison
 
 
