@@ -18,7 +18,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run_cmd.add_arguments(commands.add_parser("run", help="run the balanced MIMO input pipeline"))
     analyze_cmd.add_arguments(
-        commands.add_parser("analyze", help="offline: what reordering would do for run's flags (JSON + PNG)")
+        commands.add_parser("analyze", help="offline: what reordering would do for run's flags (JSON + PNG)",
+                            description=analyze_cmd.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     )
     return parser
 
