@@ -18,6 +18,7 @@ import numpy as np
 
 from mimo_pipes.cost import image_token_count, real_token_count
 from mimo_pipes.data.cache import cache_root
+from mimo_pipes.data.processor import SampleProcessor, _split_budget
 
 CACHE_VERSION = "v1"
 CHUNK_ROWS = 2048  # rows read from the dataset at a time: memory bounded by one chunk of encoded images
@@ -89,8 +90,6 @@ class ResizeRuleCounter:
         self.fallback = fallback
 
     def count_rows(self, rows: Sequence[Mapping[str, Any]]) -> list[tuple[int, int]]:
-        from mimo_pipes.data.processor import _split_budget
-
         encoded = None
         if self.real_tokens:
             texts = [row.get("prompt") or "" for row in rows] + [row.get("response") or "" for row in rows]
@@ -187,7 +186,8 @@ def _count_all(dataset: Any, processor: Any, row_counter: RowCounter | None, rea
     real_tokens = np.zeros(size, dtype=np.int64)
     fallback = processed_counter(processor, processor.image_token_id)
     rule = _resize_rule(getattr(processor, "image_processor", None)) if row_counter is None else None
-    fast = ResizeRuleCounter(processor, rule, fallback, real) if rule is not None and hasattr(processor, "_tokenizer") else None
+    # Only the built-in processor's token layout is mirrored here; any other processor is run as is.
+    fast = ResizeRuleCounter(processor, rule, fallback, real) if rule is not None and type(processor) is SampleProcessor else None
     encoded = fast is not None and _is_hf_dataset(dataset)
     if fast is not None and not encoded:
         fast = None  # plain map-style rows: nothing cheaper than processing them
@@ -199,9 +199,9 @@ def _count_all(dataset: Any, processor: Any, row_counter: RowCounter | None, rea
             if isinstance(row, dict):  # so a bad row's error names its index, as in the graph
                 row.setdefault("sample_id", start + offset)
         counts = fast.count_rows(rows) if fast is not None else [counter(row) for row in rows]
-        for offset, (images, real) in enumerate(counts):
+        for offset, (images, text_and_images) in enumerate(counts):
             image_tokens[start + offset] = images
-            real_tokens[start + offset] = real
+            real_tokens[start + offset] = text_and_images
         if progress is not None:
             progress(stop - start)
     return image_tokens, real_tokens
