@@ -219,7 +219,7 @@ class PipelineConfig:
             raise ConfigError(flag("exchange_transport"), f"must be one of {', '.join(EXCHANGE_TRANSPORTS)}")
         check_pack_pad_multiple(self.pack_pad_multiple)
         if not self.exchange_timeout_s > 0:
-            raise ConfigError(flag("exchange_timeout_s"), f"must be positive, got {self.exchange_timeout_s}")
+            raise ConfigError("--exchange-timeout", f"must be positive, got {self.exchange_timeout_s}")
         for setting in ("dataset", "processor"):
             path = getattr(self, setting)
             if path is not None and not os.path.exists(path):

@@ -1,4 +1,5 @@
-"""``mimo-pipes`` command line: ``balance`` (assignment as a filter) and ``run`` (the main job)."""
+"""``mimo-pipes`` command line: ``balance`` (assignment as a filter), ``run`` (the main job) and ``analyze``
+(what reordering would do, offline)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Sequence
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from mimo_pipes.cli import balance_cmd, calibrate_cmd, run_cmd
+    from mimo_pipes.cli import analyze_cmd, balance_cmd, calibrate_cmd, run_cmd
     from mimo_pipes.cli.help_format import HelpFormatter
 
     parser = argparse.ArgumentParser(prog="mimo-pipes", description=__doc__)
@@ -28,6 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
             formatter_class=HelpFormatter,
         )
     )
+    analyze_cmd.add_arguments(
+        commands.add_parser("analyze", help="offline: what reordering would do for run's flags (JSON + PNG)",
+                            description=analyze_cmd.__doc__, formatter_class=HelpFormatter)
+    )
     return parser
 
 
@@ -41,6 +46,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from mimo_pipes.cli import calibrate_cmd
 
         return calibrate_cmd.run(args)
+    if args.command == "analyze":
+        from mimo_pipes.cli import analyze_cmd
+
+        return analyze_cmd.run(args)
     from mimo_pipes.cli import run_cmd
 
     return run_cmd.run(args)

@@ -183,7 +183,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[PipelineConfig, JobOptio
 
 def validate_job(config: PipelineConfig, options: JobOptions) -> int:
     """All checks that can run before a rank starts; returns the world size."""
-    from mimo_pipes.cli.job import check_resume_dir, world_backend  # imports torch: only for `run`
+    from mimo_pipes.cli.job import world_backend  # imports torch: only for `run`
 
     topology = config.validate()
     if config.reorder.intra_microbatch_reorder:
@@ -193,6 +193,13 @@ def validate_job(config: PipelineConfig, options: JobOptions) -> int:
             config.reorder.overlap_intra_microbatch_reorder,
             os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
         )
+    validate_consumption(config, options, topology.world_size)
+    return topology.world_size
+
+
+def validate_consumption(config: PipelineConfig, options: JobOptions, world_size: int) -> int:
+    """Checks of what the job consumes (also used by ``analyze``); returns the micro-batches already
+    consumed (those of ``--resume``, else 0)."""
     if options.steps < 1:
         raise ConfigError("--steps", f"must be >= 1, got {options.steps}")
     if config.embedded_samples < config.micro_batch_size and config.dataset is None:
@@ -207,13 +214,16 @@ def validate_job(config: PipelineConfig, options: JobOptions) -> int:
                           "reordering every rank's load is its reader's: see the run summary's 'before')")
     if options.log_interval < 0:
         raise ConfigError("--log-interval", f"must be >= 0, got {options.log_interval}")
+    consumed = 0
     if options.resume is not None:
-        consumed = check_resume_dir(options.resume, config, topology.world_size, options.recipe)
+        from mimo_pipes.cli.job import check_resume_dir  # imports torch
+
+        consumed = check_resume_dir(options.resume, config, world_size, options.recipe)
         if consumed >= options.steps:
             raise ConfigError("--steps", f"{options.steps} is not past the {consumed} micro-batches already consumed in {options.resume}")
         if options.stop_after is not None and options.stop_after <= consumed:
             raise ConfigError("--stop-after", f"must be past the {consumed} micro-batches already consumed")
-    return topology.world_size
+    return consumed
 
 
 def run(args: argparse.Namespace) -> int:

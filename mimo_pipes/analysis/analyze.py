@@ -1,0 +1,135 @@
+"""``analyze``: every figure of one configuration, as a JSON-ready dict per module, plus plots."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mimo_pipes.analysis.replay import GridReplay, Schedule, critical_path_bound, rank_loads, replay, spread_and_path
+from mimo_pipes.cli.report import summarize
+from mimo_pipes.config import PipelineConfig
+from mimo_pipes.cost import sample_cost
+from mimo_pipes.topology import Topology
+
+PARALLEL_FROM_MICROBATCHES = 4096  # below this, starting worker processes costs more than it saves
+
+Progress = Callable[[str, int], Callable[[int], None]]
+"""(description, total) -> callback taking the units just done."""
+
+
+@dataclass(frozen=True)
+class Analysis:
+    figures: dict[str, dict[str, Any]]  # per module name
+    replay: GridReplay  # the configuration as given
+    unreordered: GridReplay
+
+
+def _no_progress(_description: str, _total: int) -> Callable[[int], None]:
+    return lambda _done: None
+
+
+def run_records(result: GridReplay, tokens: np.ndarray, topology: Topology) -> list[dict[str, Any]]:
+    """One record per (module DP rank, step), shaped as ``mimo-pipes run`` collects them for its summary."""
+    batch = result.after.shape[1]
+    records = []
+    for module in topology.modules:
+        per_rank = batch // module.dp
+        for i, step in enumerate(result.steps.tolist()):
+            for rank in range(module.dp):
+                span = slice(rank * per_rank, (rank + 1) * per_rank)
+                records.append({
+                    "module": module.name, "dp_rank": rank, "dp_size": module.dp, "step": step,
+                    "image_tokens": tokens[result.after[i, span]].tolist(), "slots": result.after_slots[i, span].tolist(),
+                })
+    return records
+
+
+def analyze(
+    config: PipelineConfig,
+    topology: Topology,
+    image_tokens: np.ndarray,
+    real_tokens: np.ndarray,
+    *,
+    start: int,
+    stop: int,
+    compare_window_sizes: Sequence[int] = (2, 4, 8),
+    progress: Progress = _no_progress,
+) -> Analysis:
+    """Figures of micro-batches ``start .. stop-1`` of a run with ``config``, from per-row token counts."""
+    reorder = config.reorder
+    encoder_weight, language_weight = reorder.integer_cost_weights()
+    costs = sample_cost(image_tokens, real_tokens, encoder_weight, language_weight)
+    schedule = Schedule(len(image_tokens), config.micro_batch_size, topology.grid_size, config.seed, config.dataloader_type == "cyclic")
+    consumed = max(schedule.end(stop) - start, 0)
+    variants = {"per_microbatch": (True, 1, False), **{f"across_window_{w}": (True, w, True) for w in compare_window_sizes}}
+    given = (reorder.intra_microbatch_reorder, reorder.reorder_window_size, reorder.reorder_across_microbatches)
+    settings = [given, (False, 1, False), *(v for v in variants.values() if v not in (given, (False, 1, False)))]
+    replays = _replay_all(schedule, costs, list(dict.fromkeys(settings)), start, stop, progress("replay", consumed * len(set(settings))))
+    result, unreordered = replays[given], replays[(False, 1, False)]
+    summaries = {s.module: s for s in summarize(run_records(result, image_tokens, topology), topology.grid_size)}
+    figures: dict[str, dict[str, Any]] = {}
+    for module in topology.modules:
+        summary = summaries.get(module.name)
+        base_spread, base_path = spread_and_path(rank_loads(unreordered.before, image_tokens, module.dp))
+        what_if = {"no_reorder": {"spread": base_spread, "critical_path": base_path}}
+        bounds: dict[str, int | None] = {}
+        for name, setting in variants.items():
+            spread, path = spread_and_path(rank_loads(replays[setting].after, image_tokens, module.dp))
+            what_if[name] = {"spread": spread, "critical_path": path}
+            bounds[name] = critical_path_bound(
+                schedule, image_tokens, module.dp, start=start, stop=stop, window_size=setting[1], across_microbatches=setting[2]
+            )
+        figures[module.name] = {
+            "dp_size": module.dp,
+            "steps": summary.steps if summary else 0,
+            "spread_before": summary.mean_spread_before if summary else 0.0,
+            "spread_after": summary.mean_spread_after if summary else 0.0,
+            "critical_path_before": summary.max_rank_tokens_before if summary else 0,
+            "critical_path_after": summary.max_rank_tokens_after if summary else 0,
+            "samples": summary.samples if summary else 0,
+            "image_tokens": summary.image_tokens if summary else 0,
+            "what_if": what_if,
+            "critical_path_lower_bound": bounds,
+        }
+    return Analysis(figures, result, unreordered)
+
+
+def _replay_one(schedule: Schedule, costs: np.ndarray, setting: tuple[bool, int, bool], start: int, stop: int,
+                progress: Callable[[int], None] | None = None) -> GridReplay:
+    on, window, across = setting
+    return replay(schedule, costs, start=start, stop=stop, reorder=on, window_size=window, across_microbatches=across, progress=progress)
+
+
+def _replay_all(schedule: Schedule, costs: np.ndarray, settings: list[tuple[bool, int, bool]], start: int, stop: int,
+                tick: Callable[[int], None]) -> dict[tuple[bool, int, bool], GridReplay]:
+    """Each setting's replay; large ones in worker processes, one per core (they are independent)."""
+    consumed = max(schedule.end(stop) - start, 0)
+    workers = min(len(settings), os.cpu_count() or 1)
+    if workers < 2 or consumed < PARALLEL_FROM_MICROBATCHES:
+        return {setting: _replay_one(schedule, costs, setting, start, stop, tick) for setting in settings}
+    context = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+        futures = {setting: pool.submit(_replay_one, schedule, costs, setting, start, stop) for setting in settings}
+        for future in concurrent.futures.as_completed(futures.values()):
+            future.result()
+            tick(consumed)
+        return {setting: future.result() for setting, future in futures.items()}
+
+
+def write_plots(out: Path, analysis: Analysis, image_tokens: np.ndarray, topology: Topology, title: str) -> list[Path]:
+    """One PNG per module: ``out/<module>.png``."""
+    from mimo_pipes.analysis.plot import plot_module
+
+    paths = []
+    for module in topology.modules:
+        before = rank_loads(analysis.unreordered.before, image_tokens, module.dp)
+        after = rank_loads(analysis.replay.after, image_tokens, module.dp)
+        paths.append(plot_module(out / f"{module.name}.png", module.name, analysis.replay.steps, before, after, f"{module.name} dp={module.dp}: {title}"))
+    return paths

@@ -1,0 +1,207 @@
+"""Per-sample (image tokens, real tokens) of a whole dataset, cheaply, and cached.
+
+Where the processor is Qwen2-VL-style and the rows hold encoded images, the counts come from image
+headers and the resize rule (``smart_resize`` -> patch grid -> placeholders) plus the tokenizer on the
+text, which is far cheaper than decoding and patchifying every image. Anything else runs the processor
+on each row and counts what it produced, as the graph's CostAnnotator does. Tests check both agree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from mimo_pipes.cost import image_token_count, real_token_count
+from mimo_pipes.data.cache import cache_root
+from mimo_pipes.data.processor import SampleProcessor, _split_budget
+
+CACHE_VERSION = "v1"
+CHUNK_ROWS = 2048  # rows read from the dataset at a time: memory bounded by one chunk of encoded images
+
+UNCOUNTED = -1  # real tokens of a row when they were not asked for
+
+TokenCounts = tuple[np.ndarray, np.ndarray]
+"""(image_tokens, real_tokens): int64 arrays indexed by dataset row."""
+
+RowCounter = Callable[[Mapping[str, Any]], tuple[int, int]]
+"""One dataset row -> (image tokens, real tokens)."""
+
+
+def processed_counter(processor: Callable[[Mapping[str, Any]], Mapping[str, Any]], image_token_id: int) -> RowCounter:
+    """Counts from a fully processed row: exactly what the graph's CostAnnotator counts."""
+
+    def count(row: Mapping[str, Any]) -> tuple[int, int]:
+        sample = processor(dict(row))
+        return image_token_count(sample["input_ids"], image_token_id), real_token_count(sample["attention_mask"])
+
+    return count
+
+
+def _resize_rule(image_processor: Any) -> Callable[[int, int], int] | None:
+    """(height, width) -> image placeholder tokens for a Qwen2-VL-style image processor, else None."""
+    try:
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+    except ImportError:  # pragma: no cover - older transformers
+        return None
+    if not type(image_processor).__name__.startswith("Qwen2VLImageProcessor"):
+        return None
+    size = image_processor.size
+    min_pixels = size.get("shortest_edge") if isinstance(size, Mapping) else getattr(size, "shortest_edge", None)
+    max_pixels = size.get("longest_edge") if isinstance(size, Mapping) else getattr(size, "longest_edge", None)
+    patch, merge = image_processor.patch_size, image_processor.merge_size
+    if not (min_pixels and max_pixels and getattr(image_processor, "do_resize", True)):
+        return None
+
+    def tokens(height: int, width: int) -> int:
+        resized_height, resized_width = smart_resize(height, width, factor=patch * merge, min_pixels=min_pixels, max_pixels=max_pixels)
+        return (resized_height // patch) * (resized_width // patch) // merge**2
+
+    return tokens
+
+
+def _image_size(item: Any) -> tuple[int, int]:
+    """(height, width) from an encoded image's header, without decoding its pixels."""
+    from PIL import Image
+
+    if isinstance(item, Image.Image):
+        return item.height, item.width
+    if isinstance(item, Mapping) and item.get("bytes") is not None:
+        source: Any = io.BytesIO(item["bytes"])
+    elif isinstance(item, Mapping) and item.get("path"):
+        source = item["path"]
+    else:
+        raise TypeError(f"unsupported image {type(item).__name__}")
+    with Image.open(source) as image:
+        return image.height, image.width
+
+
+class ResizeRuleCounter:
+    """Counts of the built-in ``SampleProcessor``'s output from image sizes and tokenized text."""
+
+    def __init__(self, processor: Any, tokens_for_size: Callable[[int, int], int], fallback: RowCounter, real_tokens: bool = True) -> None:
+        self.processor = processor
+        self.real_tokens = real_tokens
+        self.tokens_for_size = tokens_for_size
+        self.fallback = fallback
+
+    def count_rows(self, rows: Sequence[Mapping[str, Any]]) -> list[tuple[int, int]]:
+        encoded = None
+        if self.real_tokens:
+            texts = [row.get("prompt") or "" for row in rows] + [row.get("response") or "" for row in rows]
+            if not all(isinstance(text, str) for text in texts):
+                return [self.fallback(row) for row in rows]  # let the processor name the bad row
+            encoded = self.processor._tokenizer.encode_batch(texts, add_special_tokens=False)
+        out = []
+        for k, row in enumerate(rows):
+            images = row.get("images") or []
+            try:
+                per_image = [self.tokens_for_size(*_image_size(item)) for item in (images if isinstance(images, (list, tuple)) else [images])]
+            except Exception:  # noqa: BLE001 - the processor reports it with the sample's name
+                out.append(self.fallback(row))
+                continue
+            image_tokens = sum(per_image)
+            fixed = self.processor.template_tokens(len(per_image)) + image_tokens
+            if fixed > self.processor.seq_length:
+                out.append(self.fallback(row))  # raises the processor's own error for this sample
+                continue
+            if encoded is None:
+                out.append((image_tokens, UNCOUNTED))
+                continue
+            keep_prompt, keep_response = _split_budget(len(encoded[k].ids), len(encoded[len(rows) + k].ids), self.processor.seq_length - fixed)
+            out.append((image_tokens, fixed + keep_prompt + keep_response))
+        return out
+
+
+def _rows(dataset: Any, start: int, stop: int, encoded_images: bool) -> list[Mapping[str, Any]]:
+    """Rows start..stop-1; images left encoded (bytes/path dicts) when ``encoded_images``."""
+    if encoded_images:
+        table = dataset.with_format("arrow")[start:stop]
+        return table.to_pylist()
+    return [dataset[index] for index in range(start, stop)]
+
+
+def _is_hf_dataset(dataset: Any) -> bool:
+    return hasattr(dataset, "with_format") and hasattr(dataset, "features")
+
+
+def fingerprint(dataset: Any, processor: Any, real_tokens: bool = True) -> str | None:
+    """Cache key of a dataset's counts under a processor's settings; None when the dataset has none."""
+    data_key = getattr(dataset, "_fingerprint", None)
+    if data_key is None:
+        return None
+    image_processor = getattr(processor, "image_processor", None)
+    settings = {
+        "version": CACHE_VERSION,
+        "real_tokens": real_tokens,
+        "dataset": data_key,
+        "rows": len(dataset),
+        "processor": type(processor).__qualname__,
+        "seq_length": getattr(processor, "seq_length", None),
+        "image_processor": image_processor.to_dict() if hasattr(image_processor, "to_dict") else repr(image_processor),
+        "tokenizer": hashlib.sha256(processor._tokenizer.to_str().encode()).hexdigest() if hasattr(processor, "_tokenizer") else repr(processor),
+    }
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def count_tokens(
+    dataset: Any,
+    processor: Any,
+    *,
+    row_counter: RowCounter | None = None,
+    real_tokens: bool = True,
+    use_cache: bool = True,
+    progress: Callable[[int], None] | None = None,
+) -> TokenCounts:
+    """(image tokens, real tokens) of every row of ``dataset`` as ``processor`` would produce them.
+
+    ``row_counter`` overrides how one row is counted (for processors this module does not know);
+    by default the resize rule where it applies, else the processor itself. ``progress(n)`` is called
+    with the rows done after each chunk. Counts are cached under the dataset's fingerprint and the
+    processor's settings (HF datasets only). ``real_tokens=False`` skips tokenizing the text where the
+    resize rule applies (real tokens are then ``UNCOUNTED``): all a vision-only cost needs."""
+    key = fingerprint(dataset, processor, real_tokens) if use_cache and row_counter is None else None
+    path = cache_root() / "analyze" / f"tokens-{key}.npz" if key else None
+    if path is not None and path.is_file():
+        cached = np.load(path)
+        if progress is not None:
+            progress(len(dataset))
+        return cached["image_tokens"], cached["real_tokens"]
+    counts = _count_all(dataset, processor, row_counter, real_tokens, progress)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{np.random.default_rng().integers(1 << 30)}.tmp.npz")
+        np.savez(partial, image_tokens=counts[0], real_tokens=counts[1])
+        partial.replace(path)
+    return counts
+
+
+def _count_all(dataset: Any, processor: Any, row_counter: RowCounter | None, real: bool, progress: Callable[[int], None] | None) -> TokenCounts:
+    size = len(dataset)
+    image_tokens = np.zeros(size, dtype=np.int64)
+    real_tokens = np.zeros(size, dtype=np.int64)
+    fallback = processed_counter(processor, processor.image_token_id)
+    rule = _resize_rule(getattr(processor, "image_processor", None)) if row_counter is None else None
+    # Only the built-in processor's token layout is mirrored here; any other processor is run as is.
+    fast = ResizeRuleCounter(processor, rule, fallback, real) if rule is not None and type(processor) is SampleProcessor else None
+    encoded = fast is not None and _is_hf_dataset(dataset)
+    if fast is not None and not encoded:
+        fast = None  # plain map-style rows: nothing cheaper than processing them
+    counter = row_counter or fallback
+    for start in range(0, size, CHUNK_ROWS):
+        stop = min(start + CHUNK_ROWS, size)
+        rows = _rows(dataset, start, stop, encoded)
+        for offset, row in enumerate(rows):
+            if isinstance(row, dict):  # so a bad row's error names its index, as in the graph
+                row.setdefault("sample_id", start + offset)
+        counts = fast.count_rows(rows) if fast is not None else [counter(row) for row in rows]
+        for offset, (images, text_and_images) in enumerate(counts):
+            image_tokens[start + offset] = images
+            real_tokens[start + offset] = text_and_images
+        if progress is not None:
+            progress(stop - start)
+    return image_tokens, real_tokens

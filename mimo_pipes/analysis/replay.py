@@ -1,0 +1,142 @@
+"""Replay of the canonical grid: the micro-batches a run consumes, before and after balancing.
+
+Pure arithmetic over per-row costs. It uses what the graph uses: ``sharding`` for which rows make up a
+global micro-batch, ``resume.resume_point`` and the Windower's rule for where windows start and end,
+and ``balance_window`` on the window's costs in canonical order (as the exchange lays them out).
+Every module balances the same canonical slots, so one replay serves all of them: a module of DP
+size d gives DP rank r the slots ``[r*G/d, (r+1)*G/d)``, i.e. canonical positions ``[r*B/d, (r+1)*B/d)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mimo_pipes.balance import balance_window, window_lower_bound
+from mimo_pipes.resume import resume_point
+from mimo_pipes.sharding import epoch_order, microbatches_per_epoch
+
+
+@dataclass(frozen=True)
+class GridReplay:
+    """Rows of the consumed global micro-batches, ``steps[i]`` in row i, canonical positions as columns.
+
+    ``before``: dataset rows as the readers hold them; ``after``: as the ranks consume them (equal to
+    ``before`` without reordering); ``after_slots``: the canonical slot each consumed row was read into."""
+
+    steps: np.ndarray
+    before: np.ndarray
+    after: np.ndarray
+    after_slots: np.ndarray
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """What a run reads: dataset size, global micro-batch size B, canonical grid G, seed, shuffling."""
+
+    dataset_size: int
+    microbatch_size: int
+    grid_size: int
+    seed: int
+    cyclic: bool
+    _orders: dict[int, np.ndarray] = field(default_factory=dict, compare=False, repr=False)  # epoch -> order, last one kept
+
+    @property
+    def per_epoch(self) -> int:
+        return microbatches_per_epoch(self.dataset_size, self.microbatch_size)
+
+    def end(self, stop: int) -> int:
+        """One past the last step consumed when asked for ``stop``: a single pass ends with the data."""
+        return stop if self.cyclic else min(stop, self.per_epoch)
+
+    def windows(self, start: int, stop: int, window_size: int) -> Iterator[tuple[int, int]]:
+        """[first, last) of every window holding a consumed step; the Windower aligns windows to
+        multiples of W and cuts one short only where the data ends."""
+        end = self.end(stop)
+        first = resume_point(start, window_size).first_step
+        for k in range(first, end, window_size):
+            yield k, (k + window_size if self.cyclic else min(k + window_size, self.per_epoch))
+
+    def rows(self, steps: range) -> np.ndarray:
+        """(len(steps), B) dataset rows of global micro-batches ``steps`` in canonical order
+        (``sharding.global_microbatch_indices``, with one epoch order computed per epoch)."""
+        batch, per_epoch = self.microbatch_size, self.per_epoch
+        out = np.empty((len(steps), batch), dtype=np.int64)
+        for i, step in enumerate(steps):
+            epoch, within = divmod(step, per_epoch)
+            out[i] = self._order(epoch)[within * batch : (within + 1) * batch]
+        return out
+
+    def _order(self, epoch: int) -> np.ndarray:
+        if epoch not in self._orders:
+            self._orders.clear()
+            self._orders[epoch] = epoch_order(self.dataset_size, epoch, self.seed, self.cyclic)
+        return self._orders[epoch]
+
+
+def replay(
+    schedule: Schedule,
+    costs: np.ndarray,
+    *,
+    start: int,
+    stop: int,
+    reorder: bool,
+    window_size: int,
+    across_microbatches: bool,
+    progress: Callable[[int], None] | None = None,
+) -> GridReplay:
+    """The consumed micro-batches ``start .. stop-1`` as a run with these settings consumes them."""
+    window_size = window_size if reorder else 1
+    batch, grid = schedule.microbatch_size, schedule.grid_size
+    canonical_slot = np.arange(batch) // (batch // grid)
+    steps, befores, afters, slots = [], [], [], []
+    for first, last in schedule.windows(start, stop, window_size):
+        rows = schedule.rows(range(first, last))
+        if reorder:
+            assignment = balance_window(costs[rows].tolist(), grid, across_microbatches=across_microbatches)
+            flat = np.array([[index for slot in microbatch for index in slot] for microbatch in assignment], dtype=np.int64)
+        else:
+            flat = np.arange(rows.size, dtype=np.int64).reshape(rows.shape)
+        keep = [m for m in range(last - first) if start <= first + m < stop]
+        steps.extend(first + m for m in keep)
+        befores.append(rows[keep])
+        afters.append(rows.reshape(-1)[flat[keep]])
+        slots.append(canonical_slot[flat[keep] % batch])
+        if progress is not None:
+            progress(len(keep))
+    if not steps:
+        empty = np.empty((0, batch), dtype=np.int64)
+        return GridReplay(np.empty(0, dtype=np.int64), empty, empty, empty)
+    return GridReplay(np.array(steps, dtype=np.int64), np.concatenate(befores), np.concatenate(afters), np.concatenate(slots))
+
+
+def rank_loads(rows: np.ndarray, tokens: np.ndarray, dp_size: int) -> np.ndarray:
+    """(steps, dp_size) per-rank sums of ``tokens`` for micro-batches given as canonical rows."""
+    steps, batch = rows.shape
+    return tokens[rows].reshape(steps, dp_size, batch // dp_size).sum(axis=2)
+
+
+def spread_and_path(loads: np.ndarray) -> tuple[float, int]:
+    """(mean over steps of heaviest - lightest rank, sum over steps of the heaviest rank)."""
+    if loads.shape[0] == 0:
+        return 0.0, 0
+    return float((loads.max(axis=1) - loads.min(axis=1)).mean()), int(loads.max(axis=1).sum())
+
+
+def critical_path_bound(
+    schedule: Schedule, tokens: np.ndarray, dp_size: int, *, start: int, stop: int, window_size: int, across_microbatches: bool
+) -> int | None:
+    """A lower bound on the critical path (image tokens of the heaviest rank, summed over the consumed
+    steps) of any equal-count balancing with these windows; None where a consumed window is cut by
+    ``start`` or ``stop`` (its samples could have moved to steps outside the range)."""
+    total = 0
+    for first, last in schedule.windows(start, stop, window_size):
+        if across_microbatches and (first < start or last > schedule.end(stop)):
+            return None
+        rows = schedule.rows(range(first, last))
+        if not across_microbatches:
+            rows = rows[[m for m in range(last - first) if start <= first + m < stop]]
+        total += window_lower_bound(tokens[rows].tolist(), dp_size, across_microbatches=across_microbatches)
+    return total
