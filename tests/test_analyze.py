@@ -180,3 +180,15 @@ def test_the_benchmark_script_runs_small():
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "| total, cold cache |" in result.stdout
+
+
+@pytest.mark.parametrize(("flags", "setting"), [
+    (["--reorder-two-level", "--component", "language=dp=4", "--component", "images=dp=2,rank_offset=4"], "--reorder-two-level"),
+    (["--reorder-cost-model", "benchmarks/results/h200-qwen2-vl-675m-cost-model.json"], "--reorder-cost-model"),
+])
+def test_planning_analyze_does_not_replay_is_refused_by_name(tmp_path, flags, setting):
+    process = _cli("analyze", "--out", str(tmp_path), "--scalable-dp", "--intra-microbatch-reorder", "--quiet", *flags)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 2
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"mimo-pipes analyze: error: {setting}: "), lines

@@ -65,7 +65,7 @@ def analyze(
     """Figures of micro-batches ``start .. stop-1`` of a run with ``config``, from per-row token counts."""
     reorder = config.reorder
     encoder_weight, language_weight = reorder.integer_cost_weights()
-    costs = sample_cost(image_tokens, real_tokens, encoder_weight, language_weight)
+    costs = sample_cost(image_tokens, real_tokens, encoder_weight, language_weight, reorder.integer_language_square_weight())
     schedule = Schedule(len(image_tokens), config.micro_batch_size, topology.grid_size, config.seed, config.dataloader_type == "cyclic")
     consumed = max(schedule.end(stop) - start, 0)
     variants = {"per_microbatch": (True, 1, False), **{f"across_window_{w}": (True, w, True) for w in compare_window_sizes}}

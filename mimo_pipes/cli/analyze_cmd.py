@@ -56,6 +56,16 @@ def _progress_factory(enabled: bool):
     return make
 
 
+def _refuse_unmodelled(config) -> None:
+    """Settings whose planning analyze does not replay: refused, never silently predicted wrong."""
+    reorder = config.reorder
+    if reorder.reorder_cost_model is not None:
+        raise ConfigError("--reorder-cost-model", "analyze replays token costs only; a calibrated time model needs each "
+                          "image's token count per row, which analyze does not keep yet")
+    if reorder.reorder_two_level:
+        raise ConfigError("--reorder-two-level", "analyze does not replay two-level balancing yet")
+
+
 def run(args: argparse.Namespace) -> int:
     from mimo_pipes.analysis.analyze import analyze, write_plots
     from mimo_pipes.analysis.costs import count_tokens
@@ -69,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
         if options.recipe != JobOptions.recipe:
             raise ConfigError("--recipe", f"analyze replays the built-in recipe ({JobOptions.recipe}) only, got {options.recipe}")
         start = run_cmd.validate_consumption(config, options, topology.world_size)
+        _refuse_unmodelled(config)
         prepare(config, log=lambda message: print(message, file=sys.stderr, flush=True))
         dataset = open_dataset(dataset_path(config))
         processor = load_processor(processor_path(config), config.seq_length)
