@@ -226,3 +226,12 @@ class JobOptions:
     save_state: str | None = None
     resume: str | None = None
     progress: bool = True
+
+
+@dataclass
+class TrainOptions(JobOptions):
+    """What ``mimo-pipes train`` adds to run's options: the recipe trains instead of only reading."""
+
+    recipe: str = "mimo_pipes_recipes.tiny_mimo_train"
+    lr: float = 0.1
+    vision_tower: str = "tiny"
