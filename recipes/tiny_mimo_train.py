@@ -154,8 +154,10 @@ class Trainer:
         inputs = self.model.get_input_embeddings()(input_ids)
         inputs = inputs.masked_scatter(placeholders.unsqueeze(-1), embeddings.to(inputs.dtype))
         logits = self.model(inputs_embeds=inputs, attention_mask=batch["attention_mask"]).logits
-        # The processor's labels are already next-token targets: no shift here.
-        return F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+        # The processor's labels are already next-token targets: no shift here. Summed in float64, so the sum
+        # does not depend on how the samples are grouped beyond the last bits of each token's loss.
+        token_losses = F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=IGNORE_INDEX, reduction="none")
+        return token_losses.double().sum()
 
     def _encoder_step(self, batches: list[dict]) -> float:
         compute = 0.0

@@ -166,15 +166,16 @@ def _progress(enabled: bool, total: int, initial: int, desc: str = "micro-batche
     return tqdm(total=total, initial=initial, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True)
 
 
-def _save_state(directory: str, rank: int, state: dict, config: PipelineConfig, consumed: int) -> None:
+def _save_state(directory: str, rank: int, state: dict, config: PipelineConfig, consumed: int, group: dist.ProcessGroup | None = None) -> None:
+    """Every rank of ``group`` (default: the world) writes its state; its first rank then writes meta.json."""
     os.makedirs(directory, exist_ok=True)
     state_path(directory, rank).write_text(json.dumps({"format": STATE_FORMAT, "loader": state}))
-    dist.barrier()
-    if rank == 0:
+    dist.barrier(group=group)
+    if rank == min(dist.get_process_group_ranks(group or dist.group.WORLD)):
         meta = {
             "format": STATE_FORMAT,
             "consumed_microbatches": consumed,
-            "world_size": dist.get_world_size(),
+            "world_size": dist.get_world_size(group),
             "fingerprint": resume_fingerprint(config),
         }
         (Path(directory) / "meta.json").write_text(json.dumps(meta, indent=1))
@@ -186,6 +187,22 @@ def _save_state(directory: str, rank: int, state: dict, config: PipelineConfig, 
 def checkpoint_path(directory: str, rank: int) -> Path:
     """Model and optimizer state of one rank; the loader's state sits beside it in ``rank{r}.json``."""
     return Path(directory) / f"rank{rank}.pt"
+
+
+def save_checkpoint(
+    directory: str, rank: int, state: dict[str, Any], config: PipelineConfig, consumed: int, group: dist.ProcessGroup | None = None
+) -> None:
+    """A trainer's state: model and optimizer in ``rank{r}.pt``, the loader as ``run --save-state`` saves it.
+    Collective over ``group`` (default: the world; a barrier before ``meta.json``)."""
+    os.makedirs(directory, exist_ok=True)
+    torch.save({"model": state["model"], "optimizer": state["optimizer"]}, checkpoint_path(directory, rank))
+    _save_state(directory, rank, state["loader"], config, consumed, group)
+
+
+def load_checkpoint(directory: str, rank: int) -> dict[str, Any]:
+    state = torch.load(checkpoint_path(directory, rank), weights_only=True)
+    state["loader"] = json.loads(state_path(directory, rank).read_text())["loader"]
+    return state
 
 
 def train_in_process_group(rank: int, world_size: int, config: PipelineConfig, options: TrainOptions) -> None:
@@ -206,9 +223,7 @@ def train_rank(config: PipelineConfig, options: TrainOptions) -> None:
     assert groups is not None
     trainer = importlib.import_module(options.recipe).Trainer(config, options, groups, topology)
     if options.resume:
-        state = torch.load(checkpoint_path(options.resume, rank), weights_only=True)
-        state["loader"] = json.loads(state_path(options.resume, rank).read_text())["loader"]
-        trainer.load_state_dict(state)
+        trainer.load_state_dict(load_checkpoint(options.resume, rank))
     per_iteration = config.microbatches_per_global_batch
     start = trainer.iteration
     stop = (options.stop_after if options.stop_after is not None else options.steps) // per_iteration
@@ -225,10 +240,7 @@ def train_rank(config: PipelineConfig, options: TrainOptions) -> None:
             if progress is not None:
                 progress.update(1)
         if options.save_state and options.stop_after is not None:
-            state = trainer.state_dict()
-            os.makedirs(options.save_state, exist_ok=True)
-            torch.save({"model": state["model"], "optimizer": state["optimizer"]}, checkpoint_path(options.save_state, rank))
-            _save_state(options.save_state, rank, state["loader"], config, trainer.loader.num_yielded)
+            save_checkpoint(options.save_state, rank, trainer.state_dict(), config, trainer.loader.num_yielded)
     finally:
         if progress is not None:
             progress.close()
