@@ -27,10 +27,27 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
 
 import _dist  # noqa: E402  (benchmarks/_dist.py)
+
+
+def _recipes_importable() -> None:
+    """``recipes/`` installs as ``mimo_pipes_recipes``; from a plain checkout (no ``pip install``) map it here.
+    Runs at import, so the spawned loader ranks get it too."""
+    import importlib.util
+
+    if importlib.util.find_spec("mimo_pipes_recipes") is None:
+        init = os.path.join(ROOT, "recipes", "__init__.py")
+        spec = importlib.util.spec_from_file_location("mimo_pipes_recipes", init, submodule_search_locations=[os.path.dirname(init)])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["mimo_pipes_recipes"] = module
+        spec.loader.exec_module(module)
+
+
+_recipes_importable()
 
 
 @dataclass(frozen=True)
@@ -72,9 +89,12 @@ def _loader_rank(rank: int, world: int, port: int, dps: list[int], tasks: Any, b
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=600))
     groups = {dp: dist.new_group(list(range(dp))) for dp in dps}  # collective: every rank, same order
+    from mimo_pipes.data.processor import default_processor_path, load_processor
     from mimo_pipes.exchange import RankLayout
     from mimo_pipes_recipes import vlm_sft
 
+    rows = GeneratedRows(args["embedded_samples"])
+    processor = load_processor(default_processor_path(), args["seq_length"])
     while True:
         task = tasks.get()
         if task is None:
@@ -83,7 +103,9 @@ def _loader_rank(rank: int, world: int, port: int, dps: list[int], tasks: Any, b
         if rank >= case.dp:
             continue
         config = _config(case, args)
-        loader = vlm_sft.build(config, RankLayout(rank, case.dp, case.dp, groups[case.dp]))
+        loader = vlm_sft.pipeline(rows, config, RankLayout(rank, case.dp, case.dp, groups[case.dp]), map_fn=processor,
+                                  image_token_id=processor.image_token_id,
+                                  pad_values={"input_ids": processor.pad_token_id, "labels": -100})
         try:
             for step in range(steps):
                 batch = next(loader)
@@ -96,6 +118,28 @@ def _loader_rank(rank: int, world: int, port: int, dps: list[int], tasks: Any, b
         finally:
             loader.close()
     dist.destroy_process_group()
+
+
+class GeneratedRows:
+    """The embedded dataset's rows (``mimo_pipes.data.synthetic``, seed 0), generated on first access and kept:
+    the same rows ``mimo-pipes run`` reads from its saved copy, without needing ``datasets`` on the GPU host."""
+
+    def __init__(self, size: int, seed: int = 0) -> None:
+        from mimo_pipes.data.synthetic import sample_kinds
+
+        self.kinds = sample_kinds(size, seed)
+        self.seed = seed
+        self.rows: dict[int, dict] = {}
+
+    def __len__(self) -> int:
+        return len(self.kinds)
+
+    def __getitem__(self, index: int) -> dict:
+        from mimo_pipes.data.synthetic import make_row
+
+        if index not in self.rows:
+            self.rows[index] = make_row(index, self.kinds[index], self.seed)
+        return dict(self.rows[index])
 
 
 def _config(case: Case, args: dict):
@@ -220,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda", help="cuda (one GPU) or cpu (default cuda)")
     parser.add_argument("--out", required=True, help="folder for encoder_step.json and encoder_step.md")
-    parser.add_argument("--smoke", action="store_true", help="tiny fp32 tower, dp 2, micro-batch 4, two steps: checks the script runs")
+    parser.add_argument("--smoke", action="store_true", help="tiny fp32 tower, dp 2, micro-batch 2, two steps: checks the script runs")
     parser.add_argument("--tower", default=None, help="vision tower preset or config folder (default qwen2-vl-675m; tiny with --smoke)")
     parser.add_argument("--dp", type=int, nargs="+", default=None, help="vision DP sizes (default 2 4)")
     parser.add_argument("--micro-batch", type=int, nargs="+", default=None, help="global micro-batch sizes (default 8 16)")
@@ -236,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     smoke = args.smoke
     tower_name = args.tower or ("tiny" if smoke else "qwen2-vl-675m")
     dps = args.dp or ([2] if smoke else [2, 4])
-    micro_batches = args.micro_batch or ([4] if smoke else [8, 16])
+    micro_batches = args.micro_batch or ([2] if smoke else [8, 16])
     steps = args.steps if args.steps is not None else (2 if smoke else 32)
     warmup = args.warmup if args.warmup is not None else (0 if smoke else 2)
     for dp in dps:
@@ -249,11 +293,11 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.multiprocessing as tmp
 
+    from mimo_pipes.data.processor import default_processor_path
     from mimo_pipes.encoders import build_vision_tower
-    from mimo_pipes_recipes import vlm_sft
 
     loader_args = {"seq_length": args.seq_length, "seed": args.seed, "embedded_samples": args.embedded_samples, "num_workers": args.num_workers}
-    vlm_sft.prepare(_config(Case(dps[0], micro_batches[0], MODES[0]), loader_args), log=lambda m: print(m, file=sys.stderr))
+    default_processor_path()  # build the embedded processor once, before the loader ranks load it
     dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
     tower = build_vision_tower(tower_name, dtype=dtype, device=args.device, attn_implementation=args.attn)
     tower.train()
