@@ -86,8 +86,9 @@ def _loader_rank(rank: int, world: int, port: int, dps: list[int], tasks: Any, b
     import torch.distributed as dist
 
     torch.set_num_threads(1)
+    # Long timeout: dp-4 ranks build their next loader (and wait in its exchange) while dp-2 cases still run.
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=600))
+                            timeout=datetime.timedelta(seconds=3600))
     groups = {dp: dist.new_group(list(range(dp))) for dp in dps}  # collective: every rank, same order
     from mimo_pipes.data.processor import default_processor_path, load_processor
     from mimo_pipes.exchange import RankLayout
@@ -110,8 +111,8 @@ def _loader_rank(rank: int, world: int, port: int, dps: list[int], tasks: Any, b
             for step in range(steps):
                 batch = next(loader)
                 batches.put((index, step, rank, {
-                    "pixel_values": batch["pixel_values"],
-                    "image_grid_thw": batch["image_grid_thw"],
+                    "pixel_values": to_wire(batch["pixel_values"], args["bf16"]),
+                    "image_grid_thw": batch["image_grid_thw"].numpy(),
                     "sample_ids": list(batch["sample_ids"]),
                     "image_tokens": list(batch["image_tokens"]),
                 }))
@@ -140,6 +141,21 @@ class GeneratedRows:
         if index not in self.rows:
             self.rows[index] = make_row(index, self.kinds[index], self.seed)
         return dict(self.rows[index])
+
+
+def to_wire(pixel_values: Any, bf16: bool) -> Any:
+    """Plain numpy bytes through the pipe (no shared-memory tensors: /dev/shm is small in many containers),
+    already in the tower's dtype (bf16 travels as int16 bits), so the pipe carries half the bytes."""
+    import torch
+
+    return pixel_values.to(torch.bfloat16).view(torch.int16).numpy() if bf16 else pixel_values.numpy()
+
+
+def from_wire(array: Any, bf16: bool) -> Any:
+    import torch
+
+    tensor = torch.from_numpy(array)
+    return tensor.view(torch.bfloat16) if bf16 else tensor
 
 
 def _config(case: Case, args: dict):
@@ -217,9 +233,10 @@ def run_case(tower: Any, timer: Timer, device: str, case_index: int, case: Case,
         times = []
         for rank in range(case.dp):
             payload = payloads[rank]
+            dtype = next(tower.parameters()).dtype
             on_device = {
-                "pixel_values": payload["pixel_values"].to(device, dtype=next(tower.parameters()).dtype, non_blocking=True),
-                "image_grid_thw": payload["image_grid_thw"],
+                "pixel_values": from_wire(payload["pixel_values"], dtype == torch.bfloat16).to(device, dtype=dtype),
+                "image_grid_thw": torch.from_numpy(payload["image_grid_thw"]),
             }
             begun = timer.start()
             fwd_bwd(tower, on_device, device)
@@ -290,21 +307,23 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     started = time.monotonic()
 
+    import multiprocessing
+
     import torch
-    import torch.multiprocessing as tmp
 
     from mimo_pipes.data.processor import default_processor_path
     from mimo_pipes.encoders import build_vision_tower
 
-    loader_args = {"seq_length": args.seq_length, "seed": args.seed, "embedded_samples": args.embedded_samples, "num_workers": args.num_workers}
-    default_processor_path()  # build the embedded processor once, before the loader ranks load it
     dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
+    loader_args = {"seq_length": args.seq_length, "seed": args.seed, "embedded_samples": args.embedded_samples,
+                   "num_workers": args.num_workers, "bf16": dtype == torch.bfloat16}
+    default_processor_path()  # build the embedded processor once, before the loader ranks load it
     tower = build_vision_tower(tower_name, dtype=dtype, device=args.device, attn_implementation=args.attn)
     tower.train()
     timer = Timer(args.device)
 
     cases = [Case(dp, mb, mode) for dp in dps for mb in micro_batches for mode in MODES]
-    context = tmp.get_context("spawn")
+    context = multiprocessing.get_context("spawn")
     tasks = [context.Queue() for _ in range(max(dps))]
     batches = context.Queue(maxsize=4 * max(dps))
     port = _dist._free_port()
