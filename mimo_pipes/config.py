@@ -316,3 +316,12 @@ class JobOptions:
     # Exchange metrics (mimo_pipes.metrics), written by DP rank 0 of each module.
     tensorboard: str | None = None  # event files under DIR/<module>/
     log_interval: int = 20  # a metrics line every N windows and at the end (0: only at the end)
+
+
+@dataclass
+class TrainOptions(JobOptions):
+    """What ``mimo-pipes train`` adds to run's options: the recipe trains instead of only reading."""
+
+    recipe: str = "mimo_pipes_recipes.tiny_mimo_train"
+    lr: float = 0.1
+    vision_tower: str = "tiny"

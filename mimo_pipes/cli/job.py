@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from mimo_pipes.cli.metrics_log import attach_metrics
 from mimo_pipes.cli.report import format_packing_summary, format_summary, summarize, summarize_packing
-from mimo_pipes.config import JobOptions, PipelineConfig, exact_weight, flag, resolve_exchange_transport
+from mimo_pipes.config import JobOptions, PipelineConfig, TrainOptions, exact_weight, flag, resolve_exchange_transport
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.exchange.process_groups import build_rank_groups
@@ -225,23 +225,106 @@ def _open_dump(options: JobOptions, rank: int, append: bool):
     return open(Path(options.dump_assignments) / f"rank{rank}.jsonl", "a" if append else "w", buffering=1)
 
 
-def _progress(enabled: bool, total: int, initial: int):
+def _progress(enabled: bool, total: int, initial: int, desc: str = "micro-batches", unit: str = "mb"):
     if not enabled:
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=initial, desc="micro-batches", unit="mb", file=sys.stderr, dynamic_ncols=True)
+    return tqdm(total=total, initial=initial, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True)
 
 
-def _save_state(directory: str, rank: int, state: dict, settings: dict[str, Any], consumed: int) -> None:
+def _save_state(
+    directory: str, rank: int, state: dict, settings: dict[str, Any], consumed: int, group: dist.ProcessGroup | None = None
+) -> None:
+    """Every rank of ``group`` (default: the world) writes its state; its first rank then writes meta.json."""
     os.makedirs(directory, exist_ok=True)
     state_path(directory, rank).write_text(json.dumps({"format": STATE_FORMAT, "loader": state}))
-    dist.barrier()
-    if rank == 0:
+    dist.barrier(group=group)
+    if rank == min(dist.get_process_group_ranks(group or dist.group.WORLD)):
         meta = {
             "format": STATE_FORMAT,
             "consumed_microbatches": consumed,
-            "world_size": dist.get_world_size(),
+            "world_size": dist.get_world_size(group),
             "settings": settings,
         }
         (Path(directory) / "meta.json").write_text(json.dumps(meta, indent=1))
+
+
+# --- `mimo-pipes train`: the same ranks and groups, a recipe's Trainer instead of a bare loader ----------
+
+
+def checkpoint_path(directory: str, rank: int) -> Path:
+    """Model and optimizer state of one rank; the loader's state sits beside it in ``rank{r}.json``."""
+    return Path(directory) / f"rank{rank}.pt"
+
+
+def save_checkpoint(
+    directory: str, rank: int, state: dict[str, Any], settings: dict[str, Any], consumed: int, group: dist.ProcessGroup | None = None
+) -> None:
+    """A trainer's state: model and optimizer in ``rank{r}.pt``, the loader as ``run --save-state`` saves it.
+    Collective over ``group`` (default: the world; a barrier before ``meta.json``)."""
+    os.makedirs(directory, exist_ok=True)
+    torch.save({"model": state["model"], "optimizer": state["optimizer"]}, checkpoint_path(directory, rank))
+    _save_state(directory, rank, state["loader"], settings, consumed, group)
+
+
+def load_checkpoint(directory: str, rank: int) -> dict[str, Any]:
+    state = torch.load(checkpoint_path(directory, rank), weights_only=True)
+    state["loader"] = json.loads(state_path(directory, rank).read_text())["loader"]
+    return state
+
+
+def train_in_process_group(rank: int, world_size: int, config: PipelineConfig, options: TrainOptions) -> None:
+    # The tiny trainer's models live on the CPU: Gloo even where GPUs are visible.
+    timeout = datetime.timedelta(seconds=config.exchange_timeout_s)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout)
+    train_rank(config, options)
+    dist.destroy_process_group()
+
+
+def train_rank(config: PipelineConfig, options: TrainOptions) -> None:
+    """Body of one training rank: iterations of the recipe's Trainer, checkpoint, summary on rank 0."""
+    from mimo_pipes.cli.train_report import format_training
+
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    topology = config.validate(world_size=world_size)
+    groups = build_rank_groups(topology, exchange_backend="gloo", timeout_s=config.exchange_timeout_s)
+    assert groups is not None
+    trainer = importlib.import_module(options.recipe).Trainer(config, options, groups, topology)
+    if options.resume:
+        trainer.load_state_dict(load_checkpoint(options.resume, rank))
+    per_iteration = config.microbatches_per_global_batch
+    start = trainer.iteration
+    stop = (options.stop_after if options.stop_after is not None else options.steps) // per_iteration
+    dump = _open_dump(options, rank, append=bool(options.resume))
+    results = []
+    progress = _progress(rank == 0 and options.progress, options.steps // per_iteration, start, "iterations", "it")
+    try:
+        while trainer.iteration < stop:
+            result = trainer.step()
+            results.append(result)
+            if dump is not None:
+                for record in result.records:
+                    dump.write(json.dumps({k: v for k, v in record.items() if k != "slots"}) + "\n")
+            if progress is not None:
+                progress.update(1)
+        if options.save_state and options.stop_after is not None:
+            save_checkpoint(
+                options.save_state, rank, trainer.state_dict(), stream_settings(config, options.recipe), trainer.loader.num_yielded
+            )
+    finally:
+        if progress is not None:
+            progress.close()
+        if dump is not None:
+            dump.close()
+        trainer.close()
+    everything: list[list | None] = [None] * world_size
+    dist.all_gather_object(everything, results)
+    if rank == 0:
+        flat = [result for per_rank in everything for result in per_rank or []]
+        records = [{**r, "tp_rank": 0, "pp_rank": 0} for result in flat for r in result.records]
+        print(_headline(config, topology, start * per_iteration, stop * per_iteration).replace("mimo-pipes run", "mimo-pipes train"), flush=True)
+        print(format_training(flat), flush=True)
+        print(format_summary(summarize(records, topology.grid_size)), flush=True)
+        if options.save_state and options.stop_after is not None:
+            print(f"saved model, optimizer and loader state after iteration {stop} to {options.save_state}", flush=True)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from mimo_pipes.cli import analyze_cmd, balance_cmd, calibrate_cmd, run_cmd
+    from mimo_pipes.cli import analyze_cmd, balance_cmd, calibrate_cmd, run_cmd, train_cmd
     from mimo_pipes.cli.help_format import HelpFormatter
 
     parser = argparse.ArgumentParser(prog="mimo-pipes", description=__doc__)
@@ -33,6 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
         commands.add_parser("analyze", help="offline: what reordering would do for run's flags (JSON + PNG)",
                             description=analyze_cmd.__doc__, formatter_class=HelpFormatter)
     )
+    train_cmd.add_arguments(
+        commands.add_parser(
+            "train", help="train a tiny non-colocated MIMO model on the pipeline (CPU, Gloo)", formatter_class=HelpFormatter
+        )
+    )
     return parser
 
 
@@ -50,6 +55,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from mimo_pipes.cli import analyze_cmd
 
         return analyze_cmd.run(args)
+    if args.command == "train":
+        from mimo_pipes.cli import train_cmd
+
+        return train_cmd.run(args)
     from mimo_pipes.cli import run_cmd
 
     return run_cmd.run(args)

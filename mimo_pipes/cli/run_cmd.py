@@ -20,6 +20,7 @@ from mimo_pipes.config import (
     JobOptions,
     PipelineConfig,
     ReorderConfig,
+    TrainOptions,
     resolve_exchange_transport,
 )
 from mimo_pipes.errors import ConfigError, PeerError, SampleError
@@ -263,17 +264,20 @@ def _run_under_torchrun(config: PipelineConfig, options: JobOptions, world_size:
 
 
 def _rank_entry(rank: int, world_size: int, port: int | None, config: PipelineConfig, options: JobOptions) -> int:
-    from mimo_pipes.cli.job import run_in_process_group
+    from mimo_pipes.cli import job
 
     if port is not None:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
+    # `mimo-pipes train` passes TrainOptions: same ranks, the recipe's Trainer instead of a bare loader.
+    training = isinstance(options, TrainOptions)
+    command = "mimo-pipes train" if training else "mimo-pipes run"
     try:
-        run_in_process_group(rank, world_size, config, options)
+        (job.train_in_process_group if training else job.run_in_process_group)(rank, world_size, config, options)
         return 0
     except (ConfigError, SampleError, PeerError) as error:
-        print(f"mimo-pipes run: rank {rank}: {error}", file=sys.stderr, flush=True)
+        print(f"{command}: rank {rank}: {error}", file=sys.stderr, flush=True)
     except Exception as error:  # noqa: BLE001 - one line per rank, then a non-zero exit
-        print(f"mimo-pipes run: rank {rank}: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+        print(f"{command}: rank {rank}: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
         if os.environ.get("MIMO_PIPES_TRACEBACK"):
             raise
     return EXIT_FAILED

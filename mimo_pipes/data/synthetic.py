@@ -376,6 +376,13 @@ def dataset_features():
     )
 
 
+def sample_kinds(num_samples: int, seed: int = 0) -> list[str]:
+    """The kind of every row of a generated dataset: the mix of :func:`kind_counts`, shuffled by ``seed``."""
+    counts = kind_counts(num_samples)
+    kinds = np.repeat(np.array(KINDS), [counts[k] for k in KINDS])
+    return [str(kind) for kind in np.random.default_rng(seed).permutation(kinds)]
+
+
 def generate_synthetic_dataset(path: str | Path | None, num_samples: int, seed: int = 0):
     """Generate ``num_samples`` rows deterministically from ``seed``; save to ``path`` if given.
 
@@ -388,10 +395,8 @@ def generate_synthetic_dataset(path: str | Path | None, num_samples: int, seed: 
     if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)) or num_samples < 1:
         raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
     num_samples = int(num_samples)
-    counts = kind_counts(num_samples)
-    kinds = np.repeat(np.array(KINDS), [counts[k] for k in KINDS])
-    kinds = np.random.default_rng(seed).permutation(kinds)
-    rows = [make_row(i, str(kinds[i]), seed) for i in range(num_samples)]
+    kinds = sample_kinds(num_samples, seed)
+    rows = [make_row(i, kinds[i], seed) for i in range(num_samples)]
     columns = {key: [r[key] for r in rows] for key in ("id", "images", "prompt", "response", "kind")}
     ds = datasets.Dataset.from_dict(columns, features=dataset_features())
     if path is not None:
