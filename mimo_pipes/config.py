@@ -6,6 +6,7 @@ config can embed :class:`ReorderConfig` and every error names the flag a user wo
 
 from __future__ import annotations
 
+import glob
 import logging
 import math
 import os
@@ -133,6 +134,9 @@ class PipelineConfig:
     exchange_transport: str = "auto"
     exchange_timeout_s: float = 120.0
     reorder: ReorderConfig = field(default_factory=ReorderConfig)
+    # Real data (docs/data.md): image paths relative to this folder; replace unreadable rows.
+    image_folder: str | None = None
+    skip_bad_samples: bool = False
 
     @property
     def microbatches_per_global_batch(self) -> int:
@@ -165,8 +169,10 @@ class PipelineConfig:
             raise ConfigError(flag("exchange_timeout_s"), f"must be positive, got {self.exchange_timeout_s}")
         for setting in ("dataset", "processor"):
             path = getattr(self, setting)
-            if path is not None and not os.path.exists(path):
+            if path is not None and not os.path.exists(path) and not glob.has_magic(path):
                 raise ConfigError(flag(setting), f"{path} does not exist")
+        if self.image_folder is not None and not os.path.isdir(self.image_folder):
+            raise ConfigError(flag("image_folder"), f"{self.image_folder} is not a folder")
         return topology
 
     def _validate_modules(self, topology: Topology) -> None:

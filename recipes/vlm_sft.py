@@ -11,10 +11,12 @@ from typing import Any
 
 from torchdata.nodes import BaseNode, ParallelMapper
 
-from mimo_pipes.collate import Collator
+from mimo_pipes.collate import Collator, FieldSpec
 from mimo_pipes.config import PipelineConfig
-from mimo_pipes.data.dataset import check_dataset_path, default_dataset_path, open_dataset
+from mimo_pipes.data.dataset import default_dataset_path
 from mimo_pipes.data.processor import check_processor_path, default_processor_path, load_processor
+from mimo_pipes.data.skipping import SkipBadRows
+from mimo_pipes.data.sources import check_source, open_source
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange import ExchangeContext, RankLayout
 from mimo_pipes.loader import GraphLoader
@@ -37,20 +39,22 @@ def pipeline(
     layout: RankLayout,
     *,
     map_fn: Callable[[Sample], Sample] | None,
-    image_token_id: int,
+    image_token_id: int | tuple[int, ...],
     pad_values: Mapping[str, int | float],
+    vision_fields: Mapping[str, FieldSpec] | None = None,
     consumed_microbatches: int = 0,
 ) -> GraphLoader:
     """This rank's loader over ``dataset`` (rows that ``map_fn`` turns into samples of unpadded tensors).
 
     ``consumed_microbatches`` resumes from a Megatron-style count alone: the same stream as restoring
-    the loader's full state."""
+    the loader's full state. ``image_token_id``: the placeholder ids the cost counts (image and video);
+    ``vision_fields``: the vision fields every micro-batch carries, empty when no sample has them."""
     reorder = config.reorder
     window_size = reorder_window_size(reorder)
     resume = resume_point(consumed_microbatches, window_size)
     samples_per_rank = config.micro_batch_size // layout.dp_size
     encoder_weight, language_weight = reorder.integer_cost_weights()
-    collator = Collator(config.seq_length if config.pad_to_seq_length else None, dict(pad_values))
+    collator = Collator(config.seq_length if config.pad_to_seq_length else None, dict(pad_values), dict(vision_fields or {}))
 
     # This rank's B/d samples of every global micro-batch, from the window that holds the next one.
     node: BaseNode[Any] = CanonicalShardReader(
@@ -89,27 +93,35 @@ def processor_path(config: PipelineConfig) -> str:
 def prepare(config: PipelineConfig, log: Callable[[str], None] = print) -> None:
     """Check user paths, and build the embedded data and processor once before the ranks start."""
     if config.dataset is not None:
-        check_dataset_path(config.dataset)
+        check_source(config.dataset)
     else:
         log(f"embedded dataset: {config.embedded_samples} synthetic VLM samples")
     if config.processor is not None:
         check_processor_path(config.processor)
     load_processor(processor_path(config), config.seq_length)
     log(f"processor: {processor_path(config)}")
-    dataset = open_dataset(dataset_path(config))
+    dataset = open_source(dataset_path(config))
     if len(dataset) < config.micro_batch_size:
         raise ConfigError("--dataset", f"{len(dataset)} samples are fewer than one micro-batch of {config.micro_batch_size}")
 
 
 def build(config: PipelineConfig, layout: RankLayout, *, consumed_microbatches: int = 0) -> GraphLoader:
     """This rank's loader; ``consumed_microbatches`` resumes from a Megatron-style count."""
-    processor = load_processor(processor_path(config), config.seq_length)
+    processor = load_processor(processor_path(config), config.seq_length, image_folder=config.image_folder)
+    dataset = open_source(dataset_path(config))
+    map_fn: Callable[[Sample], Sample] = processor
+    if config.skip_bad_samples:
+        map_fn = SkipBadRows(
+            processor, dataset, microbatch_size=config.micro_batch_size, grid_size=layout.grid_size,
+            seed=config.seed, dataloader_type=config.dataloader_type,
+        )
     return pipeline(
-        open_dataset(dataset_path(config)),
+        dataset,
         config,
         layout,
-        map_fn=processor,
-        image_token_id=processor.image_token_id,
+        map_fn=map_fn,
+        image_token_id=processor.placeholder_ids,
         pad_values={"input_ids": processor.pad_token_id, "labels": -100},
+        vision_fields=processor.vision_fields,
         consumed_microbatches=consumed_microbatches,
     )

@@ -61,8 +61,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drop-last", type=_bool, default=True, metavar="{true,false}")
     parser.add_argument("--steps", type=int, default=JobOptions.steps, help="global micro-batches to consume")
     parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--dataset", default=None, help="a datasets save_to_disk folder (default: embedded data)")
+    parser.add_argument("--dataset", default=None,
+                        help="a datasets save_to_disk folder, or .parquet / .json / .jsonl files or a quoted glob of "
+                             "them, LLaVA annotation lists included (default: embedded data)")
     parser.add_argument("--processor", default=None, help="a saved processor folder (default: embedded processor)")
+    parser.add_argument("--image-folder", default=None, metavar="DIR",
+                        help="folder that relative image paths in --dataset are resolved against (default: as given)")
+    parser.add_argument("--skip-bad-samples", action="store_true",
+                        help="replace a row that cannot be processed (corrupt or missing image, no text, images longer "
+                             "than --seq-length) by the next good row of its slot, count and report it (default: "
+                             "off: such a row stops the run with an error naming it)")
     parser.add_argument("--embedded-samples", type=int, default=defaults.embedded_samples,
                         help="size of the embedded synthetic dataset")
     parser.add_argument("--num-workers", type=int, default=defaults.num_workers, help="processing threads per rank")
@@ -104,6 +112,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[PipelineConfig, JobOptio
         exchange_transport=args.exchange_transport,
         exchange_timeout_s=args.exchange_timeout,
         reorder=reorder,
+        image_folder=args.image_folder,
+        skip_bad_samples=args.skip_bad_samples,
     )
     options = JobOptions(
         steps=args.steps,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from torchdata.nodes import BaseNode
@@ -12,19 +13,21 @@ from mimo_pipes.sample import COST, IMAGE_TOKENS, REAL_TOKENS, SAMPLE_ID, Sample
 
 
 class CostAnnotator(BaseNode[Sample]):
-    """Counts image placeholders in ``input_ids`` and real tokens in ``attention_mask``; cost = weighted sum.
+    """Counts vision placeholders in ``input_ids`` and real tokens in ``attention_mask``; cost = weighted sum.
+
+    ``image_token_id`` is one placeholder id, or several (a family's image and video placeholders).
 
     Weights are integers (``ReorderConfig.integer_cost_weights``), so every process gets the same cost.
     """
 
     SOURCE_KEY = "source"
 
-    def __init__(self, source: BaseNode[Sample], *, image_token_id: int, encoder_weight: int, language_weight: int) -> None:
+    def __init__(self, source: BaseNode[Sample], *, image_token_id: int | Iterable[int], encoder_weight: int, language_weight: int) -> None:
         super().__init__()
         if encoder_weight < 0 or language_weight < 0 or encoder_weight + language_weight == 0:
             raise ValueError(f"cost weights ({encoder_weight}, {language_weight}) must be >= 0 and not both 0")
         self.source = source
-        self.image_token_id = image_token_id
+        self.image_token_id = image_token_id if isinstance(image_token_id, int) else tuple(image_token_id)
         self.encoder_weight = encoder_weight
         self.language_weight = language_weight
 
