@@ -111,7 +111,9 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> None:
             }
             if dump is not None:
                 dump.write(json.dumps(record) + "\n")
-            records.append({**record, "slots": batch["slots"], "tp_rank": position.tp_rank, "pp_rank": position.pp_rank})
+            replaced = [row for rows in batch.get("replaced_rows") or [] for row in rows]  # --skip-bad-samples
+            records.append({**record, "slots": batch["slots"], "tp_rank": position.tp_rank, "pp_rank": position.pp_rank,
+                            "replaced_rows": replaced})
             if progress is not None:
                 progress.update(1)
             if loader.num_yielded >= stop:
@@ -130,8 +132,17 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> None:
         summaries = summarize((r for per_rank in everything for r in per_rank or []), topology.grid_size)
         print(_headline(config, topology, start, stop), flush=True)
         print(format_summary(summaries), flush=True)
+        skipped = _skipped_rows(everything, topology.modules[0].name)
+        if config.skip_bad_samples:
+            print(f"skipped {len(skipped)} bad dataset row(s) (--skip-bad-samples), each replaced by the next good row "
+                  f"of its slot{': rows ' + ', '.join(map(str, skipped[:20])) if skipped else ''}", flush=True)
         if options.save_state and options.stop_after is not None:
             print(f"saved state after {stop} micro-batches to {options.save_state}", flush=True)
+
+
+def _skipped_rows(everything: list, module: str) -> list[int]:
+    """The dataset rows one module skipped (every module skips the same ones)."""
+    return sorted(row for per_rank in everything for r in per_rank or [] if r["module"] == module for row in r.get("replaced_rows", []))
 
 
 def _headline(config: PipelineConfig, topology, start: int, stop: int) -> str:
