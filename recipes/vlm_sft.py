@@ -43,12 +43,14 @@ def pipeline(
     pad_values: Mapping[str, int | float],
     vision_fields: Mapping[str, FieldSpec] | None = None,
     consumed_microbatches: int = 0,
+    processing: str = "thread",
 ) -> GraphLoader:
     """This rank's loader over ``dataset`` (rows that ``map_fn`` turns into samples of unpadded tensors).
 
     ``consumed_microbatches`` resumes from a Megatron-style count alone: the same stream as restoring
     the loader's full state. ``image_token_id``: the placeholder ids the cost counts (image and video);
-    ``vision_fields``: the vision fields every micro-batch carries, empty when no sample has them."""
+    ``vision_fields``: the vision fields every micro-batch carries, empty when no sample has them.
+    ``processing``: ``thread`` or ``process`` (``map_fn`` on worker processes; it must pickle)."""
     reorder = config.reorder
     window_size = reorder_window_size(reorder)
     resume = resume_point(consumed_microbatches, window_size)
@@ -69,7 +71,10 @@ def pipeline(
     )
     if map_fn is not None:
         # ParallelMapper keeps its source's state as snapshots without copying: SnapshotGuard hands it copies.
-        node = ParallelMapper(SnapshotGuard(node), map_fn, num_workers=max(config.num_workers, 1), in_order=True, method="thread")
+        node = ParallelMapper(
+            SnapshotGuard(node), map_fn, num_workers=max(config.num_workers, 1), in_order=True, method=processing,
+            multiprocessing_context="spawn" if processing == "process" else None,
+        )
     node = CostAnnotator(node, image_token_id=image_token_id, encoder_weight=encoder_weight, language_weight=language_weight)
     node = Windower(node, samples_per_microbatch=samples_per_rank, window_size=window_size)
     if reorder.intra_microbatch_reorder:
@@ -105,8 +110,11 @@ def prepare(config: PipelineConfig, log: Callable[[str], None] = print) -> None:
         raise ConfigError("--dataset", f"{len(dataset)} samples are fewer than one micro-batch of {config.micro_batch_size}")
 
 
-def build(config: PipelineConfig, layout: RankLayout, *, consumed_microbatches: int = 0) -> GraphLoader:
-    """This rank's loader; ``consumed_microbatches`` resumes from a Megatron-style count."""
+def build(
+    config: PipelineConfig, layout: RankLayout, *, consumed_microbatches: int = 0, processing: str = "thread"
+) -> GraphLoader:
+    """This rank's loader; ``consumed_microbatches`` resumes from a Megatron-style count; ``processing``:
+    per-sample processing on ``thread``s or worker ``process``es."""
     processor = load_processor(processor_path(config), config.seq_length, image_folder=config.image_folder)
     dataset = open_source(dataset_path(config))
     map_fn: Callable[[Sample], Sample] = processor
@@ -124,4 +132,5 @@ def build(config: PipelineConfig, layout: RankLayout, *, consumed_microbatches: 
         pad_values={"input_ids": processor.pad_token_id, "labels": -100},
         vision_fields=processor.vision_fields,
         consumed_microbatches=consumed_microbatches,
+        processing=processing,
     )

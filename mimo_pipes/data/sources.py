@@ -61,11 +61,30 @@ def open_source(spec: str | Path, split: str = "train"):
         )
     if len(ds) == 0:
         raise ConfigError("--dataset", f"{str(spec)!r} is empty")
+    return _images_undecoded(ds)
+
+
+def _images_undecoded(ds):
+    """The same memory-mapped table under features whose images stay ``{"bytes", "path"}``: no data is
+    copied (``cast_column`` would rewrite the table for a list of images)."""
+    import copy
+
+    import datasets
+
+    features = ds.features.copy()
+    changed = False
     for name, feature in ds.features.items():
         undecoded = _undecoded(feature)
         if undecoded is not None:
-            ds = ds.cast_column(name, undecoded)
-    return ds
+            features[name] = undecoded
+            changed = True
+    if not changed:
+        return ds
+    if ds._indices is not None:  # a selected view: keep it (save_to_disk folders have none)
+        ds = ds.flatten_indices()
+    info = copy.deepcopy(ds.info)
+    info.features = features
+    return datasets.Dataset(ds.data, info=info, split=ds.split)
 
 
 def _undecoded(feature):
