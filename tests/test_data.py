@@ -31,6 +31,7 @@ from mimo_pipes.data.processor import (
     count_image_tokens,
     load_processor,
 )
+from mimo_pipes.data.sources import open_source
 from mimo_pipes.errors import ConfigError, SampleError
 
 N_SMALL = 40
@@ -457,7 +458,7 @@ def test_check_dataset_path(tmp_path, small_dataset_dir):
 def test_open_dataset_checks_columns_and_splits(tmp_path):
     datasets.Dataset.from_dict({"prompt": ["a"], "answer": ["b"]}).save_to_disk(str(tmp_path / "cols"))
     with pytest.raises(ConfigError, match="response") as info:
-        open_dataset(tmp_path / "cols")
+        open_source(tmp_path / "cols")
     assert info.value.setting == "--dataset"
     text = datasets.Dataset.from_dict({"prompt": ["a"], "response": ["b"]})
     datasets.DatasetDict({"train": text, "test": text}).save_to_disk(str(tmp_path / "dict"))

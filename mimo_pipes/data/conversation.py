@@ -24,8 +24,6 @@ from mimo_pipes.errors import SampleError
 
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system", "bot": "assistant"}
 _MARKERS = re.compile(r"(<image>|<video>)")
-CONVERSATION_COLUMNS = ("messages", "conversations", "prompt")
-"""A row needs one of these (``prompt`` with ``response``)."""
 
 
 @dataclass(frozen=True)

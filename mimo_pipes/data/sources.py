@@ -11,7 +11,6 @@ import glob
 from pathlib import Path
 
 from mimo_pipes.data.cache import cache_root
-from mimo_pipes.data.conversation import CONVERSATION_COLUMNS
 from mimo_pipes.errors import ConfigError
 
 BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json"}
@@ -54,7 +53,8 @@ def open_source(spec: str | Path, split: str = "train"):
             ds = datasets.load_dataset(builder, data_files=files, split="train", cache_dir=str(cache_root() / "datasets"))
         except Exception as e:  # noqa: BLE001 - any parsing failure is a bad --dataset
             raise ConfigError("--dataset", f"cannot read {str(spec)!r} as {builder}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
-    if not any(c in ds.column_names for c in CONVERSATION_COLUMNS):
+    columns = set(ds.column_names)
+    if not (columns & {"messages", "conversations"} or {"prompt", "response"} <= columns):
         raise ConfigError(
             "--dataset", f"{str(spec)!r} has none of the columns messages, conversations, or prompt and response "
             f"(has {', '.join(ds.column_names)})"
