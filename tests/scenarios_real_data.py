@@ -87,3 +87,47 @@ def run_dataloaders(dataset, image_folder, processor, *, steps, stop, seed):
     tail = _take(second_loader, steps - stop)
     second_view.close()
     return rank_result(position, [], own=own, plain=plain, resumed=head + tail)
+
+
+class WithMRoPE:
+    """A user's map function: the processor's sample with three-row position ids (t, h, w), as Qwen2-VL's
+    M-RoPE uses (here every row counts the token index plus its row number, easy to check)."""
+
+    def __init__(self, processor) -> None:
+        self.processor = processor
+
+    def __call__(self, row):
+        import torch
+
+        sample = self.processor(row)
+        length = sample["input_ids"].shape[0]
+        sample["position_ids"] = torch.arange(length).expand(3, length) + torch.arange(3)[:, None]
+        return sample
+
+
+def run_mrope(dataset, image_folder, processor_path, *, steps, seed):
+    from mimo_pipes.data.sources import open_source
+    from mimo_pipes_recipes.vlm_sft import pipeline
+
+    rank = _rank(DEFAULT_COMPONENTS)
+    if rank is None:
+        return None
+    position, layout = rank
+    config = real_data_config(dataset, image_folder, processor_path, seed=seed)
+    processor = load_processor(processor_path, config.seq_length, image_folder=image_folder)
+    loader = pipeline(open_source(dataset), config, layout, map_fn=WithMRoPE(processor), image_token_id=processor.placeholder_ids,
+                      pad_values={"input_ids": processor.pad_token_id, "labels": -100}, vision_fields=processor.vision_fields)
+    records = []
+    for batch in loader:
+        rows, length = batch["input_ids"].shape
+        assert batch["position_ids"].shape == (rows, 3, length)
+        for row in range(rows):
+            real = int(batch["attention_mask"][row].sum())
+            expected = [list(range(k, k + real)) for k in range(3)]
+            assert batch["position_ids"][row, :, :real].tolist() == expected
+            assert not batch["position_ids"][row, :, real:].any()  # padding
+        records.append({"step": batch["step"], "sample_ids": batch["sample_ids"]})
+        if loader.num_yielded >= steps:
+            break
+    loader.close()
+    return rank_result(position, records)

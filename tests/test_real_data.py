@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from real_data import FORMATS, image, num_images, questions, replies, write_dataset
-from scenarios_real_data import run_dataloaders, run_real_data
+from scenarios_real_data import run_dataloaders, run_mrope, run_real_data
 from test_cli_run import read_dumps, run_cli
 
 from mimo_pipes.collate import VISION_ROWS, collate_microbatch
@@ -19,6 +19,7 @@ from mimo_pipes.data.offline import FAMILIES, INTERNVL_IMAGE_SEQ_LENGTH, build_f
 from mimo_pipes.data.processor import default_processor_path, load_processor
 from mimo_pipes.data.sources import open_source
 from mimo_pipes.errors import ConfigError, SampleError
+from mimo_pipes.exchange.wire_format import pack_samples, unpack_samples
 from mimo_pipes.nodes.uncollate import Uncollate
 from mimo_pipes.sharding import global_microbatch_indices
 
@@ -203,6 +204,28 @@ def test_each_family_through_the_exchange(gloo_pool, sources, family_dirs, famil
     spec, folder = sources["jsonl"]
     results = gloo_pool.run(run_real_data, spec, str(folder), family_dirs[family], steps=2, seed=6)
     _check_conservation_and_agreement(results, 2, 6)
+
+
+def test_three_row_position_ids_of_a_users_map_function_through_the_exchange(gloo_pool, sources):
+    spec, folder = sources["disk"]
+    results = gloo_pool.run(run_mrope, spec, str(folder), str(default_processor_path()), steps=3, seed=9)
+    _check_conservation_and_agreement(results, 3, 9)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_field_crosses_the_wire_format(family_dirs, family):
+    processor = load_processor(family_dirs[family], 2048)
+    rows = _family_rows()
+    if family == "internvl":
+        del rows["video"]
+    samples = [processor(dict(row, sample_id=k)) for k, row in enumerate(rows.values())]
+    samples[0]["position_ids"] = samples[0]["position_ids"].expand(3, -1).clone()  # M-RoPE rows
+    back = unpack_samples(pack_samples(samples), len(samples))
+    for original, got in zip(samples, back):
+        assert set(got) == set(original)
+        for name, value in original.items():
+            if isinstance(value, torch.Tensor):
+                assert got[name].dtype == value.dtype and torch.equal(got[name], value), name
 
 
 REORDER = ["--scalable-dp", "--intra-microbatch-reorder", "--reorder-window-size", "2", "--quiet", "--micro-batch-size", "4"]
