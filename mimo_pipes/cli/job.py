@@ -22,7 +22,8 @@ from mimo_pipes.exchange.process_groups import build_rank_groups
 
 STATE_FORMAT = 1
 # Settings that must match between a saved state and the run that resumes it.
-RESUME_FIELDS = ("components", "micro_batch_size", "global_batch_size", "seed", "dataloader_type", "dataset", "reorder")
+RESUME_FIELDS = ("components", "micro_batch_size", "global_batch_size", "seed", "dataloader_type", "dataset", "reorder",
+                 "image_folder", "skip_bad_samples")
 
 
 def state_path(directory: str, rank: int) -> Path:
