@@ -35,7 +35,7 @@ def bad_dataset(tmp_path_factory):
 
 
 def test_a_bad_row_stops_every_rank_naming_the_row_and_cause(bad_dataset):
-    result = run_cli(*bad_dataset, *COMMON, "--steps", str(STEPS))
+    result = run_cli(*bad_dataset, *COMMON, "--steps", str(STEPS), timeout=900)
     assert result.returncode == 1
     for rank in range(4):
         assert f"mimo-pipes run: rank {rank}:" in result.stderr
@@ -48,7 +48,7 @@ def test_a_bad_row_stops_every_rank_naming_the_row_and_cause(bad_dataset):
 @pytest.fixture(scope="module")
 def skipped_run(bad_dataset, tmp_path_factory):
     dumps = tmp_path_factory.mktemp("skip-full")
-    result = run_cli(*bad_dataset, *COMMON, "--steps", str(STEPS), "--skip-bad-samples", "--dump-assignments", str(dumps))
+    result = run_cli(*bad_dataset, *COMMON, "--steps", str(STEPS), "--skip-bad-samples", "--dump-assignments", str(dumps), timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     return result, read_dumps(dumps)
 
@@ -71,8 +71,8 @@ def test_a_resumed_run_skips_the_same_rows(bad_dataset, skipped_run, tmp_path):
     _, full = skipped_run
     state, dumps = tmp_path / "state", tmp_path / "dumps"
     flags = [*bad_dataset, *COMMON, "--steps", str(STEPS), "--skip-bad-samples", "--dump-assignments", str(dumps)]
-    first = run_cli(*flags, "--stop-after", "3", "--save-state", str(state))
+    first = run_cli(*flags, "--stop-after", "3", "--save-state", str(state), timeout=900)
     assert first.returncode == 0, first.stderr[-3000:]
-    second = run_cli(*flags, "--resume", str(state))
+    second = run_cli(*flags, "--resume", str(state), timeout=900)
     assert second.returncode == 0, second.stderr[-3000:]
     assert read_dumps(dumps) == full

@@ -235,7 +235,7 @@ REORDER = ["--scalable-dp", "--intra-microbatch-reorder", "--reorder-window-size
 def test_each_format_through_mimo_pipes_run(sources, tmp_path, fmt):
     spec, folder = sources[fmt]
     result = run_cli("--dataset", spec, "--image-folder", str(folder), "--steps", "4", "--seed", "7", *REORDER,
-                     "--dump-assignments", str(tmp_path))
+                     "--dump-assignments", str(tmp_path), timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     dumps = read_dumps(tmp_path)
     results = [{"module": r[0]["module"], "dp_rank": r[0]["dp_rank"], "records": r} for r in dumps.values()]
