@@ -262,3 +262,21 @@ def test_rank_micro_batches_refuses_loader_workers():
 
     with pytest.raises(RuntimeError, match="num_workers=0"):
         next(iter(DataLoader(RankMicroBatches(lambda: None), batch_size=None, num_workers=1)))
+
+
+def test_per_sample_processing_on_worker_processes_gives_the_same_stream(sources):
+    from mimo_pipes.config import PipelineConfig
+    from mimo_pipes.exchange import RankLayout
+    from mimo_pipes_recipes.vlm_sft import build
+
+    spec, folder = sources["parquet"]
+    config = PipelineConfig(components=("language=dp=1", "images=dp=1,rank_offset=1"), micro_batch_size=2, seq_length=512,
+                            dataset=spec, image_folder=str(folder), num_workers=2, seed=4)
+    layout = RankLayout(dp_rank=0, dp_size=1, grid_size=1)
+    streams = {}
+    for processing in ("thread", "process"):
+        loader = build(config, layout, processing=processing)
+        batches = [next(iter(loader)) if k == 0 else next(loader) for k in range(4)]
+        loader.close()
+        streams[processing] = [(b["sample_ids"], b["input_ids"].tolist(), b["pixel_values"].sum().item()) for b in batches]
+    assert streams["process"] == streams["thread"]
