@@ -3,9 +3,8 @@
 The built-in processor is made from scratch, without any download: a byte-level BPE tokenizer trained in
 well under a second on text from the synthetic dataset's word bank (wrapped as a transformers fast
 tokenizer, so it reloads with ``AutoTokenizer``) and a ``Qwen2VLImageProcessorPil`` (smart resize to
-multiples of 28 px, 14-px patches, temporal patch size 2, 2x2 merge). Any folder written by
-``save_pretrained`` that holds a tokenizer with the Qwen2-VL chat and vision tokens and a Qwen2-VL-style
-image processor can be used instead (``--processor PATH``).
+multiples of 28 px, 14-px patches, temporal patch size 2, 2x2 merge). A processor folder of any family
+of :mod:`mimo_pipes.data.families` (Qwen2/2.5/3-VL, InternVL) can be used instead (``--processor PATH``).
 
 :class:`SampleProcessor` turns one dataset row (a conversation in any of the formats of
 :mod:`mimo_pipes.data.conversation`, with its images and videos) into model fields, without batch dimension
@@ -145,7 +144,7 @@ def default_processor_path() -> Path:
 
 def check_processor_path(path: str | Path) -> Path:
     """Fail with ``ConfigError('--processor', ...)`` unless ``path`` looks like a saved processor folder."""
-    hint = "pass a folder written by save_pretrained with a tokenizer and a Qwen2-VL-style image processor"
+    hint = "pass a processor folder with a tokenizer and a Qwen2-VL or InternVL (GotOcr2) image processor"
     p = existing_folder(path, "--processor", hint)
     if not any((p / f).is_file() for f in _TOKENIZER_FILES):
         raise ConfigError("--processor", f"{str(path)!r} holds no tokenizer ({' or '.join(_TOKENIZER_FILES)}); {hint}")
