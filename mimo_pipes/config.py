@@ -6,6 +6,7 @@ config can embed :class:`ReorderConfig` and every error names the flag a user wo
 
 from __future__ import annotations
 
+import glob
 import logging
 import math
 import os
@@ -187,6 +188,9 @@ class PipelineConfig:
     # Sequence packing (THD) of each rank's collated micro-batch, after reordering.
     pack_sequences_in_batch: bool = False
     pack_pad_multiple: int = 1  # pad every packed sequence to a multiple of this (2 x cp with context parallelism)
+    # Real data (docs/data.md): image paths relative to this folder; replace unreadable rows.
+    image_folder: str | None = None
+    skip_bad_samples: bool = False
 
     @property
     def microbatches_per_global_batch(self) -> int:
@@ -222,8 +226,10 @@ class PipelineConfig:
             raise ConfigError("--exchange-timeout", f"must be positive, got {self.exchange_timeout_s}")
         for setting in ("dataset", "processor"):
             path = getattr(self, setting)
-            if path is not None and not os.path.exists(path):
+            if path is not None and not os.path.exists(path) and not glob.has_magic(path):
                 raise ConfigError(flag(setting), f"{path} does not exist")
+        if self.image_folder is not None and not os.path.isdir(self.image_folder):
+            raise ConfigError(flag("image_folder"), f"{self.image_folder} is not a folder")
         return topology
 
     def _validate_modules(self, topology: Topology) -> None:

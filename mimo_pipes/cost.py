@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import torch
 
 
-def image_token_count(input_ids: Any, image_token_id: int) -> int:
-    """Image placeholder tokens (tensor, array or list; any shape): one per merged vision patch, so
-    proportional to encoder work."""
+def image_token_count(input_ids: Any, image_token_id: int | Iterable[int]) -> int:
+    """Vision placeholder tokens (tensor, array or list; any shape): one per merged vision patch, so
+    proportional to encoder work. ``image_token_id``: one id, or several (image and video placeholders)."""
+    ids = [image_token_id] if isinstance(image_token_id, (int, np.integer)) else list(image_token_id)
     if isinstance(input_ids, torch.Tensor):
-        return int((input_ids == image_token_id).sum())
-    return int(np.count_nonzero(np.asarray(input_ids) == image_token_id))
+        return int(torch.isin(input_ids, torch.tensor(ids, dtype=input_ids.dtype)).sum())
+    return int(np.count_nonzero(np.isin(np.asarray(input_ids), ids)))
 
 
 def real_token_count(attention_mask: torch.Tensor) -> int:

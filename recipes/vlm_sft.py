@@ -11,11 +11,13 @@ from typing import Any
 
 from torchdata.nodes import BaseNode, ParallelMapper
 
-from mimo_pipes.collate import Collator
+from mimo_pipes.collate import Collator, FieldSpec
 from mimo_pipes.config import PipelineConfig, flag, planner_settings
 from mimo_pipes.cost_model import CostModelError
-from mimo_pipes.data.dataset import check_dataset_path, default_dataset_path, open_dataset
+from mimo_pipes.data.dataset import default_dataset_path
 from mimo_pipes.data.processor import check_processor_path, default_processor_path, load_processor
+from mimo_pipes.data.skipping import SkipBadRows
+from mimo_pipes.data.sources import check_source, open_source
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange import ExchangeContext, RankLayout
 from mimo_pipes.loader import GraphLoader
@@ -40,21 +42,25 @@ def pipeline(
     layout: RankLayout,
     *,
     map_fn: Callable[[Sample], Sample] | None,
-    image_token_id: int,
+    image_token_id: int | tuple[int, ...],
     pad_values: Mapping[str, int | float],
+    vision_fields: Mapping[str, FieldSpec] | None = None,
     consumed_microbatches: int = 0,
+    processing: str = "thread",
 ) -> GraphLoader:
     """This rank's loader over ``dataset`` (rows that ``map_fn`` turns into samples of unpadded tensors).
 
     ``consumed_microbatches`` resumes from a Megatron-style count alone: the same stream as restoring
-    the loader's full state."""
+    the loader's full state. ``image_token_id``: the placeholder ids the cost counts (image and video);
+    ``vision_fields``: the vision fields every micro-batch carries, empty when no sample has them.
+    ``processing``: ``thread`` or ``process`` (``map_fn`` on worker processes; it must pickle)."""
     reorder = config.reorder
     window_size = reorder_window_size(reorder)
     resume = resume_point(consumed_microbatches, window_size)
     samples_per_rank = config.micro_batch_size // layout.dp_size
     encoder_weight, language_weight = reorder.integer_cost_weights()
     cost_model = reorder.load_cost_model()
-    collator = Collator(config.seq_length if config.pad_to_seq_length else None, dict(pad_values))
+    collator = Collator(config.seq_length if config.pad_to_seq_length else None, dict(pad_values), dict(vision_fields or {}))
 
     # This rank's B/d samples of every global micro-batch, from the window that holds the next one.
     node: BaseNode[Any] = CanonicalShardReader(
@@ -69,7 +75,10 @@ def pipeline(
     )
     if map_fn is not None:
         # ParallelMapper keeps its source's state as snapshots without copying: SnapshotGuard hands it copies.
-        node = ParallelMapper(SnapshotGuard(node), map_fn, num_workers=max(config.num_workers, 1), in_order=True, method="thread")
+        node = ParallelMapper(
+            SnapshotGuard(node), map_fn, num_workers=max(config.num_workers, 1), in_order=True, method=processing,
+            multiprocessing_context="spawn" if processing == "process" else None,
+        )
     node = CostAnnotator(
         node, image_token_id=image_token_id, encoder_weight=encoder_weight, language_weight=language_weight,
         language_square_weight=reorder.integer_language_square_weight(), cost_model=cost_model,
@@ -102,14 +111,14 @@ def processor_path(config: PipelineConfig) -> str:
 def prepare(config: PipelineConfig, log: Callable[[str], None] = print) -> None:
     """Check user paths, and build the embedded data and processor once before the ranks start."""
     if config.dataset is not None:
-        check_dataset_path(config.dataset)
+        check_source(config.dataset)
     else:
         log(f"embedded dataset: {config.embedded_samples} synthetic VLM samples")
     if config.processor is not None:
         check_processor_path(config.processor)
     check_cost_model(config, load_processor(processor_path(config), config.seq_length))
     log(f"processor: {processor_path(config)}")
-    dataset = open_dataset(dataset_path(config))
+    dataset = open_source(dataset_path(config))
     if len(dataset) < config.micro_batch_size:
         raise ConfigError("--dataset", f"{len(dataset)} samples are fewer than one micro-batch of {config.micro_batch_size}")
 
@@ -130,16 +139,28 @@ def check_cost_model(config: PipelineConfig, processor: Any) -> None:
         raise ConfigError(flag("reorder_cost_model"), str(error)) from None
 
 
-def build(config: PipelineConfig, layout: RankLayout, *, consumed_microbatches: int = 0) -> GraphLoader:
-    """This rank's loader; ``consumed_microbatches`` resumes from a Megatron-style count."""
-    processor = load_processor(processor_path(config), config.seq_length)
+def build(
+    config: PipelineConfig, layout: RankLayout, *, consumed_microbatches: int = 0, processing: str = "thread"
+) -> GraphLoader:
+    """This rank's loader; ``consumed_microbatches`` resumes from a Megatron-style count; ``processing``:
+    per-sample processing on ``thread``s or worker ``process``es."""
+    processor = load_processor(processor_path(config), config.seq_length, image_folder=config.image_folder)
     check_cost_model(config, processor)
+    dataset = open_source(dataset_path(config))
+    map_fn: Callable[[Sample], Sample] = processor
+    if config.skip_bad_samples:
+        map_fn = SkipBadRows(
+            processor, dataset, microbatch_size=config.micro_batch_size, grid_size=layout.grid_size,
+            seed=config.seed, dataloader_type=config.dataloader_type,
+        )
     return pipeline(
-        open_dataset(dataset_path(config)),
+        dataset,
         config,
         layout,
-        map_fn=processor,
-        image_token_id=processor.image_token_id,
+        map_fn=map_fn,
+        image_token_id=processor.placeholder_ids,
         pad_values={"input_ids": processor.pad_token_id, "labels": -100},
+        vision_fields=processor.vision_fields,
         consumed_microbatches=consumed_microbatches,
+        processing=processing,
     )

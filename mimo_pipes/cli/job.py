@@ -161,7 +161,9 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> None:
             }
             if dump is not None:
                 dump.write(json.dumps(record) + "\n")
-            records.append({**record, "slots": batch["slots"], "tp_rank": position.tp_rank, "pp_rank": position.pp_rank})
+            replaced = [row for rows in batch.get("replaced_rows") or [] for row in rows]  # --skip-bad-samples
+            records.append({**record, "slots": batch["slots"], "tp_rank": position.tp_rank, "pp_rank": position.pp_rank,
+                            "replaced_rows": replaced})
             if packer is not None:
                 records[-1]["packing"] = packer.last_metrics
             if progress is not None:
@@ -194,8 +196,17 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> None:
         packing = summarize_packing(r for per_rank, _ in everything for r in per_rank)
         if packing:
             print(format_packing_summary(packing), flush=True)
+        skipped = _skipped_rows(everything, topology.modules[0].name)
+        if config.skip_bad_samples:
+            print(f"skipped {len(skipped)} bad dataset row(s) (--skip-bad-samples), each replaced by the next good row "
+                  f"of its slot{': rows ' + ', '.join(map(str, skipped[:20])) if skipped else ''}", flush=True)
         if options.save_state and options.stop_after is not None:
             print(f"saved state after {end} micro-batches to {options.save_state}", flush=True)
+
+
+def _skipped_rows(everything: list, module: str) -> list[int]:
+    """The dataset rows one module skipped (every module skips the same ones)."""
+    return sorted(row for per_rank, _ in everything for r in per_rank if r["module"] == module for row in r.get("replaced_rows", []))
 
 
 def _headline(config: PipelineConfig, topology, start: int, end: int) -> str:

@@ -103,9 +103,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="global micro-batches to consume (counted from the start of training)")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="seed of the epoch shuffle")
     parser.add_argument("--dataset", default=None,
-                        help="a datasets save_to_disk folder (default: the embedded synthetic data)")
+                        help="a datasets save_to_disk folder, or .parquet / .json / .jsonl files or a quoted glob of "
+                             "them, LLaVA annotation lists included (default: the embedded synthetic data)")
     parser.add_argument("--processor", default=None,
                         help="a saved processor folder (default: the embedded offline processor)")
+    parser.add_argument("--image-folder", default=None, metavar="DIR",
+                        help="folder that relative image paths in --dataset are resolved against (default: as given)")
+    parser.add_argument("--skip-bad-samples", action="store_true",
+                        help="replace a row that cannot be processed (corrupt or missing image, no text, images longer "
+                             "than --seq-length) by the next good row of its slot, count and report it; without it such "
+                             "a row stops the run with an error naming it")
     parser.add_argument("--embedded-samples", type=int, default=defaults.embedded_samples,
                         help="size of the embedded synthetic dataset (without --dataset)")
     parser.add_argument("--num-workers", type=int, default=defaults.num_workers,
@@ -167,6 +174,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[PipelineConfig, JobOptio
         reorder=reorder,
         pack_sequences_in_batch=args.pack_sequences_in_batch,
         pack_pad_multiple=args.pack_pad_multiple,
+        image_folder=args.image_folder,
+        skip_bad_samples=args.skip_bad_samples,
     )
     options = JobOptions(
         steps=args.steps,

@@ -1,4 +1,4 @@
-"""Embedded synthetic VLM data and the offline transformers processor.
+"""Data: sources, conversations, processor families, the embedded synthetic dataset and offline processors.
 
 Names are imported lazily, so ``import mimo_pipes.data`` stays cheap until one is used.
 """
@@ -20,6 +20,10 @@ _EXPORTS = {
     "check_dataset_path": "dataset",
     "open_dataset": "dataset",
     "cache_root": "cache",
+    "open_source": "sources",
+    "check_source": "sources",
+    "build_family_processor": "offline",
+    "SkipBadRows": "skipping",
 }
 
 __all__ = sorted(_EXPORTS)

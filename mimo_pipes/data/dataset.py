@@ -12,8 +12,8 @@ DATASET_VERSION = "v1"
 """Bumped whenever the synthetic generator changes, so a stale cached copy is never reused."""
 
 DEFAULT_NUM_SAMPLES = 512
-REQUIRED_COLUMNS = ("prompt", "response")
-"""Columns a dataset must have; ``images`` is optional (rows without it are text-only)."""
+REQUIRED_COLUMNS: tuple[str, ...] = ()
+"""Columns every dataset must have; the conversation columns are checked by :func:`~mimo_pipes.data.sources.open_source`."""
 
 
 def default_dataset_path(num_samples: int = DEFAULT_NUM_SAMPLES, seed: int = 0) -> Path:
@@ -26,7 +26,7 @@ def default_dataset_path(num_samples: int = DEFAULT_NUM_SAMPLES, seed: int = 0) 
 
 def check_dataset_path(path: str | Path) -> Path:
     """Fail with ``ConfigError('--dataset', ...)`` unless ``path`` is a folder written by ``save_to_disk``."""
-    hint = "pass a folder written by datasets' save_to_disk with columns images, prompt and response"
+    hint = "pass a folder written by datasets' save_to_disk, or .parquet / .json / .jsonl files or a glob of them"
     p = existing_folder(path, "--dataset", hint)
     is_dataset = (p / "dataset_info.json").is_file() and (p / "state.json").is_file()
     is_dict = (p / "dataset_dict.json").is_file()

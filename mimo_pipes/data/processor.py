@@ -1,29 +1,29 @@
-"""Per-sample processing: a real transformers tokenizer and Qwen2-VL-style image processor, built offline.
+"""Per-sample processing: a real transformers tokenizer and image processor, the built-in one built offline.
 
 The built-in processor is made from scratch, without any download: a byte-level BPE tokenizer trained in
 well under a second on text from the synthetic dataset's word bank (wrapped as a transformers fast
 tokenizer, so it reloads with ``AutoTokenizer``) and a ``Qwen2VLImageProcessorPil`` (smart resize to
-multiples of 28 px, 14-px patches, temporal patch size 2, 2x2 merge). Any folder written by
-``save_pretrained`` that holds a tokenizer with the Qwen2-VL chat and vision tokens and a Qwen2-VL-style
-image processor can be used instead (``--processor PATH``).
+multiples of 28 px, 14-px patches, temporal patch size 2, 2x2 merge). A processor folder of any family
+of :mod:`mimo_pipes.data.families` (Qwen2/2.5/3-VL, InternVL) can be used instead (``--processor PATH``).
 
-:class:`SampleProcessor` turns one dataset row (``images``, ``prompt``, ``response``) into model fields,
-without batch dimension and without padding::
+:class:`SampleProcessor` turns one dataset row (a conversation in any of the formats of
+:mod:`mimo_pipes.data.conversation`, with its images and videos) into model fields, without batch dimension
+and without padding. The chat text comes from the tokenizer's (or the processor folder's) chat template;
+the built-in tokenizer has none and uses the ChatML fallback of :func:`~mimo_pipes.data.conversation.chatml`::
 
-    <|im_start|>user\\n
-    <|vision_start|><|image_pad|> x n_1 <|vision_end|> ... one group per image
-    {prompt}<|im_end|>\\n<|im_start|>assistant\\n
-    {response}<|im_end|>
+    <|im_start|>user\n<|vision_start|><|image_pad|> x n_1<|vision_end|>...{prompt}<|im_end|>\n
+    <|im_start|>assistant\n{response}<|im_end|>
 
 where ``n_i = prod(image_grid_thw[i]) / merge_size**2``. Labels follow the next-token convention:
-``labels[t] = input_ids[t + 1]`` when that token is part of the response (the response text and its
-closing ``<|im_end|>``), else ``-100``; ``loss_mask[t] = 1.0`` exactly where ``labels[t] != -100``.
+``labels[t] = input_ids[t + 1]`` when that token belongs to an assistant turn (its reply and the
+end-of-turn marker), else ``-100``; ``loss_mask[t] = 1.0`` exactly where ``labels[t] != -100``.
 """
 
 from __future__ import annotations
 
-import io
+import json
 import logging
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,9 @@ import torch
 
 from mimo_pipes.cost import image_token_count as count_image_tokens  # noqa: F401 - re-exported
 from mimo_pipes.data.cache import build_atomically, cache_root
+from mimo_pipes.data.conversation import chatml, conversation, row_images, row_videos, template, trained_segments
+from mimo_pipes.data.families import family_for
+from mimo_pipes.data.media import open_image, open_video
 from mimo_pipes.data.paths import existing_folder
 from mimo_pipes.errors import ConfigError, SampleError
 from mimo_pipes.sample import SAMPLE_ID
@@ -61,7 +64,7 @@ MAX_PIXELS = 1280 * TOKEN_PIXELS
 """Largest resized image area: at most 1280 placeholder tokens per image (document pages hit this)."""
 
 TOKENIZER_VOCAB_SIZE = 4096
-CONSUMED_KEYS = ("images", "prompt", "response")
+CONSUMED_KEYS = ("images", "image", "videos", "video", "prompt", "response", "messages", "conversations")
 """Row keys a :class:`SampleProcessor` turns into model fields; every other key passes through."""
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -141,7 +144,7 @@ def default_processor_path() -> Path:
 
 def check_processor_path(path: str | Path) -> Path:
     """Fail with ``ConfigError('--processor', ...)`` unless ``path`` looks like a saved processor folder."""
-    hint = "pass a folder written by save_pretrained with a tokenizer and a Qwen2-VL-style image processor"
+    hint = "pass a processor folder with a tokenizer and a Qwen2-VL or InternVL (GotOcr2) image processor"
     p = existing_folder(path, "--processor", hint)
     if not any((p / f).is_file() for f in _TOKENIZER_FILES):
         raise ConfigError("--processor", f"{str(path)!r} holds no tokenizer ({' or '.join(_TOKENIZER_FILES)}); {hint}")
@@ -152,8 +155,11 @@ def check_processor_path(path: str | Path) -> Path:
     return p
 
 
-def load_processor(path: str | Path, seq_length: int) -> SampleProcessor:
-    """Load the tokenizer and image processor saved in ``path`` into a :class:`SampleProcessor`."""
+def load_processor(path: str | Path, seq_length: int, image_folder: str | None = None) -> SampleProcessor:
+    """Load the tokenizer, image processor and chat template saved in ``path`` into a :class:`SampleProcessor`.
+
+    The folder is read as its parts (``AutoTokenizer``, ``AutoImageProcessor`` with the PIL backend, the
+    chat template and ``processor_config.json``), so neither torchvision nor a video backend is needed."""
     from transformers import AutoImageProcessor, AutoTokenizer
 
     if isinstance(seq_length, bool) or not isinstance(seq_length, (int, np.integer)) or seq_length < 1:
@@ -167,195 +173,145 @@ def load_processor(path: str | Path, seq_length: int) -> SampleProcessor:
         image_processor = AutoImageProcessor.from_pretrained(str(p), backend="pil")
     except Exception as e:  # noqa: BLE001
         raise ConfigError("--processor", f"cannot load an image processor from {str(path)!r}: {e}") from e
-    return SampleProcessor(tokenizer, image_processor, int(seq_length), source=str(p))
+    config = json.loads((p / "processor_config.json").read_text()) if (p / "processor_config.json").is_file() else {}
+    chat_template = config.get("chat_template")
+    if (p / "chat_template.jinja").is_file():
+        chat_template = (p / "chat_template.jinja").read_text()
+    elif (p / "chat_template.json").is_file():
+        chat_template = json.loads((p / "chat_template.json").read_text()).get("chat_template")
+    return SampleProcessor(
+        tokenizer, image_processor, int(seq_length), source=str(p), chat_template=chat_template or None,
+        image_folder=image_folder, processor_config=config,
+    )
 
 
 # ----------------------------------------------------------------------------------------------------
 # The per-sample processor
 
 
-def _split_budget(prompt_len: int, response_len: int, budget: int) -> tuple[int, int]:
-    """How many prompt and response tokens to keep within ``budget``; a long side gives way first."""
-    if prompt_len + response_len <= budget:
-        return prompt_len, response_len
-    keep_r = min(response_len, max(budget - prompt_len, budget // 2))
-    keep_p = min(prompt_len, budget - keep_r)
-    return keep_p, keep_r
-
-
 class SampleProcessor:
     """Turns a dataset row into unpadded model tensors. Picklable; safe to call from several threads.
 
-    ``row`` must hold ``prompt`` and ``response`` (strings) and may hold ``images`` (a list of PIL images,
-    ``{"bytes", "path"}`` dicts, raw bytes, file paths or HWC uint8 arrays; missing, ``None`` or empty
-    for a text-only sample). Every other key (``sample_id``, ``id``, ...) is returned unchanged.
+    The row holds a conversation (``messages``, ``conversations``, or ``prompt`` and ``response``) and may
+    hold ``images`` / ``image`` (PIL images, ``{"bytes", "path"}`` dicts, bytes, paths relative to
+    ``image_folder``, HWC uint8 arrays) and ``videos`` (frames ``[T, H, W, 3]`` or lists of frames). Every
+    other key (``sample_id``, ``id``, ...) is returned unchanged. A text-only sample carries no vision field.
     """
 
-    def __init__(self, tokenizer: Any, image_processor: Any, seq_length: int, source: str | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        image_processor: Any,
+        seq_length: int,
+        source: str | None = None,
+        *,
+        chat_template: str | None = None,
+        image_folder: str | None = None,
+        processor_config: dict | None = None,
+    ) -> None:
         self.seq_length = int(seq_length)
         self.source = source
-        self.image_processor = image_processor
+        self.image_folder = image_folder
+        self.family = family_for(tokenizer, image_processor, source, processor_config or {})
         # The raw tokenizers.Tokenizer: light to pickle and never mutated, so calls are thread-safe.
         self._tokenizer = tokenizer.backend_tokenizer
-        ids = {}
-        missing = []
-        for tok in (IM_START, IM_END, VISION_START, VISION_END, IMAGE_PAD):
-            tid = self._tokenizer.token_to_id(tok)
-            if tid is None:
-                missing.append(tok)
-            ids[tok] = tid
-        if missing:
-            raise ConfigError("--processor", f"the tokenizer from {source!r} lacks the tokens {', '.join(missing)}")
-        self.image_token_id: int = ids[IMAGE_PAD]
-        self.vision_start_id: int = ids[VISION_START]
-        self.vision_end_id: int = ids[VISION_END]
-        self.im_end_id: int = ids[IM_END]
+        self.tokenizer = tokenizer
+        template_text = chat_template or getattr(tokenizer, "chat_template", None)
+        self.chat_template: str | None = template_text if isinstance(template_text, str) else None
+        if self.chat_template is None:
+            for token in (IM_START, IM_END):
+                if self._tokenizer.token_to_id(token) is None:
+                    raise ConfigError("--processor", f"the tokenizer from {source!r} has no chat template and lacks {token}")
+        self.image_token_id: int = self.family.image_token_id
+        self.placeholder_ids: tuple[int, ...] = self.family.placeholder_ids
+        self.vision_fields = self.family.vision_fields
+        pads = [re.escape(t) for t in (self.family.image_pad, self.family.video_pad) if t]
+        self._pads = re.compile("(" + "|".join(pads) + ")")
         pad = getattr(tokenizer, "pad_token_id", None)
         if pad is None:
             pad = self._tokenizer.token_to_id(PAD_TOKEN)
-        self.pad_token_id: int = int(pad) if pad is not None else self.im_end_id
-        for attr in ("patch_size", "temporal_patch_size", "merge_size"):
-            if not isinstance(getattr(image_processor, attr, None), int):
-                raise ConfigError(
-                    "--processor",
-                    f"the image processor from {source!r} ({type(image_processor).__name__}) is not Qwen2-VL-style: "
-                    f"no integer {attr}",
-                )
-        self.patch_size: int = image_processor.patch_size
-        self.temporal_patch_size: int = image_processor.temporal_patch_size
-        self.merge_size: int = image_processor.merge_size
-        self.patch_dim: int = 3 * self.temporal_patch_size * self.patch_size**2
-        self._head = self._encode(f"{IM_START}user\n")
-        self._middle = self._encode(f"{IM_END}\n{IM_START}assistant\n")
-        self._tail = [self.im_end_id]
+        eos = getattr(tokenizer, "eos_token_id", None)
+        self.pad_token_id: int = int(pad) if pad is not None else int(eos or 0)
+        self.im_end_id = self._tokenizer.token_to_id(IM_END)
+        self.vision_start_id = self._tokenizer.token_to_id(VISION_START)
+        self.vision_end_id = self._tokenizer.token_to_id(VISION_END)
 
     def __repr__(self) -> str:
-        return f"SampleProcessor(source={self.source!r}, seq_length={self.seq_length})"
+        return f"SampleProcessor(source={self.source!r}, family={self.family.name}, seq_length={self.seq_length})"
+
+    @property
+    def merge_size(self) -> int:
+        return getattr(self.family, "merge_size", 1)
+
+    @property
+    def patch_size(self) -> int | None:
+        return getattr(self.family, "patch_size", None)
+
+    @property
+    def temporal_patch_size(self) -> int | None:
+        return getattr(self.family, "temporal_patch_size", None)
 
     def _encode(self, text: str) -> list[int]:
         return self._tokenizer.encode(text, add_special_tokens=False).ids
 
-    def template_tokens(self, num_images: int) -> int:
-        """Tokens every sample with ``num_images`` images needs besides prompt, response and placeholders."""
-        return len(self._head) + len(self._middle) + len(self._tail) + 2 * num_images
-
-    # -- row decoding --
-
-    @staticmethod
-    def _text(row: dict, key: str, sample_id: object) -> str:
-        if key not in row:
-            raise SampleError(sample_id, f"the row has no {key!r} column", field=key)
-        value = row[key]
-        if value is None:
-            return ""
-        if not isinstance(value, str):
-            raise SampleError(sample_id, f"expected a string, got {type(value).__name__}", field=key)
-        return value
-
-    @staticmethod
-    def _images(value: Any, sample_id: object) -> list:
-        from PIL import Image
-
-        if value is None:
-            return []
-        if not isinstance(value, (list, tuple)):
-            value = [value]
-        out = []
-        for k, item in enumerate(value):
-            try:
-                if isinstance(item, Image.Image):
-                    img = item
-                elif isinstance(item, dict) and item.get("bytes") is not None:
-                    img = Image.open(io.BytesIO(item["bytes"]))
-                elif isinstance(item, dict) and item.get("path"):
-                    img = Image.open(item["path"])
-                elif isinstance(item, (bytes, bytearray)):
-                    img = Image.open(io.BytesIO(bytes(item)))
-                elif isinstance(item, (str, Path)):
-                    img = Image.open(item)
-                elif isinstance(item, np.ndarray):
-                    img = Image.fromarray(item)
-                else:
-                    raise TypeError(f"unsupported image type {type(item).__name__}")
-                img.load()
-            except Exception as e:  # noqa: BLE001 - any decode failure names the sample
-                raise SampleError(sample_id, f"image {k} cannot be decoded: {e}", field="images") from e
-            out.append(img)
-        return out
-
-    # -- the call --
+    def _render(self, turns, add_generation_prompt: bool) -> str:
+        if self.chat_template is None:
+            return chatml(self.family.markers)(turns, add_generation_prompt)
+        return template(self.tokenizer, self.chat_template)(turns, add_generation_prompt)
 
     def __call__(self, row: dict) -> dict:
         sample_id = row.get(SAMPLE_ID, row.get("id"))
-        prompt = self._text(row, "prompt", sample_id)
-        response = self._text(row, "response", sample_id)
-        images = self._images(row.get("images"), sample_id)
-
-        merge2 = self.merge_size**2
+        turns = conversation(row, sample_id)
+        fields: dict[str, np.ndarray] = {}
+        media: dict[str, list[list[int]]] = {self.family.image_pad: []}
+        images = [open_image(item, self.image_folder, sample_id, f"image {k}") for k, item in enumerate(row_images(row))]
         if images:
-            try:
-                feats = self.image_processor(images=images, return_tensors="np")
-            except Exception as e:  # noqa: BLE001
-                raise SampleError(sample_id, f"the image processor failed: {e}", field="images") from e
-            pixel_values = np.ascontiguousarray(feats["pixel_values"], dtype=np.float32)
-            grid = np.asarray(feats["image_grid_thw"], dtype=np.int64).reshape(-1, 3)
-            patches = grid.prod(axis=1)
-            if grid.shape[0] != len(images) or pixel_values.shape[0] != int(patches.sum()) or np.any(patches % merge2):
+            feats, media[self.family.image_pad] = self.family.images(images, sample_id)
+            fields.update(feats)
+        videos = [open_video(item, self.image_folder, sample_id, k) for k, item in enumerate(row_videos(row))]
+        if videos:
+            feats, media[self.family.video_pad] = self.family.videos(videos, sample_id)
+            fields.update(feats)
+        placeholders = sum(len(ids) for runs in media.values() for ids in runs)
+
+        ids: list[int] = []
+        trained: list[bool] = []
+        used = {pad: 0 for pad in media}
+        for text, is_trained in trained_segments(turns, self._render):
+            for piece in self._pads.split(text):
+                if piece in used:
+                    runs = media.get(piece, [])
+                    if used[piece] >= len(runs):
+                        raise SampleError(sample_id, f"dataset row {sample_id}: the chat names more {piece} than the row has", field="images")
+                    tokens = runs[used[piece]]
+                    used[piece] += 1
+                else:
+                    tokens = self._encode(piece) if piece else []
+                ids.extend(tokens)
+                trained.extend([is_trained] * len(tokens))
+        if any(used[pad] != len(runs) for pad, runs in media.items()):
+            raise SampleError(sample_id, f"dataset row {sample_id}: the chat template did not place every image and video", field="images")
+
+        if len(ids) > self.seq_length:
+            placeholder = set(self.placeholder_ids)
+            last = max((t for t, tid in enumerate(ids) if tid in placeholder), default=-1)
+            if last >= self.seq_length:
                 raise SampleError(
                     sample_id,
-                    f"the image processor returned {pixel_values.shape[0]} patch rows and grids {grid.tolist()} "
-                    f"for {len(images)} images",
+                    f"dataset row {sample_id}: needs {last + 1} tokens up to its last image placeholder ({placeholders} "
+                    f"image/video placeholders in {len(images)} images and {len(videos)} videos), more than --seq-length "
+                    f"{self.seq_length}",
                     field="images",
                 )
-            per_image = (patches // merge2).tolist()
-        else:
-            pixel_values = np.zeros((0, self.patch_dim), dtype=np.float32)
-            grid = np.zeros((0, 3), dtype=np.int64)
-            per_image = []
-
-        num_image_tokens = int(sum(per_image))
-        fixed = self.template_tokens(len(images)) + num_image_tokens
-        if fixed > self.seq_length:
-            raise SampleError(
-                sample_id,
-                f"needs {fixed} tokens for its images ({num_image_tokens} image placeholders in "
-                f"{len(images)} images, plus chat markers), more than --seq-length {self.seq_length}",
-                field="images",
-            )
-
-        prompt_ids = self._encode(prompt)
-        response_ids = self._encode(response)
-        keep_p, keep_r = _split_budget(len(prompt_ids), len(response_ids), self.seq_length - fixed)
-        if keep_p < len(prompt_ids) or keep_r < len(response_ids):
-            logger.warning(
-                "sample %r: text truncated to fit --seq-length %d: prompt %d -> %d tokens, response %d -> %d "
-                "tokens; all %d image tokens kept",
-                sample_id,
-                self.seq_length,
-                len(prompt_ids),
-                keep_p,
-                len(response_ids),
-                keep_r,
-                num_image_tokens,
-            )
-
-        ids: list[int] = list(self._head)
-        for n in per_image:
-            ids.append(self.vision_start_id)
-            ids.extend([self.image_token_id] * n)
-            ids.append(self.vision_end_id)
-        ids.extend(prompt_ids[:keep_p])
-        ids.extend(self._middle)
-        trained_from = len(ids)
-        ids.extend(response_ids[:keep_r])
-        ids.extend(self._tail)
+            logger.warning("sample %r: truncated from %d to --seq-length %d tokens; all %d placeholders kept",
+                           sample_id, len(ids), self.seq_length, placeholders)
+            ids, trained = ids[: self.seq_length], trained[: self.seq_length]
 
         input_ids = torch.tensor(ids, dtype=torch.int64)
         length = input_ids.shape[0]
-        trained = torch.zeros(length, dtype=torch.bool)
-        trained[trained_from:] = True
+        trained_mask = torch.tensor(trained, dtype=torch.bool)
         labels = torch.full((length,), -100, dtype=torch.int64)
-        labels[:-1] = torch.where(trained[1:], input_ids[1:], labels[:-1])
+        labels[:-1] = torch.where(trained_mask[1:], input_ids[1:], labels[:-1])
 
         out = {k: v for k, v in row.items() if k not in CONSUMED_KEYS}
         out.update(
@@ -364,8 +320,7 @@ class SampleProcessor:
             labels=labels,
             loss_mask=(labels != -100).to(torch.float32),
             position_ids=torch.arange(length, dtype=torch.int64),
-            pixel_values=torch.from_numpy(pixel_values),
-            image_grid_thw=torch.from_numpy(np.ascontiguousarray(grid)),
         )
+        for name, value in fields.items():
+            out[name] = torch.from_numpy(np.ascontiguousarray(value))
         return out
-

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable
 from typing import Any
 
 from torchdata.nodes import BaseNode
@@ -15,7 +16,9 @@ from mimo_pipes.validity import VALID_FOR_KEY, check_valid_for, valid_for
 
 
 class CostAnnotator(BaseNode[Sample]):
-    """Counts image placeholders in ``input_ids`` and real tokens in ``attention_mask``; cost = weighted sum.
+    """Counts vision placeholders in ``input_ids`` and real tokens in ``attention_mask``; cost = weighted sum.
+
+    ``image_token_id`` is one placeholder id, or several (a family's image and video placeholders).
 
     Weights are integers (``ReorderConfig.integer_cost_weights``), so every process gets the same cost;
     ``language_square_weight`` (``ReorderConfig.integer_language_square_weight``) adds the attention term of
@@ -31,7 +34,7 @@ class CostAnnotator(BaseNode[Sample]):
         self,
         source: BaseNode[Sample],
         *,
-        image_token_id: int,
+        image_token_id: int | Iterable[int],
         encoder_weight: int,
         language_weight: int,
         language_square_weight: int = 0,
@@ -43,7 +46,7 @@ class CostAnnotator(BaseNode[Sample]):
         if language_square_weight < 0:
             raise ValueError(f"language_square_weight must be >= 0, got {language_square_weight}")
         self.source = source
-        self.image_token_id = image_token_id
+        self.image_token_id = image_token_id if isinstance(image_token_id, int) else tuple(image_token_id)
         self.encoder_weight = encoder_weight
         self.language_weight = language_weight
         self.language_square_weight = language_square_weight
@@ -53,7 +56,7 @@ class CostAnnotator(BaseNode[Sample]):
     def cost_function(self) -> dict[str, Any]:
         """Everything that decides a sample's cost, as plain values; a state is valid only for the same."""
         return {
-            "image token id": self.image_token_id,
+            "image token id": self.image_token_id if isinstance(self.image_token_id, int) else list(self.image_token_id),
             "encoder cost weight": self.encoder_weight,
             "language cost weight": self.language_weight,
             "language square weight": self.language_square_weight,

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torchdata.nodes import BaseNode, IterableWrapper
 
-from mimo_pipes.collate import CONCAT_FIELDS, METADATA_LIST_NAMES, SEQUENCE_FIELDS
+from mimo_pipes.collate import CONCAT_FIELDS, METADATA_LIST_NAMES, SEQUENCE_FIELDS, VISION_ROWS
 from mimo_pipes.cost import image_token_count
 from mimo_pipes.errors import SampleError
 from mimo_pipes.sample import SAMPLE_ID, STEP, Sample
@@ -26,8 +26,10 @@ class Uncollate(BaseNode[Sample]):
     * Rows: ``input_ids.shape[0]`` (``rows_per_batch``, when given, is checked).
     * Padding is on the right: a row's length is one past its last non-zero ``attention_mask`` entry,
       and the per-token fields (``input_ids``, ``attention_mask``, ``labels``, ``loss_mask``,
-      ``position_ids``; each ``[rows, L]``) are cut to it.
-    * Images: a row owns the next ``n`` rows of ``image_grid_thw``, where ``n`` is the row's entry of
+      ``position_ids``; each ``[rows, L]``, or ``[rows, 3, L]`` for M-RoPE position ids) are cut to it.
+    * Vision fields (``pixel_values``, ``image_grid_thw``, video and tile fields): a row owns the next
+      ``vision_rows[field][row]`` rows when the batch has ``vision_rows`` (every batch collated by this
+      library does). Otherwise, for images only: a row owns the next ``n`` rows of ``image_grid_thw``, where ``n`` is the row's entry of
       ``num_images`` when the batch has that field, else the fewest grid rows whose image tokens
       (``prod(t, h, w) / merge_size**2`` each) add up to the row's placeholder count in ``input_ids``.
       Each image owns the next ``prod(t, h, w)`` rows of ``pixel_values``.
@@ -136,18 +138,20 @@ class Uncollate(BaseNode[Sample]):
         lengths = _row_lengths(batch["attention_mask"], samples)
         images = self._image_spans(batch, samples, lengths)
         for name, value in batch.items():
-            if name == STEP or name == METADATA_LIST_NAMES[SAMPLE_ID]:
+            if name in (STEP, METADATA_LIST_NAMES[SAMPLE_ID], VISION_ROWS):
                 continue
             if name in _METADATA_BY_LIST_NAME:
                 for sample, item in zip(samples, value):
                     if item is not None:
                         sample[_METADATA_BY_LIST_NAME[name]] = item
             elif name in SEQUENCE_FIELDS:
-                if not isinstance(value, torch.Tensor) or value.shape[:1] != (rows,) or value.dim() != 2:
-                    raise ValueError(f"micro-batch {step}: field {name!r} must be a [rows, length] tensor")
+                if not isinstance(value, torch.Tensor) or value.shape[:1] != (rows,) or value.dim() not in (2, 3):
+                    raise ValueError(f"micro-batch {step}: field {name!r} must be a [rows, length] or [rows, k, length] tensor")
                 for row, sample in enumerate(samples):
-                    sample[name] = value[row, : lengths[row]]
-            elif name in CONCAT_FIELDS:
+                    sample[name] = value[row, ..., : lengths[row]]
+            elif name in CONCAT_FIELDS or name in images:
+                if name not in images:
+                    raise ValueError(f"micro-batch {step}: field {name!r} needs vision_rows to be split into samples")
                 spans = images[name]
                 for sample, (start, stop) in zip(samples, spans):
                     sample[name] = value[start:stop]
@@ -162,7 +166,19 @@ class Uncollate(BaseNode[Sample]):
         return samples
 
     def _image_spans(self, batch: Mapping[str, Any], samples: list[Sample], lengths: list[int]) -> dict[str, list[tuple[int, int]]]:
-        """Per row, its [start, stop) in ``image_grid_thw`` and in ``pixel_values``."""
+        """Per row, its [start, stop) in each concatenated vision field."""
+        counts_by_field = batch.get(VISION_ROWS)
+        if counts_by_field is not None:
+            spans: dict[str, list[tuple[int, int]]] = {}
+            for name, counts in counts_by_field.items():
+                if len(counts) != len(samples) or name not in batch:
+                    raise ValueError(f"vision_rows[{name!r}] does not match the micro-batch's {len(samples)} rows and fields")
+                ends = [int(c) for c in counts]
+                starts = [sum(ends[:row]) for row in range(len(ends))]
+                if sum(ends) != batch[name].shape[0]:
+                    raise ValueError(f"vision_rows[{name!r}] adds up to {sum(ends)} rows but {name} has {batch[name].shape[0]}")
+                spans[name] = [(start, start + count) for start, count in zip(starts, ends)]
+            return spans
         grid = batch.get("image_grid_thw")
         if grid is None:
             if "pixel_values" in batch:
