@@ -18,7 +18,8 @@ import numpy as np
 
 from mimo_pipes.cost import image_token_count, real_token_count
 from mimo_pipes.data.cache import cache_root
-from mimo_pipes.data.processor import SampleProcessor, _split_budget
+from mimo_pipes.data.conversation import row_images, row_videos
+from mimo_pipes.data.processor import SampleProcessor
 
 CACHE_VERSION = "v1"
 CHUNK_ROWS = 2048  # rows read from the dataset at a time: memory bounded by one chunk of encoded images
@@ -32,7 +33,7 @@ RowCounter = Callable[[Mapping[str, Any]], tuple[int, int]]
 """One dataset row -> (image tokens, real tokens)."""
 
 
-def processed_counter(processor: Callable[[Mapping[str, Any]], Mapping[str, Any]], image_token_id: int) -> RowCounter:
+def processed_counter(processor: Callable[[Mapping[str, Any]], Mapping[str, Any]], image_token_id: int | Sequence[int]) -> RowCounter:
     """Counts from a fully processed row: exactly what the graph's CostAnnotator counts."""
 
     def count(row: Mapping[str, Any]) -> tuple[int, int]:
@@ -81,7 +82,8 @@ def _image_size(item: Any) -> tuple[int, int]:
 
 
 class ResizeRuleCounter:
-    """Counts of the built-in ``SampleProcessor``'s output from image sizes and tokenized text."""
+    """Counts of the built-in ``SampleProcessor``'s output from image sizes (headers only) and the chat's
+    text, laid out by the processor's own :meth:`~mimo_pipes.data.processor.SampleProcessor.counts_from_sizes`."""
 
     def __init__(self, processor: Any, tokens_for_size: Callable[[int, int], int], fallback: RowCounter, real_tokens: bool = True) -> None:
         self.processor = processor
@@ -90,30 +92,17 @@ class ResizeRuleCounter:
         self.fallback = fallback
 
     def count_rows(self, rows: Sequence[Mapping[str, Any]]) -> list[tuple[int, int]]:
-        encoded = None
-        if self.real_tokens:
-            texts = [row.get("prompt") or "" for row in rows] + [row.get("response") or "" for row in rows]
-            if not all(isinstance(text, str) for text in texts):
-                return [self.fallback(row) for row in rows]  # let the processor name the bad row
-            encoded = self.processor._tokenizer.encode_batch(texts, add_special_tokens=False)
         out = []
-        for k, row in enumerate(rows):
-            images = row.get("images") or []
+        for row in rows:
             try:
-                per_image = [self.tokens_for_size(*_image_size(item)) for item in (images if isinstance(images, (list, tuple)) else [images])]
-            except Exception:  # noqa: BLE001 - the processor reports it with the sample's name
+                if row_videos(row):
+                    raise ValueError("videos are counted by processing")
+                per_image = [self.tokens_for_size(*_image_size(item)) for item in row_images(row)]
+            except Exception:  # noqa: BLE001 - the processor counts it, or reports it with the row's name
                 out.append(self.fallback(row))
                 continue
-            image_tokens = sum(per_image)
-            fixed = self.processor.template_tokens(len(per_image)) + image_tokens
-            if fixed > self.processor.seq_length:
-                out.append(self.fallback(row))  # raises the processor's own error for this sample
-                continue
-            if encoded is None:
-                out.append((image_tokens, UNCOUNTED))
-                continue
-            keep_prompt, keep_response = _split_budget(len(encoded[k].ids), len(encoded[len(rows) + k].ids), self.processor.seq_length - fixed)
-            out.append((image_tokens, fixed + keep_prompt + keep_response))
+            image_tokens, real_tokens = self.processor.counts_from_sizes(dict(row), per_image)
+            out.append((image_tokens, real_tokens if self.real_tokens else UNCOUNTED))
         return out
 
 
@@ -184,10 +173,13 @@ def _count_all(dataset: Any, processor: Any, row_counter: RowCounter | None, rea
     size = len(dataset)
     image_tokens = np.zeros(size, dtype=np.int64)
     real_tokens = np.zeros(size, dtype=np.int64)
-    fallback = processed_counter(processor, processor.image_token_id)
-    rule = _resize_rule(getattr(processor, "image_processor", None)) if row_counter is None else None
-    # Only the built-in processor's token layout is mirrored here; any other processor is run as is.
-    fast = ResizeRuleCounter(processor, rule, fallback, real) if rule is not None and type(processor) is SampleProcessor else None
+    fallback = processed_counter(processor, getattr(processor, "placeholder_ids", processor.image_token_id))
+    family = getattr(processor, "family", None)
+    rule = _resize_rule(getattr(family, "image_processor", None)) if row_counter is None else None
+    # Only the built-in processor's layout of patch families (one placeholder per merged patch) is laid out
+    # from sizes here; any other processor is run as is.
+    patches = type(processor) is SampleProcessor and type(family).__name__ == "PatchFamily"
+    fast = ResizeRuleCounter(processor, rule, fallback, real) if rule is not None and patches else None
     encoded = fast is not None and _is_hf_dataset(dataset)
     if fast is not None and not encoded:
         fast = None  # plain map-style rows: nothing cheaper than processing them
@@ -199,6 +191,8 @@ def _count_all(dataset: Any, processor: Any, row_counter: RowCounter | None, rea
             if isinstance(row, dict):  # so a bad row's error names its index, as in the graph
                 row.setdefault("sample_id", start + offset)
         counts = fast.count_rows(rows) if fast is not None else [counter(row) for row in rows]
+        if not real:
+            counts = [(images, UNCOUNTED) for images, _ in counts]
         for offset, (images, text_and_images) in enumerate(counts):
             image_tokens[start + offset] = images
             real_tokens[start + offset] = text_and_images

@@ -259,19 +259,13 @@ class SampleProcessor:
             return chatml(self.family.markers)(turns, add_generation_prompt)
         return template(self.tokenizer, self.chat_template)(turns, add_generation_prompt)
 
-    def __call__(self, row: dict) -> dict:
-        sample_id = row.get(SAMPLE_ID, row.get("id"))
-        turns = conversation(row, sample_id)
-        fields: dict[str, np.ndarray] = {}
-        media: dict[str, list[list[int]]] = {self.family.image_pad: []}
-        images = [open_image(item, self.image_folder, sample_id, f"image {k}") for k, item in enumerate(row_images(row))]
-        if images:
-            feats, media[self.family.image_pad] = self.family.images(images, sample_id)
-            fields.update(feats)
-        videos = [open_video(item, self.image_folder, sample_id, k) for k, item in enumerate(row_videos(row))]
-        if videos:
-            feats, media[self.family.video_pad] = self.family.videos(videos, sample_id)
-            fields.update(feats)
+    def token_layout(
+        self, turns: Any, media: dict[str, list[list[int]]], sample_id: object, num_images: int, num_videos: int
+    ) -> tuple[list[int], list[bool]]:
+        """The sample's token ids and which of them are trained: the chat rendered with each image and video
+        marker replaced by its placeholder run (``media``: pad marker -> runs in order), cut to
+        ``--seq-length`` (never through a placeholder: a row whose placeholders do not fit is an error).
+        ``mimo-pipes analyze`` calls it with runs computed from image sizes, so its counts are these."""
         placeholders = sum(len(ids) for runs in media.values() for ids in runs)
 
         ids: list[int] = []
@@ -299,7 +293,7 @@ class SampleProcessor:
                 raise SampleError(
                     sample_id,
                     f"dataset row {sample_id}: needs {last + 1} tokens up to its last image placeholder ({placeholders} "
-                    f"image/video placeholders in {len(images)} images and {len(videos)} videos), more than --seq-length "
+                    f"image/video placeholders in {num_images} images and {num_videos} videos), more than --seq-length "
                     f"{self.seq_length}",
                     field="images",
                 )
@@ -307,6 +301,31 @@ class SampleProcessor:
                            sample_id, len(ids), self.seq_length, placeholders)
             ids, trained = ids[: self.seq_length], trained[: self.seq_length]
 
+        return ids, trained
+
+    def counts_from_sizes(self, row: dict, tokens_per_image: list[int]) -> tuple[int, int]:
+        """(placeholders, real tokens) of an image-and-text row exactly as :meth:`__call__` makes them, given
+        each image's placeholder count (from its size and the resize rule): no pixel is decoded. For patch
+        families, whose image run is one placeholder per merged patch; raises what ``__call__`` raises."""
+        sample_id = row.get(SAMPLE_ID, row.get("id"))
+        media = {self.family.image_pad: [[self.image_token_id] * n for n in tokens_per_image]}
+        ids, _ = self.token_layout(conversation(row, sample_id), media, sample_id, len(tokens_per_image), 0)
+        return sum(tokens_per_image), len(ids)
+
+    def __call__(self, row: dict) -> dict:
+        sample_id = row.get(SAMPLE_ID, row.get("id"))
+        turns = conversation(row, sample_id)
+        fields: dict[str, np.ndarray] = {}
+        media: dict[str, list[list[int]]] = {self.family.image_pad: []}
+        images = [open_image(item, self.image_folder, sample_id, f"image {k}") for k, item in enumerate(row_images(row))]
+        if images:
+            feats, media[self.family.image_pad] = self.family.images(images, sample_id)
+            fields.update(feats)
+        videos = [open_video(item, self.image_folder, sample_id, k) for k, item in enumerate(row_videos(row))]
+        if videos:
+            feats, media[self.family.video_pad] = self.family.videos(videos, sample_id)
+            fields.update(feats)
+        ids, trained = self.token_layout(turns, media, sample_id, len(images), len(videos))
         input_ids = torch.tensor(ids, dtype=torch.int64)
         length = input_ids.shape[0]
         trained_mask = torch.tensor(trained, dtype=torch.bool)
