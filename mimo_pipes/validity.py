@@ -140,6 +140,8 @@ def _feed(digest: Any, value: Any) -> None:
 def _plain(value: Any) -> Any:
     if isinstance(value, Mapping):
         return dict(value)
+    if type(value).__name__ == "dtype":  # torch or numpy dtypes of declared vision fields: by name
+        return str(value)
     raise TypeError(f"a state's description holds plain values only, got {type(value).__name__}")
 
 

@@ -206,3 +206,20 @@ def test_balance_iterator_over_a_graph_loader_restores_both():
         restored = adapter(seed=5)
         restored.load_state_dict(state)
         next(restored)  # the inner loader's reader checks its state when the adapter restores its source
+
+
+def test_a_collator_with_declared_vision_fields_is_described_and_compared() -> None:
+    """Declared vision fields carry dtypes: the description names them and survives a JSON round trip."""
+    import json
+
+    import torch
+
+    from mimo_pipes.collate import Collator
+    from mimo_pipes.validity import VALID_FOR_KEY, check_valid_for, collation_settings, valid_for
+
+    collator = Collator(64, {"labels": -100}, {"pixel_values": ((1176,), torch.float32)})
+    described = valid_for("MicroBatchAssembler", collation_settings(collator))
+    check_valid_for(json.loads(json.dumps({VALID_FOR_KEY: described})), described)
+    other = valid_for("MicroBatchAssembler", collation_settings(Collator(64, {"labels": -100}, {"pixel_values": ((1176,), torch.bfloat16)})))
+    with pytest.raises(ConfigError, match="collation vision fields"):
+        check_valid_for({VALID_FOR_KEY: described}, other)
