@@ -148,4 +148,6 @@ def _plain(value: Any) -> Any:
 def _show(value: Any) -> str:
     if value is _MISSING:
         return "(not recorded)"
+    if value is None:
+        return "none"
     return value if isinstance(value, str) else json.dumps(value)

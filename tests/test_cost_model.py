@@ -282,11 +282,11 @@ def test_saved_state_remembers_the_model():
     first.reset()
     next(first)
     state = first.get_state()
-    assert state[CostAnnotator.COST_MODEL_KEY] == MODEL.fingerprint()
+    assert state[CostAnnotator.VALID_FOR_KEY]["cost model"] == MODEL.fingerprint()
     same = node(MODEL)
     same.reset(state)  # the same model: accepted
     assert next(same)["cost"] == MODEL.encoder_time_ns([4])
-    with pytest.raises(ValueError, match="resume with the same --reorder-cost-model"):
+    with pytest.raises(ValueError, match=f"cost model {MODEL.fingerprint()}, this graph has none"):
         node(None).reset(state)
     other = TimeModel(floor_ps=MODEL.floor_ps, per_image_ps=MODEL.per_image_ps + 1, per_patch_ps=MODEL.per_patch_ps)
     with pytest.raises(ValueError, match="cost model"):

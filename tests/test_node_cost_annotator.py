@@ -56,7 +56,7 @@ def test_refuses_a_state_made_for_another_cost_function(setting, overrides, save
 
 
 class ModelledCost(CostAnnotator):
-    """Stands for an annotator whose cost function has one more ingredient: it describes it too."""
+    """Stands for an annotator whose cost function has another ingredient: it describes it too."""
 
     def cost_function(self):
         return {**super().cost_function(), "cost model": "model-fingerprint-1"}
@@ -65,7 +65,7 @@ class ModelledCost(CostAnnotator):
 def test_the_cost_function_description_decides_validity():
     state = saved_after(annotator(), 3)
     state["valid_for"]["node"] = "ModelledCost"
-    with pytest.raises(StateMismatchError, match=r"ModelledCost: saved state was made with cost model \(not recorded\), this graph has model-fingerprint-1"):
+    with pytest.raises(StateMismatchError, match=r"ModelledCost: saved state was made with cost model none, this graph has model-fingerprint-1"):
         annotator(node=ModelledCost).reset(state)
     modelled = saved_after(annotator(node=ModelledCost), 3)
     restored = annotator(node=ModelledCost)

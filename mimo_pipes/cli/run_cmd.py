@@ -76,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="let samples move between the micro-batches of a window (opt-in)")
     parser.add_argument("--reorder-cost-model", metavar="PATH", default=None,
                         help="balance on a vision encoder's modelled time: a JSON file written by "
-                             "'mimo-pipes calibrate'; without it the cost is linear in image tokens")
+                             "'mimo-pipes calibrate' (default: none, a cost linear in image tokens)")
     parser.add_argument("--reorder-two-level", action="store_true",
                         help="when language dp is k > 1 times the encoder dp: split samples over encoder replicas by "
                              "encoder cost, then each replica's k language slots by real tokens")
