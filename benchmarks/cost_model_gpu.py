@@ -63,7 +63,7 @@ def processed_samples(num_samples: int, seq_length: int, log) -> list[dict]:
     for number, row in enumerate(embedded_rows(num_samples)):
         out = processor(row)
         samples.append({
-            "grid": out["image_grid_thw"].tolist(),
+            "grid": out["image_grid_thw"].tolist() if "image_grid_thw" in out else [],  # text-only rows have none
             "image_tokens": image_token_count(out["input_ids"], processor.image_token_id),
             "runs": placeholder_runs(out["input_ids"], processor.image_token_id),
         })

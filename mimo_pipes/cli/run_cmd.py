@@ -136,7 +136,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # Exchange metrics (see docs/metrics.md); they come from the exchange, so they need reordering on.
     parser.add_argument("--tensorboard", metavar="DIR", default=None,
                         help="write every window's exchange metrics as TensorBoard scalars to DIR/<module>/ "
-                             "(DP rank 0 of each module; needs --intra-microbatch-reorder; default: off)")
+                             "(DP rank 0 of each module; needs --intra-microbatch-reorder) (default: off)")
     parser.add_argument("--log-interval", type=int, default=JobOptions.log_interval, metavar="N",
                         help="print cumulative exchange metrics on DP rank 0 of each module every N windows "
                              "and at the end (0: only at the end; none with --quiet)")
