@@ -16,12 +16,10 @@ from typing import Any
 
 import torch
 
-from mimo_pipes.cost_model import TimeModel, fit_time_model
+from mimo_pipes.cost_model import DEFAULT_COUNTS, DEFAULT_SIDES, TimeModel, fit_time_model
 
 # Image sides in patches (multiples of the merge size), and images per forward. The largest forward is
 # capped (MAX_PATCHES_PER_FORWARD) so the sweep fits in memory on any GPU that can train the tower.
-DEFAULT_SIDES = (8, 16, 32, 48, 64, 96, 128)
-DEFAULT_COUNTS = (1, 4, 16, 64)
 MAX_PATCHES_PER_FORWARD = 65_536
 
 

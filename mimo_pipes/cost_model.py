@@ -42,6 +42,10 @@ class CostModelError(ValueError):
         super().__init__(f"{where}: {field}: {message}" if field else f"{where}: {message}")
 
 
+# The calibration sweep's default grid: image sides in patches, and images per forward.
+DEFAULT_SIDES = (8, 16, 32, 48, 64, 96, 128)
+DEFAULT_COUNTS = (1, 4, 16, 64)
+
 def placeholder_runs(input_ids: Any, placeholder_ids: int | Sequence[int]) -> list[int]:
     """Lengths of the maximal runs of one placeholder id in ``input_ids`` (tensor, array or list), in order.
 

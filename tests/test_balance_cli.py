@@ -126,3 +126,11 @@ def test_invalid_utf8_is_a_bad_line():
     stderr = io.StringIO()
     assert serve(io.BytesIO(b"\xff\xfe\n"), io.StringIO(), stderr) == 2
     assert "line 1" in stderr.getvalue() and "UTF-8" in stderr.getvalue()
+
+
+def test_the_command_line_parser_imports_no_torch():
+    """`mimo-pipes balance` starts in a fraction of a second: building every command's parser imports no torch."""
+    code = "import sys; from mimo_pipes.cli.main import build_parser; build_parser(); print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"

@@ -22,7 +22,7 @@ def _ints(text: str) -> list[int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from mimo_pipes.calibrate import DEFAULT_COUNTS, DEFAULT_SIDES
+    from mimo_pipes.cost_model import DEFAULT_COUNTS, DEFAULT_SIDES  # torch-free: the parser of every command is built
 
     parser.description = (
         "Time a vision encoder's forward over image sizes and images per forward, fit a per-forward floor and "
