@@ -137,7 +137,7 @@ def check_refused(restore: Callable[[dict[str, Any]], Any], state: dict[str, Any
     """``restore(state)`` raises the one-line StateMismatchError naming the node, setting and both values."""
     with pytest.raises(StateMismatchError) as raised:
         restore(copy.deepcopy(state))
-    show = [value if isinstance(value, str) else json.dumps(value) for value in (saved, now)]
+    show = ["none" if value is None else value if isinstance(value, str) else json.dumps(value) for value in (saved, now)]
     expected = f"{node}: saved state was made with {setting} {show[0]}, this graph has {show[1]}"
     assert str(raised.value) == expected
     assert raised.value.setting == setting and "\n" not in str(raised.value)
