@@ -15,26 +15,17 @@ import sys
 from pathlib import Path
 
 from mimo_pipes.cli import run_cmd
+from mimo_pipes.cli.argtypes import positive_ints
 from mimo_pipes.config import JobOptions
 from mimo_pipes.errors import ConfigError, SampleError
 
 RESULT_FILE = "analysis.json"
 
 
-def _window_sizes(value: str) -> tuple[int, ...]:
-    try:
-        sizes = tuple(int(part) for part in value.split(",") if part.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {value!r}") from None
-    if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError(f"window sizes must be integers >= 1, got {value!r}")
-    return sizes
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     run_cmd.add_arguments(parser)
     parser.add_argument("--out", required=True, metavar="DIR", help="folder for analysis.json and the PNG plots")
-    parser.add_argument("--compare-window-sizes", type=_window_sizes, default=(2, 4, 8), metavar="W,W,...",
+    parser.add_argument("--compare-window-sizes", type=positive_ints, default=(2, 4, 8), metavar="W,W,...",
                         help="across-micro-batch window sizes to report besides the given settings (default: 2,4,8)")
 
 

@@ -6,19 +6,10 @@ import argparse
 import datetime
 import sys
 
+from mimo_pipes.cli.argtypes import positive_ints
 from mimo_pipes.errors import ConfigError
 
 DTYPES = ("bfloat16", "float16", "float32")
-
-
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,9 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cuda", help="cuda (default; refused without a GPU) or cpu")
     parser.add_argument("--dtype", default=None, choices=DTYPES, help="default: bfloat16 on cuda, float32 on cpu")
     parser.add_argument("--attn-implementation", default="sdpa", help="the tower's attention (default: sdpa)")
-    parser.add_argument("--sides", type=_ints, default=list(DEFAULT_SIDES),
+    parser.add_argument("--sides", type=positive_ints, default=list(DEFAULT_SIDES),
                         help=f"image sides in patches, comma-separated (default: {','.join(map(str, DEFAULT_SIDES))})")
-    parser.add_argument("--images-per-forward", type=_ints, default=list(DEFAULT_COUNTS),
+    parser.add_argument("--images-per-forward", type=positive_ints, default=list(DEFAULT_COUNTS),
                         help=f"images per forward, comma-separated (default: {','.join(map(str, DEFAULT_COUNTS))})")
     parser.add_argument("--repeats", type=int, default=5, help="timed forwards per point, median kept (default: 5)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed forwards before each point (default: 2)")
