@@ -26,7 +26,7 @@ from mimo_pipes.errors import StateMismatchError
 VALID_FOR_KEY = "valid_for"
 NODE = "node"  # the description's entry that names the node's class
 SAMPLED_ROWS = 3  # rows hashed for the fingerprint of a source that has none of its own
-_MISSING = object()
+MISSING = object()  # a setting one side does not record (saved by another version)
 
 
 def valid_for(node: str, settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -53,9 +53,9 @@ def check_valid_for(saved_state: Any, expected: Mapping[str, Any]) -> None:
     if saved.get(NODE) != node:
         raise StateMismatchError(node, NODE, f"the saved state is a {saved.get(NODE)}'s state, not a {node}'s: it was made with another graph")
     for setting in [*expected, *(name for name in saved if name not in expected)]:
-        before, now = saved.get(setting, _MISSING), expected.get(setting, _MISSING)
+        before, now = saved.get(setting, MISSING), expected.get(setting, MISSING)
         if before != now:
-            raise StateMismatchError(node, setting, f"saved state was made with {setting} {_show(before)}, this graph has {_show(now)}")
+            raise StateMismatchError(node, setting, f"saved state was made with {setting} {show_setting(before)}, this graph has {show_setting(now)}")
 
 
 def check_graph_state(saved_state: Any, expected: Sequence[Mapping[str, Any]]) -> None:
@@ -145,9 +145,11 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"a state's description holds plain values only, got {type(value).__name__}")
 
 
-def _show(value: Any) -> str:
-    if value is _MISSING:
-        return "(not recorded)"
+def show_setting(value: Any, *, missing: str = "(not recorded)", none: str = "none") -> str:
+    """A setting's value as a mismatch message shows it: strings as they are, the rest as JSON; ``MISSING`` (a
+    setting one side does not know) and ``None`` in words."""
+    if value is MISSING:
+        return missing
     if value is None:
-        return "none"
+        return none
     return value if isinstance(value, str) else json.dumps(value)

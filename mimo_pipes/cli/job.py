@@ -23,6 +23,7 @@ from mimo_pipes.exchange.process_groups import build_rank_groups
 from mimo_pipes.loader import graph_nodes
 from mimo_pipes.nodes import SequencePacker
 from mimo_pipes.topology import COMPONENT_FLAG
+from mimo_pipes.validity import MISSING, show_setting
 
 STATE_FORMAT = 2  # 2: meta.json holds every setting that shapes the stream; node states say what they are valid for
 # Settings of PipelineConfig (and the configs inside it) that do not change the stream or the saved state,
@@ -39,7 +40,6 @@ FLAGS = {
     "exchange_timeout_s": "--exchange-timeout",
     "overlap_intra_microbatch_reorder": "--no-overlap-intra-microbatch-reorder",
 }
-_UNSET = object()  # a setting one side does not know (saved by another version)
 
 
 def state_path(directory: str, rank: int) -> Path:
@@ -84,7 +84,7 @@ def check_resume_dir(directory: str, config: PipelineConfig, world_size: int, re
         )
     saved, current = meta["settings"], stream_settings(config, recipe)
     for name in [*current, *(name for name in saved if name not in current)]:
-        before, now = saved.get(name, _UNSET), current.get(name, _UNSET)
+        before, now = saved.get(name, MISSING), current.get(name, MISSING)
         if before != now:
             raise ConfigError("--resume", f"{directory} was saved with {setting_flag(name)} {_show(before)}, this run has {_show(now)}")
     missing = [rank for rank in range(world_size) if not state_path(directory, rank).is_file()]
@@ -94,11 +94,7 @@ def check_resume_dir(directory: str, config: PipelineConfig, world_size: int, re
 
 
 def _show(value: Any) -> str:
-    if value is _UNSET:
-        return "no value (an unknown setting)"
-    if value is None:
-        return "unset (the default)"
-    return value if isinstance(value, str) else json.dumps(value)
+    return show_setting(value, missing="no value (an unknown setting)", none="unset (the default)")
 
 
 def world_backend(world_size: int) -> str:
