@@ -8,6 +8,8 @@ point, and the saved model is integers from then on.
 
 from __future__ import annotations
 
+import gc
+import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -16,7 +18,7 @@ from typing import Any
 
 import torch
 
-from mimo_pipes.cost_model import DEFAULT_COUNTS, DEFAULT_SIDES, TimeModel, fit_time_model
+from mimo_pipes.cost_model import DEFAULT_COUNTS, DEFAULT_MIXES, DEFAULT_SIDES, TimeModel, fit_time_model
 
 # Image sides in patches (multiples of the merge size), and images per forward. The largest forward is
 # capped (MAX_PATCHES_PER_FORWARD) so the sweep fits in memory on any GPU that can train the tower.
@@ -25,15 +27,23 @@ MAX_PATCHES_PER_FORWARD = 65_536
 
 @dataclass(frozen=True)
 class Point:
-    """One timed forward shape: ``count`` images of ``side`` x ``side`` patches; median seconds."""
+    """One timed forward: images of ``sides`` x ``sides`` patches (one side per image); median seconds."""
 
-    side: int
-    count: int
+    sides: tuple[int, ...]
     seconds: float
 
     @property
     def patches(self) -> list[int]:
-        return [self.side * self.side] * self.count
+        return [side * side for side in self.sides]
+
+    @property
+    def count(self) -> int:
+        return len(self.sides)
+
+    def describe(self) -> str:
+        if len(set(self.sides)) == 1:
+            return f"{self.count} x {self.sides[0] ** 2} patches"
+        return f"{self.count} images, {'+'.join(str(p) for p in self.patches)} patches"
 
 
 def sweep(sides: Sequence[int], counts: Sequence[int], merge_size: int, max_patches: int = MAX_PATCHES_PER_FORWARD) -> list[tuple[int, int]]:
@@ -49,10 +59,39 @@ def sweep(sides: Sequence[int], counts: Sequence[int], merge_size: int, max_patc
     return shapes
 
 
+def mixed_shapes(sides: Sequence[int], merge_size: int, number: int, seed: int = 0, max_images: int = 8,
+                 max_patches: int = MAX_PATCHES_PER_FORWARD) -> list[tuple[int, ...]]:
+    """``number`` forwards of 2..``max_images`` images of different sides drawn from ``sides`` (seeded).
+
+    Real forwards mix sizes; the uniform sweep alone leaves the fit blind to how a small image beside a
+    large one costs."""
+    rounded = sorted({-(-int(side) // merge_size) * merge_size for side in sides})
+    if len(rounded) < 2 or number <= 0:
+        return []
+    rng = random.Random(seed)
+    shapes: list[tuple[int, ...]] = []
+    for _ in range(100 * number):
+        if len(shapes) == number:
+            break
+        chosen = tuple(sorted((rng.choice(rounded) for _ in range(rng.randint(2, max_images))), reverse=True))
+        if len(set(chosen)) > 1 and sum(s * s for s in chosen) <= max_patches and chosen not in shapes:
+            shapes.append(chosen)
+    return shapes
+
+
 def time_forward(encoder: Callable[[torch.Tensor, torch.Tensor], Any], pixel_values: torch.Tensor, grid: torch.Tensor,
                  device: torch.device, repeats: int, warmup: int) -> float:
     """Median wall seconds of ``encoder(pixel_values, grid)`` (synchronised on CUDA)."""
-    def once() -> float:
+    with torch.inference_mode():
+        for _ in range(warmup):
+            _once(encoder, pixel_values, grid, device)
+        return statistics.median(_once(encoder, pixel_values, grid, device) for _ in range(max(repeats, 1)))
+
+
+def _once(encoder: Callable[[torch.Tensor, torch.Tensor], Any], pixel_values: torch.Tensor, grid: torch.Tensor, device: torch.device) -> float:
+    collecting = gc.isenabled()
+    gc.disable()  # a collection during the forward would be charged to the encoder
+    try:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         start = time.perf_counter()
@@ -60,11 +99,9 @@ def time_forward(encoder: Callable[[torch.Tensor, torch.Tensor], Any], pixel_val
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         return time.perf_counter() - start
-
-    with torch.inference_mode():
-        for _ in range(warmup):
-            once()
-        return statistics.median(once() for _ in range(max(repeats, 1)))
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def calibrate(
@@ -78,25 +115,43 @@ def calibrate(
     dtype: torch.dtype,
     sides: Sequence[int] = DEFAULT_SIDES,
     counts: Sequence[int] = DEFAULT_COUNTS,
+    mixes: int = DEFAULT_MIXES,
     repeats: int = 5,
     warmup: int = 2,
+    seed: int = 0,
     log: Callable[[str], None] = print,
 ) -> tuple[TimeModel, list[Point], list[float]]:
-    """Time the floor (one image of merge x merge patches) and every shape of the sweep, then fit.
+    """Time the floor (one image of merge x merge patches), every shape of the sweep and ``mixes`` mixed forwards, then fit.
 
-    Returns the model, the points and the modelled seconds of each point."""
-    def measure(side: int, count: int) -> float:
-        grid = torch.tensor([[1, side, side]] * count, dtype=torch.int64)
-        pixels = torch.randn(side * side * count, patch_dim, device=device, dtype=dtype)
-        return time_forward(encoder, pixels, grid.to(device), device, repeats, warmup)
-
-    floor = measure(merge_size, 1)
+    Every shape is first run ``warmup`` times (a GPU pays first-use costs per shape, and its clocks ramp up
+    at the start), then timed once per round over ``repeats`` rounds, each round in its own seeded order,
+    so drift spreads over all shapes instead of biasing the first ones; the median per shape is kept.
+    Returns the model, the points (the sweep's, then the mixes) and the modelled seconds of each point."""
+    shapes: list[tuple[int, ...]] = [(merge_size,)]
+    shapes += [(side,) * count for side, count in sweep(sides, counts, merge_size)]
+    shapes += mixed_shapes(sides, merge_size, mixes, seed)
+    inputs = []
+    for shape in shapes:
+        grid = torch.tensor([[1, side, side] for side in shape], dtype=torch.int64)
+        inputs.append((torch.randn(sum(s * s for s in shape), patch_dim, device=device, dtype=dtype), grid.to(device)))
+    times: list[list[float]] = [[] for _ in shapes]
+    with torch.inference_mode():
+        for _ in range(warmup):
+            for pixels, grid in inputs:
+                _once(encoder, pixels, grid, device)
+        if warmup:
+            log(f"warmed up: {len(shapes)} shapes x {warmup}")
+        order = list(range(len(shapes)))
+        rng = random.Random(seed)
+        for number in range(1, max(repeats, 1) + 1):
+            rng.shuffle(order)
+            for index in order:
+                times[index].append(_once(encoder, *inputs[index], device))
+            log(f"round {number}/{max(repeats, 1)}: {len(shapes)} forwards timed")
+    medians = [statistics.median(values) for values in times]
+    floor = medians[0]
     log(f"floor (one image of {merge_size * merge_size} patches): {floor * 1e3:.2f} ms")
-    points = []
-    shapes = sweep(sides, counts, merge_size)
-    for number, (side, count) in enumerate(shapes, start=1):
-        points.append(Point(side, count, measure(side, count)))
-        log(f"[{number}/{len(shapes)}] {count} x {side * side} patches: {points[-1].seconds * 1e3:.2f} ms")
+    points = [Point(shape, seconds) for shape, seconds in zip(shapes[1:], medians[1:])]
     model, fitted = fit_time_model(
         [(point.patches, point.seconds) for point in points], floor,
         merge_size=merge_size, patch_size=patch_size, temporal_patch_size=temporal_patch_size,
@@ -109,9 +164,9 @@ def fit_report(model: TimeModel, points: Sequence[Point], fitted: Sequence[float
     lines = [
         f"floor {model.floor_ps / 1e9:.3f} ms; per image {model.per_image_ps / 1e9:.4f} ms, per patch "
         f"{model.per_patch_ps / 1e6:.4f} us, per patch^2 {model.per_patch_squared_ps / 1e3:.4f} ns",
-        f"{'images':>6} {'patches each':>12} {'measured ms':>12} {'model ms':>10} {'error':>8}",
+        f"{'forward':>28} {'measured ms':>12} {'model ms':>10} {'error':>8}",
     ]
     for point, value in zip(points, fitted):
         error = (value - point.seconds) / point.seconds if point.seconds > 0 else 0.0
-        lines.append(f"{point.count:>6} {point.side * point.side:>12} {point.seconds * 1e3:>12.2f} {value * 1e3:>10.2f} {error:>+8.1%}")
+        lines.append(f"{point.describe():>28} {point.seconds * 1e3:>12.2f} {value * 1e3:>10.2f} {error:>+8.1%}")
     return lines

@@ -45,6 +45,8 @@ class CostModelError(ValueError):
 # The calibration sweep's default grid: image sides in patches, and images per forward.
 DEFAULT_SIDES = (8, 16, 32, 48, 64, 96, 128)
 DEFAULT_COUNTS = (1, 4, 16, 64)
+DEFAULT_MIXES = 12  # forwards of several image sizes at once
+
 
 def placeholder_runs(input_ids: Any, placeholder_ids: int | Sequence[int]) -> list[int]:
     """Lengths of the maximal runs of one placeholder id in ``input_ids`` (tensor, array or list), in order.

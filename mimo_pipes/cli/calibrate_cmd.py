@@ -13,7 +13,7 @@ DTYPES = ("bfloat16", "float16", "float32")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from mimo_pipes.cost_model import DEFAULT_COUNTS, DEFAULT_SIDES  # torch-free: the parser of every command is built
+    from mimo_pipes.cost_model import DEFAULT_COUNTS, DEFAULT_MIXES, DEFAULT_SIDES  # torch-free: the parser of every command is built
 
     parser.description = (
         "Time a vision encoder's forward over image sizes and images per forward, fit a per-forward floor and "
@@ -31,8 +31,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"image sides in patches, comma-separated (default: {','.join(map(str, DEFAULT_SIDES))})")
     parser.add_argument("--images-per-forward", type=positive_ints, default=list(DEFAULT_COUNTS),
                         help=f"images per forward, comma-separated (default: {','.join(map(str, DEFAULT_COUNTS))})")
-    parser.add_argument("--repeats", type=int, default=5, help="timed forwards per point, median kept (default: 5)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed forwards before each point (default: 2)")
+    parser.add_argument("--mixes", type=int, default=DEFAULT_MIXES,
+                        help=f"forwards that mix image sizes drawn from --sides, 2-8 images each (default: {DEFAULT_MIXES})")
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="rounds: every forward is timed once per round, each round in its own order; median kept (default: 5)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed runs of every forward before the rounds (default: 2)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,6 +60,8 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError("--device", f"must be cuda or cpu, got {args.device!r}")
     if args.repeats < 1 or args.warmup < 0:
         raise ConfigError("--repeats", "must be >= 1 (and --warmup >= 0)")
+    if args.mixes < 0:
+        raise ConfigError("--mixes", f"must be >= 0, got {args.mixes}")
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     try:
         tower = build_vision_tower(args.tower, dtype=dtype, device=device, attn_implementation=args.attn_implementation)
@@ -74,6 +79,7 @@ def _run(args: argparse.Namespace) -> int:
         dtype=dtype,
         sides=args.sides,
         counts=args.images_per_forward,
+        mixes=args.mixes,
         repeats=args.repeats,
         warmup=args.warmup,
         log=lambda line: print(line, flush=True),
@@ -88,7 +94,7 @@ def _run(args: argparse.Namespace) -> int:
         "date": datetime.date.today().isoformat(),
         "torch": torch.__version__,
         "points": [
-            {"images": p.count, "patches_each": p.side * p.side, "measured_ms": round(p.seconds * 1e3, 4), "model_ms": round(f * 1e3, 4)}
+            {"images": p.count, "patches": p.patches, "measured_ms": round(p.seconds * 1e3, 4), "model_ms": round(f * 1e3, 4)}
             for p, f in zip(points, fitted)
         ],
     }

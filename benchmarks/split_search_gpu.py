@@ -1,0 +1,247 @@
+"""Every split of small steps, timed on the GPU: how close to the mean rank can any assignment get?
+
+For a layout where each vision rank gets k = micro-batch / dp samples of a step (dp 2, micro-batch 8: 4 of
+8; dp 4, micro-batch 8: 2 of 8), every k-subset of each step's samples is one forward a rank could run.
+The script times them all on the vision tower (one warm-up forward, then the median of ``--repeats``),
+so every equal-count split of the step over the ranks has a measured time for each rank. From that one
+table it reports, summed over the steps:
+
+- the best split of each step (the one whose slowest rank is fastest): how far above the mean rank the
+  slowest rank must stay, whatever the planner, because samples do not divide;
+- the split each planner chose (reordering off; per-micro-batch balancing on image tokens; on the
+  calibrated time model): the same ``balance_window`` call the exchange makes, timed from the same table.
+
+The steps, samples and costs are ``benchmarks/cost_model_gpu.py``'s (the embedded data, as ``mimo-pipes
+run`` reads it). The measurement and the evaluation are separate: ``--from-results FILE`` re-evaluates a
+saved table with another cost model, without a GPU.
+
+    python3 benchmarks/split_search_gpu.py --device cuda --out DIR              # calibrate, time, evaluate
+    python3 benchmarks/split_search_gpu.py --from-results DIR/results.json --cost-model M.json --out DIR2
+    python3 benchmarks/split_search_gpu.py --device cpu --smoke --out DIR       # tiny tower (a test)
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import random
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from cost_model_gpu import Timer, processed_samples, rank_assignments  # noqa: E402 - the same data and planner calls
+
+from mimo_pipes.calibrate import calibrate, fit_report  # noqa: E402
+from mimo_pipes.config import PipelineConfig, ReorderConfig, planner_settings  # noqa: E402
+from mimo_pipes.cost_model import TimeModel, load_cost_model, save_cost_model  # noqa: E402
+from mimo_pipes.encoders import build_vision_tower, encode, patch_dim  # noqa: E402
+from mimo_pipes.sharding import global_microbatch_indices  # noqa: E402
+from mimo_pipes.topology import build_topology  # noqa: E402
+
+LAYOUTS = ((4, 8), (2, 8))  # (vision dp, micro-batch): 28 and 70 forwards per step
+
+
+def equal_splits(items: tuple[int, ...], parts: int) -> Iterator[list[tuple[int, ...]]]:
+    """Every split of ``items`` into ``parts`` unordered groups of equal size (the first item fixes the first group)."""
+    if parts == 1:
+        yield [items]
+        return
+    size = len(items) // parts
+    first, rest = items[0], items[1:]
+    for others in itertools.combinations(rest, size - 1):
+        group = (first, *others)
+        remaining = tuple(i for i in rest if i not in others)
+        for tail in equal_splits(remaining, parts - 1):
+            yield [group, *tail]
+
+
+def key_of(samples: list[dict], ids: tuple[int, ...]) -> str:
+    """The forward a rank runs for these samples: its images' grids (sorted, so equal image lists share a timing)."""
+    grids = sorted(tuple(g) for i in ids for g in samples[i]["grid"])
+    return ";".join(",".join(map(str, g)) for g in grids)
+
+
+def measure(samples: list[dict], timer: Timer, dp: int, batch: int, steps: int, seed: int, table: dict[str, float],
+            deadline: float, log) -> int:
+    """Times every k-subset of each step into ``table`` (grids key -> seconds); returns the steps completed."""
+    per_rank = batch // dp
+    for step in range(steps):
+        ids = global_microbatch_indices(step, len(samples), batch, seed, True).tolist()
+        keys = {key_of(samples, subset) for subset in itertools.combinations(ids, per_rank)} - set(table)
+        order = sorted(keys)
+        random.Random(step).shuffle(order)  # drift spreads over the step's forwards
+        for key in order:
+            grids = [list(map(int, g.split(","))) for g in key.split(";")] if key else []
+            table[key] = timer(grids)
+        log(f"dp {dp}, micro-batch {batch}: step {step + 1}/{steps} timed ({len(keys)} new forwards, {len(table)} in all)")
+        if time.perf_counter() > deadline:
+            log(f"time budget reached after step {step + 1}")
+            return step + 1
+    return steps
+
+
+def chosen_splits(samples: list[dict], table: dict[str, float], model: TimeModel, dp: int, batch: int, steps: int,
+                  seed: int) -> dict[str, list[list[str]]]:
+    """Per method and step: the forwards (grid keys) of each rank. ``best`` is the split whose slowest rank is
+    fastest by the table; the planners' splits are the exchange's ``balance_window`` call."""
+    components = (f"language=dp={dp}", f"images=dp={dp},rank_offset={dp}")
+    reorder = ReorderConfig(scalable_dp=True, intra_microbatch_reorder=True)
+    floor = planner_settings(build_topology(components), reorder, model).floor
+    methods: dict[str, list[list[str]]] = {"off": [], "linear": [], "calibrated": [], "best": []}
+    for step in range(steps):
+        ids = global_microbatch_indices(step, len(samples), batch, seed, True).tolist()
+
+        def keys(groups) -> list[str]:
+            return [key_of(samples, tuple(ids[p] for p in group)) for group in groups]
+
+        linear = [[samples[i]["image_tokens"] for i in ids]]
+        calibrated = [[model.encoder_time_ns(samples[i]["runs"]) for i in ids]]
+        methods["off"].append(keys(rank_assignments(linear, dp, batch, False, False, 0)[0]))
+        methods["linear"].append(keys(rank_assignments(linear, dp, batch, True, False, 0)[0]))
+        methods["calibrated"].append(keys(rank_assignments(calibrated, dp, batch, True, False, floor)[0]))
+        methods["best"].append(min((keys(split) for split in equal_splits(tuple(range(batch)), dp)),
+                                   key=lambda ks: (max(table[k] for k in ks), sum(table[k] for k in ks))))
+    return methods
+
+
+def evaluate(samples: list[dict], table: dict[str, float], model: TimeModel, dp: int, batch: int, steps: int, seed: int,
+             timings: dict[str, float] | None = None) -> dict:
+    """Sums over the steps of each method's slowest and mean rank; times from ``timings`` (a fresh
+    measurement of the chosen forwards, free of the selection's bias) or else from the table."""
+    splits = chosen_splits(samples, table, model, dp, batch, steps, seed)
+    timings = table if timings is None else timings
+    methods = {name: [[timings[k] for k in ks] for ks in per_step] for name, per_step in splits.items()}
+    summary = {}
+    for name, per_step in methods.items():
+        slowest = sum(max(t) for t in per_step)
+        mean = sum(statistics.fmean(t) for t in per_step)
+        summary[name] = {"slowest_ms": slowest * 1e3, "mean_rank_ms": mean * 1e3, "slowest_over_mean": slowest / mean, "steps": per_step}
+    return {"dp": dp, "microbatch_size": batch, "steps": steps, "methods": summary}
+
+
+def report(results: list[dict], model: TimeModel) -> list[str]:
+    lines = ["| layout | steps | reorder off | per micro-batch, linear | per micro-batch, calibrated | best split of every step |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for result in results:
+        m = result["methods"]
+        off = m["off"]["slowest_ms"]
+        cells = [f"{off:.0f} ms ({m['off']['slowest_over_mean']:.3f})"]
+        for name in ("linear", "calibrated", "best"):
+            cells.append(f"{m[name]['slowest_ms']:.0f} ms ({(m[name]['slowest_ms'] / off - 1) * 100:+.1f}%; {m[name]['slowest_over_mean']:.3f})")
+        lines.append(f"| vision dp {result['dp']}, micro-batch {result['microbatch_size']} | {result['steps']} | " + " | ".join(cells) + " |")
+    lines += ["", "Cells: sum over steps of the slowest rank's forward (change against reordering off; slowest / mean rank).",
+              f"Calibrated model: floor {model.floor_ps / 1e9:.2f} ms, per image {model.per_image_ps / 1e9:.3f} ms, "
+              f"per patch {model.per_patch_ps / 1e6:.3f} us, per patch^2 {model.per_patch_squared_ps / 1e3:.3f} ns."]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu")
+    parser.add_argument("--out", required=True, help="folder for results.md, results.json (and cost_model.json when calibrating)")
+    parser.add_argument("--smoke", action="store_true", help="tiny tower, 2 steps, small sweep: a quick check of the script")
+    parser.add_argument("--tower", default=None, help="preset or config folder (default: qwen2-vl-675m; tiny with --smoke)")
+    parser.add_argument("--cost-model", default=None, help="use this calibrated model instead of calibrating")
+    parser.add_argument("--from-results", default=None, help="evaluate the timings of an earlier run's results.json (no GPU)")
+    parser.add_argument("--steps", type=int, default=None, help="steps per layout (default 32; 2 with --smoke)")
+    parser.add_argument("--repeats", type=int, default=1, help="timed forwards per subset after one warm-up, median kept (default 1)")
+    parser.add_argument("--validate", action="store_true",
+                        help="with --from-results and a GPU: time every chosen split's forwards afresh (the table's best "
+                             "split is the minimum over noisy timings, so its table time is biased low)")
+    parser.add_argument("--budget-s", type=float, default=None, help="stop timing new steps after this many seconds (default: none)")
+    parser.add_argument("--layouts", default=",".join(f"{dp}x{batch}" for dp, batch in LAYOUTS),
+                        help="vision dp x micro-batch size, comma-separated (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=PipelineConfig.seed, help="the run's --seed (default: run's default)")
+    parser.add_argument("--embedded-samples", type=int, default=None,
+                        help=f"embedded dataset size (default: run's default, {PipelineConfig.embedded_samples}; 16 with --smoke)")
+    parser.add_argument("--seq-length", type=int, default=PipelineConfig.seq_length)
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+
+    layouts = [tuple(int(x) for x in item.split("x")) for item in args.layouts.split(",")]
+    samples = processed_samples(args.embedded_samples or (16 if args.smoke else PipelineConfig.embedded_samples), args.seq_length, log)
+    fresh: dict[str, dict[str, float]] = {}
+    if args.from_results:
+        saved = json.loads(Path(args.from_results).read_text())
+        tables, done = saved["tables"], {tuple(map(int, k.split("x"))): v for k, v in saved["steps_timed"].items()}
+        model = load_cost_model(args.cost_model) if args.cost_model else TimeModel(**{k: v for k, v in saved["model"].items() if k not in ("format", "version")})
+        device_name = saved["device"]
+        if args.validate:
+            device = torch.device(args.device)
+            dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+            tower = build_vision_tower(args.tower or ("tiny" if args.smoke else "qwen2-vl-675m"), dtype=dtype, device=device)
+            timer = Timer(tower, device, dtype, repeats=args.repeats, warmup=0 if args.smoke else 1)
+            deadline = time.perf_counter() + (args.budget_s if args.budget_s is not None else float("inf"))
+            for dp, batch in layouts:
+                name = f"{dp}x{batch}"
+                splits = chosen_splits(samples, tables[name], model, dp, batch, done[(dp, batch)], args.seed)
+                wanted = sorted({k for per_step in splits.values() for ks in per_step for k in ks})
+                random.Random(dp * 1000 + batch).shuffle(wanted)
+                for number, key in enumerate(wanted, start=1):
+                    grids = [list(map(int, g.split(","))) for g in key.split(";")] if key else []
+                    fresh.setdefault(name, {})[key] = timer(grids)
+                    if number % 50 == 0 or number == len(wanted):
+                        log(f"{name}: {number}/{len(wanted)} chosen forwards timed afresh")
+                if time.perf_counter() > deadline and (dp, batch) != layouts[-1]:
+                    log("time budget reached: later layouts are not validated")
+                    layouts = layouts[:layouts.index((dp, batch)) + 1]
+                    break
+            device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+            (out / "validation.json").write_text(json.dumps({"repeats": args.repeats, "timings": fresh}, indent=0))
+    else:
+        device = torch.device(args.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            print("no GPU found; pass --device cpu (with --smoke) to check the script on the CPU", file=sys.stderr)
+            return 2
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        tower_name = args.tower or ("tiny" if args.smoke else "qwen2-vl-675m")
+        tower = build_vision_tower(tower_name, dtype=dtype, device=device)
+        if args.cost_model is not None:
+            model = load_cost_model(args.cost_model)
+        else:
+            sweep = {"sides": (4, 8), "counts": (1, 2), "mixes": 1, "repeats": 1, "warmup": 0} if args.smoke else {}
+            config = tower.config
+            model, points, fitted = calibrate(
+                lambda p, g: encode(tower, p, g), patch_dim=patch_dim(config), merge_size=config.spatial_merge_size,
+                patch_size=config.patch_size, temporal_patch_size=config.temporal_patch_size, device=device, dtype=dtype,
+                log=log, **sweep,
+            )
+            lines = fit_report(model, points, fitted)
+            log("\n".join(lines))
+            save_cost_model(model, out / "cost_model.json", {"tower": tower_name, "device": str(device), "points": lines})
+        timer = Timer(tower, device, dtype, repeats=args.repeats, warmup=0 if args.smoke else 1)
+        deadline = time.perf_counter() + (args.budget_s if args.budget_s is not None else float("inf"))
+        tables: dict[str, dict[str, float]] = {}
+        done = {}
+        steps = args.steps or (2 if args.smoke else 32)
+        for dp, batch in layouts:
+            table = tables.setdefault(f"{dp}x{batch}", {})
+            done[(dp, batch)] = measure(samples, timer, dp, batch, steps, args.seed, table, deadline, log)
+        device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        (out / "results.json").write_text(json.dumps({
+            "device": device_name, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "model": model.terms(),
+            "steps_timed": {f"{dp}x{batch}": n for (dp, batch), n in done.items()}, "tables": tables}, indent=0))
+    results = [evaluate(samples, tables[f"{dp}x{batch}"], model, dp, batch, done[(dp, batch)], args.seed, fresh.get(f"{dp}x{batch}"))
+               for dp, batch in layouts if done.get((dp, batch))]
+    source = f"; chosen splits timed afresh (median of {args.repeats})" if fresh else ""
+    lines = [f"Every split of each step timed on {device_name}{source}.", ""] + report(results, model)
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+    (out / "evaluation.json").write_text(json.dumps(results))
+    log("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
