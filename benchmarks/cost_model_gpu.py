@@ -35,7 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mimo_pipes.balance import balance_window  # noqa: E402
-from mimo_pipes.calibrate import calibrate, fit_report, time_forward  # noqa: E402
+from mimo_pipes.calibrate import calibrate, fit_report, time_in_rounds  # noqa: E402
 from mimo_pipes.config import PipelineConfig, ReorderConfig, planner_settings  # noqa: E402
 from mimo_pipes.cost import image_token_count  # noqa: E402
 from mimo_pipes.cost_model import TimeModel, load_cost_model, placeholder_runs, save_cost_model  # noqa: E402
@@ -83,30 +83,36 @@ def rank_assignments(costs: list[list[int]], dp: int, microbatch_size: int, reor
 
 
 class Timer:
-    """Times the tower on a rank's images; identical image lists are timed once."""
+    """Times the tower on ranks' image lists: forwards are registered with :meth:`want`, then timed together
+    by :meth:`measure` in shuffled rounds (``calibrate.time_in_rounds``); identical image lists are timed once."""
 
-    def __init__(self, tower, device: torch.device, dtype: torch.dtype, repeats: int, warmup: int) -> None:
+    def __init__(self, tower, device: torch.device, dtype: torch.dtype, repeats: int, warmup: int, log=print) -> None:
         self.tower, self.device, self.dtype = tower, device, dtype
-        self.repeats, self.warmup = repeats, warmup
+        self.repeats, self.warmup, self.log = repeats, warmup, log
         self.width = patch_dim(tower.config)
-        self.cache: dict[tuple, float] = {}
+        self.cache: dict[tuple, float] = {(): 0.0}  # a rank without images runs no forward
+        self.pending: dict[tuple, None] = {}
 
-    def __call__(self, grids: list[list[int]]) -> float:
+    def want(self, grids: list[list[int]]) -> None:
         key = tuple(map(tuple, grids))
         if key not in self.cache:
-            if not grids:
-                self.cache[key] = 0.0
-            else:
-                grid = torch.tensor(grids, dtype=torch.int64)
-                pixels = torch.randn(int(grid.prod(dim=1).sum()), self.width, device=self.device, dtype=self.dtype)
-                self.cache[key] = time_forward(lambda p, g: encode(self.tower, p, g), pixels, grid.to(self.device),
-                                               self.device, self.repeats, self.warmup)
-        return self.cache[key]
+            self.pending[key] = None
+
+    def measure(self) -> None:
+        forwards = list(self.pending)
+        if forwards:
+            seconds = time_in_rounds(lambda p, g: encode(self.tower, p, g), forwards, patch_dim=self.width, device=self.device,
+                                     dtype=self.dtype, repeats=self.repeats, warmup=self.warmup, seed=len(self.cache), log=self.log)
+            self.cache.update(zip(forwards, seconds))
+        self.pending.clear()
+
+    def __call__(self, grids: list[list[int]]) -> float:
+        return self.cache[tuple(map(tuple, grids))]
 
 
-def run_layout(samples, timer: Timer, model: TimeModel, dp: int, microbatch_size: int, steps: int, window: int,
-               cost: str, mode: str, seed: int) -> dict:
-    """One configuration: per step, the vision ranks' measured and modelled forward times."""
+def plan_layout(samples, model: TimeModel, dp: int, microbatch_size: int, steps: int, window: int, cost: str, mode: str,
+                seed: int) -> dict:
+    """One configuration's assignment: per step, each vision rank's image grids, modelled time and image tokens."""
     components = (f"language=dp={dp}", f"images=dp={dp},rank_offset={dp}")
     reorder = ReorderConfig(scalable_dp=True, intra_microbatch_reorder=mode != "off",
                             reorder_window_size=window, reorder_across_microbatches=mode == "across")
@@ -122,16 +128,21 @@ def run_layout(samples, timer: Timer, model: TimeModel, dp: int, microbatch_size
         else:
             costs = [[model.encoder_time_ns(samples[i]["runs"]) for i in row] for row in ids]
         for ranks in rank_assignments(costs, dp, microbatch_size, mode != "off", mode == "across", floor):
-            grids = [[g for position in positions for g in samples[flat[position]]["grid"]] for positions in ranks]
-            measured = [timer(g) for g in grids]
-            modelled = [model.forward_time_ns([r for p in positions for r in samples[flat[p]]["runs"]]) / 1e9 for positions in ranks]
-            per_step.append({"measured_s": measured, "modelled_s": modelled,
-                             "image_tokens": [sum(samples[flat[p]]["image_tokens"] for p in positions) for positions in ranks]})
-    slowest = sum(max(step["measured_s"]) for step in per_step)
-    mean = sum(statistics.fmean(step["measured_s"]) for step in per_step)
-    return {"dp": dp, "microbatch_size": microbatch_size, "window": window, "cost": cost, "mode": mode,
-            "slowest_ms": slowest * 1e3, "mean_rank_ms": mean * 1e3, "slowest_over_mean": slowest / mean if mean else math.nan,
-            "steps": per_step}
+            per_step.append({
+                "grids": [[g for position in positions for g in samples[flat[position]]["grid"]] for positions in ranks],
+                "modelled_s": [model.forward_time_ns([r for p in positions for r in samples[flat[p]]["runs"]]) / 1e9 for positions in ranks],
+                "image_tokens": [sum(samples[flat[p]]["image_tokens"] for p in positions) for positions in ranks],
+            })
+    return {"dp": dp, "microbatch_size": microbatch_size, "window": window, "cost": cost, "mode": mode, "steps": per_step}
+
+
+def time_layout(plan: dict, timer: Timer) -> dict:
+    """The plan's measured rank times (after ``timer.measure()``) and the sums over steps."""
+    for step in plan["steps"]:
+        step["measured_s"] = [timer(grids) for grids in step.pop("grids")]
+    slowest = sum(max(step["measured_s"]) for step in plan["steps"])
+    mean = sum(statistics.fmean(step["measured_s"]) for step in plan["steps"])
+    return {**plan, "slowest_ms": slowest * 1e3, "mean_rank_ms": mean * 1e3, "slowest_over_mean": slowest / mean if mean else math.nan}
 
 
 def table(results: list[dict]) -> list[str]:
@@ -161,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tower", default=None, help="preset or config folder (default: qwen2-vl-675m; tiny with --smoke)")
     parser.add_argument("--cost-model", default=None, help="use this calibrated model instead of calibrating")
     parser.add_argument("--steps", type=int, default=None, help="global micro-batches per configuration (default 32; 2 with --smoke)")
-    parser.add_argument("--repeats", type=int, default=2, help="timed forwards per rank and step after one warm-up, median kept (default 2)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="rounds: each distinct forward is timed once per round after one warm-up, median kept (default 3)")
     parser.add_argument("--layouts", default=",".join(f"{dp}x{batch}" for dp, batch in LAYOUTS),
                         help="vision dp x micro-batch size, comma-separated (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=PipelineConfig.seed, help="the run's --seed (default: run's default)")
@@ -199,16 +211,23 @@ def main(argv: list[str] | None = None) -> int:
             log(line)
         save_cost_model(model, out / "cost_model.json", {"tower": tower_name, "device": str(device), "points": report})
     samples = processed_samples(args.embedded_samples or (16 if args.smoke else PipelineConfig.embedded_samples), args.seq_length, log)
-    timer = Timer(tower, device, dtype, repeats=1 if args.smoke else args.repeats, warmup=0 if args.smoke else 1)
+    timer = Timer(tower, device, dtype, repeats=1 if args.smoke else args.repeats, warmup=0 if args.smoke else 1, log=log)
     results = []
     layouts = [tuple(int(x) for x in item.split("x")) for item in args.layouts.split(",")]
     layouts = layouts[:1] if args.smoke else layouts
     for dp, batch in layouts:
         configurations = [("linear", "off", 1)] + [(cost, mode, w) for cost in ("linear", "calibrated") for mode, w in (("micro-batch", 1), ("across", 4))]
-        for cost, mode, window in configurations:
-            result = run_layout(samples, timer, model, dp, batch, steps, window, cost, mode, args.seed)
+        plans = [plan_layout(samples, model, dp, batch, steps, window, cost, mode, args.seed) for cost, mode, window in configurations]
+        for plan in plans:  # every configuration's forwards are timed together, in shuffled rounds
+            for step in plan["steps"]:
+                for grids in step["grids"]:
+                    timer.want(grids)
+        log(f"vision dp {dp}, micro-batch {batch}: timing {len(timer.pending)} distinct forwards")
+        timer.measure()
+        for plan in plans:
+            result = time_layout(plan, timer)
             results.append(result)
-            log(f"vision dp {dp}, micro-batch {batch}, {cost}, {mode}: slowest {result['slowest_ms']:.0f} ms, "
+            log(f"vision dp {dp}, micro-batch {batch}, {result['cost']}, {result['mode']}: slowest {result['slowest_ms']:.0f} ms, "
                 f"mean rank {result['mean_rank_ms']:.0f} ms")
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     header = [f"Vision forward of each rank, summed over {steps} steps (slowest rank per step); tower {tower_name}, "

@@ -69,6 +69,10 @@ def key_of(samples: list[dict], ids: tuple[int, ...]) -> str:
     return ";".join(",".join(map(str, g)) for g in grids)
 
 
+def grids_of(key: str) -> list[list[int]]:
+    return [list(map(int, g.split(","))) for g in key.split(";")] if key else []
+
+
 def measure(samples: list[dict], timer: Timer, dp: int, batch: int, steps: int, seed: int, table: dict[str, float],
             deadline: float, log) -> int:
     """Times every k-subset of each step into ``table`` (grids key -> seconds); returns the steps completed."""
@@ -79,8 +83,10 @@ def measure(samples: list[dict], timer: Timer, dp: int, batch: int, steps: int, 
         order = sorted(keys)
         random.Random(step).shuffle(order)  # drift spreads over the step's forwards
         for key in order:
-            grids = [list(map(int, g.split(","))) for g in key.split(";")] if key else []
-            table[key] = timer(grids)
+            timer.want(grids_of(key))
+        timer.measure()
+        for key in order:
+            table[key] = timer(grids_of(key))
         log(f"dp {dp}, micro-batch {batch}: step {step + 1}/{steps} timed ({len(keys)} new forwards, {len(table)} in all)")
         if time.perf_counter() > deadline:
             log(f"time budget reached after step {step + 1}")
@@ -152,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cost-model", default=None, help="use this calibrated model instead of calibrating")
     parser.add_argument("--from-results", default=None, help="evaluate the timings of an earlier run's results.json (no GPU)")
     parser.add_argument("--steps", type=int, default=None, help="steps per layout (default 32; 2 with --smoke)")
-    parser.add_argument("--repeats", type=int, default=1, help="timed forwards per subset after one warm-up, median kept (default 1)")
+    parser.add_argument("--repeats", type=int, default=1, help="rounds: each forward timed once per round after one warm-up, median kept (default 1)")
     parser.add_argument("--validate", action="store_true",
                         help="with --from-results and a GPU: time every chosen split's forwards afresh (the table's best "
                              "split is the minimum over noisy timings, so its table time is biased low)")
@@ -182,18 +188,18 @@ def main(argv: list[str] | None = None) -> int:
             device = torch.device(args.device)
             dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
             tower = build_vision_tower(args.tower or ("tiny" if args.smoke else "qwen2-vl-675m"), dtype=dtype, device=device)
-            timer = Timer(tower, device, dtype, repeats=args.repeats, warmup=0 if args.smoke else 1)
+            timer = Timer(tower, device, dtype, repeats=args.repeats, warmup=0 if args.smoke else 1, log=log)
             deadline = time.perf_counter() + (args.budget_s if args.budget_s is not None else float("inf"))
             for dp, batch in layouts:
                 name = f"{dp}x{batch}"
                 splits = chosen_splits(samples, tables[name], model, dp, batch, done[(dp, batch)], args.seed)
                 wanted = sorted({k for per_step in splits.values() for ks in per_step for k in ks})
                 random.Random(dp * 1000 + batch).shuffle(wanted)
-                for number, key in enumerate(wanted, start=1):
-                    grids = [list(map(int, g.split(","))) for g in key.split(";")] if key else []
-                    fresh.setdefault(name, {})[key] = timer(grids)
-                    if number % 50 == 0 or number == len(wanted):
-                        log(f"{name}: {number}/{len(wanted)} chosen forwards timed afresh")
+                for key in wanted:
+                    timer.want(grids_of(key))
+                log(f"{name}: timing the {len(wanted)} chosen forwards afresh")
+                timer.measure()
+                fresh[name] = {key: timer(grids_of(key)) for key in wanted}
                 if time.perf_counter() > deadline and (dp, batch) != layouts[-1]:
                     log("time budget reached: later layouts are not validated")
                     layouts = layouts[:layouts.index((dp, batch)) + 1]
@@ -221,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
             lines = fit_report(model, points, fitted)
             log("\n".join(lines))
             save_cost_model(model, out / "cost_model.json", {"tower": tower_name, "device": str(device), "points": lines})
-        timer = Timer(tower, device, dtype, repeats=args.repeats, warmup=0 if args.smoke else 1)
+        timer = Timer(tower, device, dtype, repeats=args.repeats, warmup=0 if args.smoke else 1, log=lambda line: None)
         deadline = time.perf_counter() + (args.budget_s if args.budget_s is not None else float("inf"))
         tables: dict[str, dict[str, float]] = {}
         done = {}

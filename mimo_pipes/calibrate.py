@@ -104,6 +104,48 @@ def _once(encoder: Callable[[torch.Tensor, torch.Tensor], Any], pixel_values: to
             gc.enable()
 
 
+def time_in_rounds(
+    encoder: Callable[[torch.Tensor, torch.Tensor], Any],
+    forwards: Sequence[Sequence[Sequence[int]]],
+    *,
+    patch_dim: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    repeats: int,
+    warmup: int,
+    seed: int = 0,
+    log: Callable[[str], None] = print,
+) -> list[float]:
+    """Median wall seconds of every forward (a list of ``[t, h, w]`` grids; random pixels of that shape).
+
+    Every forward is first run ``warmup`` times (a GPU pays first-use costs per shape, and its clocks ramp
+    up at the start), then timed once per round over ``repeats`` rounds, each round in its own seeded
+    order: a slow spell of the machine (clocks, a busy host) then hits one round of many forwards
+    rather than every repeat of one forward, and the median discards it. Inputs are made per call, so
+    memory stays that of the largest forward."""
+    def once(index: int) -> float:
+        grid = torch.tensor(forwards[index], dtype=torch.int64).reshape(-1, 3)
+        pixels = torch.randn(int(grid.prod(dim=1).sum()), patch_dim, device=device, dtype=dtype)
+        return _once(encoder, pixels, grid.to(device), device)
+
+    times: list[list[float]] = [[] for _ in forwards]
+    every = range(len(forwards))
+    with torch.inference_mode():
+        for _ in range(warmup):
+            for index in every:
+                once(index)
+        if warmup:
+            log(f"warmed up: {len(forwards)} forwards x {warmup}")
+        order = list(every)
+        rng = random.Random(seed)
+        for number in range(1, max(repeats, 1) + 1):
+            rng.shuffle(order)
+            for index in order:
+                times[index].append(once(index))
+            log(f"round {number}/{max(repeats, 1)}: {len(forwards)} forwards timed")
+    return [statistics.median(values) for values in times]
+
+
 def calibrate(
     encoder: Callable[[torch.Tensor, torch.Tensor], Any],
     *,
@@ -123,32 +165,14 @@ def calibrate(
 ) -> tuple[TimeModel, list[Point], list[float]]:
     """Time the floor (one image of merge x merge patches), every shape of the sweep and ``mixes`` mixed forwards, then fit.
 
-    Every shape is first run ``warmup`` times (a GPU pays first-use costs per shape, and its clocks ramp up
-    at the start), then timed once per round over ``repeats`` rounds, each round in its own seeded order,
-    so drift spreads over all shapes instead of biasing the first ones; the median per shape is kept.
-    Returns the model, the points (the sweep's, then the mixes) and the modelled seconds of each point."""
+    Timed by :func:`time_in_rounds` (``warmup`` untimed runs of every shape, then ``repeats`` shuffled
+    rounds, median per shape). Returns the model, the points (the sweep's, then the mixes) and the modelled seconds of each point."""
     shapes: list[tuple[int, ...]] = [(merge_size,)]
     shapes += [(side,) * count for side, count in sweep(sides, counts, merge_size)]
     shapes += mixed_shapes(sides, merge_size, mixes, seed)
-    inputs = []
-    for shape in shapes:
-        grid = torch.tensor([[1, side, side] for side in shape], dtype=torch.int64)
-        inputs.append((torch.randn(sum(s * s for s in shape), patch_dim, device=device, dtype=dtype), grid.to(device)))
-    times: list[list[float]] = [[] for _ in shapes]
-    with torch.inference_mode():
-        for _ in range(warmup):
-            for pixels, grid in inputs:
-                _once(encoder, pixels, grid, device)
-        if warmup:
-            log(f"warmed up: {len(shapes)} shapes x {warmup}")
-        order = list(range(len(shapes)))
-        rng = random.Random(seed)
-        for number in range(1, max(repeats, 1) + 1):
-            rng.shuffle(order)
-            for index in order:
-                times[index].append(_once(encoder, *inputs[index], device))
-            log(f"round {number}/{max(repeats, 1)}: {len(shapes)} forwards timed")
-    medians = [statistics.median(values) for values in times]
+    grids = [[[1, side, side] for side in shape] for shape in shapes]
+    medians = time_in_rounds(encoder, grids, patch_dim=patch_dim, device=device, dtype=dtype, repeats=repeats,
+                             warmup=warmup, seed=seed, log=log)
     floor = medians[0]
     log(f"floor (one image of {merge_size * merge_size} patches): {floor * 1e3:.2f} ms")
     points = [Point(shape, seconds) for shape, seconds in zip(shapes[1:], medians[1:])]
