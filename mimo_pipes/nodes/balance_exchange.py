@@ -237,6 +237,7 @@ class BalanceExchange(BaseNode[Window]):
             self._sequence = int(initial_state[self.SEQUENCE_KEY])
         self._state_after_delivered = copy.deepcopy(self.source.state_dict())
         self._ended = False
+        # A state saved before the totals were kept (no METRICS_KEY) restores the stream and starts them at zero.
         self._accumulator.load_state(None if initial_state is None else initial_state.get(self.METRICS_KEY))
         self._last_metrics = None
 
