@@ -7,6 +7,7 @@ random weights, which time exactly like trained ones.
 
 from __future__ import annotations
 
+import hashlib
 import warnings
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,15 @@ def vision_tower_config(source: str, **overrides: Any) -> Qwen2VLVisionConfig:
     for key, value in overrides.items():
         setattr(config, key, value)
     return config
+
+
+def vision_tower_identity(source: str) -> str:
+    """What a checkpoint records of ``source``: a preset's name, or a folder with a digest of its
+    ``config.json`` (an edited config builds another model under the same path)."""
+    config = Path(source) / "config.json"
+    if source in TOWER_PRESETS or not config.is_file():
+        return source
+    return f"{source} (config.json sha256 {hashlib.sha256(config.read_bytes()).hexdigest()[:12]})"
 
 
 def build_vision_tower(

@@ -18,13 +18,14 @@ readers placed the samples, i.e. without reordering) or ``after`` (as the exchan
   ``time/{phase}_s`` per phase of :data:`~mimo_pipes.observer.PHASES`, ``time/wait_s`` (the training
   thread's wait for the window in ``next()``);
 - ``window``, ``first_step``, ``microbatches``, ``dp_rank``, ``dp_size``;
-- ``cumulative/...``: the same sums, spreads and ratios over every window delivered since the graph
-  started iterating (``cumulative/windows``, ``cumulative/microbatches``).
+- ``cumulative/...``: the same sums, spreads and ratios over every window delivered since the start of
+  training (``cumulative/windows``, ``cumulative/microbatches``); a graph restored from a saved state
+  continues its totals (they are part of the exchange node's state).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mimo_pipes.balance import window_lower_bound
@@ -120,7 +121,13 @@ def window_metrics(record: ExchangeRecord) -> dict[str, Any]:
 
 
 class MetricsAccumulator:
-    """Folds each window's figures into running totals; :meth:`add` returns the window's full dict."""
+    """Folds each window's figures into running totals; :meth:`add` returns the window's full dict.
+    :meth:`state` / :meth:`load_state` carry the totals across a resume (JSON-plain: counts and sums)."""
+
+    WINDOWS_KEY = "windows"
+    MICROBATCHES_KEY = "microbatches"
+    SUMS_KEY = "sums"
+    PER_RANK_KEY = "per_rank"
 
     def __init__(self) -> None:
         self.reset()
@@ -130,6 +137,26 @@ class MetricsAccumulator:
         self._microbatches = 0
         self._sums: dict[str, float] = {}
         self._per_rank: dict[str, list[int]] = {}
+
+    def state(self) -> dict[str, Any]:
+        """The running totals. Floats survive a JSON round trip exactly, so totals restored from a
+        checkpoint continue bit for bit as if the run had not stopped."""
+        return {
+            self.WINDOWS_KEY: self._windows,
+            self.MICROBATCHES_KEY: self._microbatches,
+            self.SUMS_KEY: dict(self._sums),
+            self.PER_RANK_KEY: {prefix: list(ranks) for prefix, ranks in self._per_rank.items()},
+        }
+
+    def load_state(self, state: Mapping[str, Any] | None) -> None:
+        """Continue from totals :meth:`state` returned; None starts from zero."""
+        self.reset()
+        if state is None:
+            return
+        self._windows = int(state[self.WINDOWS_KEY])
+        self._microbatches = int(state[self.MICROBATCHES_KEY])
+        self._sums = dict(state[self.SUMS_KEY])
+        self._per_rank = {prefix: list(ranks) for prefix, ranks in state[self.PER_RANK_KEY].items()}
 
     def add(self, figures: dict[str, Any], wait_seconds: float) -> dict[str, Any]:
         figures = {**figures, "time/wait_s": wait_seconds}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from scenarios_exchange import PAD_VALUES, make_config
 
 from mimo_pipes.exchange import RankLayout
@@ -23,8 +25,7 @@ def run_observed(components, *, steps, microbatch_size, **config_kwargs):
     config = make_config(components, microbatch_size=microbatch_size, **config_kwargs)
     position = groups.position
     layout = RankLayout(position.dp_rank, position.dp_size, topology.grid_size, groups.exchange_group)
-    loader = pipeline(SyntheticProcessedDataset(512, seed=3), config, layout, map_fn=None, image_token_id=IMAGE_TOKEN_ID,
-                      pad_values=PAD_VALUES)
+    loader = build(config, layout)
     records = []
     loader.exchange_node().add_observer(records.append)
     batches = []
@@ -42,3 +43,40 @@ def run_observed(components, *, steps, microbatch_size, **config_kwargs):
         "records": [{**{name: getattr(r, name) for name in RECORD_FIELDS}, "metrics": r.metrics} for r in records],
         "batches": batches,
     }
+
+
+def cumulative_after_resume(components, *, steps, stop_at, microbatch_size, **config_kwargs):
+    """The last window's metrics of a run to ``steps``, and of runs stopped after each count in ``stop_at``,
+    saved (through JSON, as a checkpoint holds it), restored into a new graph and continued to ``steps``."""
+    topology = build_topology(components)
+    groups = build_rank_groups(topology, exchange_backend="gloo", timeout_s=60.0)
+    if groups is None:
+        return None
+    config = make_config(components, microbatch_size=microbatch_size, **config_kwargs)
+    position = groups.position
+    layout = RankLayout(position.dp_rank, position.dp_size, topology.grid_size, groups.exchange_group)
+
+    def consume(until, state=None):
+        loader = build(config, layout)
+        if state is not None:
+            loader.load_state_dict(state)
+        try:
+            if loader.num_yielded < until:
+                for _ in loader:
+                    if loader.num_yielded >= until:
+                        break
+            return loader.exchange_metrics(), json.loads(json.dumps(loader.state_dict()))
+        finally:
+            loader.close()
+
+    resumed = {}
+    for stop in stop_at:
+        _, state = consume(stop)
+        resumed[stop] = consume(steps, state)[0]
+    return {"module": position.module.name, "dp_rank": position.dp_rank, "full": consume(steps)[0], "resumed": resumed}
+
+
+def build(config, layout):
+    """The graph ``mimo-pipes run`` builds (its default recipe), over the embedded test data."""
+    return pipeline(SyntheticProcessedDataset(512, seed=3), config, layout, map_fn=None, image_token_id=IMAGE_TOKEN_ID,
+                    pad_values=PAD_VALUES)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from mimo_pipes.cli.job import load_checkpoint, save_checkpoint, stream_settings
+from mimo_pipes.cli.job import load_checkpoint, resume_settings, save_checkpoint
 from mimo_pipes.config import PipelineConfig, ReorderConfig, TrainOptions
 from mimo_pipes.exchange.process_groups import build_rank_groups
 from mimo_pipes.topology import build_topology
@@ -43,21 +43,22 @@ def train_and_resume(components, variants: dict[str, dict], *, iterations: int, 
         trainer = Trainer(config, options, groups, topology)
         results = [trainer.step()]
         if name == resume:
-            settings = stream_settings(config, "mimo_pipes_recipes.tiny_mimo_train")
+            settings = resume_settings(config, options)
             save_checkpoint(checkpoint_dir, dist.get_rank(), trainer.state_dict(), settings, trainer.loader.num_yielded, layout_group)
         results += [trainer.step() for _ in range(iterations - 1)]
         trainer.close()
-        outcome["runs"][name] = _summary(results)
+        outcome["runs"][name] = _summary(results, trainer)
     restored = Trainer(train_config(components, **variants[resume]), options, groups, topology)
     restored.load_state_dict(load_checkpoint(checkpoint_dir, dist.get_rank()))
-    outcome["resumed"] = _summary([restored.step() for _ in range(iterations - 1)])
+    outcome["resumed"] = _summary([restored.step() for _ in range(iterations - 1)], restored)
     restored.close()
     return outcome
 
 
-def _summary(results) -> dict:
+def _summary(results, trainer) -> dict:
     return {
         "losses": [result.loss for result in results],
         "iterations": [result.iteration for result in results],
         "microbatches": [record["sample_ids"] for result in results for record in result.records],
+        "metrics": trainer.loader.exchange_metrics(),  # the last window's, running totals included
     }

@@ -82,3 +82,33 @@ def test_refuses_a_state_made_for_other_settings(setting, overrides, saved, now)
 def test_a_state_saved_without_collation_is_refused_with_it():
     with pytest.raises(StateMismatchError, match=r"made with collation pad length \(not recorded\), this graph has 1600"):
         exchange(COLLATOR).reset(saved_after(exchange(), 1))
+
+
+def cumulative(node: BalanceExchange) -> dict:
+    """The node's running totals as its metrics show them, wall-clock times aside."""
+    return {k: v for k, v in node.metrics().items() if k.startswith("cumulative/") and not k.startswith("cumulative/time/")}
+
+
+@pytest.mark.parametrize("across", [False, True])
+def test_state_carries_the_metrics_totals_across_a_restore(across):
+    reference = exchange(COLLATOR, across_microbatches=across)
+    take(reference, None)
+    assert reference.metrics()["cumulative/windows"] == 3 and reference.metrics()["cumulative/microbatches"] == 7
+    for position in range(4):
+        node = exchange(COLLATOR, across_microbatches=across)
+        state = saved_after(node, position)
+        totals = state[BalanceExchange.METRICS_KEY]
+        assert totals["windows"] == position and totals["microbatches"] == [0, 3, 6, 7][position]
+        if position:
+            assert node.metrics()["cumulative/image_tokens/after/critical_path"] == totals["sums"]["image_tokens/after/critical_path"]
+        restored = exchange(COLLATOR, across_microbatches=across)
+        restored.reset(state)
+        assert restored.metrics() is None  # nothing delivered since the restore
+        if take(restored, None):
+            assert cumulative(restored) == cumulative(reference), position
+            assert restored.metrics()["cumulative/time/exchange_s"] >= totals["sums"].get("time/exchange_s", 0)
+    restarted = exchange(COLLATOR, across_microbatches=across)
+    take(restarted, 2)
+    restarted.reset(None)  # a fresh start, not a restore: the totals start again
+    take(restarted, 1)
+    assert restarted.metrics()["cumulative/windows"] == 1

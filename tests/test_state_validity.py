@@ -13,9 +13,9 @@ from scenarios_exchange import PAD_VALUES
 from test_plugin_dist import reorder_config, single_rank_batches
 
 from mimo_pipes.adapters.microbatch_iterator import balance_iterator
-from mimo_pipes.cli.job import RESUME_EXEMPT, STATE_FORMAT, check_resume_dir, setting_flag, state_path, stream_settings
+from mimo_pipes.cli.job import RESUME_EXEMPT, STATE_FORMAT, check_resume_dir, resume_settings, setting_flag, state_path
 from mimo_pipes.cli.main import build_parser
-from mimo_pipes.config import PipelineConfig, ReorderConfig
+from mimo_pipes.config import JobOptions, PipelineConfig, ReorderConfig
 from mimo_pipes.errors import ConfigError, StateMismatchError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
@@ -119,7 +119,7 @@ def test_existing_pipeline_recipe_refuses_a_state_made_for_other_settings():
 
 
 def save_meta(directory, config: PipelineConfig, recipe="mimo_pipes_recipes.vlm_sft", world_size=4):
-    meta = {"format": STATE_FORMAT, "consumed_microbatches": 3, "world_size": world_size, "settings": stream_settings(config, recipe)}
+    meta = {"format": STATE_FORMAT, "consumed_microbatches": 3, "world_size": world_size, "settings": resume_settings(config, JobOptions(recipe=recipe))}
     (directory / "meta.json").write_text(json.dumps(meta))
     for rank in range(world_size):
         state_path(str(directory), rank).write_text("{}")
@@ -160,28 +160,28 @@ def test_resume_refuses_every_setting_but_the_exempt_ones_naming_the_flag(tmp_pa
         setattr(target, name, other_value(getattr(target, name)))
         assert setting_flag(name) in flags, f"{name}: {setting_flag(name)} is not a run flag"
         if name in RESUME_EXEMPT:
-            assert check_resume_dir(str(tmp_path), config, 4, "mimo_pipes_recipes.vlm_sft") == 3
+            assert check_resume_dir(str(tmp_path), config, 4, JobOptions()) == 3
             continue
         with pytest.raises(ConfigError) as raised:
-            check_resume_dir(str(tmp_path), config, 4, "mimo_pipes_recipes.vlm_sft")
+            check_resume_dir(str(tmp_path), config, 4, JobOptions())
         assert raised.value.setting == "--resume" and f" was saved with {setting_flag(name)} " in str(raised.value), name
         checked.add(name)
     assert {"embedded_samples", "processor", "seq_length", "dataset", "seed", "reorder_window_size"} <= checked
     with pytest.raises(ConfigError, match="saved with --recipe mimo_pipes_recipes.vlm_sft, this run has mine"):
-        check_resume_dir(str(tmp_path), base, 4, "mine")
+        check_resume_dir(str(tmp_path), base, 4, JobOptions(recipe="mine"))
 
 
 def test_resume_settings_that_do_not_shape_the_stream(tmp_path):
     save_meta(tmp_path, PipelineConfig(dataset="data", embedded_samples=48))
-    assert check_resume_dir(str(tmp_path), PipelineConfig(dataset="data", embedded_samples=64), 4, "mimo_pipes_recipes.vlm_sft") == 3
+    assert check_resume_dir(str(tmp_path), PipelineConfig(dataset="data", embedded_samples=64), 4, JobOptions()) == 3
     save_meta(tmp_path, PipelineConfig(reorder=ReorderConfig(reorder_encoder_cost_weight="1.0")))
-    assert check_resume_dir(str(tmp_path), PipelineConfig(reorder=ReorderConfig(reorder_encoder_cost_weight=1)), 4, "mimo_pipes_recipes.vlm_sft") == 3
+    assert check_resume_dir(str(tmp_path), PipelineConfig(reorder=ReorderConfig(reorder_encoder_cost_weight=1)), 4, JobOptions()) == 3
 
 
 def test_resume_refuses_an_older_state_format(tmp_path):
     (tmp_path / "meta.json").write_text(json.dumps({"format": 1, "consumed_microbatches": 3, "fingerprint": {}}))
     with pytest.raises(ConfigError, match="state format 1 is not 2"):
-        check_resume_dir(str(tmp_path), PipelineConfig(), 4, "mimo_pipes_recipes.vlm_sft")
+        check_resume_dir(str(tmp_path), PipelineConfig(), 4, JobOptions())
 
 
 def test_balance_iterator_over_a_graph_loader_restores_both():

@@ -49,6 +49,10 @@ def test_losses_equal_with_reordering_off_and_on_and_after_resume(gloo_pool, tmp
         assert resumed["iterations"] == uninterrupted["iterations"][1:] == list(range(2, ITERATIONS + 1))
         assert resumed["losses"] == uninterrupted["losses"][1:]  # bitwise
         assert resumed["microbatches"] == uninterrupted["microbatches"][2:]  # 2 micro-batches an iteration
+        # The exchange's running totals continue across the resume (wall-clock times are each run's own).
+        totals = _totals(resumed["metrics"])
+        assert totals == _totals(uninterrupted["metrics"])
+        assert totals["cumulative/microbatches"] == 2 * ITERATIONS and totals["cumulative/windows"] == ITERATIONS
     for name in VARIANTS:
         # Every global batch (2 micro-batches on each rank) holds the same samples in every variant.
         assert _global_batches(language, name) == _global_batches(language, "off")
@@ -56,6 +60,10 @@ def test_losses_equal_with_reordering_off_and_on_and_after_resume(gloo_pool, tmp
     # Reordering did move samples, so the equality above is not the trivial one.
     for name in ("on", "on, window 2 across micro-batches"):
         assert any(o["runs"][name]["microbatches"] != o["runs"]["off"]["microbatches"] for o in vision + language)
+
+
+def _totals(metrics: dict) -> dict:
+    return {k: v for k, v in metrics.items() if k.startswith("cumulative/") and not k.startswith("cumulative/time/")}
 
 
 def _global_batches(outcomes, name) -> list[set[int]]:

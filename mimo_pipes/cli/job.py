@@ -34,11 +34,25 @@ RESUME_EXEMPT = {
     "exchange_timeout_s": "how long a rank waits for a silent peer",
     "overlap_intra_microbatch_reorder": "which thread runs the exchange; the state is the same either way",
 }
+# Options of `run` and `train` (JobOptions, TrainOptions) that do not change what a resumed run computes:
+# how far it goes, where it writes, what it prints. Every other option (the recipe; train's learning rate
+# and vision tower; any option added later) is saved with the state and must match on resume.
+OPTION_EXEMPT = {
+    "steps": "how far to run: a resumed run goes further",
+    "stop_after": "where this run stops and saves",
+    "save_state": "where this run saves",
+    "resume": "where this run resumes from",
+    "dump_assignments": "a record of what the ranks consumed",
+    "progress": "the progress bar and metrics lines",
+    "tensorboard": "where the exchange metrics are written (their totals travel in the state)",
+    "log_interval": "how often a metrics line is printed",
+}
 # Fields whose flag is not the field name with dashes.
 FLAGS = {
     "components": COMPONENT_FLAG,
     "exchange_timeout_s": "--exchange-timeout",
     "overlap_intra_microbatch_reorder": "--no-overlap-intra-microbatch-reorder",
+    "progress": "--quiet",
 }
 
 
@@ -46,9 +60,10 @@ def state_path(directory: str, rank: int) -> Path:
     return Path(directory) / f"rank{rank}.json"
 
 
-def stream_settings(config: PipelineConfig, recipe: str) -> dict[str, Any]:
-    """Every setting that shapes the stream, by field name, JSON-plain: all fields of the config and of the
-    configs inside it except :data:`RESUME_EXEMPT`, and the recipe that builds the graph."""
+def resume_settings(config: PipelineConfig, options: JobOptions) -> dict[str, Any]:
+    """Every setting a resumed run must share with the saved one, by field name, JSON-plain: all fields of
+    the config and of the configs inside it except :data:`RESUME_EXEMPT` (what shapes the stream), and all
+    options except :data:`OPTION_EXEMPT` (the recipe, and for ``train`` what shapes the losses)."""
     settings: dict[str, Any] = {}
 
     def add(holder: Any) -> None:
@@ -64,7 +79,13 @@ def stream_settings(config: PipelineConfig, recipe: str) -> dict[str, Any]:
         settings[name] = str(exact_weight(settings[name], flag(name)))
     if config.dataset is not None:
         settings["embedded_samples"] = None  # the embedded data is not used
-    settings["recipe"] = recipe
+    for item in dataclasses.fields(options):
+        if item.name not in OPTION_EXEMPT:
+            settings[item.name] = getattr(options, item.name)
+    if isinstance(options, TrainOptions):
+        from mimo_pipes.encoders import vision_tower_identity
+
+        settings["vision_tower"] = vision_tower_identity(options.vision_tower)  # a folder's config, not only its path
     return json.loads(json.dumps(settings))
 
 
@@ -72,8 +93,9 @@ def setting_flag(name: str) -> str:
     return FLAGS.get(name, flag(name))
 
 
-def check_resume_dir(directory: str, config: PipelineConfig, world_size: int, recipe: str) -> int:
-    """Validate a saved state before any rank starts; returns the consumed micro-batch count."""
+def check_resume_dir(directory: str, config: PipelineConfig, world_size: int, options: JobOptions) -> int:
+    """Validate a saved state before any rank starts (every launcher and torchrun rank runs it, so a mismatch
+    ends every rank with exit 2 before any collective); returns the consumed micro-batch count."""
     meta_path = Path(directory) / "meta.json"
     if not meta_path.is_file():
         raise ConfigError("--resume", f"{directory} holds no saved state (meta.json missing)")
@@ -82,7 +104,7 @@ def check_resume_dir(directory: str, config: PipelineConfig, world_size: int, re
         raise ConfigError(
             "--resume", f"{directory}: state format {meta.get('format')} is not {STATE_FORMAT} (saved by another mimo-pipes version); start the run again"
         )
-    saved, current = meta["settings"], stream_settings(config, recipe)
+    saved, current = meta["settings"], resume_settings(config, options)
     for name in [*current, *(name for name in saved if name not in current)]:
         before, now = saved.get(name, MISSING), current.get(name, MISSING)
         if before != now:
@@ -168,7 +190,7 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> None:
                 break
         end = loader.num_yielded  # below stop when the data ended first
         if options.save_state and options.stop_after is not None:
-            _save_state(options.save_state, rank, loader.state_dict(), stream_settings(config, options.recipe), end)
+            _save_state(options.save_state, rank, loader.state_dict(), resume_settings(config, options), end)
         if metrics_log is not None:
             metrics_log.finish(loader.exchange_metrics())
     finally:
@@ -303,6 +325,7 @@ def train_rank(config: PipelineConfig, options: TrainOptions) -> None:
     per_iteration = config.microbatches_per_global_batch
     start = trainer.iteration
     stop = (options.stop_after if options.stop_after is not None else options.steps) // per_iteration
+    metrics_log = attach_metrics(trainer.loader, groups.position, options)  # --tensorboard, --log-interval as for run
     dump = _open_dump(options, rank, append=bool(options.resume))
     results = []
     progress = _progress(rank == 0 and options.progress, options.steps // per_iteration, start, "iterations", "it")
@@ -317,14 +340,18 @@ def train_rank(config: PipelineConfig, options: TrainOptions) -> None:
                 progress.update(1)
         if options.save_state and options.stop_after is not None:
             save_checkpoint(
-                options.save_state, rank, trainer.state_dict(), stream_settings(config, options.recipe), trainer.loader.num_yielded
+                options.save_state, rank, trainer.state_dict(), resume_settings(config, options), trainer.loader.num_yielded
             )
+        if metrics_log is not None:
+            metrics_log.finish(trainer.loader.exchange_metrics())
     finally:
         if progress is not None:
             progress.close()
         if dump is not None:
             dump.close()
         trainer.close()
+        if metrics_log is not None:
+            metrics_log.close()
     everything: list[list | None] = [None] * world_size
     dist.all_gather_object(everything, results)
     if rank == 0:

@@ -37,7 +37,10 @@ class MetricsLog:
 
     def _print(self, metrics: dict[str, Any]) -> None:
         self.printed_at = metrics["cumulative/windows"]
-        print(f"exchange metrics: {summary_line(self.module, metrics)}", file=sys.stderr, flush=True)
+        from tqdm import tqdm
+
+        # Through tqdm: on the rank that draws the progress bar the line gets its own line, not the bar's end.
+        tqdm.write(f"exchange metrics: {summary_line(self.module, metrics)}", file=sys.stderr)
 
     def close(self) -> None:
         if self.sink is not None:

@@ -228,7 +228,7 @@ def validate_consumption(config: PipelineConfig, options: JobOptions, world_size
     if options.resume is not None:
         from mimo_pipes.cli.job import check_resume_dir  # imports torch
 
-        consumed = check_resume_dir(options.resume, config, world_size, options.recipe)
+        consumed = check_resume_dir(options.resume, config, world_size, options)
         if consumed >= options.steps:
             raise ConfigError("--steps", f"{options.steps} is not past the {consumed} micro-batches already consumed in {options.resume}")
         if options.stop_after is not None and options.stop_after <= consumed:

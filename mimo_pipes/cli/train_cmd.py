@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import math
 import os
 import sys
 
@@ -41,8 +42,14 @@ def validate_training(config: PipelineConfig, options: TrainOptions) -> int:
     for name, value in (("--steps", options.steps), ("--stop-after", options.stop_after)):
         if value is not None and value % per_iteration:
             raise ConfigError(name, f"{value} micro-batches are not whole iterations of {per_iteration} micro-batches (one global batch)")
-    if not options.lr > 0:
-        raise ConfigError("--lr", f"must be positive, got {options.lr}")
+    if not (options.lr > 0 and math.isfinite(options.lr)):
+        raise ConfigError("--lr", f"must be positive and finite, got {options.lr}")
+    from mimo_pipes.encoders import vision_tower_config
+
+    try:
+        vision_tower_config(options.vision_tower)
+    except (ValueError, OSError) as error:
+        raise ConfigError("--vision-tower", str(error)) from None
     recipe = importlib.import_module(options.recipe)
     if hasattr(recipe, "check_layout"):
         recipe.check_layout(config.validate())

@@ -172,18 +172,24 @@ class BalanceExchange(BaseNode[Window]):
     right after its exchange, on the same thread, so the training thread only hands micro-batches out;
     the samples are checked for it before the exchange, and one small all-gather after collation makes
     a collation failure on any rank an exception on every rank.
-    The state is the source's state after the last delivered window: plain counters, never samples.
+    The state is the source's state after the last delivered window: plain counters, never samples, and
+    the metrics' running totals (a few counts and sums), so cumulative figures continue across a resume.
 
     Each delivered window is described by an :class:`~mimo_pipes.observer.ExchangeRecord` handed to
     ``observers`` (on the training thread, in order). With ``collect_metrics`` (default) the node also
     keeps :mod:`mimo_pipes.metrics`' figures: :meth:`metrics` is the last delivered window's dict,
-    cumulative figures included (since the last ``reset``). Neither costs a collective.
-    It is valid for one DP layout, B/d, W, across-micro-batch setting and collation; with overlap or
-    without, the state is the same.
+    cumulative figures included (since the start of training: a restored state brings its totals).
+    Neither costs a collective. It is valid for one DP layout, B/d, W, across-micro-batch setting and
+    collation; with overlap or without, the state is the same (but for the metrics' time totals).
     """
 
     SOURCE_KEY = "source"
     SEQUENCE_KEY = "windows_delivered"
+    # The totals live here rather than beside a checkpoint: whoever saves the graph's state (the CLI, a
+    # StatefulDataLoader, a trainer's own checkpoint) keeps them, and they always match the state's window
+    # position. Mid-window, MicroBatchAssembler holds this node's state from before the window, whose totals
+    # exclude it; the restored graph delivers that window again and adds it once.
+    METRICS_KEY = "metrics_totals"
     VALID_FOR_KEY = VALID_FOR_KEY
 
     def __init__(
@@ -231,7 +237,8 @@ class BalanceExchange(BaseNode[Window]):
             self._sequence = int(initial_state[self.SEQUENCE_KEY])
         self._state_after_delivered = copy.deepcopy(self.source.state_dict())
         self._ended = False
-        self._accumulator.reset()
+        # A state saved before the totals were kept (no METRICS_KEY) restores the stream and starts them at zero.
+        self._accumulator.load_state(None if initial_state is None else initial_state.get(self.METRICS_KEY))
         self._last_metrics = None
 
     def add_observer(self, observer: ExchangeObserver) -> None:
@@ -316,4 +323,5 @@ class BalanceExchange(BaseNode[Window]):
             self.VALID_FOR_KEY: copy.deepcopy(self.valid_for),
             self.SOURCE_KEY: copy.deepcopy(self._state_after_delivered),
             self.SEQUENCE_KEY: self._sequence,
+            self.METRICS_KEY: self._accumulator.state(),
         }
