@@ -46,6 +46,7 @@ from mimo_pipes.sharding import global_microbatch_indices  # noqa: E402
 from mimo_pipes.topology import build_topology  # noqa: E402
 
 LAYOUTS = ((2, 8), (4, 8), (4, 16))  # (vision dp, micro-batch size), the table
+COSTS = ("linear", "calibrated", "calibrated, no floor")
 
 
 def embedded_rows(num_samples: int, seed: int = 0) -> list[dict]:
@@ -118,6 +119,7 @@ def plan_layout(samples, model: TimeModel, dp: int, microbatch_size: int, steps:
                             reorder_window_size=window, reorder_across_microbatches=mode == "across")
     config = PipelineConfig(components=components, micro_batch_size=microbatch_size, seed=seed, reorder=reorder)
     config.validate(world_size=2 * dp)
+    # "calibrated, no floor": the model's costs, planned as if a forward cost the sum of its images (floor 0)
     floor = planner_settings(build_topology(components), reorder, model if cost == "calibrated" else None).floor
     per_step = []
     for first in range(0, steps, window):
@@ -125,6 +127,8 @@ def plan_layout(samples, model: TimeModel, dp: int, microbatch_size: int, steps:
         flat = [i for row in ids for i in row]
         if cost == "linear":
             costs = [[samples[i]["image_tokens"] for i in row] for row in ids]
+        elif cost not in COSTS:
+            raise ValueError(f"cost {cost!r} is not one of {COSTS}")
         else:
             costs = [[model.encoder_time_ns(samples[i]["runs"]) for i in row] for row in ids]
         for ranks in rank_assignments(costs, dp, microbatch_size, mode != "off", mode == "across", floor):
@@ -151,7 +155,9 @@ def table(results: list[dict]) -> list[str]:
     by_key = {(r["dp"], r["microbatch_size"], r["cost"], r["mode"]): r for r in results}
     for dp, batch in sorted({(r["dp"], r["microbatch_size"]) for r in results}):
         off = by_key[(dp, batch, "linear", "off")]
-        for cost in ("linear", "calibrated"):
+        for cost in COSTS:
+            if not any((dp, batch, cost, mode) in by_key for mode in ("micro-batch", "across")):
+                continue
             cells, ratios = [], [f"{off['slowest_over_mean']:.3f}"]
             for mode in ("micro-batch", "across"):
                 r = by_key.get((dp, batch, cost, mode))
@@ -217,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     layouts = layouts[:1] if args.smoke else layouts
     for dp, batch in layouts:
         configurations = [("linear", "off", 1)] + [(cost, mode, w) for cost in ("linear", "calibrated") for mode, w in (("micro-batch", 1), ("across", 4))]
+        configurations.append(("calibrated, no floor", "across", 4))
         plans = [plan_layout(samples, model, dp, batch, steps, window, cost, mode, args.seed) for cost, mode, window in configurations]
         for plan in plans:  # every configuration's forwards are timed together, in shuffled rounds
             for step in plan["steps"]:

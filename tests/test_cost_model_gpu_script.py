@@ -35,7 +35,8 @@ def test_cpu_smoke_run(tmp_path):
     assert cost_model_gpu.main(["--device", "cpu", "--smoke", "--out", str(tmp_path)]) == 0
     body = json.loads((tmp_path / "results.json").read_text())
     modes = sorted((r["cost"], r["mode"]) for r in body["results"])
-    assert modes == [("calibrated", "across"), ("calibrated", "micro-batch"), ("linear", "across"), ("linear", "micro-batch"), ("linear", "off")]
+    assert modes == [("calibrated", "across"), ("calibrated", "micro-batch"), ("calibrated, no floor", "across"),
+                     ("linear", "across"), ("linear", "micro-batch"), ("linear", "off")]
     for result in body["results"]:
         assert len(result["steps"]) == 2 and all(len(step["measured_s"]) == 2 for step in result["steps"])
     assert "| vision dp 2, micro-batch 8 |" in (tmp_path / "results.md").read_text()
