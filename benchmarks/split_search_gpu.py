@@ -63,6 +63,57 @@ def equal_splits(items: tuple[int, ...], parts: int) -> Iterator[list[tuple[int,
             yield [group, *tail]
 
 
+def best_split_by(cost_of, items: tuple[int, ...], parts: int) -> tuple[float, float]:
+    """(slowest, sum) of the equal-count split of ``items`` whose slowest group is fastest, ties to the
+    smaller sum; ``cost_of(group)`` is a group's time. Branch and bound over :func:`equal_splits`'s order."""
+    best = [float("inf"), float("inf")]
+
+    def search(remaining: tuple[int, ...], parts_left: int, slowest: float, total: float) -> None:
+        if parts_left == 1:
+            cost = cost_of(remaining)
+            candidate = (max(slowest, cost), total + cost)
+            if candidate < tuple(best):
+                best[:] = candidate
+            return
+        size = len(remaining) // parts_left
+        first, rest = remaining[0], remaining[1:]
+        for others in itertools.combinations(rest, size - 1):
+            cost = cost_of((first, *others))
+            if max(slowest, cost) > best[0]:
+                continue
+            search(tuple(i for i in rest if i not in others), parts_left - 1, max(slowest, cost), total + cost)
+
+    search(items, parts, 0.0, 0.0)
+    return best[0], best[1]
+
+
+def modelled_search(samples: list[dict], model: TimeModel, dp: int, batch: int, steps: int, seed: int) -> dict:
+    """Every split of each step on the model's forward times (no GPU): the best split's slowest and mean
+    rank against the calibrated planner's, both in modelled seconds."""
+    components = (f"language=dp={dp}", f"images=dp={dp},rank_offset={dp}")
+    floor = planner_settings(build_topology(components), ReorderConfig(scalable_dp=True, intra_microbatch_reorder=True), model).floor
+    sums = {"best": [0.0, 0.0], "calibrated": [0.0, 0.0]}
+    for step in range(steps):
+        ids = global_microbatch_indices(step, len(samples), batch, seed, True).tolist()
+        cache: dict[tuple[int, ...], float] = {}
+
+        def cost_of(group: tuple[int, ...]) -> float:
+            if group not in cache:
+                runs = [r for p in group for r in samples[ids[p]]["runs"]]
+                cache[group] = model.forward_time_ns(runs) / 1e9 if runs else 0.0
+            return cache[group]
+
+        slowest, total = best_split_by(cost_of, tuple(range(batch)), dp)
+        sums["best"][0] += slowest
+        sums["best"][1] += total / dp
+        plan = rank_assignments([[model.encoder_time_ns(samples[i]["runs"]) for i in ids]], dp, batch, True, False, floor)[0]
+        times = [cost_of(tuple(sorted(group))) for group in plan]
+        sums["calibrated"][0] += max(times)
+        sums["calibrated"][1] += statistics.fmean(times)
+    return {"dp": dp, "microbatch_size": batch, "steps": steps,
+            **{name: {"slowest_ms": a * 1e3, "mean_rank_ms": b * 1e3, "slowest_over_mean": a / b} for name, (a, b) in sums.items()}}
+
+
 def key_of(samples: list[dict], ids: tuple[int, ...]) -> str:
     """The forward a rank runs for these samples: its images' grids (sorted, so equal image lists share a timing)."""
     grids = sorted(tuple(g) for i in ids for g in samples[i]["grid"])
@@ -162,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--validate", action="store_true",
                         help="with --from-results and a GPU: time every chosen split's forwards afresh (the table's best "
                              "split is the minimum over noisy timings, so its table time is biased low)")
+    parser.add_argument("--modelled-layouts", default=None,
+                        help="also search every split of these layouts (vision dp x micro-batch, comma-separated) on the model's "
+                             "times, without a GPU (e.g. 4x16: 2,627,625 splits a step)")
     parser.add_argument("--budget-s", type=float, default=None, help="stop timing new steps after this many seconds (default: none)")
     parser.add_argument("--layouts", default=",".join(f"{dp}x{batch}" for dp, batch in LAYOUTS),
                         help="vision dp x micro-batch size, comma-separated (default: %(default)s)")
@@ -243,6 +297,16 @@ def main(argv: list[str] | None = None) -> int:
                for dp, batch in layouts if done.get((dp, batch))]
     source = f"; chosen splits timed afresh (median of {args.repeats})" if fresh else ""
     lines = [f"Every split of each step timed on {device_name}{source}.", ""] + report(results, model)
+    if args.modelled_layouts:
+        modelled = [modelled_search(samples, model, *map(int, item.split("x")), args.steps or (2 if args.smoke else 32), args.seed)
+                    for item in args.modelled_layouts.split(",")]
+        lines += ["", "Every split searched on the model's times (modelled ms, slowest / mean rank):", ""]
+        for result in modelled:
+            b, c = result["best"], result["calibrated"]
+            lines.append(f"- vision dp {result['dp']}, micro-batch {result['microbatch_size']}, {result['steps']} steps: best split "
+                         f"{b['slowest_ms']:.0f} ms ({b['slowest_over_mean']:.4f}), calibrated planner {c['slowest_ms']:.0f} ms "
+                         f"({c['slowest_over_mean']:.4f})")
+        (out / "modelled.json").write_text(json.dumps(modelled))
     (out / "results.md").write_text("\n".join(lines) + "\n")
     (out / "evaluation.json").write_text(json.dumps(results))
     log("\n".join(lines))

@@ -28,6 +28,19 @@ def test_equal_splits_are_every_partition_into_equal_groups_once(parts, size):
         assert sorted(i for g in split for i in g) == list(items)
 
 
+@settings(max_examples=40, deadline=None)
+@given(parts=st.integers(1, 3), size=st.integers(1, 3), weights=st.lists(st.integers(0, 50), min_size=9, max_size=9),
+       floor=st.integers(0, 60))
+def test_branch_and_bound_finds_the_brute_force_best_split(parts, size, weights, floor):
+    items = tuple(range(parts * size))
+
+    def cost_of(group):
+        return float(max(floor, sum(weights[i] for i in group)))
+
+    brute = min((max(map(cost_of, split)), sum(map(cost_of, split))) for split in split_search_gpu.equal_splits(items, parts))
+    assert split_search_gpu.best_split_by(cost_of, items, parts) == brute
+
+
 def test_keys_name_the_images_a_rank_runs():
     samples = [{"grid": [[1, 4, 6]]}, {"grid": []}, {"grid": [[1, 2, 2], [1, 8, 8]]}]
     assert split_search_gpu.key_of(samples, (0, 1)) == "1,4,6"
