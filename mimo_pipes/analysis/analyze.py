@@ -47,6 +47,7 @@ def run_records(result: GridReplay, tokens: np.ndarray, topology: Topology) -> l
                 records.append({
                     "module": module.name, "dp_rank": rank, "dp_size": module.dp, "step": step,
                     "image_tokens": tokens[result.after[i, span]].tolist(), "slots": result.after_slots[i, span].tolist(),
+                    "read_steps": result.after_read_steps[i, span].tolist(),
                 })
     return records
 

@@ -24,12 +24,14 @@ class GridReplay:
     """Rows of the consumed global micro-batches, ``steps[i]`` in row i, canonical positions as columns.
 
     ``before``: dataset rows as the readers hold them; ``after``: as the ranks consume them (equal to
-    ``before`` without reordering); ``after_slots``: the canonical slot each consumed row was read into."""
+    ``before`` without reordering); ``after_slots`` and ``after_read_steps``: the canonical slot each
+    consumed row was read into and the step it was read at."""
 
     steps: np.ndarray
     before: np.ndarray
     after: np.ndarray
     after_slots: np.ndarray
+    after_read_steps: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,7 @@ def replay(
     window_size = window_size if reorder else 1
     batch, grid = schedule.microbatch_size, schedule.grid_size
     canonical_slot = np.arange(batch) // (batch // grid)
-    steps, befores, afters, slots = [], [], [], []
+    steps, befores, afters, slots, read_steps = [], [], [], [], []
     for first, last in schedule.windows(start, stop, window_size):
         rows = schedule.rows(range(first, last))
         if reorder:
@@ -104,12 +106,14 @@ def replay(
         befores.append(rows[keep])
         afters.append(rows.reshape(-1)[flat[keep]])
         slots.append(canonical_slot[flat[keep] % batch])
+        read_steps.append(first + flat[keep] // batch)
         if progress is not None:
             progress(len(keep))
     if not steps:
         empty = np.empty((0, batch), dtype=np.int64)
-        return GridReplay(np.empty(0, dtype=np.int64), empty, empty, empty)
-    return GridReplay(np.array(steps, dtype=np.int64), np.concatenate(befores), np.concatenate(afters), np.concatenate(slots))
+        return GridReplay(np.empty(0, dtype=np.int64), empty, empty, empty, empty)
+    return GridReplay(np.array(steps, dtype=np.int64), np.concatenate(befores), np.concatenate(afters), np.concatenate(slots),
+                      np.concatenate(read_steps))
 
 
 def rank_loads(rows: np.ndarray, tokens: np.ndarray, dp_size: int) -> np.ndarray:
