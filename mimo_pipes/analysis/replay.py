@@ -2,7 +2,8 @@
 
 Pure arithmetic over per-row costs. It uses what the graph uses: ``sharding`` for which rows make up a
 global micro-batch, ``resume.resume_point`` and the Windower's rule for where windows start and end,
-and ``balance_window`` on the window's costs in canonical order (as the exchange lays them out).
+and the exchange's planner (``balance_window`` with the floor, or ``balance_two_level``) on the window's
+costs in canonical order (as the exchange lays them out).
 Every module balances the same canonical slots, so one replay serves all of them: a module of DP
 size d gives DP rank r the slots ``[r*G/d, (r+1)*G/d)``, i.e. canonical positions ``[r*B/d, (r+1)*B/d)``.
 """
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mimo_pipes.balance import balance_window, window_lower_bound
+from mimo_pipes.balance import balance_two_level, balance_window, window_lower_bound
 from mimo_pipes.resume import resume_point
 from mimo_pipes.sharding import epoch_order, microbatches_per_epoch
 
@@ -32,6 +33,31 @@ class GridReplay:
     after: np.ndarray
     after_slots: np.ndarray
     after_read_steps: np.ndarray
+
+
+@dataclass(frozen=True)
+class Planner:
+    """What the exchange plans a window on, per dataset row: ``costs`` with the per-forward ``floor``
+    (config.planner_settings), or with ``encoder_groups`` > 0 two-level balance on ``encoder_costs``
+    (image tokens, or modelled encoder ns) then ``language_costs`` (real tokens)."""
+
+    costs: np.ndarray
+    floor: int = 0
+    encoder_groups: int = 0
+    encoder_costs: np.ndarray | None = None
+    language_costs: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.encoder_groups and (self.encoder_costs is None or self.language_costs is None):
+            raise ValueError("two-level balance needs encoder_costs and language_costs")
+
+    def assign(self, rows: np.ndarray, grid_size: int, across_microbatches: bool) -> list[list[list[int]]]:
+        """The window's assignment (as :func:`balance_window` returns it) for its (W, B) dataset rows."""
+        if self.encoder_groups:
+            assert self.encoder_costs is not None and self.language_costs is not None
+            return balance_two_level(self.encoder_costs[rows].tolist(), self.language_costs[rows].tolist(), self.encoder_groups,
+                                     grid_size, across_microbatches, self.floor)
+        return balance_window(self.costs[rows].tolist(), grid_size, across_microbatches=across_microbatches, floor=self.floor)
 
 
 @dataclass(frozen=True)
@@ -80,7 +106,7 @@ class Schedule:
 
 def replay(
     schedule: Schedule,
-    costs: np.ndarray,
+    planner: Planner,
     *,
     start: int,
     stop: int,
@@ -97,7 +123,7 @@ def replay(
     for first, last in schedule.windows(start, stop, window_size):
         rows = schedule.rows(range(first, last))
         if reorder:
-            assignment = balance_window(costs[rows].tolist(), grid, across_microbatches=across_microbatches)
+            assignment = planner.assign(rows, grid, across_microbatches)
             flat = np.array([[index for slot in microbatch for index in slot] for microbatch in assignment], dtype=np.int64)
         else:
             flat = np.arange(rows.size, dtype=np.int64).reshape(rows.shape)
