@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from test_analyze import CONTRACT_KEYS, REORDER, _cli, _finish, _summary_lines
 
+from mimo_pipes.analysis.costs import count_rows
 from mimo_pipes.cost import real_token_count
 from mimo_pipes.cost_model import TimeModel, placeholder_runs, save_cost_model
 from mimo_pipes.data.dataset import default_dataset_path, open_dataset
@@ -127,6 +128,18 @@ def test_two_level_reports_both_modules_in_real_tokens(runs, processed, name):
         assert figures["real_tokens"] == pytest.approx(expected, abs=0), module
     language = analysis["language"]["real_tokens"]
     assert language["spread_after"] < language["spread_before"]  # the second level splits each group on real tokens
+
+
+def test_runs_from_image_sizes_price_each_row_as_processing_does(processed):
+    """analyze's placeholder runs come from image headers and the processor's token layout, not pixels."""
+    dataset = open_dataset(default_dataset_path(SAMPLES, seed=0))
+    counts = count_rows(dataset, load_processor(default_processor_path(), SEQ), runs=True, use_cache=False)
+    assert counts.encoder_costs(MODEL).tolist() == processed[0].tolist()
+    assert counts.runs_per_row is not None and counts.runs_per_row.max() > 1  # rows with several images are in the data
+    without = count_rows(dataset, load_processor(default_processor_path(), SEQ), use_cache=False)
+    assert without.image_tokens.tolist() == counts.image_tokens.tolist()
+    with pytest.raises(ValueError, match="runs=True"):
+        without.encoder_costs(MODEL)
 
 
 def test_a_cost_model_for_other_patches_is_refused_by_name(tmp_path):

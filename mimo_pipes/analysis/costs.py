@@ -24,7 +24,7 @@ from mimo_pipes.data.cache import cache_root
 from mimo_pipes.data.conversation import row_images, row_videos
 from mimo_pipes.data.processor import SampleProcessor
 
-CACHE_VERSION = "v2"  # v2: placeholder runs kept
+CACHE_VERSION = "v2"  # v2: placeholder runs kept when asked for
 CHUNK_ROWS = 2048  # rows read from the dataset at a time: memory bounded by one chunk of encoded images
 
 UNCOUNTED = -1  # real tokens of a row when they were not asked for
@@ -42,7 +42,7 @@ RowCount = tuple[int, int, list[int]]
 @dataclass(frozen=True)
 class RowCounts:
     """Per dataset row: image tokens, real tokens, and its placeholder runs (``run_lengths`` flat, row i
-    owning ``runs_per_row[i]`` of them in order; None where a custom row counter did not give them)."""
+    owning ``runs_per_row[i]`` of them in order; None where they were not counted)."""
 
     image_tokens: np.ndarray
     real_tokens: np.ndarray
@@ -52,18 +52,19 @@ class RowCounts:
     def encoder_costs(self, model: TimeModel) -> np.ndarray:
         """Each row's modelled encoder time in ns, exactly as the graph's CostAnnotator prices it."""
         if self.run_lengths is None or self.runs_per_row is None:
-            raise ValueError("a time model needs each row's placeholder runs, which a custom row counter does not give")
+            raise ValueError("a time model needs each row's placeholder runs: count_rows(..., runs=True) without a row_counter")
         ends = np.cumsum(self.runs_per_row).tolist()
         runs = self.run_lengths.tolist()
         return np.array([model.encoder_time_ns(runs[a:b]) for a, b in zip([0, *ends[:-1]], ends)], dtype=np.int64)
 
 
-def _processed_count(processor: Callable[[Mapping[str, Any]], Mapping[str, Any]],
-                     image_token_id: int | Sequence[int]) -> Callable[[Mapping[str, Any]], RowCount]:
+def _processed_count(processor: Callable[[Mapping[str, Any]], Mapping[str, Any]], image_token_id: int | Sequence[int],
+                     runs: bool = False) -> Callable[[Mapping[str, Any]], RowCount]:
     def count(row: Mapping[str, Any]) -> RowCount:
         sample = processor(dict(row))
         ids = sample["input_ids"]
-        return image_token_count(ids, image_token_id), real_token_count(sample["attention_mask"]), placeholder_runs(ids, image_token_id)
+        lengths = placeholder_runs(ids, image_token_id) if runs else []
+        return image_token_count(ids, image_token_id), real_token_count(sample["attention_mask"]), lengths
 
     return count
 
@@ -117,9 +118,10 @@ class ResizeRuleCounter:
     text, laid out by the processor's own :meth:`~mimo_pipes.data.processor.SampleProcessor.counts_from_sizes`."""
 
     def __init__(self, processor: Any, tokens_for_size: Callable[[int, int], int], fallback: Callable[[Mapping[str, Any]], RowCount],
-                 real_tokens: bool = True) -> None:
+                 real_tokens: bool = True, runs: bool = False) -> None:
         self.processor = processor
         self.real_tokens = real_tokens
+        self.runs = runs  # placeholder runs cost a pass over every row's ids: only when a time model needs them
         self.tokens_for_size = tokens_for_size
         self.fallback = fallback
 
@@ -134,7 +136,7 @@ class ResizeRuleCounter:
                 out.append(self.fallback(row))
                 continue
             ids = self.processor.input_ids_from_sizes(dict(row), per_image)
-            runs = placeholder_runs(ids, self.processor.placeholder_ids)
+            runs = placeholder_runs(ids, self.processor.placeholder_ids) if self.runs else []
             out.append((sum(per_image), len(ids) if self.real_tokens else UNCOUNTED, runs))
         return out
 
@@ -151,7 +153,7 @@ def _is_hf_dataset(dataset: Any) -> bool:
     return hasattr(dataset, "with_format") and hasattr(dataset, "features")
 
 
-def fingerprint(dataset: Any, processor: Any, real_tokens: bool = True) -> str | None:
+def fingerprint(dataset: Any, processor: Any, real_tokens: bool = True, runs: bool = False) -> str | None:
     """Cache key of a dataset's counts under a processor's settings; None when the dataset has none."""
     data_key = getattr(dataset, "_fingerprint", None)
     if data_key is None:
@@ -160,6 +162,7 @@ def fingerprint(dataset: Any, processor: Any, real_tokens: bool = True) -> str |
     settings = {
         "version": CACHE_VERSION,
         "real_tokens": real_tokens,
+        "runs": runs,
         "dataset": data_key,
         "rows": len(dataset),
         "processor": type(processor).__qualname__,
@@ -191,31 +194,34 @@ def count_rows(
     *,
     row_counter: RowCounter | None = None,
     real_tokens: bool = True,
+    runs: bool = False,
     use_cache: bool = True,
     progress: Callable[[int], None] | None = None,
 ) -> RowCounts:
-    """Image tokens, real tokens and placeholder runs of every row of ``dataset`` as ``processor`` would
-    produce them.
+    """Image tokens, real tokens and, with ``runs``, the placeholder runs of every row of ``dataset`` as
+    ``processor`` would produce them (runs are what a time model prices; finding them costs a pass over
+    each row's ids).
 
     ``row_counter`` overrides how one row is counted (for processors this module does not know; it gives
     no placeholder runs); by default the resize rule where it applies, else the processor itself.
     ``progress(n)`` is called with the rows done after each chunk. Counts are cached under the dataset's
     fingerprint and the processor's settings (HF datasets only). ``real_tokens=False`` reports real tokens
     as ``UNCOUNTED``: a vision-only cost needs none."""
-    key = fingerprint(dataset, processor, real_tokens) if use_cache and row_counter is None else None
+    runs = runs and row_counter is None
+    key = fingerprint(dataset, processor, real_tokens, runs) if use_cache and row_counter is None else None
     path = cache_root() / "analyze" / f"tokens-{key}.npz" if key else None
     if path is not None and path.is_file():
         with np.load(path) as cached:
-            counts = RowCounts(*(cached[name] for name in ("image_tokens", "real_tokens", "run_lengths", "runs_per_row")))
+            counts = RowCounts(cached["image_tokens"], cached["real_tokens"], *(cached[name] for name in ("run_lengths", "runs_per_row") if runs))
         if progress is not None:
             progress(len(dataset))
         return counts
-    counts = _count_all(dataset, processor, row_counter, real_tokens, progress)
+    counts = _count_all(dataset, processor, row_counter, real_tokens, runs, progress)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{np.random.default_rng().integers(1 << 30)}.tmp.npz")
-        np.savez(partial, image_tokens=counts.image_tokens, real_tokens=counts.real_tokens, run_lengths=counts.run_lengths,
-                 runs_per_row=counts.runs_per_row)
+        kept = {"run_lengths": counts.run_lengths, "runs_per_row": counts.runs_per_row} if runs else {}
+        np.savez(partial, image_tokens=counts.image_tokens, real_tokens=counts.real_tokens, **kept)
         partial.replace(path)
     return counts
 
@@ -225,19 +231,20 @@ def _without_runs(row_counter: RowCounter) -> Callable[[Mapping[str, Any]], RowC
     return lambda row: (*row_counter(row), [])
 
 
-def _count_all(dataset: Any, processor: Any, row_counter: RowCounter | None, real: bool, progress: Callable[[int], None] | None) -> RowCounts:
+def _count_all(dataset: Any, processor: Any, row_counter: RowCounter | None, real: bool, runs: bool,
+               progress: Callable[[int], None] | None) -> RowCounts:
     size = len(dataset)
     image_tokens = np.zeros(size, dtype=np.int64)
     real_tokens = np.zeros(size, dtype=np.int64)
     runs_per_row = np.zeros(size, dtype=np.int64)
     run_lengths: list[int] = []
-    fallback = _processed_count(processor, getattr(processor, "placeholder_ids", processor.image_token_id))
+    fallback = _processed_count(processor, getattr(processor, "placeholder_ids", processor.image_token_id), runs)
     family = getattr(processor, "family", None)
     rule = _resize_rule(getattr(family, "image_processor", None)) if row_counter is None else None
     # Only the built-in processor's layout of patch families (one placeholder per merged patch) is laid out
     # from sizes here; any other processor is run as is.
     patches = type(processor) is SampleProcessor and type(family).__name__ == "PatchFamily"
-    fast = ResizeRuleCounter(processor, rule, fallback, real) if rule is not None and patches else None
+    fast = ResizeRuleCounter(processor, rule, fallback, real, runs) if rule is not None and patches else None
     encoded = fast is not None and _is_hf_dataset(dataset)
     if fast is not None and not encoded:
         fast = None  # plain map-style rows: nothing cheaper than processing them
@@ -249,13 +256,13 @@ def _count_all(dataset: Any, processor: Any, row_counter: RowCounter | None, rea
             if isinstance(row, dict):  # so a bad row's error names its index, as in the graph
                 row.setdefault("sample_id", start + offset)
         counts = fast.count_rows(rows) if fast is not None else [counter(row) for row in rows]
-        for offset, (images, text_and_images, runs) in enumerate(counts):
+        for offset, (images, text_and_images, lengths) in enumerate(counts):
             image_tokens[start + offset] = images
             real_tokens[start + offset] = text_and_images if real else UNCOUNTED
-            runs_per_row[start + offset] = len(runs)
-            run_lengths.extend(runs)
+            runs_per_row[start + offset] = len(lengths)
+            run_lengths.extend(lengths)
         if progress is not None:
             progress(stop - start)
-    if row_counter is not None:
+    if not runs:
         return RowCounts(image_tokens, real_tokens)
     return RowCounts(image_tokens, real_tokens, np.array(run_lengths, dtype=np.int64), runs_per_row)

@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     model = reorder.load_cost_model()
     try:
         wants_real_tokens = reorder.integer_cost_weights()[1] > 0 or reorder.reorder_two_level  # two levels split on them
-        counts = count_rows(dataset, processor, real_tokens=wants_real_tokens, progress=progress("costs", len(dataset)))
+        counts = count_rows(dataset, processor, real_tokens=wants_real_tokens, runs=model is not None, progress=progress("costs", len(dataset)))
     except SampleError as error:
         print(f"mimo-pipes analyze: error: {error}", file=sys.stderr)
         return run_cmd.EXIT_FAILED
