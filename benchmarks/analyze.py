@@ -6,6 +6,7 @@ for docs/benchmarks.md.
 
     python benchmarks/analyze.py --samples 100000
     python benchmarks/analyze.py --samples 2048 --base 48   # smoke
+    python benchmarks/analyze.py --samples 100000 --cost-model benchmarks/results/h200-qwen2-vl-675m-cost-model.json
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _dist  # noqa: E402  (benchmarks/_dist.py)
 
 from mimo_pipes.analysis.analyze import analyze  # noqa: E402
-from mimo_pipes.analysis.costs import count_tokens  # noqa: E402
+from mimo_pipes.analysis.costs import count_rows  # noqa: E402
 from mimo_pipes.config import PipelineConfig, ReorderConfig  # noqa: E402
 from mimo_pipes.data.cache import CACHE_ENV  # noqa: E402
 from mimo_pipes.data.dataset import default_dataset_path, open_dataset  # noqa: E402
@@ -50,32 +51,39 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=100_000)
     parser.add_argument("--base", type=int, default=512, help="embedded dataset size that is repeated")
     parser.add_argument("--micro-batch-size", type=int, default=8)
+    parser.add_argument("--cost-model", metavar="PATH", default=None,
+                        help="replay --reorder-cost-model PATH: counts also find each row's placeholder runs (default: token cost)")
     args = parser.parse_args()
     info = _dist.machine()
     processor = load_processor(default_processor_path(), 2048)
     dataset = repeated_dataset(args.base, args.samples)
-    config = PipelineConfig(micro_batch_size=args.micro_batch_size, reorder=ReorderConfig(scalable_dp=True, intra_microbatch_reorder=True))
+    reorder = ReorderConfig(scalable_dp=True, intra_microbatch_reorder=True, reorder_cost_model=args.cost_model)
+    config = PipelineConfig(micro_batch_size=args.micro_batch_size, reorder=reorder)
     topology = config.validate()
+    model = reorder.load_cost_model()
     steps = args.samples // args.micro_batch_size
     with tempfile.TemporaryDirectory() as cache:
         os.environ[CACHE_ENV] = cache  # an empty cache: the first count is a cold one
         started, cpu = time.perf_counter(), _cpu()
-        counts = count_tokens(dataset, processor, real_tokens=False)  # as the CLI does for a vision-only cost
+        counts = count_rows(dataset, processor, real_tokens=False, runs=model is not None)  # as the CLI does for a vision-only cost
         cold, cold_cpu = time.perf_counter() - started, _cpu() - cpu
         started = time.perf_counter()
-        count_tokens(dataset, processor, real_tokens=False)
+        count_rows(dataset, processor, real_tokens=False, runs=model is not None)
         warm = time.perf_counter() - started
     started, cpu = time.perf_counter(), _cpu()
-    result = analyze(config, topology, *counts, start=0, stop=steps)
+    encoder_costs = counts.encoder_costs(model) if model is not None else None
+    result = analyze(config, topology, counts.image_tokens, counts.real_tokens, start=0, stop=steps, encoder_costs=encoder_costs)
     replay, replay_cpu = time.perf_counter() - started, _cpu() - cpu
     figures = result.figures["images"]
     print(f"### `mimo-pipes analyze` on {args.samples} samples")
     print("\n".join(_dist.provenance_lines(_dist.command_line(), info)))
     print("| part | wall s | CPU s (all processes) |")
     print("|---|---|---|")
-    print(f"| token counts, cold cache ({args.samples} rows, image headers + resize rule) | {cold:.1f} | {cold_cpu:.1f} |")
+    runs = ", placeholder runs" if model is not None else ""
+    print(f"| token counts{runs}, cold cache ({args.samples} rows, image headers + resize rule) | {cold:.1f} | {cold_cpu:.1f} |")
     print(f"| token counts, cached | {warm:.2f} | |")
-    print(f"| replay: given setting, no reorder, per micro-batch, across windows 2, 4, 8, bounds ({steps} micro-batches) | {replay:.1f} | {replay_cpu:.1f} |")
+    priced = "modelled encoder ns, " if model is not None else ""
+    print(f"| replay: {priced}given setting, no reorder, per micro-batch, across windows 2, 4, 8, bounds ({steps} micro-batches) | {replay:.1f} | {replay_cpu:.1f} |")
     print(f"| total, cold cache | {cold + replay:.1f} | {cold_cpu + replay_cpu:.1f} |")
     print()
     print(f"Default layout, micro-batch {args.micro_batch_size}, window 1: images spread {figures['spread_before']:.1f} -> "

@@ -26,8 +26,11 @@ CONCAT_FIELDS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video
 VISION_ROWS = "vision_rows"
 """Batch key: per concatenated field, each sample's number of rows (how ``Uncollate`` splits them back)."""
 DEFAULT_PAD_VALUES: Mapping[str, int | float] = {"labels": -100}
-# Per-sample metadata becomes one list per micro-batch under these names (canonical order).
-METADATA_LIST_NAMES = {SAMPLE_ID: "sample_ids", SLOT: "slots", IMAGE_TOKENS: "image_tokens", REAL_TOKENS: "real_tokens", COST: "costs"}
+# Per-sample metadata becomes one list per micro-batch under these names (canonical order). ``read_steps``
+# differs from the batch's ``step`` only for samples that moved across the micro-batches of a window.
+METADATA_LIST_NAMES = {
+    SAMPLE_ID: "sample_ids", STEP: "read_steps", SLOT: "slots", IMAGE_TOKENS: "image_tokens", REAL_TOKENS: "real_tokens", COST: "costs",
+}
 
 FieldSpec = tuple[tuple[int, ...], torch.dtype]
 """A concatenated field's shape past dim 0 and its dtype: ``((1176,), torch.float32)`` for Qwen2-VL pixels."""

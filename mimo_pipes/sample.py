@@ -12,7 +12,7 @@ from typing import Any
 Sample = dict[str, Any]
 
 SAMPLE_ID = "sample_id"  # int: the sample's index in the source dataset
-STEP = "step"  # int: global micro-batch index from the start of training
+STEP = "step"  # int: global micro-batch the reader read the sample at, from the start of training (kept when it moves)
 SLOT = "slot"  # int: canonical slot the reader placed the sample in
 IMAGE_TOKENS = "image_tokens"  # int: image placeholder tokens in input_ids
 REAL_TOKENS = "real_tokens"  # int: attention_mask sum

@@ -176,7 +176,7 @@ class Trainer:
 
     def _record(self, batch: dict) -> dict[str, Any]:
         position = self.position
-        keys = ("step", "sample_ids", "image_tokens", "real_tokens", "slots")
+        keys = ("step", "sample_ids", "image_tokens", "real_tokens", "slots", "read_steps")
         return {"module": position.module.name, "dp_rank": position.dp_rank, "dp_size": position.dp_size, **{k: batch[k] for k in keys}}
 
     def state_dict(self) -> dict[str, Any]:

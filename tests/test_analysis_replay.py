@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torchdata.nodes import IterableWrapper
 
-from mimo_pipes.analysis.replay import Schedule, rank_loads, replay, spread_and_path
+from mimo_pipes.analysis.replay import Planner, Schedule, rank_loads, replay, spread_and_path
 from mimo_pipes.nodes import Windower
 from mimo_pipes.resume import resume_point
 from mimo_pipes.sample import STEP
@@ -47,7 +47,7 @@ def test_replay_reads_the_canonical_rows_and_conserves_each_window(schedule, win
         return
     costs = np.array(data.draw(st.lists(st.integers(0, 2000), min_size=schedule.dataset_size, max_size=schedule.dataset_size)), dtype=np.int64)
     stop = start + length
-    result = replay(schedule, costs, start=start, stop=stop, reorder=True, window_size=window, across_microbatches=across)
+    result = replay(schedule, Planner(costs), start=start, stop=stop, reorder=True, window_size=window, across_microbatches=across)
     assert result.steps.tolist() == list(range(start, schedule.end(stop)))
     for row, step in zip(result.before, result.steps.tolist()):
         assert row.tolist() == global_microbatch_indices(step, schedule.dataset_size, schedule.microbatch_size, schedule.seed, schedule.cyclic).tolist()
@@ -59,7 +59,7 @@ def test_replay_reads_the_canonical_rows_and_conserves_each_window(schedule, win
         if not across:  # samples stay in their micro-batch
             for i in np.flatnonzero(inside):
                 assert sorted(result.after[i].tolist()) == sorted(result.before[i].tolist())
-    off = replay(schedule, costs, start=start, stop=stop, reorder=False, window_size=window, across_microbatches=across)
+    off = replay(schedule, Planner(costs), start=start, stop=stop, reorder=False, window_size=window, across_microbatches=across)
     assert np.array_equal(off.after, off.before)
     for dp in {1, schedule.grid_size}:
         spread_on, path_on = spread_and_path(rank_loads(result.after, costs, dp))

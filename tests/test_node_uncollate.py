@@ -49,3 +49,15 @@ MISMATCHES = [
 @pytest.mark.parametrize("setting, overrides, saved, now", MISMATCHES, ids=[m[0] for m in MISMATCHES])
 def test_refuses_a_state_made_for_other_settings(setting, overrides, saved, now):
     check_refused(uncollate(**overrides).reset, saved_after(uncollate(), 6), "Uncollate", setting, saved, now)
+
+
+def test_read_steps_are_carried_by_collation_and_not_taken_back():
+    """A micro-batch of samples read for several steps (moved across a window): collation keeps each one's
+    read step in ``read_steps``; Uncollate reads the rows anew at the step it counts, so the Windower after
+    it sees whole micro-batches of one step."""
+    samples = [{**DATASET[row], STEP: 4 + row % 2, "slot": row // 2} for row in range(4)]
+    batch = collate_microbatch(samples, step=6, pad_length=1600, pad_values={"labels": -100})
+    assert batch["step"] == 6 and batch["read_steps"] == [4, 5, 4, 5] and batch["slots"] == [0, 0, 1, 1]
+    rows = list(Uncollate([batch], image_token_id=IMAGE_TOKEN_ID, rows_per_batch=4, start_step=9))
+    assert [row[STEP] for row in rows] == [9] * 4
+    assert [row["slot"] for row in rows] == [0, 0, 1, 1] and all("read_steps" not in row for row in rows)

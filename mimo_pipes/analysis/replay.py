@@ -2,7 +2,8 @@
 
 Pure arithmetic over per-row costs. It uses what the graph uses: ``sharding`` for which rows make up a
 global micro-batch, ``resume.resume_point`` and the Windower's rule for where windows start and end,
-and ``balance_window`` on the window's costs in canonical order (as the exchange lays them out).
+and the exchange's planner (``balance_window`` with the floor, or ``balance_two_level``) on the window's
+costs in canonical order (as the exchange lays them out).
 Every module balances the same canonical slots, so one replay serves all of them: a module of DP
 size d gives DP rank r the slots ``[r*G/d, (r+1)*G/d)``, i.e. canonical positions ``[r*B/d, (r+1)*B/d)``.
 """
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mimo_pipes.balance import balance_window, window_lower_bound
+from mimo_pipes.balance import balance_two_level, balance_window, window_lower_bound
 from mimo_pipes.resume import resume_point
 from mimo_pipes.sharding import epoch_order, microbatches_per_epoch
 
@@ -24,12 +25,39 @@ class GridReplay:
     """Rows of the consumed global micro-batches, ``steps[i]`` in row i, canonical positions as columns.
 
     ``before``: dataset rows as the readers hold them; ``after``: as the ranks consume them (equal to
-    ``before`` without reordering); ``after_slots``: the canonical slot each consumed row was read into."""
+    ``before`` without reordering); ``after_slots`` and ``after_read_steps``: the canonical slot each
+    consumed row was read into and the step it was read at."""
 
     steps: np.ndarray
     before: np.ndarray
     after: np.ndarray
     after_slots: np.ndarray
+    after_read_steps: np.ndarray
+
+
+@dataclass(frozen=True)
+class Planner:
+    """What the exchange plans a window on, per dataset row: ``costs`` with the per-forward ``floor``
+    (config.planner_settings), or with ``encoder_groups`` > 0 two-level balance on ``encoder_costs``
+    (image tokens, or modelled encoder ns) then ``language_costs`` (real tokens)."""
+
+    costs: np.ndarray
+    floor: int = 0
+    encoder_groups: int = 0
+    encoder_costs: np.ndarray | None = None
+    language_costs: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.encoder_groups and (self.encoder_costs is None or self.language_costs is None):
+            raise ValueError("two-level balance needs encoder_costs and language_costs")
+
+    def assign(self, rows: np.ndarray, grid_size: int, across_microbatches: bool) -> list[list[list[int]]]:
+        """The window's assignment (as :func:`balance_window` returns it) for its (W, B) dataset rows."""
+        if self.encoder_groups:
+            assert self.encoder_costs is not None and self.language_costs is not None
+            return balance_two_level(self.encoder_costs[rows].tolist(), self.language_costs[rows].tolist(), self.encoder_groups,
+                                     grid_size, across_microbatches, self.floor)
+        return balance_window(self.costs[rows].tolist(), grid_size, across_microbatches=across_microbatches, floor=self.floor)
 
 
 @dataclass(frozen=True)
@@ -78,7 +106,7 @@ class Schedule:
 
 def replay(
     schedule: Schedule,
-    costs: np.ndarray,
+    planner: Planner,
     *,
     start: int,
     stop: int,
@@ -91,11 +119,11 @@ def replay(
     window_size = window_size if reorder else 1
     batch, grid = schedule.microbatch_size, schedule.grid_size
     canonical_slot = np.arange(batch) // (batch // grid)
-    steps, befores, afters, slots = [], [], [], []
+    steps, befores, afters, slots, read_steps = [], [], [], [], []
     for first, last in schedule.windows(start, stop, window_size):
         rows = schedule.rows(range(first, last))
         if reorder:
-            assignment = balance_window(costs[rows].tolist(), grid, across_microbatches=across_microbatches)
+            assignment = planner.assign(rows, grid, across_microbatches)
             flat = np.array([[index for slot in microbatch for index in slot] for microbatch in assignment], dtype=np.int64)
         else:
             flat = np.arange(rows.size, dtype=np.int64).reshape(rows.shape)
@@ -104,12 +132,14 @@ def replay(
         befores.append(rows[keep])
         afters.append(rows.reshape(-1)[flat[keep]])
         slots.append(canonical_slot[flat[keep] % batch])
+        read_steps.append(first + flat[keep] // batch)
         if progress is not None:
             progress(len(keep))
     if not steps:
         empty = np.empty((0, batch), dtype=np.int64)
-        return GridReplay(np.empty(0, dtype=np.int64), empty, empty, empty)
-    return GridReplay(np.array(steps, dtype=np.int64), np.concatenate(befores), np.concatenate(afters), np.concatenate(slots))
+        return GridReplay(np.empty(0, dtype=np.int64), empty, empty, empty, empty)
+    return GridReplay(np.array(steps, dtype=np.int64), np.concatenate(befores), np.concatenate(afters), np.concatenate(slots),
+                      np.concatenate(read_steps))
 
 
 def rank_loads(rows: np.ndarray, tokens: np.ndarray, dp_size: int) -> np.ndarray:

@@ -15,14 +15,14 @@ import torch
 import torch.distributed as dist
 
 from mimo_pipes.cli.metrics_log import attach_metrics
-from mimo_pipes.cli.report import format_packing_summary, format_summary, summarize, summarize_packing
+from mimo_pipes.cli.report import SUMMARY_ONLY_KEYS, format_packing_summary, format_summary, summarize, summarize_packing
 from mimo_pipes.config import JobOptions, PipelineConfig, TrainOptions, exact_weight, flag, resolve_exchange_transport
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.exchange.process_groups import build_rank_groups
 from mimo_pipes.loader import graph_nodes
 from mimo_pipes.nodes import SequencePacker
-from mimo_pipes.topology import COMPONENT_FLAG
+from mimo_pipes.topology import COMPONENT_FLAG, RankPosition
 from mimo_pipes.validity import MISSING, show_setting
 
 STATE_FORMAT = 2  # 2: meta.json holds every setting that shapes the stream; node states say what they are valid for
@@ -168,20 +168,11 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> None:
     progress = _progress(rank == 0 and options.progress, total=options.steps, initial=start)
     try:
         for batch in loader:
-            record = {
-                "module": position.module.name,
-                "dp_rank": position.dp_rank,
-                "dp_size": position.dp_size,
-                "step": batch["step"],
-                "sample_ids": batch["sample_ids"],
-                "image_tokens": batch["image_tokens"],
-                "real_tokens": batch["real_tokens"],
-            }
+            record = consumed_record(batch, position)
             if dump is not None:
-                dump.write(json.dumps(record) + "\n")
+                dump.write(json.dumps({k: v for k, v in record.items() if k not in SUMMARY_ONLY_KEYS}) + "\n")
             replaced = [row for rows in batch.get("replaced_rows") or [] for row in rows]  # --skip-bad-samples
-            records.append({**record, "slots": batch["slots"], "tp_rank": position.tp_rank, "pp_rank": position.pp_rank,
-                            "replaced_rows": replaced})
+            records.append({**record, "replaced_rows": replaced})
             if packer is not None:
                 records[-1]["packing"] = packer.last_metrics
             if progress is not None:
@@ -220,6 +211,24 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> None:
                   f"of its slot{': rows ' + ', '.join(map(str, skipped[:20])) if skipped else ''}", flush=True)
         if options.save_state and options.stop_after is not None:
             print(f"saved state after {end} micro-batches to {options.save_state}", flush=True)
+
+
+def consumed_record(batch: dict[str, Any], position: RankPosition) -> dict[str, Any]:
+    """What the run summary keeps of one consumed micro-batch of the rank at ``position``: the
+    ``--dump-assignments`` line plus :data:`~mimo_pipes.cli.report.SUMMARY_ONLY_KEYS`."""
+    return {
+        "module": position.module.name,
+        "dp_rank": position.dp_rank,
+        "dp_size": position.dp_size,
+        "step": batch["step"],
+        "sample_ids": batch["sample_ids"],
+        "image_tokens": batch["image_tokens"],
+        "real_tokens": batch["real_tokens"],
+        "slots": batch["slots"],
+        "read_steps": batch["read_steps"],
+        "tp_rank": position.tp_rank,
+        "pp_rank": position.pp_rank,
+    }
 
 
 def _skipped_rows(everything: list, module: str) -> list[int]:
@@ -335,7 +344,7 @@ def train_rank(config: PipelineConfig, options: TrainOptions) -> None:
             results.append(result)
             if dump is not None:
                 for record in result.records:
-                    dump.write(json.dumps({k: v for k, v in record.items() if k != "slots"}) + "\n")
+                    dump.write(json.dumps({k: v for k, v in record.items() if k not in SUMMARY_ONLY_KEYS}) + "\n")
             if progress is not None:
                 progress.update(1)
         if options.save_state and options.stop_after is not None:

@@ -14,16 +14,24 @@ class ModuleSummary:
     steps: int
     samples: int
     image_tokens: int
-    mean_spread_before: float  # mean over steps of (heaviest - lightest) per-rank image tokens, reader's shard
+    mean_spread_before: float  # mean over steps of (heaviest - lightest) per-rank image tokens, as the readers read them
     mean_spread_after: float  # the same for what the ranks actually consumed
     max_rank_tokens_before: int  # sum over steps of the heaviest rank (the vision critical path)
     max_rank_tokens_after: int
 
 
+SUMMARY_ONLY_KEYS = ("slots", "read_steps", "tp_rank", "pp_rank")
+"""Record keys the summary needs besides the ``--dump-assignments`` line (which does not carry them)."""
+
+
 def summarize(records: Iterable[Mapping], grid_size: int) -> list[ModuleSummary]:
     """``records``: one per (rank, micro-batch) with module, dp_rank, dp_size, tp_rank, pp_rank, step,
-    image_tokens and slots (the canonical slot each sample was read into). Only TP/PP rank 0 lines count,
-    since their peers hold the same samples."""
+    image_tokens, slots (the canonical slot each sample was read into) and read_steps (the step it was read
+    at; the record's step when absent). Only TP/PP rank 0 lines count, since their peers hold the same samples.
+
+    "Before" groups the consumed samples by (read step, read slot): each rank's load as the readers hold
+    it, which is what the ranks consume with reordering off. With moves across micro-batches and a run that
+    starts or stops inside a window, a read step at the cut counts only its consumed samples."""
     after: dict[str, dict[int, dict[int, int]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(int)))
     before: dict[str, dict[int, dict[int, int]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(int)))
     dp_sizes: dict[str, int] = {}
@@ -34,15 +42,17 @@ def summarize(records: Iterable[Mapping], grid_size: int) -> list[ModuleSummary]
         module, dp_size, step = record["module"], record["dp_size"], record["step"]
         dp_sizes[module] = dp_size
         slots_per_rank = grid_size // dp_size
-        samples[module] += len(record["image_tokens"])
-        after[module][step][record["dp_rank"]] += sum(record["image_tokens"])
-        for tokens, slot in zip(record["image_tokens"], record["slots"]):
-            before[module][step][slot // slots_per_rank] += tokens
+        tokens = record["image_tokens"]
+        samples[module] += len(tokens)
+        after[module][step][record["dp_rank"]] += sum(tokens)
+        read_steps = record.get("read_steps") or [step] * len(tokens)
+        for count, slot, read_step in zip(tokens, record["slots"], read_steps, strict=True):
+            before[module][read_step][slot // slots_per_rank] += count
     summaries = []
     for module in sorted(after, key=lambda name: (name != "language", name)):
         dp_size = dp_sizes[module]
         spread_after = [_spread(after[module][step], dp_size) for step in after[module]]
-        spread_before = [_spread(before[module][step], dp_size) for step in after[module]]
+        spread_before = [_spread(before[module][step], dp_size) for step in before[module]]
         summaries.append(
             ModuleSummary(
                 module=module,
@@ -81,7 +91,8 @@ def format_summary(summaries: Sequence[ModuleSummary]) -> str:
             f"{s.max_rank_tokens_after:>8}"
         )
     lines.append("spread: mean over micro-batches of (heaviest - lightest) per-rank image tokens; "
-                 "crit. path: sum over micro-batches of the heaviest rank's image tokens")
+                 "crit. path: sum over micro-batches of the heaviest rank's image tokens; "
+                 "before: as the readers read them (what reordering off consumes)")
     return "\n".join(lines)
 
 

@@ -307,10 +307,15 @@ class SampleProcessor:
         """(placeholders, real tokens) of an image-and-text row exactly as :meth:`__call__` makes them, given
         each image's placeholder count (from its size and the resize rule): no pixel is decoded. For patch
         families, whose image run is one placeholder per merged patch; raises what ``__call__`` raises."""
+        return sum(tokens_per_image), len(self.input_ids_from_sizes(row, tokens_per_image))
+
+    def input_ids_from_sizes(self, row: dict, tokens_per_image: list[int]) -> list[int]:
+        """The ``input_ids`` :meth:`__call__` makes of an image-and-text row, from each image's placeholder
+        count alone (see :meth:`counts_from_sizes`)."""
         sample_id = row.get(SAMPLE_ID, row.get("id"))
         media = {self.family.image_pad: [[self.image_token_id] * n for n in tokens_per_image]}
         ids, _ = self.token_layout(conversation(row, sample_id), media, sample_id, len(tokens_per_image), 0)
-        return sum(tokens_per_image), len(ids)
+        return ids
 
     def __call__(self, row: dict) -> dict:
         sample_id = row.get(SAMPLE_ID, row.get("id"))

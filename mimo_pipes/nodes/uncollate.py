@@ -33,7 +33,8 @@ class Uncollate(BaseNode[Sample]):
       ``num_images`` when the batch has that field, else the fewest grid rows whose image tokens
       (``prod(t, h, w) / merge_size**2`` each) add up to the row's placeholder count in ``input_ids``.
       Each image owns the next ``prod(t, h, w)`` rows of ``pixel_values``.
-    * ``step`` counts micro-batches from ``start_step`` (the batch's own ``step`` key is ignored).
+    * ``step`` counts micro-batches from ``start_step`` (the batch's own ``step`` and ``read_steps`` are
+      ignored: the samples are read anew at the step of the batch that holds them).
     * ``sample_id`` comes from ``sample_ids`` when present, else it is the row's position counted over
       global micro-batches: ``step * rows * dp_size + dp_rank * rows + row``.
     * Other metadata lists (``slots``, ``costs``, ...) come back when not None; any other field must be a
@@ -138,7 +139,7 @@ class Uncollate(BaseNode[Sample]):
         lengths = _row_lengths(batch["attention_mask"], samples)
         images = self._image_spans(batch, samples, lengths)
         for name, value in batch.items():
-            if name in (STEP, METADATA_LIST_NAMES[SAMPLE_ID], VISION_ROWS):
+            if name in (STEP, METADATA_LIST_NAMES[SAMPLE_ID], METADATA_LIST_NAMES[STEP], VISION_ROWS):
                 continue
             if name in _METADATA_BY_LIST_NAME:
                 for sample, item in zip(samples, value):
