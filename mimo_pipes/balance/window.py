@@ -24,7 +24,7 @@ import numpy as np
 from mimo_pipes.balance.canonical import loads_of, sort_order
 from mimo_pipes.balance.lpt import lpt_members
 from mimo_pipes.balance.microbatch import plan_indices, plan_members
-from mimo_pipes.balance.quality import window_lower_bound
+from mimo_pipes.balance.quality import rows_lower_bound, window_lower_bound
 from mimo_pipes.balance.refine import refine_members
 from mimo_pipes.balance.validate import check_floor, check_window
 
@@ -71,13 +71,6 @@ def _independent(window: np.ndarray, num_slots: int, anchor: bool, floor: int = 
     return plans, path
 
 
-def _independent_bound(window: np.ndarray, num_slots: int, floor: int) -> int:
-    """No plan that keeps every sample in its micro-batch beats this: per micro-batch, its mean slot and
-    its heaviest sample, at least the floor."""
-    mean = -(-window.sum(axis=1) // num_slots)
-    return int(np.maximum(np.maximum(mean, window.max(axis=1)), floor).sum())
-
-
 def _path(loads: np.ndarray, floor: int) -> int:
     """Critical path of (W, G) slot loads: every forward costs at least ``floor``."""
     if loads.size == 0:
@@ -85,17 +78,42 @@ def _path(loads: np.ndarray, floor: int) -> int:
     return int(np.maximum(loads.max(axis=1), floor).sum())
 
 
-def _across(window: np.ndarray, num_slots: int) -> list[np.ndarray]:
-    """Sorted runs of B over the whole window, each balanced: per-micro-batch (G, k) flat indices."""
-    count, size = window.shape
-    flat = window.reshape(-1)
-    order = sort_order(flat)  # flat indices, heaviest first, ties by index
-    sorted_costs = flat[order]
-    plans = []
-    for m in range(count):
-        run = sorted_costs[m * size : (m + 1) * size]
-        plans.append(order[plan_members(run, num_slots, exact=False) + m * size])
-    return plans
+def _compositions(flat: np.ndarray, order: np.ndarray, count: int, num_slots: int, floor: int) -> list[np.ndarray]:
+    """Ways to choose which samples form each micro-batch: (W, B) flat indices, every row in sorted order.
+
+    ``runs`` gives micro-batch m the m-th run of B sorted samples (like samples together: right without a
+    floor). ``snake`` cuts the sorted samples into chunks of G (one sample per slot) and deals them to the
+    micro-batches back and forth, so every micro-batch gets heavy and light samples, none sits below the
+    floor, and a heavy chunk's samples can each have a slot of their own. With a floor, hybrids keep the
+    h heaviest runs and deal the rest.
+    The order is the preference on ties; the window as it stands is the caller's."""
+    size = flat.shape[0] // count
+    per_slot = size // num_slots
+    runs = order.reshape(count, size)
+    result = [runs, _snake(order, count, num_slots)]
+    if floor and per_slot > 1:
+        for heads in range(1, count - 1):
+            result.append(np.concatenate((runs[:heads], _snake(order[heads * size :], count - heads, num_slots))))
+    return result
+
+
+def _snake(order: np.ndarray, count: int, num_slots: int) -> np.ndarray:
+    """Chunks of G sorted samples dealt to ``count`` micro-batches back and forth: (count, B) flat indices."""
+    chunks = order.reshape(-1, count, num_slots).copy()
+    chunks[1::2] = chunks[1::2, ::-1]
+    return chunks.transpose(1, 0, 2).reshape(count, -1)
+
+
+def _estimate(sorted_rows: np.ndarray, num_slots: int, floor: int) -> int:
+    """Lower bound on the critical path of micro-batches with these samples (rows sorted heaviest first):
+    each balanced micro-batch costs at least max(floor, its lower bound). Balanced by the engine they
+    come close to it, so it ranks compositions without balancing them."""
+    return int(np.maximum(rows_lower_bound(sorted_rows, num_slots), floor).sum())
+
+
+def _balanced(flat: np.ndarray, rows: np.ndarray, num_slots: int, floor: int) -> list[np.ndarray]:
+    """Each row (flat indices in sorted order) balanced by the engine: per-micro-batch (G, k) flat indices."""
+    return [row[plan_members(flat[row], num_slots, exact=False, floor=floor)] for row in rows]
 
 
 def _fill_to_level(window: np.ndarray, num_slots: int, floor: int) -> list[np.ndarray]:
@@ -234,37 +252,47 @@ def balance_window(
         return [_canonical_microbatch(plan) for plan in plans]
     count, size = window.shape
     flat = window.reshape(-1)
-    candidates = [_across(window, num_slots)]
+    order = sort_order(flat)
+    still = np.arange(count * size, dtype=np.int64).reshape(count, size)
+    if size == 0:
+        return [[[] for _ in range(num_slots)] for _ in range(count)]
+    # The window as it stands is a composition too (and no plan that keeps every sample in its
+    # micro-batch costs less than its estimate): estimated first, so it wins ties.
+    compositions = _compositions(flat, order, count, num_slots, floor)
+    estimates = [_estimate(-np.sort(-window, axis=1), num_slots, floor)]
+    estimates += [_estimate(flat[rows], num_slots, floor) for rows in compositions]
+    pick = int(np.argmin(estimates))  # the first of the lowest
+    if pick == 0:
+        # Balanced where it stands by the engine: never worse than LPT on any micro-batch.
+        candidates = [_independent(window, num_slots, anchor=False, floor=floor)[0]]
+    else:
+        candidates = [_balanced(flat, compositions[pick - 1], num_slots, floor)]
     if size // num_slots > 1 and flat.shape[0] <= SEARCH_MAX_SAMPLES:
         # Within 1/NEAR_BOUND of a valid lower bound the search cannot gain enough to pay for itself.
         bound = max(window_lower_bound(window, num_slots), floor * count)
         first = _path(np.stack([flat[p].sum(axis=1) for p in candidates[0]]), floor)
         if (first - bound) * NEAR_BOUND > bound:
             candidates[0] = _improve(flat, candidates[0], num_slots, floor)
+            if pick != 1:  # sorted runs start the search too
+                candidates.append(_improve(flat, _balanced(flat, compositions[0], num_slots, floor), num_slots, floor))
             if flat.shape[0] <= FILL_MAX_SAMPLES:
                 candidates.append(_improve(flat, _fill_to_level(window, num_slots, floor), num_slots, floor))
     plans, path = candidates[0], None
     for plan in candidates:
-        value = _path(np.stack([flat[p].sum(axis=1) for p in plan]) if size else np.zeros((count, 0)), floor)
+        value = _path(np.stack([flat[p].sum(axis=1) for p in plan]), floor)
         if path is None or value < path:
             plans, path = plan, value
-    if size and path > _independent_bound(window, num_slots, floor):
+    if pick and path > estimates[0]:
         # Balancing every micro-batch where it stands could still be better: never return worse than LPT
-        # does that way. With a floor, light micro-batches of sorted runs waste it, and the engine's
-        # own per-micro-batch plan is the one to beat.
+        # does that way (or, with a floor, than the engine's own per-micro-batch plan). Skipped when the
+        # bound of that plan already shows it cannot win.
         anchor, _ = _independent(window, num_slots, anchor=floor == 0, floor=floor)
         value = _path(np.stack([flat[p].sum(axis=1) for p in anchor]), floor)
         if value < path:
             plans, path = anchor, value
-    if size:
-        # Nothing moves if the window as it stands (contiguous slots) is at least as good.
-        still = _path(window.reshape(count, num_slots, -1).sum(axis=2), floor)
-        if still <= path:
-            per_slot = size // num_slots
-            plans = [
-                np.arange(m * size, (m + 1) * size, dtype=np.int64).reshape(num_slots, per_slot)
-                for m in range(count)
-            ]
+    # Nothing moves if the window as it stands (contiguous slots) is at least as good.
+    if _path(window.reshape(count, num_slots, -1).sum(axis=2), floor) <= path:
+        plans = [rows.reshape(num_slots, -1) for rows in still]
     result = [_canonical_microbatch(plan) for plan in plans]
     result.sort(key=lambda slots: min((slot[0] for slot in slots if slot), default=0))
     return result
