@@ -111,9 +111,10 @@ def _estimate(sorted_rows: np.ndarray, num_slots: int, floor: int) -> int:
     return int(np.maximum(rows_lower_bound(sorted_rows, num_slots), floor).sum())
 
 
-def _balanced(flat: np.ndarray, rows: np.ndarray, num_slots: int, floor: int) -> list[np.ndarray]:
-    """Each row (flat indices in sorted order) balanced by the engine: per-micro-batch (G, k) flat indices."""
-    return [row[plan_members(flat[row], num_slots, exact=False, floor=floor)] for row in rows]
+def _balanced(flat: np.ndarray, rows: np.ndarray, num_slots: int, floor: int, exact: bool = False) -> list[np.ndarray]:
+    """Each row (flat indices in sorted order) balanced by the engine for its heaviest slot (the spread of
+    a micro-batch does not change the critical path): per-micro-batch (G, k) flat indices."""
+    return [row[plan_members(flat[row], num_slots, exact=exact, floor=floor, heaviest_only=True)] for row in rows]
 
 
 def _fill_to_level(window: np.ndarray, num_slots: int, floor: int) -> list[np.ndarray]:
@@ -258,15 +259,12 @@ def balance_window(
         return [[[] for _ in range(num_slots)] for _ in range(count)]
     # The window as it stands is a composition too (and no plan that keeps every sample in its
     # micro-batch costs less than its estimate): estimated first, so it wins ties.
-    compositions = _compositions(flat, order, count, num_slots, floor)
-    estimates = [_estimate(-np.sort(-window, axis=1), num_slots, floor)]
-    estimates += [_estimate(flat[rows], num_slots, floor) for rows in compositions]
+    still_rows = np.argsort(-window, axis=1, kind="stable") + still[:, :1]  # rows sorted, flat indices
+    compositions = [still_rows, *_compositions(flat, order, count, num_slots, floor)]
+    estimates = [_estimate(flat[rows], num_slots, floor) for rows in compositions]
     pick = int(np.argmin(estimates))  # the first of the lowest
-    if pick == 0:
-        # Balanced where it stands by the engine: never worse than LPT on any micro-batch.
-        candidates = [_independent(window, num_slots, anchor=False, floor=floor)[0]]
-    else:
-        candidates = [_balanced(flat, compositions[pick - 1], num_slots, floor)]
+    # As it stands, with the engine's exact search on small micro-batches, as each would be balanced alone.
+    candidates = [_balanced(flat, compositions[pick], num_slots, floor, exact=pick == 0)]
     if size // num_slots > 1 and flat.shape[0] <= SEARCH_MAX_SAMPLES:
         # Within 1/NEAR_BOUND of a valid lower bound the search cannot gain enough to pay for itself.
         bound = max(window_lower_bound(window, num_slots), floor * count)
@@ -274,7 +272,7 @@ def balance_window(
         if (first - bound) * NEAR_BOUND > bound:
             candidates[0] = _improve(flat, candidates[0], num_slots, floor)
             if pick != 1:  # sorted runs start the search too
-                candidates.append(_improve(flat, _balanced(flat, compositions[0], num_slots, floor), num_slots, floor))
+                candidates.append(_improve(flat, _balanced(flat, compositions[1], num_slots, floor), num_slots, floor))
             if flat.shape[0] <= FILL_MAX_SAMPLES:
                 candidates.append(_improve(flat, _fill_to_level(window, num_slots, floor), num_slots, floor))
     plans, path = candidates[0], None
@@ -283,10 +281,9 @@ def balance_window(
         if path is None or value < path:
             plans, path = plan, value
     if pick and path > estimates[0]:
-        # Balancing every micro-batch where it stands could still be better: never return worse than LPT
-        # does that way (or, with a floor, than the engine's own per-micro-batch plan). Skipped when the
-        # bound of that plan already shows it cannot win.
-        anchor, _ = _independent(window, num_slots, anchor=floor == 0, floor=floor)
+        # Never return worse than LPT on every micro-batch where it stands (the engine on the window as
+        # it stands never is, so only needed for another pick, and only if that plan's bound allows it).
+        anchor, _ = _independent(window, num_slots, anchor=True, floor=floor)
         value = _path(np.stack([flat[p].sum(axis=1) for p in anchor]), floor)
         if value < path:
             plans, path = anchor, value
