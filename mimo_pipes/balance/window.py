@@ -17,6 +17,7 @@ otherwise.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 
 import numpy as np
@@ -149,6 +150,29 @@ def _fill_to_level(window: np.ndarray, num_slots: int, floor: int) -> list[np.nd
     return [members[m * num_slots : (m + 1) * num_slots] for m in range(count)]
 
 
+def _pairs_to_level(flat: np.ndarray, order: np.ndarray, count: int, num_slots: int, floor: int) -> list[np.ndarray]:
+    """Two samples per slot: micro-batch by micro-batch, heaviest first. The heaviest sample left and the
+    lightest left open the micro-batch and set its level (at least the floor); each of its other G-1 slots
+    takes the heaviest sample left and, as partner, the heaviest sample left that keeps the pair at or
+    below the level (the lightest left if none does). A micro-batch thus packs as much weight as its top
+    pair allows, instead of the next 2G samples of the sorted order."""
+    costs = flat[order].tolist()  # by rank: heaviest first
+    left = list(range(len(costs)))  # ranks not placed yet, ascending (heaviest first)
+    plans = []
+    for _ in range(count):
+        heaviest = left.pop(0)
+        lightest = left.pop()
+        level = max(floor, costs[heaviest] + costs[lightest])
+        pairs = [(heaviest, lightest)]
+        for _ in range(num_slots - 1):
+            rank = left.pop(0)
+            # Costs fall along ``left``: the partners that fit are a suffix; take its first.
+            position = bisect.bisect_left(left, -(level - costs[rank]), key=lambda r: -costs[r])
+            pairs.append((rank, left.pop(min(position, len(left) - 1))))
+        plans.append(order[np.asarray(pairs, dtype=np.int64)])
+    return plans
+
+
 def _improve(flat: np.ndarray, plans: list[np.ndarray], num_slots: int, floor: int) -> list[np.ndarray]:
     """Swaps across micro-batches that lower the critical path, then refinement inside the touched ones.
 
@@ -275,6 +299,9 @@ def balance_window(
                 candidates.append(_improve(flat, _balanced(flat, compositions[1], num_slots, floor), num_slots, floor))
             if flat.shape[0] <= FILL_MAX_SAMPLES:
                 candidates.append(_improve(flat, _fill_to_level(window, num_slots, floor), num_slots, floor))
+            if size == 2 * num_slots:
+                pairs = _pairs_to_level(flat, order, count, num_slots, floor)
+                candidates.append(_improve(flat, pairs, num_slots, floor))
     plans, path = candidates[0], None
     for plan in candidates:
         value = _path(np.stack([flat[p].sum(axis=1) for p in plan]), floor)
