@@ -112,10 +112,15 @@ def _estimate(sorted_rows: np.ndarray, num_slots: int, floor: int) -> int:
     return int(np.maximum(rows_lower_bound(sorted_rows, num_slots), floor).sum())
 
 
-def _balanced(flat: np.ndarray, rows: np.ndarray, num_slots: int, floor: int, exact: bool = False) -> list[np.ndarray]:
-    """Each row (flat indices in sorted order) balanced by the engine for its heaviest slot (the spread of
-    a micro-batch does not change the critical path): per-micro-batch (G, k) flat indices."""
-    return [row[plan_members(flat[row], num_slots, exact=exact, floor=floor, heaviest_only=True)] for row in rows]
+def _balanced(
+    flat: np.ndarray, rows: np.ndarray, num_slots: int, floor: int, exact: bool = False, heaviest_only: bool = False
+) -> list[np.ndarray]:
+    """Each row (flat indices in sorted order) balanced by the engine (``heaviest_only``: for its heaviest
+    slot alone, since the spread of a micro-batch does not change the critical path): per-micro-batch
+    (G, k) flat indices."""
+    return [
+        row[plan_members(flat[row], num_slots, exact=exact, floor=floor, heaviest_only=heaviest_only)] for row in rows
+    ]
 
 
 def _fill_to_level(window: np.ndarray, num_slots: int, floor: int) -> list[np.ndarray]:
@@ -288,8 +293,10 @@ def balance_window(
     estimates = [_estimate(flat[rows], num_slots, floor) for rows in compositions]
     pick = int(np.argmin(estimates))  # the first of the lowest
     # As it stands, with the engine's exact search on small micro-batches, as each would be balanced alone.
-    candidates = [_balanced(flat, compositions[pick], num_slots, floor, exact=pick == 0)]
-    if size // num_slots > 1 and flat.shape[0] <= SEARCH_MAX_SAMPLES:
+    # Where no search follows (large windows), only the heaviest slot of each micro-batch is worked on.
+    search = size // num_slots > 1 and flat.shape[0] <= SEARCH_MAX_SAMPLES
+    candidates = [_balanced(flat, compositions[pick], num_slots, floor, exact=pick == 0, heaviest_only=not search)]
+    if search:
         # Within 1/NEAR_BOUND of a valid lower bound the search cannot gain enough to pay for itself.
         bound = max(window_lower_bound(window, num_slots), floor * count)
         first = _path(np.stack([flat[p].sum(axis=1) for p in candidates[0]]), floor)
@@ -308,9 +315,10 @@ def balance_window(
         if path is None or value < path:
             plans, path = plan, value
     if pick and path > estimates[0]:
-        # Never return worse than LPT on every micro-batch where it stands (the engine on the window as
-        # it stands never is, so only needed for another pick, and only if that plan's bound allows it).
-        anchor, _ = _independent(window, num_slots, anchor=True, floor=floor)
+        # Balancing every micro-batch where it stands could still be better: never return worse than LPT
+        # does that way (or, with a floor, than the engine's own per-micro-batch plan). Only needed when
+        # another composition was picked, and only if the bound of the window as it stands allows it.
+        anchor, _ = _independent(window, num_slots, anchor=floor == 0, floor=floor)
         value = _path(np.stack([flat[p].sum(axis=1) for p in anchor]), floor)
         if value < path:
             plans, path = anchor, value
