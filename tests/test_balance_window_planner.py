@@ -58,7 +58,7 @@ def test_compositions_partition_the_window_into_sorted_rows(case):
     order = sort_order(flat)
     rank = np.empty_like(order)
     rank[order] = np.arange(order.size)
-    compositions = window_module._compositions(flat, order, count, num_slots, floor)
+    compositions = list(window_module._compositions(flat, order, count, num_slots, floor))
     assert len(compositions) == (2 + max(count - 2, 0) if floor and flat.size > count * num_slots else 2)
     for rows in compositions:
         assert rows.shape == (count, flat.size // count)

@@ -18,7 +18,7 @@ otherwise.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -79,23 +79,22 @@ def _path(loads: np.ndarray, floor: int) -> int:
     return int(np.maximum(loads.max(axis=1), floor).sum())
 
 
-def _compositions(flat: np.ndarray, order: np.ndarray, count: int, num_slots: int, floor: int) -> list[np.ndarray]:
+def _compositions(flat: np.ndarray, order: np.ndarray, count: int, num_slots: int, floor: int) -> Iterator[np.ndarray]:
     """Ways to choose which samples form each micro-batch: (W, B) flat indices, every row in sorted order.
 
     ``runs`` gives micro-batch m the m-th run of B sorted samples (like samples together: right without a
     floor). ``snake`` cuts the sorted samples into chunks of G (one sample per slot) and deals them to the
     micro-batches back and forth, so every micro-batch gets heavy and light samples, none sits below the
     floor, and a heavy chunk's samples can each have a slot of their own. With a floor, hybrids keep the
-    h heaviest runs and deal the rest.
-    The order is the preference on ties; the window as it stands is the caller's."""
+    h heaviest runs and deal the rest. Yielded one at a time (the caller keeps the best): memory stays
+    linear in the window. The order is the preference on ties; the window as it stands is the caller's."""
     size = flat.shape[0] // count
-    per_slot = size // num_slots
     runs = order.reshape(count, size)
-    result = [runs, _snake(order, count, num_slots)]
-    if floor and per_slot > 1:
+    yield runs
+    yield _snake(order, count, num_slots)
+    if floor and size > num_slots:
         for heads in range(1, count - 1):
-            result.append(np.concatenate((runs[:heads], _snake(order[heads * size :], count - heads, num_slots))))
-    return result
+            yield np.concatenate((runs[:heads], _snake(order[heads * size :], count - heads, num_slots)))
 
 
 def _snake(order: np.ndarray, count: int, num_slots: int) -> np.ndarray:
@@ -289,13 +288,16 @@ def balance_window(
     # The window as it stands is a composition too (and no plan that keeps every sample in its
     # micro-batch costs less than its estimate): estimated first, so it wins ties.
     still_rows = np.argsort(-window, axis=1, kind="stable") + still[:, :1]  # rows sorted, flat indices
-    compositions = [still_rows, *_compositions(flat, order, count, num_slots, floor)]
-    estimates = [_estimate(flat[rows], num_slots, floor) for rows in compositions]
-    pick = int(np.argmin(estimates))  # the first of the lowest
+    still_estimate = _estimate(flat[still_rows], num_slots, floor)
+    pick, chosen, estimate = 0, still_rows, still_estimate
+    for number, rows in enumerate(_compositions(flat, order, count, num_slots, floor), start=1):
+        value = _estimate(flat[rows], num_slots, floor)
+        if value < estimate:  # the first of the lowest
+            pick, chosen, estimate = number, rows, value
     # As it stands, with the engine's exact search on small micro-batches, as each would be balanced alone.
     # Where no search follows (large windows), only the heaviest slot of each micro-batch is worked on.
     search = size // num_slots > 1 and flat.shape[0] <= SEARCH_MAX_SAMPLES
-    candidates = [_balanced(flat, compositions[pick], num_slots, floor, exact=pick == 0, heaviest_only=not search)]
+    candidates = [_balanced(flat, chosen, num_slots, floor, exact=pick == 0, heaviest_only=not search)]
     if search:
         # Within 1/NEAR_BOUND of a valid lower bound the search cannot gain enough to pay for itself.
         bound = max(window_lower_bound(window, num_slots), floor * count)
@@ -303,7 +305,8 @@ def balance_window(
         if (first - bound) * NEAR_BOUND > bound:
             candidates[0] = _improve(flat, candidates[0], num_slots, floor)
             if pick != 1:  # sorted runs start the search too
-                candidates.append(_improve(flat, _balanced(flat, compositions[1], num_slots, floor), num_slots, floor))
+                runs = order.reshape(count, size)
+                candidates.append(_improve(flat, _balanced(flat, runs, num_slots, floor), num_slots, floor))
             if flat.shape[0] <= FILL_MAX_SAMPLES:
                 candidates.append(_improve(flat, _fill_to_level(window, num_slots, floor), num_slots, floor))
             if size == 2 * num_slots:
@@ -314,7 +317,7 @@ def balance_window(
         value = _path(np.stack([flat[p].sum(axis=1) for p in plan]), floor)
         if path is None or value < path:
             plans, path = plan, value
-    if pick and path > estimates[0]:
+    if pick and path > still_estimate:
         # Balancing every micro-batch where it stands could still be better: never return worse than LPT
         # does that way (or, with a floor, than the engine's own per-micro-batch plan). Only needed when
         # another composition was picked, and only if the bound of the window as it stands allows it.
