@@ -294,33 +294,37 @@ def balance_window(
         value = _estimate(flat[rows], num_slots, floor)
         if value < estimate:  # the first of the lowest
             pick, chosen, estimate = number, rows, value
-    # As it stands, with the engine's exact search on small micro-batches, as each would be balanced alone.
-    # Where no search follows (large windows), only the heaviest slot of each micro-batch is worked on.
     search = size // num_slots > 1 and flat.shape[0] <= SEARCH_MAX_SAMPLES
-    candidates = [_balanced(flat, chosen, num_slots, floor, exact=pick == 0, heaviest_only=not search)]
     if search:
+        # The starts of the former planner stay (sorted runs, balanced as before; the engine on every
+        # micro-batch where it stands is the anchor below), with the same trigger for the search, so
+        # the result is never worse than it was; the chosen composition is one more start.
+        runs = _balanced(flat, order.reshape(count, size), num_slots, 0)
+        candidates = [runs] if pick in (0, 1) else [_balanced(flat, chosen, num_slots, 0), runs]
         # Within 1/NEAR_BOUND of a valid lower bound the search cannot gain enough to pay for itself.
         bound = max(window_lower_bound(window, num_slots), floor * count)
-        first = _path(np.stack([flat[p].sum(axis=1) for p in candidates[0]]), floor)
+        first = _path(np.stack([flat[p].sum(axis=1) for p in runs]), floor)
         if (first - bound) * NEAR_BOUND > bound:
-            candidates[0] = _improve(flat, candidates[0], num_slots, floor)
-            if pick != 1:  # sorted runs start the search too
-                runs = order.reshape(count, size)
-                candidates.append(_improve(flat, _balanced(flat, runs, num_slots, floor), num_slots, floor))
+            candidates = [_improve(flat, plan, num_slots, floor) for plan in candidates]
             if flat.shape[0] <= FILL_MAX_SAMPLES:
                 candidates.append(_improve(flat, _fill_to_level(window, num_slots, floor), num_slots, floor))
             if size == 2 * num_slots:
                 pairs = _pairs_to_level(flat, order, count, num_slots, floor)
                 candidates.append(_improve(flat, pairs, num_slots, floor))
+    else:
+        # No search follows: balance the chosen composition alone, each micro-batch for its heaviest slot
+        # and no lower than the floor (the exact search on small micro-batches when it is the window as
+        # it stands, as each would be balanced alone).
+        candidates = [_balanced(flat, chosen, num_slots, floor, exact=pick == 0, heaviest_only=True)]
     plans, path = candidates[0], None
     for plan in candidates:
         value = _path(np.stack([flat[p].sum(axis=1) for p in plan]), floor)
         if path is None or value < path:
             plans, path = plan, value
-    if pick and path > still_estimate:
+    if (search or pick) and path > still_estimate:
         # Balancing every micro-batch where it stands could still be better: never return worse than LPT
-        # does that way (or, with a floor, than the engine's own per-micro-batch plan). Only needed when
-        # another composition was picked, and only if the bound of the window as it stands allows it.
+        # does that way (or, with a floor, than the engine's own per-micro-batch plan). Skipped when the
+        # bound of the window as it stands shows it cannot win, or when that plan was the one balanced.
         anchor, _ = _independent(window, num_slots, anchor=floor == 0, floor=floor)
         value = _path(np.stack([flat[p].sum(axis=1) for p in anchor]), floor)
         if value < path:
