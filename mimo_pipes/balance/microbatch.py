@@ -57,8 +57,8 @@ def plan_members(
 
     For a window's micro-batches: ``floor``, a heaviest load at or below it is as good as any (a forward
     costs at least the floor): the start is kept once its heaviest slot is there, and no search goes
-    below it; ``heaviest_only``, the spread does not matter (see ``refine_members``). Either way the
-    result is never worse than LPT by (heaviest, spread) once loads below the floor count as the floor."""
+    below it; ``heaviest_only``, the spread does not matter (LPT is the only start, and see
+    ``refine_members``). Either way the result is never worse than LPT by (heaviest, spread)."""
     size = int(sorted_costs.shape[0])
     per_slot = size // num_slots
     if num_slots == 1 or per_slot <= 1:
@@ -70,7 +70,8 @@ def plan_members(
     lower = sorted_lower_bound(sorted_costs, num_slots, thorough=False)
     anchor = lpt_members(sorted_costs, num_slots)
     anchor_score = score(loads_of(sorted_costs, anchor))
-    start = kk_members(sorted_costs, num_slots)
+    # Heaviest slot alone (window micro-batches): LPT is the start; KK's is rarely better there.
+    start = anchor if heaviest_only else kk_members(sorted_costs, num_slots)
     start_score = score(loads_of(sorted_costs, start))
     if start_score > anchor_score:
         start, start_score = anchor, anchor_score
