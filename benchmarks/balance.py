@@ -458,7 +458,8 @@ def render(args, micro, windows, times, elapsed: float) -> str:
         f"    {args.command_line}",
         "",
         f"Machine: {machine()}; cores shared with other work. Date: {datetime.date.today().isoformat()}. "
-        f"Run time {elapsed / 60:.1f} min.",
+        f"Run time {elapsed / 60:.1f} min; load average (1 min) {args.load_start:.1f} at the start, "
+        f"{os.getloadavg()[0]:.1f} at the end (timings scale with it).",
         "",
         "### One micro-batch",
         "",
@@ -614,6 +615,7 @@ def main() -> int:
         args.reps, args.window_reps, args.repeats, args.no_write = 1, 1, 11, True
     args.command_line = "python benchmarks/balance.py" + "".join(f" {a}" for a in sys.argv[1:])
     started = time.perf_counter()
+    args.load_start = os.getloadavg()[0]
     progress("micro-batch quality ...")
     micro = microbatch_quality(args.reps, args.seed, args.exact_max, args.exact_nodes, args.search_max)
     progress("window critical path ...")
