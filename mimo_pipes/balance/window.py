@@ -1,14 +1,16 @@
 """Windows of W micro-batches: balance each one on its own, or let samples move between them.
 
 Across micro-batches (opt-in), the objective is the vision critical path: the sum over the window's
-micro-batches of their heaviest slot. Samples of the whole window are sorted by (-cost, flat index)
-and cut into W consecutive runs of B: the heaviest B samples form one micro-batch, the next B the
-next, and so on. Every micro-batch then holds samples of similar cost, which can be split evenly, and
-each is balanced with the micro-batch engine. With one sample per slot this is optimal (the m-th
-micro-batch's heaviest slot can be no lighter than the (mB)-th heaviest sample of the window).
-The result is compared with balancing every micro-batch where it stands with equal-count LPT, and
-with the window as it stands (contiguous slots, nothing moves); the lowest critical path is kept,
-ties going to the window as it stands.
+micro-batches of max(floor, heaviest slot). First, which samples form each micro-batch: the window as
+it stands, sorted runs of B (optimal with one sample per slot), chunks of G dealt back and forth, and
+with a floor hybrids of the two, ranked by a batched lower bound (no balancing needed to rank them).
+Windows of more than 2048 samples take the best composition, each micro-batch balanced by the engine
+for its heaviest slot. Smaller windows keep the former starts (sorted runs, and the search across
+micro-batches when they are more than 0.1% above the window bound) and add the chosen composition,
+heads then fill, and pairs filled to a level as starts, so none is planned worse than before. The
+result is compared with balancing every micro-batch where it stands (when a bound says it could win)
+and with the window as it stands (contiguous slots, nothing moves); the lowest critical path is kept,
+ties going to the window as it stands. docs/balancing.md has the details.
 
 Output order: within a slot, ascending flat indices (m*B + j); slots of a micro-batch ordered by their
 smallest index; micro-batches ordered by their smallest index when samples may move, in window order
