@@ -50,8 +50,15 @@ EXACT_MAX_SAMPLES = 16
 EXACT_NODE_LIMIT = 4_000
 
 
-def plan_members(sorted_costs: np.ndarray, num_slots: int, exact: bool = True) -> np.ndarray:
-    """Balanced rank-space assignment (G, B/G) for costs sorted heaviest first."""
+def plan_members(
+    sorted_costs: np.ndarray, num_slots: int, exact: bool = True, floor: int = 0, heaviest_only: bool = False
+) -> np.ndarray:
+    """Balanced rank-space assignment (G, B/G) for costs sorted heaviest first.
+
+    For a window's micro-batches: ``floor``, a heaviest load at or below it is as good as any (a forward
+    costs at least the floor): the start is kept once its heaviest slot is there, and no search goes
+    below it; ``heaviest_only``, the spread does not matter (LPT is the only start, and see
+    ``refine_members``). Either way the result is never worse than LPT by (heaviest, spread)."""
     size = int(sorted_costs.shape[0])
     per_slot = size // num_slots
     if num_slots == 1 or per_slot <= 1:
@@ -63,19 +70,26 @@ def plan_members(sorted_costs: np.ndarray, num_slots: int, exact: bool = True) -
     lower = sorted_lower_bound(sorted_costs, num_slots, thorough=False)
     anchor = lpt_members(sorted_costs, num_slots)
     anchor_score = score(loads_of(sorted_costs, anchor))
-    start = kk_members(sorted_costs, num_slots)
-    if score(loads_of(sorted_costs, start)) > anchor_score:
-        start = anchor
-    best = refine_members(sorted_costs, start, target=lower)
+    # Heaviest slot alone (window micro-batches): LPT is the start; KK's is rarely better there.
+    start = anchor if heaviest_only else kk_members(sorted_costs, num_slots)
+    start_score = score(loads_of(sorted_costs, start))
+    if start_score > anchor_score:
+        start, start_score = anchor, anchor_score
+    if start_score[0] <= floor:
+        return start
+    lower = max(lower, floor)
+    best = refine_members(sorted_costs, start, target=lower, heaviest_only=heaviest_only)
     best_loads = loads_of(sorted_costs, best)
     top = int(best_loads.max())
     if (top - lower) * RESTART_GAP > lower:
         # The cheap bound can be loose (e.g. few very heavy samples): tighten it before deciding.
-        lower = sorted_lower_bound(sorted_costs, num_slots, thorough=True, max_extra=num_slots)
+        lower = max(sorted_lower_bound(sorted_costs, num_slots, thorough=True, max_extra=num_slots), floor)
     if (top - lower) * RESTART_GAP > lower:
         # Well above the bound: restart from best fit against a target halfway down.
         limit = lower + (top - lower) // 2
-        other = refine_members(sorted_costs, best_fit_members(sorted_costs, num_slots, limit), lower)
+        other = refine_members(
+            sorted_costs, best_fit_members(sorted_costs, num_slots, limit), lower, heaviest_only=heaviest_only
+        )
         other_loads = loads_of(sorted_costs, other)
         if score(other_loads) < score(best_loads):
             best, best_loads, top = other, other_loads, int(other_loads.max())

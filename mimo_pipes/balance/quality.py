@@ -96,6 +96,38 @@ def sorted_lower_bound(
     return best
 
 
+def rows_lower_bound(sorted_rows: np.ndarray, num_slots: int) -> np.ndarray:
+    """:func:`sorted_lower_bound` with ``thorough=False`` for many micro-batches at once: one bound per
+    row of ``sorted_rows`` (n, B), each row sorted heaviest first (no validation). Same integers as the
+    one-row function, in a few array operations instead of a few per row."""
+    rows = np.asarray(sorted_rows, dtype=np.int64)
+    count, size = rows.shape
+    if size == 0:
+        return np.zeros(count, dtype=np.int64)
+    slots = num_slots
+    per_slot = size // slots
+    best = -(-rows.sum(axis=1) // slots)
+    if per_slot == 1:
+        return np.maximum(best, rows[:, 0])
+    zero = np.zeros((count, 1), dtype=np.int64)
+    heads = np.concatenate((zero, np.cumsum(rows, axis=1)), axis=1)
+    tails = np.concatenate((zero, np.cumsum(rows[:, ::-1], axis=1)), axis=1)
+    t = np.arange(per_slot)
+    pigeon = heads[:, t * slots + 1] - heads[:, t * slots - t] + tails[:, per_slot - t - 1]
+    best = np.maximum(best, pigeon.max(axis=1))
+    i = np.arange(min(slots, size))
+    others = (i + 1) * (per_slot - 1)
+    share = -(-tails[:, others] // (i + 1))
+    largest_other = rows[:, size - others] + tails[:, per_slot - 2][:, None]
+    apart = rows[:, i] + np.maximum(share, largest_other)
+    together = np.where(
+        i >= 1,
+        rows[:, np.maximum(i - 1, 0)] + rows[:, i] + tails[:, per_slot - 2][:, None],
+        np.iinfo(np.int64).max,
+    )
+    return np.maximum(best, np.minimum(apart, together).max(axis=1))
+
+
 def lower_bound(costs: Sequence[int], num_slots: int) -> int:
     """A valid lower bound on the heaviest slot of any equal-count assignment of ``costs``."""
     array = check_costs(costs, num_slots)

@@ -277,10 +277,13 @@ def refine_members(
     members: np.ndarray,
     target: int = 0,
     max_rounds: int | None = None,
+    heaviest_only: bool = False,
 ) -> np.ndarray:
     """Return a refined copy of the rank-space assignment ``members`` (G, k).
 
     ``target``: a lower bound on the heaviest load; slots at or below it are not lowered further.
+    ``heaviest_only``: only the heaviest load matters (a window's critical path): no rounds that raise
+    the lightest slots, and done as soon as the heaviest is at the target.
     """
     num_slots, per_slot = members.shape
     if num_slots < 2 or per_slot == 0:
@@ -301,7 +304,10 @@ def refine_members(
             moved = 0
             if state.extremes()[0] > target:
                 moved += _neighbour_round(state, True, target)
-            moved += _neighbour_round(state, False, target)
+            elif heaviest_only:
+                return state.members
+            if not heaviest_only:
+                moved += _neighbour_round(state, False, target)
             now = state.extremes()
             if moved == 0:
                 break

@@ -1,14 +1,16 @@
 """Windows of W micro-batches: balance each one on its own, or let samples move between them.
 
 Across micro-batches (opt-in), the objective is the vision critical path: the sum over the window's
-micro-batches of their heaviest slot. Samples of the whole window are sorted by (-cost, flat index)
-and cut into W consecutive runs of B: the heaviest B samples form one micro-batch, the next B the
-next, and so on. Every micro-batch then holds samples of similar cost, which can be split evenly, and
-each is balanced with the micro-batch engine. With one sample per slot this is optimal (the m-th
-micro-batch's heaviest slot can be no lighter than the (mB)-th heaviest sample of the window).
-The result is compared with balancing every micro-batch where it stands with equal-count LPT, and
-with the window as it stands (contiguous slots, nothing moves); the lowest critical path is kept,
-ties going to the window as it stands.
+micro-batches of max(floor, heaviest slot). First, which samples form each micro-batch: the window as
+it stands, sorted runs of B (optimal with one sample per slot), chunks of G dealt back and forth, and
+with a floor hybrids of the two, ranked by a batched lower bound (no balancing needed to rank them).
+Windows of more than 2048 samples take the best composition, each micro-batch balanced by the engine
+for its heaviest slot. Smaller windows keep the former starts (sorted runs, and the search across
+micro-batches when they are more than 0.1% above the window bound) and add the chosen composition,
+heads then fill, and pairs filled to a level as starts, so none is planned worse than before. The
+result is compared with balancing every micro-batch where it stands (when a bound says it could win)
+and with the window as it stands (contiguous slots, nothing moves); the lowest critical path is kept,
+ties going to the window as it stands. docs/balancing.md has the details.
 
 Output order: within a slot, ascending flat indices (m*B + j); slots of a micro-batch ordered by their
 smallest index; micro-batches ordered by their smallest index when samples may move, in window order
@@ -17,14 +19,15 @@ otherwise.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import bisect
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from mimo_pipes.balance.canonical import loads_of, sort_order
 from mimo_pipes.balance.lpt import lpt_members
 from mimo_pipes.balance.microbatch import plan_indices, plan_members
-from mimo_pipes.balance.quality import window_lower_bound
+from mimo_pipes.balance.quality import rows_lower_bound, window_lower_bound
 from mimo_pipes.balance.refine import refine_members
 from mimo_pipes.balance.validate import check_floor, check_window
 
@@ -71,13 +74,6 @@ def _independent(window: np.ndarray, num_slots: int, anchor: bool, floor: int = 
     return plans, path
 
 
-def _independent_bound(window: np.ndarray, num_slots: int, floor: int) -> int:
-    """No plan that keeps every sample in its micro-batch beats this: per micro-batch, its mean slot and
-    its heaviest sample, at least the floor."""
-    mean = -(-window.sum(axis=1) // num_slots)
-    return int(np.maximum(np.maximum(mean, window.max(axis=1)), floor).sum())
-
-
 def _path(loads: np.ndarray, floor: int) -> int:
     """Critical path of (W, G) slot loads: every forward costs at least ``floor``."""
     if loads.size == 0:
@@ -85,17 +81,47 @@ def _path(loads: np.ndarray, floor: int) -> int:
     return int(np.maximum(loads.max(axis=1), floor).sum())
 
 
-def _across(window: np.ndarray, num_slots: int) -> list[np.ndarray]:
-    """Sorted runs of B over the whole window, each balanced: per-micro-batch (G, k) flat indices."""
-    count, size = window.shape
-    flat = window.reshape(-1)
-    order = sort_order(flat)  # flat indices, heaviest first, ties by index
-    sorted_costs = flat[order]
-    plans = []
-    for m in range(count):
-        run = sorted_costs[m * size : (m + 1) * size]
-        plans.append(order[plan_members(run, num_slots, exact=False) + m * size])
-    return plans
+def _compositions(flat: np.ndarray, order: np.ndarray, count: int, num_slots: int, floor: int) -> Iterator[np.ndarray]:
+    """Ways to choose which samples form each micro-batch: (W, B) flat indices, every row in sorted order.
+
+    ``runs`` gives micro-batch m the m-th run of B sorted samples (like samples together: right without a
+    floor). ``snake`` cuts the sorted samples into chunks of G (one sample per slot) and deals them to the
+    micro-batches back and forth, so every micro-batch gets heavy and light samples, none sits below the
+    floor, and a heavy chunk's samples can each have a slot of their own. With a floor, hybrids keep the
+    h heaviest runs and deal the rest. Yielded one at a time (the caller keeps the best): memory stays
+    linear in the window. The order is the preference on ties; the window as it stands is the caller's."""
+    size = flat.shape[0] // count
+    runs = order.reshape(count, size)
+    yield runs
+    yield _snake(order, count, num_slots)
+    if floor and size > num_slots:
+        for heads in range(1, count - 1):
+            yield np.concatenate((runs[:heads], _snake(order[heads * size :], count - heads, num_slots)))
+
+
+def _snake(order: np.ndarray, count: int, num_slots: int) -> np.ndarray:
+    """Chunks of G sorted samples dealt to ``count`` micro-batches back and forth: (count, B) flat indices."""
+    chunks = order.reshape(-1, count, num_slots).copy()
+    chunks[1::2] = chunks[1::2, ::-1]
+    return chunks.transpose(1, 0, 2).reshape(count, -1)
+
+
+def _estimate(sorted_rows: np.ndarray, num_slots: int, floor: int) -> int:
+    """Lower bound on the critical path of micro-batches with these samples (rows sorted heaviest first):
+    each balanced micro-batch costs at least max(floor, its lower bound). Balanced by the engine they
+    come close to it, so it ranks compositions without balancing them."""
+    return int(np.maximum(rows_lower_bound(sorted_rows, num_slots), floor).sum())
+
+
+def _balanced(
+    flat: np.ndarray, rows: np.ndarray, num_slots: int, floor: int, exact: bool = False, heaviest_only: bool = False
+) -> list[np.ndarray]:
+    """Each row (flat indices in sorted order) balanced by the engine (``heaviest_only``: for its heaviest
+    slot alone, since the spread of a micro-batch does not change the critical path): per-micro-batch
+    (G, k) flat indices."""
+    return [
+        row[plan_members(flat[row], num_slots, exact=exact, floor=floor, heaviest_only=heaviest_only)] for row in rows
+    ]
 
 
 def _fill_to_level(window: np.ndarray, num_slots: int, floor: int) -> list[np.ndarray]:
@@ -128,6 +154,29 @@ def _fill_to_level(window: np.ndarray, num_slots: int, floor: int) -> list[np.nd
         loads[slot] = new[slot]
         tops[group[slot]] = max(tops[group[slot]], int(new[slot]))
     return [members[m * num_slots : (m + 1) * num_slots] for m in range(count)]
+
+
+def _pairs_to_level(flat: np.ndarray, order: np.ndarray, count: int, num_slots: int, floor: int) -> list[np.ndarray]:
+    """Two samples per slot: micro-batch by micro-batch, heaviest first. The heaviest sample left and the
+    lightest left open the micro-batch and set its level (at least the floor); each of its other G-1 slots
+    takes the heaviest sample left and, as partner, the heaviest sample left that keeps the pair at or
+    below the level (the lightest left if none does). A micro-batch thus packs as much weight as its top
+    pair allows, instead of the next 2G samples of the sorted order."""
+    costs = flat[order].tolist()  # by rank: heaviest first
+    left = list(range(len(costs)))  # ranks not placed yet, ascending (heaviest first)
+    plans = []
+    for _ in range(count):
+        heaviest = left.pop(0)
+        lightest = left.pop()
+        level = max(floor, costs[heaviest] + costs[lightest])
+        pairs = [(heaviest, lightest)]
+        for _ in range(num_slots - 1):
+            rank = left.pop(0)
+            # Costs fall along ``left``: the partners that fit are a suffix; take its first.
+            position = bisect.bisect_left(left, -(level - costs[rank]), key=lambda r: -costs[r])
+            pairs.append((rank, left.pop(min(position, len(left) - 1))))
+        plans.append(order[np.asarray(pairs, dtype=np.int64)])
+    return plans
 
 
 def _improve(flat: np.ndarray, plans: list[np.ndarray], num_slots: int, floor: int) -> list[np.ndarray]:
@@ -234,37 +283,57 @@ def balance_window(
         return [_canonical_microbatch(plan) for plan in plans]
     count, size = window.shape
     flat = window.reshape(-1)
-    candidates = [_across(window, num_slots)]
-    if size // num_slots > 1 and flat.shape[0] <= SEARCH_MAX_SAMPLES:
+    order = sort_order(flat)
+    still = np.arange(count * size, dtype=np.int64).reshape(count, size)
+    if size == 0:
+        return [[[] for _ in range(num_slots)] for _ in range(count)]
+    # The window as it stands is a composition too (and no plan that keeps every sample in its
+    # micro-batch costs less than its estimate): estimated first, so it wins ties.
+    still_rows = np.argsort(-window, axis=1, kind="stable") + still[:, :1]  # rows sorted, flat indices
+    still_estimate = _estimate(flat[still_rows], num_slots, floor)
+    pick, chosen, estimate = 0, still_rows, still_estimate
+    for number, rows in enumerate(_compositions(flat, order, count, num_slots, floor), start=1):
+        value = _estimate(flat[rows], num_slots, floor)
+        if value < estimate:  # the first of the lowest
+            pick, chosen, estimate = number, rows, value
+    search = size // num_slots > 1 and flat.shape[0] <= SEARCH_MAX_SAMPLES
+    if search:
+        # The starts of the former planner stay (sorted runs, balanced as before; the engine on every
+        # micro-batch where it stands is the anchor below), with the same trigger for the search, so
+        # the result is never worse than it was; the chosen composition is one more start.
+        runs = _balanced(flat, order.reshape(count, size), num_slots, 0)
+        candidates = [runs] if pick in (0, 1) else [_balanced(flat, chosen, num_slots, 0), runs]
         # Within 1/NEAR_BOUND of a valid lower bound the search cannot gain enough to pay for itself.
         bound = max(window_lower_bound(window, num_slots), floor * count)
-        first = _path(np.stack([flat[p].sum(axis=1) for p in candidates[0]]), floor)
+        first = _path(np.stack([flat[p].sum(axis=1) for p in runs]), floor)
         if (first - bound) * NEAR_BOUND > bound:
-            candidates[0] = _improve(flat, candidates[0], num_slots, floor)
+            candidates = [_improve(flat, plan, num_slots, floor) for plan in candidates]
             if flat.shape[0] <= FILL_MAX_SAMPLES:
                 candidates.append(_improve(flat, _fill_to_level(window, num_slots, floor), num_slots, floor))
+            if size == 2 * num_slots:
+                pairs = _pairs_to_level(flat, order, count, num_slots, floor)
+                candidates.append(_improve(flat, pairs, num_slots, floor))
+    else:
+        # No search follows: balance the chosen composition alone, each micro-batch for its heaviest slot
+        # and no lower than the floor (the exact search on small micro-batches when it is the window as
+        # it stands, as each would be balanced alone).
+        candidates = [_balanced(flat, chosen, num_slots, floor, exact=pick == 0, heaviest_only=True)]
     plans, path = candidates[0], None
     for plan in candidates:
-        value = _path(np.stack([flat[p].sum(axis=1) for p in plan]) if size else np.zeros((count, 0)), floor)
+        value = _path(np.stack([flat[p].sum(axis=1) for p in plan]), floor)
         if path is None or value < path:
             plans, path = plan, value
-    if size and path > _independent_bound(window, num_slots, floor):
+    if (search or pick) and path > still_estimate:
         # Balancing every micro-batch where it stands could still be better: never return worse than LPT
-        # does that way. With a floor, light micro-batches of sorted runs waste it, and the engine's
-        # own per-micro-batch plan is the one to beat.
+        # does that way (or, with a floor, than the engine's own per-micro-batch plan). Skipped when the
+        # bound of the window as it stands shows it cannot win, or when that plan was the one balanced.
         anchor, _ = _independent(window, num_slots, anchor=floor == 0, floor=floor)
         value = _path(np.stack([flat[p].sum(axis=1) for p in anchor]), floor)
         if value < path:
             plans, path = anchor, value
-    if size:
-        # Nothing moves if the window as it stands (contiguous slots) is at least as good.
-        still = _path(window.reshape(count, num_slots, -1).sum(axis=2), floor)
-        if still <= path:
-            per_slot = size // num_slots
-            plans = [
-                np.arange(m * size, (m + 1) * size, dtype=np.int64).reshape(num_slots, per_slot)
-                for m in range(count)
-            ]
+    # Nothing moves if the window as it stands (contiguous slots) is at least as good.
+    if _path(window.reshape(count, num_slots, -1).sum(axis=2), floor) <= path:
+        plans = [rows.reshape(num_slots, -1) for rows in still]
     result = [_canonical_microbatch(plan) for plan in plans]
     result.sort(key=lambda slots: min((slot[0] for slot in slots if slot), default=0))
     return result
