@@ -170,22 +170,27 @@ def table(results: list[dict]) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_common_arguments(parser: argparse.ArgumentParser, *, out_help: str, layouts) -> None:
+    """The options the GPU benchmarks of the time model share: device, tower, model, layouts and the data."""
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu")
-    parser.add_argument("--out", required=True, help="folder for cost_model.json, results.md and results.json")
+    parser.add_argument("--out", required=True, help=out_help)
     parser.add_argument("--smoke", action="store_true", help="tiny tower, 2 steps, small sweep: a quick check of the script")
     parser.add_argument("--tower", default=None, help="preset or config folder (default: qwen2-vl-675m; tiny with --smoke)")
     parser.add_argument("--cost-model", default=None, help="use this calibrated model instead of calibrating")
-    parser.add_argument("--steps", type=int, default=None, help="global micro-batches per configuration (default 32; 2 with --smoke)")
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="rounds: each distinct forward is timed once per round after one warm-up, median kept (default 3)")
-    parser.add_argument("--layouts", default=",".join(f"{dp}x{batch}" for dp, batch in LAYOUTS),
+    parser.add_argument("--layouts", default=",".join(f"{dp}x{batch}" for dp, batch in layouts),
                         help="vision dp x micro-batch size, comma-separated (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=PipelineConfig.seed, help="the run's --seed (default: run's default)")
     parser.add_argument("--embedded-samples", type=int, default=None,
                         help=f"embedded dataset size (default: run's default, {PipelineConfig.embedded_samples}; 16 with --smoke)")
-    parser.add_argument("--seq-length", type=int, default=PipelineConfig.seq_length)
+    parser.add_argument("--seq-length", type=int, default=PipelineConfig.seq_length, help="the run's --seq-length (default: %(default)s)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_arguments(parser, out_help="folder for cost_model.json, results.md and results.json", layouts=LAYOUTS)
+    parser.add_argument("--steps", type=int, default=None, help="global micro-batches per configuration (default 32; 2 with --smoke)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="rounds: each distinct forward is timed once per round after one warm-up, median kept (default 3)")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -37,7 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cost_model_gpu import Timer, processed_samples, rank_assignments  # noqa: E402 - the same data and planner calls
+from cost_model_gpu import Timer, add_common_arguments, processed_samples, rank_assignments  # noqa: E402 - the same data and planner calls
 
 from mimo_pipes.calibrate import calibrate, fit_report  # noqa: E402
 from mimo_pipes.config import PipelineConfig, ReorderConfig, planner_settings  # noqa: E402
@@ -202,11 +202,7 @@ def report(results: list[dict], model: TimeModel) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu")
-    parser.add_argument("--out", required=True, help="folder for results.md, results.json (and cost_model.json when calibrating)")
-    parser.add_argument("--smoke", action="store_true", help="tiny tower, 2 steps, small sweep: a quick check of the script")
-    parser.add_argument("--tower", default=None, help="preset or config folder (default: qwen2-vl-675m; tiny with --smoke)")
-    parser.add_argument("--cost-model", default=None, help="use this calibrated model instead of calibrating")
+    add_common_arguments(parser, out_help="folder for results.md, results.json (and cost_model.json when calibrating)", layouts=LAYOUTS)
     parser.add_argument("--from-results", default=None, help="evaluate the timings of an earlier run's results.json (no GPU)")
     parser.add_argument("--steps", type=int, default=None, help="steps per layout (default 32; 2 with --smoke)")
     parser.add_argument("--repeats", type=int, default=1, help="rounds: each forward timed once per round after one warm-up, median kept (default 1)")
@@ -217,12 +213,6 @@ def main(argv: list[str] | None = None) -> int:
                         help="also search every split of these layouts (vision dp x micro-batch, comma-separated) on the model's "
                              "times, without a GPU (e.g. 4x16: 2,627,625 splits a step)")
     parser.add_argument("--budget-s", type=float, default=None, help="stop timing new steps after this many seconds (default: none)")
-    parser.add_argument("--layouts", default=",".join(f"{dp}x{batch}" for dp, batch in LAYOUTS),
-                        help="vision dp x micro-batch size, comma-separated (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=PipelineConfig.seed, help="the run's --seed (default: run's default)")
-    parser.add_argument("--embedded-samples", type=int, default=None,
-                        help=f"embedded dataset size (default: run's default, {PipelineConfig.embedded_samples}; 16 with --smoke)")
-    parser.add_argument("--seq-length", type=int, default=PipelineConfig.seq_length)
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

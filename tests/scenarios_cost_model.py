@@ -4,29 +4,25 @@ from __future__ import annotations
 
 import dataclasses
 
-from scenarios_exchange import PAD_VALUES, check_batch, make_config, rank_result
+from scenarios_exchange import PAD_VALUES, check_batch, join_layout, make_config, rank_result
 
-from mimo_pipes.exchange import RankLayout
-from mimo_pipes.exchange.process_groups import build_rank_groups
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
-from mimo_pipes.topology import build_topology
 from mimo_pipes_recipes.vlm_sft import pipeline
 
 
 def run_cost_model_graph(components, *, steps, microbatch_size, seed, cost_model=None, two_level=False, reorder=True,
                          window_size=1, across=False):
     """Every rank's micro-batches with their sample ids, costs, image tokens and real tokens."""
-    topology = build_topology(components)
-    groups = build_rank_groups(topology, timeout_s=60)
-    if groups is None:
+    joined = join_layout(components, timeout_s=60)
+    if joined is None:
         return None
+    topology, groups, layout = joined
     config = make_config(components, microbatch_size=microbatch_size, seed=seed, reorder=reorder, window_size=window_size,
                          across=across, global_batch_size=microbatch_size * window_size)
     config.reorder = dataclasses.replace(config.reorder, reorder_cost_model=cost_model, reorder_two_level=two_level)
     config.validate(world_size=topology.world_size)
     dataset = SyntheticProcessedDataset(4096, seed=seed)
     position = groups.position
-    layout = RankLayout(position.dp_rank, position.dp_size, topology.grid_size, groups.exchange_group)
     loader = pipeline(dataset, config, layout, map_fn=None, image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES)
     records = []
     try:

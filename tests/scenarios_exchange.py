@@ -15,6 +15,17 @@ from mimo_pipes_recipes.vlm_sft import pipeline
 PAD_VALUES = {"input_ids": 0, "labels": -100}
 
 
+def join_layout(components, *, exchange_backend="gloo", timeout_s=60.0):
+    """(topology, rank groups, exchange layout) of this rank, or None for a rank beyond the topology."""
+    topology = build_topology(components)
+    groups = build_rank_groups(topology, exchange_backend=exchange_backend, timeout_s=timeout_s)
+    if groups is None:
+        return None
+    position = groups.position
+    device = torch.device("cuda", torch.cuda.current_device()) if exchange_backend == "nccl" else None
+    return topology, groups, RankLayout(position.dp_rank, position.dp_size, topology.grid_size, groups.exchange_group, device)
+
+
 def make_config(components, *, microbatch_size, reorder=True, window_size=1, across=False, overlap=True,
                 dataloader_type="cyclic", global_batch_size=None, seed=0, seq_length=4096,
                 pack_sequences_in_batch=False, pack_pad_multiple=1, reorder_language_cost="tokens",
@@ -85,17 +96,15 @@ class RecordingDataset(SyntheticProcessedDataset):
 
 
 def run_graph(components, *, steps, dataset_size=4096, timeout_s=60.0, exchange_backend="gloo", **config_kwargs):
-    topology = build_topology(components)
-    groups = build_rank_groups(topology, exchange_backend=exchange_backend, timeout_s=timeout_s)
-    if groups is None:
+    joined = join_layout(components, exchange_backend=exchange_backend, timeout_s=timeout_s)
+    if joined is None:
         return None
+    topology, groups, layout = joined
     config = make_config(components, **config_kwargs)
     config.validate(world_size=topology.world_size)
     dataset = RecordingDataset(dataset_size, seed=config.seed)
     reference = SyntheticProcessedDataset(dataset_size, seed=config.seed)
     position = groups.position
-    device = torch.device("cuda", torch.cuda.current_device()) if exchange_backend == "nccl" else None
-    layout = RankLayout(position.dp_rank, position.dp_size, topology.grid_size, groups.exchange_group, device)
     loader = pipeline(dataset, config, layout, map_fn=None, image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES)
     records = []
     try:
@@ -123,12 +132,10 @@ def run_thread_lifecycle(components, *, microbatch_size=8, window_size=2):
 
     from mimo_pipes.nodes.balance_exchange import PREFETCH_DEPTH, BalanceExchange
 
-    topology = build_topology(components)
-    groups = build_rank_groups(topology, timeout_s=60)
-    if groups is None:
+    joined = join_layout(components, timeout_s=60)
+    if joined is None:
         return None
-    position = groups.position
-    layout = RankLayout(position.dp_rank, position.dp_size, topology.grid_size, groups.exchange_group)
+    topology, groups, layout = joined
 
     def new_loader(dataset_size, dataloader_type="cyclic"):
         config = make_config(components, microbatch_size=microbatch_size, window_size=window_size,

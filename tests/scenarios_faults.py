@@ -8,12 +8,9 @@ import time
 
 import torch
 import torch.distributed as dist
-from scenarios_exchange import PAD_VALUES, make_config
+from scenarios_exchange import PAD_VALUES, join_layout, make_config
 
-from mimo_pipes.exchange import RankLayout
-from mimo_pipes.exchange.process_groups import build_rank_groups
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
-from mimo_pipes.topology import build_topology
 from mimo_pipes_recipes.vlm_sft import pipeline
 
 COMPONENTS = ["language=dp=2", "images=dp=2,rank_offset=2"]
@@ -54,10 +51,10 @@ class FailingProcessor:
 
 def run_fault(mode: str, *, bad_rank: int, overlap: bool, timeout_s: float = 20.0):
     """Returns (exception type name, message, seconds) per rank, or 'ok'."""
-    topology = build_topology(COMPONENTS)
-    groups = build_rank_groups(topology, timeout_s=timeout_s)
-    if groups is None:
+    joined = join_layout(COMPONENTS, timeout_s=timeout_s)
+    if joined is None:
         return None
+    topology, groups, layout = joined
     position = groups.position
     config = make_config(COMPONENTS, microbatch_size=8, overlap=overlap, seed=1, seq_length=SEQ_LENGTH)
     # Index read by language dp rank (bad_rank % 2)'s shard at step 3: both modules read it on the matching rank.
@@ -66,7 +63,6 @@ def run_fault(mode: str, *, bad_rank: int, overlap: bool, timeout_s: float = 20.
     bad_index = int(global_microbatch_indices(3, 4096, 8, 1, True)[(bad_rank % 2) * 4 + 1])
     faulty = dist.get_rank() == bad_rank or mode == "packing"
     dataset = FaultyDataset(4096, seed=1, bad_index=bad_index if faulty and mode not in ("worker", "collate") else -1, mode=mode)
-    layout = RankLayout(position.dp_rank, position.dp_size, topology.grid_size, groups.exchange_group)
     map_fn = FailingProcessor(bad_index if faulty else -1) if mode == "worker" else None
     # "collate": this rank's pad value cannot fill a tensor, so its collation fails after every exchange.
     pad_values = {**PAD_VALUES, "labels": "pad"} if mode == "collate" and faulty else PAD_VALUES

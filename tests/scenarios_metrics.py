@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import json
 
-from scenarios_exchange import PAD_VALUES, make_config
+from scenarios_exchange import PAD_VALUES, join_layout, make_config
 
-from mimo_pipes.exchange import RankLayout
-from mimo_pipes.exchange.process_groups import build_rank_groups
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
-from mimo_pipes.topology import build_topology
 from mimo_pipes_recipes.vlm_sft import pipeline
 
 RECORD_FIELDS = ("sequence", "first_step", "dp_rank", "bytes_sent", "bytes_received", "samples_sent", "samples_received",
@@ -18,13 +15,12 @@ RECORD_FIELDS = ("sequence", "first_step", "dp_rank", "bytes_sent", "bytes_recei
 
 def run_observed(components, *, steps, microbatch_size, **config_kwargs):
     """Consume ``steps`` micro-batches with an observer on the exchange; return its records and the batches."""
-    topology = build_topology(components)
-    groups = build_rank_groups(topology, exchange_backend="gloo", timeout_s=60.0)
-    if groups is None:
+    joined = join_layout(components, exchange_backend="gloo", timeout_s=60.0)
+    if joined is None:
         return None
+    topology, groups, layout = joined
     config = make_config(components, microbatch_size=microbatch_size, **config_kwargs)
     position = groups.position
-    layout = RankLayout(position.dp_rank, position.dp_size, topology.grid_size, groups.exchange_group)
     loader = build(config, layout)
     records = []
     loader.exchange_node().add_observer(records.append)
@@ -48,13 +44,12 @@ def run_observed(components, *, steps, microbatch_size, **config_kwargs):
 def cumulative_after_resume(components, *, steps, stop_at, microbatch_size, **config_kwargs):
     """The last window's metrics of a run to ``steps``, and of runs stopped after each count in ``stop_at``,
     saved (through JSON, as a checkpoint holds it), restored into a new graph and continued to ``steps``."""
-    topology = build_topology(components)
-    groups = build_rank_groups(topology, exchange_backend="gloo", timeout_s=60.0)
-    if groups is None:
+    joined = join_layout(components, exchange_backend="gloo", timeout_s=60.0)
+    if joined is None:
         return None
+    topology, groups, layout = joined
     config = make_config(components, microbatch_size=microbatch_size, **config_kwargs)
     position = groups.position
-    layout = RankLayout(position.dp_rank, position.dp_size, topology.grid_size, groups.exchange_group)
 
     def consume(until, state=None):
         loader = build(config, layout)

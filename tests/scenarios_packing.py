@@ -4,12 +4,10 @@ packing (THD) after reordering."""
 from __future__ import annotations
 
 import torch
-from scenarios_exchange import PAD_VALUES, make_config, rank_result
+from scenarios_exchange import PAD_VALUES, join_layout, make_config, rank_result
 from scenarios_plugin import DATASET_SIZE, SEQ_LENGTH, RankMicrobatches, _rank, assert_batches_equal
 
 from mimo_pipes.adapters.microbatch_iterator import balance_iterator
-from mimo_pipes.exchange import RankLayout
-from mimo_pipes.exchange.process_groups import build_rank_groups
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset, check_sample
 from mimo_pipes.thd import CU_SEQLENS, CU_SEQLENS_UNPADDED, MAX_SEQLEN
 from mimo_pipes.topology import build_topology
@@ -45,15 +43,14 @@ def check_packed_batch(batch: dict, dataset: SyntheticProcessedDataset, pad_mult
 
 def run_packed_graph(components, *, steps, pad_multiple=1, dataset_size=4096, **config_kwargs):
     """The recipe's graph with packing on: each micro-batch checked sample by sample; the packer's metrics."""
-    topology = build_topology(components)
-    groups = build_rank_groups(topology, timeout_s=60)
-    if groups is None:
+    joined = join_layout(components, timeout_s=60)
+    if joined is None:
         return None
+    topology, groups, layout = joined
     config = make_config(components, pack_sequences_in_batch=True, pack_pad_multiple=pad_multiple, **config_kwargs)
     config.validate(world_size=topology.world_size)
     dataset = SyntheticProcessedDataset(dataset_size, seed=config.seed)
     position = groups.position
-    layout = RankLayout(position.dp_rank, position.dp_size, topology.grid_size, groups.exchange_group)
     loader = pipeline(dataset, config, layout, map_fn=None, image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES)
     records, metrics = [], []
     try:

@@ -4,13 +4,11 @@ wrapped around a user's iterator of collated micro-batches."""
 from __future__ import annotations
 
 import torch
-from scenarios_exchange import PAD_VALUES, check_batch, make_config, rank_result
+from scenarios_exchange import PAD_VALUES, check_batch, join_layout, make_config, rank_result
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from mimo_pipes.adapters.microbatch_iterator import balance_iterator
 from mimo_pipes.collate import collate_microbatch
-from mimo_pipes.exchange import RankLayout
-from mimo_pipes.exchange.process_groups import build_rank_groups
 from mimo_pipes.sample import SAMPLE_ID, STEP
 from mimo_pipes.sharding import global_microbatch_indices, shard_indices
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
@@ -25,12 +23,11 @@ METADATA_LISTS = ("step", "sample_ids", "slots", "image_tokens", "real_tokens", 
 
 def _rank(components, timeout_s=60.0):
     """(position, layout) of this rank, or None for a rank beyond the topology."""
-    topology = build_topology(components)
-    groups = build_rank_groups(topology, timeout_s=timeout_s)
-    if groups is None:
+    joined = join_layout(components, timeout_s=timeout_s)
+    if joined is None:
         return None
-    position = groups.position
-    return position, RankLayout(position.dp_rank, position.dp_size, topology.grid_size, groups.exchange_group)
+    _, groups, layout = joined
+    return groups.position, layout
 
 
 def _wrapper_config(components, microbatch_size, window_size, across, seed):

@@ -7,12 +7,9 @@ import json
 import time
 
 import torch
-from scenarios_exchange import PAD_VALUES, make_config
+from scenarios_exchange import PAD_VALUES, join_layout, make_config
 
-from mimo_pipes.exchange import RankLayout
-from mimo_pipes.exchange.process_groups import build_rank_groups
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
-from mimo_pipes.topology import build_topology
 from mimo_pipes_recipes.vlm_sft import pipeline
 
 
@@ -37,14 +34,13 @@ def resume_points(components, *, steps, points, dataset_size=160, settle_s=0.3, 
     """For each point K: consume K micro-batches, save the state (through JSON, as on disk), close the graph,
     build a new one, restore, consume to ``steps``; also rebuild from the count K alone (Megatron).
     ``restore_overlap`` (when not None) builds the restored graphs with that overlap setting instead."""
-    topology = build_topology(components)
-    groups = build_rank_groups(topology, timeout_s=60)
-    if groups is None:
+    joined = join_layout(components, timeout_s=60)
+    if joined is None:
         return None
+    topology, groups, layout = joined
     position = groups.position
     config = make_config(components, **config_kwargs)
     config.validate(world_size=topology.world_size)
-    layout = RankLayout(position.dp_rank, position.dp_size, topology.grid_size, groups.exchange_group)
 
     restored_config = config
     if restore_overlap is not None:

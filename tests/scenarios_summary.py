@@ -2,27 +2,23 @@
 
 from __future__ import annotations
 
-from scenarios_exchange import PAD_VALUES, make_config
+from scenarios_exchange import PAD_VALUES, join_layout, make_config
 
 from mimo_pipes.cli.job import consumed_record
-from mimo_pipes.exchange import RankLayout
-from mimo_pipes.exchange.process_groups import build_rank_groups
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
-from mimo_pipes.topology import build_topology
 from mimo_pipes_recipes.vlm_sft import pipeline
 
 
 def run_summary_records(components, *, steps, microbatch_size, seed, reorder, window_size=1, across=False):
     """This rank's records of ``steps`` consumed micro-batches, as `run` collects them (None off the layout)."""
-    topology = build_topology(components)
-    groups = build_rank_groups(topology, timeout_s=60)
-    if groups is None:
+    joined = join_layout(components, timeout_s=60)
+    if joined is None:
         return None
+    topology, groups, layout = joined
     config = make_config(components, microbatch_size=microbatch_size, seed=seed, reorder=reorder, window_size=window_size,
                          across=across, global_batch_size=microbatch_size * window_size)
     config.validate(world_size=topology.world_size)
     position = groups.position
-    layout = RankLayout(position.dp_rank, position.dp_size, topology.grid_size, groups.exchange_group)
     loader = pipeline(SyntheticProcessedDataset(4096, seed=seed), config, layout, map_fn=None, image_token_id=IMAGE_TOKEN_ID,
                       pad_values=PAD_VALUES)
     records = []
