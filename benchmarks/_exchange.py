@@ -16,7 +16,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -220,6 +220,15 @@ def rotated(items: tuple[str, ...], round_index: int) -> tuple[str, ...]:
     return items[shift:] + items[:shift]  # so that no mode always runs first
 
 
+def schedule(opts: dict, modes: tuple[str, ...]) -> Iterator[tuple[int, int, str]]:
+    """(round, window, mode) of every run in order: each round runs every window in every mode, the modes
+    rotated per round."""
+    for round_index in range(opts["rounds"]):
+        for window in opts["windows"]:
+            for mode in rotated(modes, round_index):
+                yield round_index, window, mode
+
+
 def mean(values: list[float]) -> float:
     return statistics.fmean(values) if values else float("nan")
 
@@ -272,6 +281,8 @@ def add_training_options(p: argparse.ArgumentParser, rounds: int) -> None:
 
 
 def check_training_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.rounds < 1:
+        p.error("--rounds must be >= 1")
     for window in args.windows:
         if window < 1 or -(-args.steps // window) <= -(-args.warmup // window):
             p.error(f"--steps {args.steps} leaves no timed micro-batch after --warmup {args.warmup} at W={window}")

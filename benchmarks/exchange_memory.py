@@ -52,23 +52,21 @@ def rank_main(rank: int, world_size: int, opts: dict) -> dict:
     env = common.rank_env(world_size, opts)
     say = common.say(rank)
     runs = []
-    for round_index in range(opts["rounds"]):
-        for window in opts["windows"]:
-            for mode in common.rotated(MODES, round_index):
-                started = time.perf_counter()
-                loader = common.build_loader(env, opts, reorder=True, overlap=mode == "on", window=window)
-                sampler = Sampler(loader.exchange_node())
-                try:
-                    run = common.training_run(env, opts, loader, window, during=sampler.start)
-                finally:
-                    if sampler.is_alive():
-                        sampler.stop()
-                run.update(mode=mode, round=round_index, rss_peak_growth=sampler.max_rss - run["rss_before"],
-                           max_queued=sampler.max_queued, max_in_flight=sampler.max_in_flight, max_held=sampler.max_held,
-                           sampler_samples=sampler.samples)
-                runs.append(run)
-                say(f"  round {round_index + 1}/{opts['rounds']} W={window} overlap {mode:<3} held at most "
-                    f"{sampler.max_held} windows ({time.perf_counter() - started:.1f} s)")
+    for round_index, window, mode in common.schedule(opts, MODES):
+        started = time.perf_counter()
+        loader = common.build_loader(env, opts, reorder=True, overlap=mode == "on", window=window)
+        sampler = Sampler(loader.exchange_node())
+        try:
+            run = common.training_run(env, opts, loader, window, during=sampler.start)
+        finally:
+            if sampler.is_alive():
+                sampler.stop()
+        run.update(mode=mode, round=round_index, rss_peak_growth=sampler.max_rss - run["rss_before"],
+                   max_queued=sampler.max_queued, max_in_flight=sampler.max_in_flight, max_held=sampler.max_held,
+                   sampler_samples=sampler.samples)
+        runs.append(run)
+        say(f"  round {round_index + 1}/{opts['rounds']} W={window} overlap {mode:<3} held at most "
+            f"{sampler.max_held} windows ({time.perf_counter() - started:.1f} s)")
     return {"rank": rank, "runs": runs}
 
 

@@ -28,17 +28,15 @@ def rank_main(rank: int, world_size: int, opts: dict) -> dict:
     env = common.rank_env(world_size, opts)
     say = common.say(rank)
     runs = []
-    for round_index in range(opts["rounds"]):
-        for window in opts["windows"]:
-            for mode in common.rotated(MODES, round_index):
-                started = time.perf_counter()
-                loader = common.build_loader(env, opts, reorder=True, overlap=mode.startswith("overlap on"), window=window)
-                loader.exchange_node().collect_metrics = mode.endswith("metrics on")
-                run = common.training_run(env, opts, loader, window, observe=False)
-                run.update(mode=mode, round=round_index)
-                runs.append(run)
-                say(f"  round {round_index + 1}/{opts['rounds']} W={window} {mode:<25} next() mean "
-                    f"{1e3 * statistics.fmean(run['next_s']):6.2f} ms ({time.perf_counter() - started:.1f} s)")
+    for round_index, window, mode in common.schedule(opts, MODES):
+        started = time.perf_counter()
+        loader = common.build_loader(env, opts, reorder=True, overlap=mode.startswith("overlap on"), window=window)
+        loader.exchange_node().collect_metrics = mode.endswith("metrics on")
+        run = common.training_run(env, opts, loader, window, observe=False)
+        run.update(mode=mode, round=round_index)
+        runs.append(run)
+        say(f"  round {round_index + 1}/{opts['rounds']} W={window} {mode:<25} next() mean "
+            f"{1e3 * statistics.fmean(run['next_s']):6.2f} ms ({time.perf_counter() - started:.1f} s)")
     return {"rank": rank, "runs": [{k: run[k] for k in ("mode", "round", "window", "next_s", "step_s")} for run in runs],
             "arithmetic": {window: arithmetic(env, opts, window) for window in opts["windows"]}}
 

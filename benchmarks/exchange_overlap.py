@@ -68,21 +68,19 @@ def rank_main(rank: int, world_size: int, opts: dict) -> dict:
     env = common.rank_env(world_size, opts)
     say = common.say(rank)
     runs = []
-    for round_index in range(opts["rounds"]):
-        for window in opts["windows"]:
-            for mode in common.rotated(modes(opts), round_index):
-                started = time.perf_counter()
-                loader = common.build_loader(env, opts, reorder=mode != "none", overlap=mode in ("on", DELAYED), window=window)
-                if mode == DELAYED:
-                    node = loader.exchange_node()
-                    delayed = DelayedStart(node.source, opts["prefetch_delay_ms"] / 1000.0)
-                    node.source = delayed.node
-                    node.add_observer(delayed)
-                run = common.training_run(env, opts, loader, window)
-                run.update(mode=mode, round=round_index)
-                runs.append(run)
-                say(f"  round {round_index + 1}/{opts['rounds']} W={window} {MODE_NAMES[mode]:<26} "
-                    f"next() mean {1e3 * statistics.fmean(run['next_s']):6.2f} ms  ({time.perf_counter() - started:.1f} s)")
+    for round_index, window, mode in common.schedule(opts, modes(opts)):
+        started = time.perf_counter()
+        loader = common.build_loader(env, opts, reorder=mode != "none", overlap=mode in ("on", DELAYED), window=window)
+        if mode == DELAYED:
+            node = loader.exchange_node()
+            delayed = DelayedStart(node.source, opts["prefetch_delay_ms"] / 1000.0)
+            node.source = delayed.node
+            node.add_observer(delayed)
+        run = common.training_run(env, opts, loader, window)
+        run.update(mode=mode, round=round_index)
+        runs.append(run)
+        say(f"  round {round_index + 1}/{opts['rounds']} W={window} {MODE_NAMES[mode]:<26} "
+            f"next() mean {1e3 * statistics.fmean(run['next_s']):6.2f} ms  ({time.perf_counter() - started:.1f} s)")
     return {"rank": rank, "runs": runs}
 
 
@@ -208,8 +206,6 @@ def main() -> int:
                         "the previous window (separates the exchange's own cost from its CPU contention with collation)")
     args = parser.parse_args()
     common.check_training_options(parser, args)
-    if args.rounds < 1:
-        parser.error("--rounds must be >= 1")
     return common.drive("exchange_overlap", MARKER, args, rank_main, summarize, render)
 
 
