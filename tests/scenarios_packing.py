@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import torch
 from scenarios_exchange import PAD_VALUES, join_layout, make_config, rank_result
-from scenarios_plugin import DATASET_SIZE, SEQ_LENGTH, RankMicrobatches, _rank, assert_batches_equal
+from scenarios_plugin import DATASET_SIZE, SEQ_LENGTH, _rank, assert_batches_equal, graph_batches_and_wrapper
 
-from mimo_pipes.adapters.microbatch_iterator import balance_iterator
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset, check_sample
 from mimo_pipes.thd import CU_SEQLENS, CU_SEQLENS_UNPADDED, MAX_SEQLEN
 from mimo_pipes.topology import build_topology
@@ -78,17 +77,8 @@ def run_wrapper_packed(components, *, steps, microbatch_size, seed, window_size=
                          pack_sequences_in_batch=True, pack_pad_multiple=pad_multiple)
     config.validate(world_size=build_topology(components).world_size)
     dataset = SyntheticProcessedDataset(DATASET_SIZE, seed=seed)
-    graph = pipeline(dataset, config, layout, map_fn=None, image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES)
-    try:
-        expected = [next(graph) for _ in range(steps)]
-    finally:
-        graph.close()
-    source = RankMicrobatches(dataset, layout, microbatch_size=microbatch_size, seed=seed, with_ids=True)
-    wrapped = balance_iterator(
-        source.iterate(), config=config.reorder, layout=layout, micro_batch_size=microbatch_size,
-        image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES, seq_length=SEQ_LENGTH, pack_sequences=True,
-        pack_pad_multiple=pad_multiple,
-    )
+    expected, wrapped = graph_batches_and_wrapper(dataset, config, layout, steps=steps, microbatch_size=microbatch_size, seed=seed,
+                                                  with_ids=True, pack_sequences=True, pack_pad_multiple=pad_multiple)
     records = []
     with wrapped:
         for step, want in enumerate(expected):

@@ -127,6 +127,22 @@ def assert_batches_equal(got, expected, what, names=None):
         assert same, f"{what}: field {name!r} differs"
 
 
+def graph_batches_and_wrapper(dataset, config, layout, *, steps, microbatch_size, seed, with_ids, **wrapper_options):
+    """The graph's first ``steps`` micro-batches of ``dataset``, and ``balance_iterator`` (not yet started) over
+    the same rank's collated micro-batches of it."""
+    graph = pipeline(dataset, config, layout, map_fn=None, image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES)
+    try:
+        expected = [next(graph) for _ in range(steps)]
+    finally:
+        graph.close()
+    source = RankMicrobatches(dataset, layout, microbatch_size=microbatch_size, seed=seed, with_ids=with_ids)
+    wrapped = balance_iterator(
+        source.iterate(), config=config.reorder, layout=layout, micro_batch_size=microbatch_size,
+        image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES, seq_length=SEQ_LENGTH, **wrapper_options,
+    )
+    return expected, wrapped
+
+
 def run_wrapper_vs_graph(components, *, steps, microbatch_size, seed, with_ids, window_size=1, across=False):
     """balance_iterator over collated micro-batches gives what the graph gives for the same samples."""
     rank = _rank(components)
@@ -136,16 +152,8 @@ def run_wrapper_vs_graph(components, *, steps, microbatch_size, seed, with_ids, 
     config = _wrapper_config(components, microbatch_size, window_size, across, seed)
     config.validate(world_size=build_topology(components).world_size)
     dataset = SyntheticProcessedDataset(DATASET_SIZE, seed=seed)
-    graph = pipeline(dataset, config, layout, map_fn=None, image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES)
-    try:
-        expected = [next(graph) for _ in range(steps)]
-    finally:
-        graph.close()
-    source = RankMicrobatches(dataset, layout, microbatch_size=microbatch_size, seed=seed, with_ids=with_ids)
-    wrapped = balance_iterator(
-        source.iterate(), config=config.reorder, layout=layout, micro_batch_size=microbatch_size,
-        image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES, seq_length=SEQ_LENGTH,
-    )
+    expected, wrapped = graph_batches_and_wrapper(dataset, config, layout, steps=steps, microbatch_size=microbatch_size, seed=seed,
+                                                  with_ids=with_ids)
     records = []
     with wrapped:
         for step, want in enumerate(expected):

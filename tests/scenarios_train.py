@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import torch.distributed as dist
+from scenarios_exchange import make_config
 
 from mimo_pipes.cli.job import load_checkpoint, resume_settings, save_checkpoint
-from mimo_pipes.config import PipelineConfig, ReorderConfig, TrainOptions
+from mimo_pipes.config import PipelineConfig, TrainOptions
 from mimo_pipes.exchange.process_groups import build_rank_groups
 from mimo_pipes.topology import build_topology
 from mimo_pipes_recipes.tiny_mimo_train import Trainer
@@ -15,16 +16,8 @@ SEQ_LENGTH = 1536  # the embedded data's longest sample fits; shorter than the d
 
 def train_config(components, *, reorder: bool, window: int = 1, across: bool = False, microbatch_size: int = 4,
                  global_batch_size: int = 8, seed: int = 0) -> PipelineConfig:
-    return PipelineConfig(
-        components=tuple(components),
-        micro_batch_size=microbatch_size,
-        global_batch_size=global_batch_size,
-        seq_length=SEQ_LENGTH,
-        seed=seed,
-        num_workers=1,
-        reorder=ReorderConfig(scalable_dp=True, intra_microbatch_reorder=reorder, reorder_window_size=window,
-                              reorder_across_microbatches=across),
-    )
+    return make_config(components, microbatch_size=microbatch_size, reorder=reorder, window_size=window, across=across,
+                       global_batch_size=global_batch_size, seed=seed, seq_length=SEQ_LENGTH)
 
 
 def train_and_resume(components, variants: dict[str, dict], *, iterations: int, resume: str, checkpoint_dir: str):
