@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import random
 import statistics
 import sys
 import time
@@ -131,8 +130,7 @@ def measure(samples: list[dict], timer: Timer, dp: int, batch: int, steps: int, 
     for step in range(steps):
         ids = global_microbatch_indices(step, len(samples), batch, seed, True).tolist()
         keys = {key_of(samples, subset) for subset in itertools.combinations(ids, per_rank)} - set(table)
-        order = sorted(keys)
-        random.Random(step).shuffle(order)  # drift spreads over the step's forwards
+        order = sorted(keys)  # time_in_rounds times them in a shuffled order
         for key in order:
             timer.want(grids_of(key))
         timer.measure()
@@ -238,7 +236,6 @@ def main(argv: list[str] | None = None) -> int:
                 name = f"{dp}x{batch}"
                 splits = chosen_splits(samples, tables[name], model, dp, batch, done[(dp, batch)], args.seed)
                 wanted = sorted({k for per_step in splits.values() for ks in per_step for k in ks})
-                random.Random(dp * 1000 + batch).shuffle(wanted)
                 for key in wanted:
                     timer.want(grids_of(key))
                 log(f"{name}: timing the {len(wanted)} chosen forwards afresh")

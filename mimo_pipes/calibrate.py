@@ -79,31 +79,6 @@ def mixed_shapes(sides: Sequence[int], merge_size: int, number: int, seed: int =
     return shapes
 
 
-def time_forward(encoder: Callable[[torch.Tensor, torch.Tensor], Any], pixel_values: torch.Tensor, grid: torch.Tensor,
-                 device: torch.device, repeats: int, warmup: int) -> float:
-    """Median wall seconds of ``encoder(pixel_values, grid)`` (synchronised on CUDA)."""
-    with torch.inference_mode():
-        for _ in range(warmup):
-            _once(encoder, pixel_values, grid, device)
-        return statistics.median(_once(encoder, pixel_values, grid, device) for _ in range(max(repeats, 1)))
-
-
-def _once(encoder: Callable[[torch.Tensor, torch.Tensor], Any], pixel_values: torch.Tensor, grid: torch.Tensor, device: torch.device) -> float:
-    collecting = gc.isenabled()
-    gc.disable()  # a collection during the forward would be charged to the encoder
-    try:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        encoder(pixel_values, grid)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return time.perf_counter() - start
-    finally:
-        if collecting:
-            gc.enable()
-
-
 def time_in_rounds(
     encoder: Callable[[torch.Tensor, torch.Tensor], Any],
     forwards: Sequence[Sequence[Sequence[int]]],
@@ -124,9 +99,21 @@ def time_in_rounds(
     rather than every repeat of one forward, and the median discards it. Inputs are made per call, so
     memory stays that of the largest forward."""
     def once(index: int) -> float:
-        grid = torch.tensor(forwards[index], dtype=torch.int64).reshape(-1, 3)
+        grid = torch.tensor(forwards[index], dtype=torch.int64).reshape(-1, 3).to(device)
         pixels = torch.randn(int(grid.prod(dim=1).sum()), patch_dim, device=device, dtype=dtype)
-        return _once(encoder, pixels, grid.to(device), device)
+        collecting = gc.isenabled()
+        gc.disable()  # a collection during the forward would be charged to the encoder
+        try:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            encoder(pixels, grid)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            return time.perf_counter() - start
+        finally:
+            if collecting:
+                gc.enable()
 
     times: list[list[float]] = [[] for _ in forwards]
     every = range(len(forwards))
