@@ -111,16 +111,26 @@ class Timer:
         return self.cache[tuple(map(tuple, grids))]
 
 
+def components_of(dp: int) -> tuple[str, str]:
+    """The replayed layout: language dp = vision dp, so the grid is the vision dp (one slot per vision rank)."""
+    return (f"language=dp={dp}", f"images=dp={dp},rank_offset={dp}")
+
+
+def planner_floor(dp: int, reorder: ReorderConfig, model: TimeModel | None) -> int:
+    """The floor the exchange plans with for this layout (0 without a model)."""
+    return planner_settings(build_topology(components_of(dp)), reorder, model).floor
+
+
 def plan_layout(samples, model: TimeModel, dp: int, microbatch_size: int, steps: int, window: int, cost: str, mode: str,
                 seed: int) -> dict:
     """One configuration's assignment: per step, each vision rank's image grids, modelled time and image tokens."""
-    components = (f"language=dp={dp}", f"images=dp={dp},rank_offset={dp}")
+    components = components_of(dp)
     reorder = ReorderConfig(scalable_dp=True, intra_microbatch_reorder=mode != "off",
                             reorder_window_size=window, reorder_across_microbatches=mode == "across")
     config = PipelineConfig(components=components, micro_batch_size=microbatch_size, seed=seed, reorder=reorder)
     config.validate(world_size=2 * dp)
     # "calibrated, no floor": the model's costs, planned as if a forward cost the sum of its images (floor 0)
-    floor = planner_settings(build_topology(components), reorder, model if cost == "calibrated" else None).floor
+    floor = planner_floor(dp, reorder, model if cost == "calibrated" else None)
     per_step = []
     for first in range(0, steps, window):
         ids = [global_microbatch_indices(s, len(samples), microbatch_size, seed, True).tolist() for s in range(first, min(first + window, steps))]

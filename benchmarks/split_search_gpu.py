@@ -36,15 +36,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cost_model_gpu import Timer, add_common_arguments, processed_samples, rank_assignments  # noqa: E402 - the same data and planner calls
+from cost_model_gpu import Timer, add_common_arguments, planner_floor, processed_samples, rank_assignments  # noqa: E402 - the same data and planner calls
 
 from mimo_pipes.calibrate import calibrate, fit_report  # noqa: E402
-from mimo_pipes.config import PipelineConfig, ReorderConfig, planner_settings  # noqa: E402
+from mimo_pipes.config import PipelineConfig, ReorderConfig  # noqa: E402
 from mimo_pipes.cost_model import TimeModel, load_cost_model, save_cost_model  # noqa: E402
 from mimo_pipes.encoders import build_vision_tower, encode, patch_dim  # noqa: E402
 from mimo_pipes.sharding import global_microbatch_indices  # noqa: E402
-from mimo_pipes.topology import build_topology  # noqa: E402
 
+PER_MICROBATCH = ReorderConfig(scalable_dp=True, intra_microbatch_reorder=True)
 LAYOUTS = ((4, 8), (2, 8))  # (vision dp, micro-batch): 28 and 70 forwards per step
 
 
@@ -89,8 +89,7 @@ def best_split_by(cost_of, items: tuple[int, ...], parts: int) -> tuple[float, f
 def modelled_search(samples: list[dict], model: TimeModel, dp: int, batch: int, steps: int, seed: int) -> dict:
     """Every split of each step on the model's forward times (no GPU): the best split's slowest and mean
     rank against the calibrated planner's, both in modelled seconds."""
-    components = (f"language=dp={dp}", f"images=dp={dp},rank_offset={dp}")
-    floor = planner_settings(build_topology(components), ReorderConfig(scalable_dp=True, intra_microbatch_reorder=True), model).floor
+    floor = planner_floor(dp, PER_MICROBATCH, model)
     sums = {"best": [0.0, 0.0], "calibrated": [0.0, 0.0]}
     for step in range(steps):
         ids = global_microbatch_indices(step, len(samples), batch, seed, True).tolist()
@@ -147,9 +146,7 @@ def chosen_splits(samples: list[dict], table: dict[str, float], model: TimeModel
                   seed: int) -> dict[str, list[list[str]]]:
     """Per method and step: the forwards (grid keys) of each rank. ``best`` is the split whose slowest rank is
     fastest by the table; the planners' splits are the exchange's ``balance_window`` call."""
-    components = (f"language=dp={dp}", f"images=dp={dp},rank_offset={dp}")
-    reorder = ReorderConfig(scalable_dp=True, intra_microbatch_reorder=True)
-    floor = planner_settings(build_topology(components), reorder, model).floor
+    floor = planner_floor(dp, PER_MICROBATCH, model)
     methods: dict[str, list[list[str]]] = {"off": [], "linear": [], "calibrated": [], "best": []}
     for step in range(steps):
         ids = global_microbatch_indices(step, len(samples), batch, seed, True).tolist()
