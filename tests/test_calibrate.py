@@ -14,7 +14,7 @@ from mimo_pipes.cost_model import load_cost_model
 
 
 def test_cpu_smoke_run_with_the_tiny_tower_writes_a_loadable_model(tmp_path, capsys):
-    out = tmp_path / "model.json"
+    out = tmp_path / "models" / "model.json"  # its folder is made
     code = main(["calibrate", "--tower", "tiny", "--device", "cpu", "--sides", "4,8", "--images-per-forward", "1,2",
                  "--mixes", "2", "--repeats", "1", "--warmup", "0", "--out", str(out)])
     assert code == 0
@@ -71,6 +71,12 @@ def test_refuses_without_a_gpu_unless_told_cpu(tmp_path, capsys):
     assert main(["calibrate", "--tower", "tiny", "--out", str(tmp_path / "m.json")]) == 2
     assert "--device: no GPU found" in capsys.readouterr().err
     assert not (tmp_path / "m.json").exists()
+
+
+def test_a_folder_as_out_is_refused_before_any_timing(tmp_path, capsys):
+    assert main(["calibrate", "--tower", "tiny", "--device", "cpu", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "--out" in err and "is a folder" in err and "Traceback" not in err
 
 
 def test_unknown_tower_is_refused(tmp_path, capsys):

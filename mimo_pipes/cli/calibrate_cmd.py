@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import sys
+from pathlib import Path
 
 from mimo_pipes.cli.argtypes import positive_ints
 from mimo_pipes.errors import ConfigError
@@ -62,6 +63,13 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError("--repeats", "must be >= 1 (and --warmup >= 0)")
     if args.mixes < 0:
         raise ConfigError("--mixes", f"must be >= 0, got {args.mixes}")
+    out = Path(args.out)  # checked before the timing, which can take minutes
+    if out.is_dir():
+        raise ConfigError("--out", f"{out} is a folder: give the path of the JSON file to write")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError("--out", f"cannot create the folder {out.parent} ({error.strerror or error})") from None
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     try:
         tower = build_vision_tower(args.tower, dtype=dtype, device=device, attn_implementation=args.attn_implementation)
@@ -98,6 +106,6 @@ def _run(args: argparse.Namespace) -> int:
             for p, f in zip(points, fitted)
         ],
     }
-    path = save_cost_model(model, args.out, calibration)
+    path = save_cost_model(model, out, calibration)
     print(f"wrote {path}; use it with --reorder-cost-model {path} (fingerprint {model.fingerprint()[:12]})")
     return 0
