@@ -172,12 +172,13 @@ def calibrate(
 
 def fit_report(model: TimeModel, points: Sequence[Point], fitted: Sequence[float]) -> list[str]:
     """The terms and the fit error of every point, as lines for people."""
+    width = max([len("forward")] + [len(point.describe()) for point in points])
     lines = [
         f"floor {model.floor_ps / 1e9:.3f} ms; per image {model.per_image_ps / 1e9:.4f} ms, per patch "
         f"{model.per_patch_ps / 1e6:.4f} us, per patch^2 {model.per_patch_squared_ps / 1e3:.4f} ns",
-        f"{'forward':>28} {'measured ms':>12} {'model ms':>10} {'error':>8}",
+        f"{'forward':>{width}} {'measured ms':>12} {'model ms':>10} {'error':>8}",
     ]
     for point, value in zip(points, fitted):
         error = (value - point.seconds) / point.seconds if point.seconds > 0 else 0.0
-        lines.append(f"{point.describe():>28} {point.seconds * 1e3:>12.2f} {value * 1e3:>10.2f} {error:>+8.1%}")
+        lines.append(f"{point.describe():>{width}} {point.seconds * 1e3:>12.2f} {value * 1e3:>10.2f} {error:>+8.1%}")
     return lines
