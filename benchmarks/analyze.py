@@ -6,7 +6,7 @@ for docs/benchmarks.md.
 
     python benchmarks/analyze.py --samples 100000
     python benchmarks/analyze.py --samples 2048 --base 48   # smoke
-    python benchmarks/analyze.py --samples 100000 --cost-model benchmarks/results/h200-qwen2-vl-675m-cost-model.json
+    python benchmarks/analyze.py --samples 100000 --time-model benchmarks/results/h200-qwen2-vl-675m-time-model.json
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _dist  # noqa: E402  (benchmarks/_dist.py)
 
 from mimo_pipes.analysis.analyze import analyze  # noqa: E402
-from mimo_pipes.analysis.costs import count_rows  # noqa: E402
+from mimo_pipes.analysis.row_counts import count_rows  # noqa: E402
 from mimo_pipes.config import PipelineConfig, ReorderConfig  # noqa: E402
 from mimo_pipes.data.cache import CACHE_ENV  # noqa: E402
 from mimo_pipes.data.dataset import default_dataset_path, open_dataset  # noqa: E402
@@ -51,16 +51,16 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=100_000)
     parser.add_argument("--base", type=int, default=512, help="embedded dataset size that is repeated")
     parser.add_argument("--micro-batch-size", type=int, default=8)
-    parser.add_argument("--cost-model", metavar="PATH", default=None,
+    parser.add_argument("--time-model", metavar="PATH", default=None,
                         help="replay --reorder-cost-model PATH: counts also find each row's placeholder runs (default: token cost)")
     args = parser.parse_args()
     info = _dist.machine()
     processor = load_processor(default_processor_path(), 2048)
     dataset = repeated_dataset(args.base, args.samples)
-    reorder = ReorderConfig(scalable_dp=True, intra_microbatch_reorder=True, reorder_cost_model=args.cost_model)
+    reorder = ReorderConfig(scalable_dp=True, intra_microbatch_reorder=True, reorder_cost_model=args.time_model)
     config = PipelineConfig(micro_batch_size=args.micro_batch_size, reorder=reorder)
     topology = config.validate()
-    model = reorder.load_cost_model()
+    model = reorder.load_time_model()
     steps = args.samples // args.micro_batch_size
     with tempfile.TemporaryDirectory() as cache:
         os.environ[CACHE_ENV] = cache  # an empty cache: the first count is a cold one

@@ -382,7 +382,7 @@ def windows_vs_exact(seed: int, reps: int):
     """Across-micro-batch windows against the exact optimum (small windows) or the best plan known."""
     from window_exact import exact_window_path
 
-    import mimo_pipes.balance.window as window_module
+    import mimo_pipes.balance.window_planner as window_module
 
     rng = np.random.default_rng(seed)
     mixes = ["general", "docs+charts", "text+photos", "bimodal"]

@@ -11,12 +11,12 @@ table it reports, summed over the steps:
 - the split each planner chose (reordering off; per-micro-batch balancing on image tokens; on the
   calibrated time model): the same ``balance_window`` call the exchange makes, timed from the same table.
 
-The steps, samples and costs are ``benchmarks/cost_model_gpu.py``'s (the embedded data, as ``mimo-pipes
+The steps, samples and costs are ``benchmarks/time_model_gpu.py``'s (the embedded data, as ``mimo-pipes
 run`` reads it). The measurement and the evaluation are separate: ``--from-results FILE`` re-evaluates a
-saved table with another cost model, without a GPU.
+saved table with another time model, without a GPU.
 
     python3 benchmarks/split_search_gpu.py --device cuda --out DIR              # calibrate, time, evaluate
-    python3 benchmarks/split_search_gpu.py --from-results DIR/results.json --cost-model M.json --out DIR2
+    python3 benchmarks/split_search_gpu.py --from-results DIR/results.json --time-model M.json --out DIR2
     python3 benchmarks/split_search_gpu.py --device cpu --smoke --out DIR       # tiny tower (a test)
 """
 
@@ -36,13 +36,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cost_model_gpu import Timer, add_common_arguments, planner_floor, processed_samples, rank_assignments  # noqa: E402 - the same data and planner calls
+from time_model_gpu import Timer, add_common_arguments, planner_floor, processed_samples, rank_assignments  # noqa: E402 - the same data and planner calls
 
-from mimo_pipes.calibrate import calibrate, fit_report  # noqa: E402
 from mimo_pipes.config import PipelineConfig, ReorderConfig  # noqa: E402
-from mimo_pipes.cost_model import TimeModel, load_cost_model, save_cost_model  # noqa: E402
 from mimo_pipes.encoders import build_vision_tower, encode, patch_dim  # noqa: E402
 from mimo_pipes.sharding import global_microbatch_indices  # noqa: E402
+from mimo_pipes.time_model.calibrate import calibrate, fit_report  # noqa: E402
+from mimo_pipes.time_model.model import TimeModel, load_time_model, save_time_model  # noqa: E402
 
 PER_MICROBATCH = ReorderConfig(scalable_dp=True, intra_microbatch_reorder=True)
 LAYOUTS = ((4, 8), (2, 8))  # (vision dp, micro-batch): 28 and 70 forwards per step
@@ -197,7 +197,7 @@ def report(results: list[dict], model: TimeModel) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_arguments(parser, out_help="folder for results.md, results.json (and cost_model.json when calibrating)", layouts=LAYOUTS)
+    add_common_arguments(parser, out_help="folder for results.md, results.json (and time_model.json when calibrating)", layouts=LAYOUTS)
     parser.add_argument("--from-results", default=None, help="evaluate the timings of an earlier run's results.json (no GPU)")
     parser.add_argument("--steps", type=int, default=None, help="steps per layout (default 32; 2 with --smoke)")
     parser.add_argument("--repeats", type=int, default=1, help="rounds: each forward timed once per round after one warm-up, median kept (default 1)")
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_results:
         saved = json.loads(Path(args.from_results).read_text())
         tables, done = saved["tables"], {tuple(map(int, k.split("x"))): v for k, v in saved["steps_timed"].items()}
-        model = load_cost_model(args.cost_model) if args.cost_model else TimeModel(**{k: v for k, v in saved["model"].items() if k not in ("format", "version")})
+        model = load_time_model(args.time_model) if args.time_model else TimeModel(**{k: v for k, v in saved["model"].items() if k not in ("format", "version")})
         device_name = saved["device"]
         if args.validate:
             device = torch.device(args.device)
@@ -252,8 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         tower_name = args.tower or ("tiny" if args.smoke else "qwen2-vl-675m")
         tower = build_vision_tower(tower_name, dtype=dtype, device=device)
-        if args.cost_model is not None:
-            model = load_cost_model(args.cost_model)
+        if args.time_model is not None:
+            model = load_time_model(args.time_model)
         else:
             sweep = {"sides": (4, 8), "counts": (1, 2), "mixes": 1, "repeats": 1, "warmup": 0} if args.smoke else {}
             config = tower.config
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             lines = fit_report(model, points, fitted)
             log("\n".join(lines))
-            save_cost_model(model, out / "cost_model.json", {"tower": tower_name, "device": str(device), "points": lines})
+            save_time_model(model, out / "time_model.json", {"tower": tower_name, "device": str(device), "points": lines})
         timer = Timer(tower, device, dtype, repeats=args.repeats, warmup=0 if args.smoke else 1, log=lambda line: None)
         deadline = time.perf_counter() + (args.budget_s if args.budget_s is not None else float("inf"))
         tables: dict[str, dict[str, float]] = {}

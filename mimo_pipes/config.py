@@ -13,8 +13,8 @@ import os
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from mimo_pipes.cost_model import CostModelError, TimeModel, load_cost_model
 from mimo_pipes.errors import ConfigError
+from mimo_pipes.time_model.model import TimeModel, TimeModelError, load_time_model
 from mimo_pipes.topology import COMPONENT_FLAG, Topology, build_topology
 
 DATALOADER_TYPES = ("single", "cyclic")
@@ -95,13 +95,13 @@ class ReorderConfig:
     # Language dp = k * encoder dp, k > 1: encoder replicas by encoder cost, their k slots by real tokens.
     reorder_two_level: bool = False
 
-    def load_cost_model(self) -> TimeModel | None:
+    def load_time_model(self) -> TimeModel | None:
         """The time model of ``reorder_cost_model`` (None without one); a bad file is a ConfigError."""
         if self.reorder_cost_model is None:
             return None
         try:
-            return load_cost_model(self.reorder_cost_model)
-        except CostModelError as error:
+            return load_time_model(self.reorder_cost_model)
+        except TimeModelError as error:
             raise ConfigError(flag("reorder_cost_model"), str(error)) from None
 
     def integer_cost_weights(self) -> tuple[int, int]:
@@ -154,7 +154,7 @@ class ReorderConfig:
             raise ConfigError(flag("reorder_across_microbatches"), "needs --intra-microbatch-reorder")
         if self.reorder_two_level and not self.intra_microbatch_reorder:
             raise ConfigError(flag("reorder_two_level"), "needs --intra-microbatch-reorder")
-        self.load_cost_model()
+        self.load_time_model()
 
     def check_padding(self, pad_to_seq_length: bool) -> None:
         """Reordering concatenates exchanged samples into one micro-batch: every rank pads alike."""

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+
+from mimo_pipes.time_model.model import TimeModel
 
 
 def image_token_count(input_ids: Any, image_token_id: int | Iterable[int]) -> int:
@@ -30,3 +33,60 @@ def sample_cost(
     ReorderConfig). The square term is attention under sequence packing: a packed rank's language time
     grows with the sum of its sequences' squared lengths, and that sum adds up sample by sample."""
     return encoder_weight * image_tokens + language_weight * real_tokens + language_square_weight * real_tokens**2
+
+
+def placeholder_runs(input_ids: Any, placeholder_ids: int | Sequence[int]) -> list[int]:
+    """Lengths of the maximal runs of one placeholder id in ``input_ids`` (tensor, array or list), in order.
+
+    Each run is one image or video. Runs of different placeholder ids that touch are separate; a run cut
+    off at the end of the sequence (truncated text) counts with the tokens that are there."""
+    if hasattr(input_ids, "detach"):
+        input_ids = input_ids.detach().cpu().numpy()
+    ids = np.asarray(input_ids).reshape(-1)
+    wanted = np.asarray([placeholder_ids] if isinstance(placeholder_ids, (int, np.integer)) else list(placeholder_ids))
+    inside = np.isin(ids, wanted)
+    if not inside.any():
+        return []
+    # A run starts where a placeholder follows a non-placeholder or a different placeholder.
+    starts = inside & np.concatenate(([True], (ids[1:] != ids[:-1]) | ~inside[:-1]))
+    begin = np.flatnonzero(starts)
+    marks = np.cumsum(starts)[inside]  # run number of every placeholder token
+    return np.bincount(marks - 1, minlength=begin.shape[0]).tolist()
+
+
+@dataclass(frozen=True)
+class CostFunction:
+    """How every module prices a sample: integer weights (``ReorderConfig.integer_cost_weights``) and, with a
+    time model, the modelled time of the sample's images (ns) as its encoder term instead of their tokens."""
+
+    encoder_weight: int
+    language_weight: int
+    language_square_weight: int = 0
+    time_model: TimeModel | None = None
+
+    def __post_init__(self) -> None:
+        if self.encoder_weight < 0 or self.language_weight < 0 or self.encoder_weight + self.language_weight == 0:
+            raise ValueError(f"cost weights ({self.encoder_weight}, {self.language_weight}) must be >= 0 and not both 0")
+        if self.language_square_weight < 0:
+            raise ValueError(f"language_square_weight must be >= 0, got {self.language_square_weight}")
+
+    def encoder_cost(self, input_ids: Any, image_token_ids: int | Sequence[int], image_tokens: int) -> int:
+        """The encoder term of a sample: its ``image_tokens``, or with a time model its images' modelled ns
+        (from the placeholder runs of ``image_token_ids`` in ``input_ids``)."""
+        if self.time_model is None:
+            return image_tokens
+        return self.time_model.encoder_time_ns(placeholder_runs(input_ids, image_token_ids))
+
+    def cost(self, encoder_cost: Any, real_tokens: Any) -> Any:
+        """The sample's cost (ints, or int64 arrays of many samples)."""
+        return sample_cost(encoder_cost, real_tokens, self.encoder_weight, self.language_weight, self.language_square_weight)
+
+    def describe(self) -> dict[str, Any]:
+        """Everything in the weights and model that decides a cost, as plain values (a saved state is valid
+        only for the same)."""
+        return {
+            "encoder cost weight": self.encoder_weight,
+            "language cost weight": self.language_weight,
+            "language square weight": self.language_square_weight,
+            "time model": None if self.time_model is None else self.time_model.fingerprint(),
+        }

@@ -168,6 +168,11 @@ class Topology:
                 return RankPosition(module, global_rank, tp_rank, cp_rank, pp_rank, dp_rank)
         raise ValueError(f"rank {global_rank} belongs to no module (world size {self.world_size})")
 
+    def dp_groups(self, module: ModuleSpec) -> list[list[int]]:
+        """Every DP group of ``module`` (global ranks by DP rank), ordered by their first rank: the groups
+        megatron-core's HyperCommGrid enumerates for ``dp``."""
+        return [self.dp_group_ranks(rank) for rank in module.ranks if self.position(rank).dp_rank == 0]
+
     def dp_group_ranks(self, global_rank: int) -> list[int]:
         """Global ranks of ``global_rank``'s DP group, ordered by DP rank."""
         position = self.position(global_rank)

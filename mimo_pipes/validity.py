@@ -15,11 +15,11 @@ import collections
 import dataclasses
 import hashlib
 import json
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import torch
 
 from mimo_pipes.errors import StateMismatchError
 
@@ -121,7 +121,8 @@ def _feed(digest: Any, value: Any) -> None:
         digest.update(f"[{len(value)}".encode())
         for item in value:
             _feed(digest, item)
-    elif isinstance(value, torch.Tensor):
+    elif _is_tensor(value):
+        torch = sys.modules["torch"]
         tensor = value.detach().cpu().contiguous()
         digest.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
         digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
@@ -153,3 +154,9 @@ def show_setting(value: Any, *, missing: str = "(not recorded)", none: str = "no
     if value is None:
         return none
     return value if isinstance(value, str) else json.dumps(value)
+
+
+def _is_tensor(value: Any) -> bool:
+    """A torch tensor, without importing torch where nothing has (no tensor can exist then)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)

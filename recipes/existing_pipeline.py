@@ -11,21 +11,22 @@ shows one way to write the reader: a torch Sampler over this rank's positions, S
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from torch.utils.data import Sampler
 from torchdata.nodes import BaseNode, Mapper, ParallelMapper, SamplerWrapper
 
-from mimo_pipes.adapters.microbatch_iterator import validate_settings
-from mimo_pipes.collate import Collator
 from mimo_pipes.config import ReorderConfig
-from mimo_pipes.exchange import ExchangeContext, RankLayout
+from mimo_pipes.exchange import RankLayout
 from mimo_pipes.loader import GraphLoader
-from mimo_pipes.nodes import BalanceExchange, CostAnnotator, MicroBatchAssembler, SnapshotGuard, Windower
+from mimo_pipes.nodes import SnapshotGuard
 from mimo_pipes.resume import reorder_window_size, resume_point
 from mimo_pipes.sample import SAMPLE_ID, STEP, Sample
 from mimo_pipes.sharding import shard_indices
+from mimo_pipes.tail import balanced_tail
+from mimo_pipes.tail_settings import resolve_tail
+from mimo_pipes.topology import build_topology
 
 
 def first_step(reorder: ReorderConfig, consumed_microbatches: int = 0) -> int:
@@ -40,37 +41,32 @@ def build(
     layout: RankLayout,
     micro_batch_size: int,
     seq_length: int,
-    image_token_id: int,
+    image_token_id: int | tuple[int, ...],
     pad_values: Mapping[str, int | float],
     pad_to_seq_length: bool = True,
     consumed_microbatches: int = 0,
+    components: Sequence[str] | None = None,
 ) -> GraphLoader:
     """This rank's loader of balanced, padded micro-batches over your ``samples`` node.
 
     ``samples`` starts at global micro-batch ``first_step(reorder, consumed_microbatches)``; the loader
-    skips what was already consumed of that window. ``micro_batch_size`` is the global B. Bad settings
-    raise ConfigError naming the flag. The loader's ``state_dict`` holds your nodes' state too, so
-    restoring it restores your reader.
+    skips what was already consumed of that window. ``micro_batch_size`` is the global B. ``components``:
+    every module's spec (as ``--component`` takes them), needed with a time model or two-level balance so
+    that the planner's floor and encoder replicas are the run's. Bad settings raise ConfigError naming the
+    flag. The loader's ``state_dict`` holds your nodes' state too, so restoring it restores your reader.
     """
-    validate_settings(reorder, layout, micro_batch_size, seq_length, pad_to_seq_length)
-    window_size = reorder_window_size(reorder)
-    resume = resume_point(consumed_microbatches, window_size)
-    samples_per_rank = micro_batch_size // layout.dp_size
-    encoder_weight, language_weight = reorder.integer_cost_weights()
-    collator = Collator(seq_length if pad_to_seq_length else None, dict(pad_values))
-
-    node: BaseNode[Any] = CostAnnotator(
-        samples, image_token_id=image_token_id, encoder_weight=encoder_weight, language_weight=language_weight,
-        language_square_weight=reorder.integer_language_square_weight(), cost_model=reorder.load_cost_model(),
+    tail = resolve_tail(
+        reorder,
+        micro_batch_size=micro_batch_size,
+        dp_size=layout.dp_size,
+        grid_size=layout.grid_size,
+        image_token_ids=image_token_id,
+        pad_length=seq_length if pad_to_seq_length else None,
+        pad_values=pad_values,
+        topology=build_topology(components) if components is not None else None,
+        consumed_microbatches=consumed_microbatches,
     )
-    node = Windower(node, samples_per_microbatch=samples_per_rank, window_size=window_size)
-    if reorder.intra_microbatch_reorder:
-        exchange = ExchangeContext.for_layout(
-            layout, samples_per_rank=samples_per_rank, window_size=window_size, across_microbatches=reorder.reorder_across_microbatches
-        )
-        node = BalanceExchange(node, exchange, overlap=reorder.overlap_intra_microbatch_reorder, collator=collator)
-    node = MicroBatchAssembler(node, collator=collator, skip_first=resume.skip_first)
-    return GraphLoader(node, start_count=resume.consumed)
+    return GraphLoader(balanced_tail(samples, settings=tail, layout=layout), start_count=tail.resume.consumed)
 
 
 class RankShardSampler(Sampler):

@@ -1,9 +1,12 @@
 """Recipe: train a tiny non-colocated MIMO model on the embedded data, on CPU (Gloo).
 
 The encoder module's ranks run a Qwen2-VL-style vision tower, the language module's ranks a small causal
-LM (random seeded weights, the embedded tokenizer's vocabulary). Both read through the same graph
-(:func:`mimo_pipes_recipes.vlm_sft.build`), so encoder replica i's micro-batch is, sample for sample,
-the micro-batches of language replicas [i*k, (i+1)*k) concatenated; the bridge checks the sample ids.
+LM (random seeded weights, the embedded tokenizer's vocabulary). Both read through the same graph (this
+recipe's :func:`build`, the graph of :mod:`mimo_pipes_recipes.vlm_sft`), so encoder replica i's
+micro-batch is, sample for sample, the micro-batches of language replicas [i*k, (i+1)*k) concatenated;
+the bridge checks the sample ids. A recipe of your own can train on its own data with this model:
+import :class:`Trainer` and provide ``prepare`` and ``build`` (``mimo-pipes train`` hands the loader
+``build`` returns to the Trainer).
 
 One iteration = one global batch = ``config.microbatches_per_global_batch`` micro-batches with gradient
 accumulation. The loss is normalised over the global batch: sum of per-token losses of every micro-batch
@@ -27,8 +30,13 @@ from mimo_pipes.exchange import RankLayout
 from mimo_pipes.exchange.bridge import recv_embeddings, recv_gradients, send_embeddings, send_gradient
 from mimo_pipes.exchange.process_groups import RankGroups
 from mimo_pipes.exchange.reduce import sum_gradients, sum_over
+from mimo_pipes.loader import GraphLoader
 from mimo_pipes.topology import COMPONENT_FLAG, Topology, fanout_targets
 from mimo_pipes_recipes import vlm_sft
+
+# The data side is the SFT recipe's: run, analyze and train read alike.
+prepare = vlm_sft.prepare
+row_counts = vlm_sft.row_counts
 
 IGNORE_INDEX = -100
 # A causal LM small enough for two CPU cores; its width is the vision tower's output width.
@@ -73,16 +81,16 @@ def vocabulary_size(config: PipelineConfig) -> int:
 
 
 class Trainer:
-    """One rank of the tiny MIMO run: its module's model, an SGD optimizer and the library's loader."""
+    """One rank of the tiny MIMO run: its module's model, an SGD optimizer and the rank's ``loader`` (what
+    the recipe's ``build`` made for this rank's layout)."""
 
-    def __init__(self, config: PipelineConfig, options: TrainOptions, groups: RankGroups, topology: Topology) -> None:
+    def __init__(self, config: PipelineConfig, options: TrainOptions, groups: RankGroups, topology: Topology, loader: GraphLoader) -> None:
         check_layout(topology)
         self.config = config
         self.position = position = groups.position
         self.dp_group = groups.dp_group if position.dp_size > 1 else None
         self.microbatches = config.microbatches_per_global_batch
-        layout = RankLayout(position.dp_rank, position.dp_size, topology.grid_size, groups.exchange_group)
-        self.loader = vlm_sft.build(config, layout)
+        self.loader = loader
         self.image_token_id = vlm_sft.load_processor(vlm_sft.processor_path(config), config.seq_length).image_token_id
         encoder, language = topology.encoders[0], topology.language
         self.width = vision_tower_config(options.vision_tower).hidden_size
@@ -191,6 +199,6 @@ class Trainer:
         self.loader.close()
 
 
-def build(config: PipelineConfig, layout: RankLayout) -> Any:
+def build(config: PipelineConfig, layout: RankLayout, *, consumed_microbatches: int = 0) -> GraphLoader:
     """The loader both modules read through (so ``mimo-pipes run --recipe`` works with this recipe too)."""
-    return vlm_sft.build(config, layout)
+    return vlm_sft.build(config, layout, consumed_microbatches=consumed_microbatches)

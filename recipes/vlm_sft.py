@@ -1,7 +1,9 @@
 """Recipe: a Qwen2-VL-style SFT graph for one module rank of a non-colocated MIMO run.
 
 Every module builds the same graph from the same data; only its DP layout differs. Copy this file to
-build your own: :func:`pipeline` is the whole graph, one node per line.
+build your own (``--recipe path/to/your_recipe.py``): it provides what the commands call (see
+:mod:`mimo_pipes.recipe`): :func:`prepare` before any rank starts, :func:`build` on every rank, and
+:func:`row_counts` for ``mimo-pipes analyze``. :func:`pipeline` is the whole graph, one node per line.
 """
 
 from __future__ import annotations
@@ -11,29 +13,21 @@ from typing import Any
 
 from torchdata.nodes import BaseNode, ParallelMapper
 
-from mimo_pipes.collate import Collator, FieldSpec
-from mimo_pipes.config import PipelineConfig, flag, planner_settings
-from mimo_pipes.cost_model import CostModelError
+from mimo_pipes.collate import FieldSpec
+from mimo_pipes.config import PipelineConfig, flag
 from mimo_pipes.data.dataset import default_dataset_path
-from mimo_pipes.data.processor import check_processor_path, default_processor_path, load_processor
+from mimo_pipes.data.processor import SampleProcessor, check_processor_path, default_processor_path, load_processor
 from mimo_pipes.data.skipping import SkipBadRows
 from mimo_pipes.data.sources import check_source, open_source
 from mimo_pipes.errors import ConfigError
-from mimo_pipes.exchange import ExchangeContext, RankLayout
+from mimo_pipes.exchange import RankLayout
 from mimo_pipes.loader import GraphLoader
-from mimo_pipes.nodes import (
-    BalanceExchange,
-    CanonicalShardReader,
-    CostAnnotator,
-    MicroBatchAssembler,
-    SequencePacker,
-    SnapshotGuard,
-    Windower,
-)
+from mimo_pipes.nodes import CanonicalShardReader, SnapshotGuard
 from mimo_pipes.nodes.canonical_shard_reader import MapStyleDataset
-from mimo_pipes.resume import reorder_window_size, resume_point
 from mimo_pipes.sample import Sample
-from mimo_pipes.topology import build_topology
+from mimo_pipes.tail import balanced_tail
+from mimo_pipes.tail_settings import resolve_pipeline_tail
+from mimo_pipes.time_model import TimeModelError
 
 
 def pipeline(
@@ -54,14 +48,10 @@ def pipeline(
     the loader's full state. ``image_token_id``: the placeholder ids the cost counts (image and video);
     ``vision_fields``: the vision fields every micro-batch carries, empty when no sample has them.
     ``processing``: ``thread`` or ``process`` (``map_fn`` on worker processes; it must pickle)."""
-    reorder = config.reorder
-    window_size = reorder_window_size(reorder)
-    resume = resume_point(consumed_microbatches, window_size)
-    samples_per_rank = config.micro_batch_size // layout.dp_size
-    encoder_weight, language_weight = reorder.integer_cost_weights()
-    cost_model = reorder.load_cost_model()
-    collator = Collator(config.seq_length if config.pad_to_seq_length else None, dict(pad_values), dict(vision_fields or {}))
-
+    tail = resolve_pipeline_tail(
+        config, layout.dp_size, image_token_ids=image_token_id, pad_values=pad_values, vision_fields=vision_fields,
+        consumed_microbatches=consumed_microbatches,
+    )
     # This rank's B/d samples of every global micro-batch, from the window that holds the next one.
     node: BaseNode[Any] = CanonicalShardReader(
         dataset,
@@ -71,7 +61,7 @@ def pipeline(
         grid_size=layout.grid_size,
         seed=config.seed,
         dataloader_type=config.dataloader_type,
-        start_step=resume.first_step,
+        start_step=tail.resume.first_step,
     )
     if map_fn is not None:
         # ParallelMapper keeps its source's state as snapshots without copying: SnapshotGuard hands it copies.
@@ -79,25 +69,8 @@ def pipeline(
             SnapshotGuard(node), map_fn, num_workers=max(config.num_workers, 1), in_order=True, method=processing,
             multiprocessing_context="spawn" if processing == "process" else None,
         )
-    node = CostAnnotator(
-        node, image_token_id=image_token_id, encoder_weight=encoder_weight, language_weight=language_weight,
-        language_square_weight=reorder.integer_language_square_weight(), cost_model=cost_model,
-    )
-    node = Windower(node, samples_per_microbatch=samples_per_rank, window_size=window_size)
-    if reorder.intra_microbatch_reorder:
-        # Floor and two-level grouping come from the component specs, so every module plans alike.
-        settings = planner_settings(build_topology(config.components), reorder, cost_model)
-        exchange = ExchangeContext.for_layout(
-            layout, samples_per_rank=samples_per_rank, window_size=window_size, across_microbatches=reorder.reorder_across_microbatches,
-            floor=settings.floor, encoder_groups=settings.encoder_groups,
-        )
-        # Collates each window right after moving it (on the prefetch thread with overlap).
-        node = BalanceExchange(node, exchange, overlap=reorder.overlap_intra_microbatch_reorder, collator=collator)
-    node = MicroBatchAssembler(node, collator=collator, skip_first=resume.skip_first)
-    if config.pack_sequences_in_batch:
-        # One THD row per micro-batch, after the exchange: packing never changes which samples a rank holds.
-        node = SequencePacker(node, pad_multiple=config.pack_pad_multiple, pad_values=collator.pad_values)
-    return GraphLoader(node, start_count=resume.consumed)
+    # CostAnnotator -> Windower -> BalanceExchange -> MicroBatchAssembler (-> SequencePacker).
+    return GraphLoader(balanced_tail(node, settings=tail, layout=layout), start_count=tail.resume.consumed)
 
 
 def dataset_path(config: PipelineConfig) -> str:
@@ -108,6 +81,13 @@ def processor_path(config: PipelineConfig) -> str:
     return config.processor or str(default_processor_path())
 
 
+def open_processor(config: PipelineConfig) -> SampleProcessor:
+    """The processor every rank uses, checked against the time model (``--reorder-cost-model``)."""
+    processor = load_processor(processor_path(config), config.seq_length, image_folder=config.image_folder)
+    check_time_model(config, processor)
+    return processor
+
+
 def prepare(config: PipelineConfig, log: Callable[[str], None] = print) -> None:
     """Check user paths, and build the embedded data and processor once before the ranks start."""
     if config.dataset is not None:
@@ -116,16 +96,16 @@ def prepare(config: PipelineConfig, log: Callable[[str], None] = print) -> None:
         log(f"embedded dataset: {config.embedded_samples} synthetic VLM samples")
     if config.processor is not None:
         check_processor_path(config.processor)
-    check_cost_model(config, load_processor(processor_path(config), config.seq_length))
+    open_processor(config)
     log(f"processor: {processor_path(config)}")
     dataset = open_source(dataset_path(config))
     if len(dataset) < config.micro_batch_size:
         raise ConfigError("--dataset", f"{len(dataset)} samples are fewer than one micro-batch of {config.micro_batch_size}")
 
 
-def check_cost_model(config: PipelineConfig, processor: Any) -> None:
+def check_time_model(config: PipelineConfig, processor: Any) -> None:
     """A time model fit for other patches than the processor makes is refused."""
-    model = config.reorder.load_cost_model()
+    model = config.reorder.load_time_model()
     if model is None:
         return
     try:
@@ -135,7 +115,7 @@ def check_cost_model(config: PipelineConfig, processor: Any) -> None:
             patch_size=processor.patch_size,
             temporal_patch_size=processor.temporal_patch_size,
         )
-    except CostModelError as error:
+    except TimeModelError as error:
         raise ConfigError(flag("reorder_cost_model"), str(error)) from None
 
 
@@ -144,8 +124,7 @@ def build(
 ) -> GraphLoader:
     """This rank's loader; ``consumed_microbatches`` resumes from a Megatron-style count; ``processing``:
     per-sample processing on ``thread``s or worker ``process``es."""
-    processor = load_processor(processor_path(config), config.seq_length, image_folder=config.image_folder)
-    check_cost_model(config, processor)
+    processor = open_processor(config)
     dataset = open_source(dataset_path(config))
     map_fn: Callable[[Sample], Sample] = processor
     if config.skip_bad_samples:
@@ -164,3 +143,14 @@ def build(
         consumed_microbatches=consumed_microbatches,
         processing=processing,
     )
+
+
+def row_counts(config: PipelineConfig, *, real_tokens: bool, runs: bool, progress: Callable[[str, int], Callable[[int], None]] | None = None) -> Any:
+    """Every row's image tokens, real tokens and (with ``runs``) placeholder runs, as :func:`build`'s graph
+    would count them: the same source, image folder and processor (for ``mimo-pipes analyze``).
+    ``progress(description, total)`` returns the callback that takes the rows done."""
+    from mimo_pipes.analysis.row_counts import count_rows
+
+    dataset = open_source(dataset_path(config))
+    tick = progress("costs", len(dataset)) if progress is not None else None
+    return count_rows(dataset, open_processor(config), real_tokens=real_tokens, runs=runs, progress=tick)

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mimo_pipes.analysis.costs import UNCOUNTED, count_tokens, processed_counter
 from mimo_pipes.analysis.plot import DPI, FIGSIZE_INCHES
+from mimo_pipes.analysis.row_counts import UNCOUNTED, count_tokens, processed_counter
 from mimo_pipes.data.dataset import default_dataset_path, open_dataset
 from mimo_pipes.data.processor import default_processor_path, load_processor
 from mimo_pipes.errors import SampleError

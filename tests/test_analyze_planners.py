@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from test_analyze import REORDER, _cli, _finish, _summary_lines, assert_analysis_is_the_summary
 
-from mimo_pipes.analysis.costs import count_rows
-from mimo_pipes.cost import real_token_count
-from mimo_pipes.cost_model import TimeModel, placeholder_runs, save_cost_model
+from mimo_pipes.analysis.row_counts import count_rows
+from mimo_pipes.cost import placeholder_runs, real_token_count
 from mimo_pipes.data.dataset import default_dataset_path, open_dataset
 from mimo_pipes.data.processor import default_processor_path, load_processor
 from mimo_pipes.sharding import global_microbatch_indices
+from mimo_pipes.time_model.model import TimeModel, save_time_model
 
 MODEL = TimeModel(floor_ps=20_000_000_000, per_image_ps=1_000_000_000, per_patch_ps=5_500_000, per_patch_squared_ps=400)
 SAMPLES, BATCH, STEPS, SEED, SEQ = 64, 8, 8, 5, 2048
@@ -36,7 +36,7 @@ SETTINGS = {
 def runs(tmp_path_factory):
     """Every setting once through `run` (spawned Gloo ranks, dumps) and once through `analyze`, all at once."""
     root = tmp_path_factory.mktemp("analyze_planners")
-    model = str(save_cost_model(MODEL, root / "model.json"))
+    model = str(save_time_model(MODEL, root / "model.json"))
     started = {}
     for name, flags in SETTINGS.items():
         flags = [model if flag == "{model}" else flag for flag in flags]
@@ -138,7 +138,7 @@ def test_runs_from_image_sizes_price_each_row_as_processing_does(processed):
 
 
 def test_a_cost_model_for_other_patches_is_refused_by_name(tmp_path):
-    path = save_cost_model(TimeModel(per_patch_ps=1000, merge_size=3), tmp_path / "model.json")
+    path = save_time_model(TimeModel(per_patch_ps=1000, merge_size=3), tmp_path / "model.json")
     process = _cli("analyze", "--out", str(tmp_path / "out"), *REORDER, "--reorder-cost-model", str(path), "--quiet")
     _, stderr = process.communicate(timeout=300)
     assert process.returncode == 2

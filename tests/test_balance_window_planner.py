@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mimo_pipes.balance import balance_window, critical_path, window_lower_bound
-from mimo_pipes.balance import window as window_module
+from mimo_pipes.balance import window_planner as window_module
 from mimo_pipes.balance.canonical import loads_of, score, sort_order
 from mimo_pipes.balance.lpt import lpt_members
 from mimo_pipes.balance.microbatch import plan_members

@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
-from mimo_pipes.calibrate import calibrate, mixed_shapes, sweep
 from mimo_pipes.cli.main import main
 from mimo_pipes.config import ReorderConfig
-from mimo_pipes.cost_model import load_cost_model
+from mimo_pipes.time_model.calibrate import calibrate, mixed_shapes, sweep
+from mimo_pipes.time_model.model import load_time_model
 
 
 def test_cpu_smoke_run_with_the_tiny_tower_writes_a_loadable_model(tmp_path, capsys):
@@ -20,7 +20,7 @@ def test_cpu_smoke_run_with_the_tiny_tower_writes_a_loadable_model(tmp_path, cap
     assert code == 0
     printed = capsys.readouterr().out
     assert "error" in printed and printed.count(" x ") >= 4  # one line per point, with its fit error
-    model = load_cost_model(out)
+    model = load_time_model(out)
     assert (model.merge_size, model.patch_size, model.temporal_patch_size) == (2, 14, 2)
     body = json.loads(out.read_text())
     points = body["calibration"]["points"]

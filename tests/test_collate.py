@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from mimo_pipes.collate import Collator
+from mimo_pipes.sample import Window
 from mimo_pipes.testing import SyntheticProcessedDataset
-from mimo_pipes.window import Window
 
 
 def _storages(value) -> set[int]:

@@ -59,13 +59,13 @@ class ModelledCost(CostAnnotator):
     """Stands for an annotator whose cost function has another ingredient: it describes it too."""
 
     def cost_function(self):
-        return {**super().cost_function(), "cost model": "model-fingerprint-1"}
+        return {**super().cost_function(), "time model": "model-fingerprint-1"}
 
 
 def test_the_cost_function_description_decides_validity():
     state = saved_after(annotator(), 3)
     state["valid_for"]["node"] = "ModelledCost"
-    with pytest.raises(StateMismatchError, match=r"ModelledCost: saved state was made with cost model none, this graph has model-fingerprint-1"):
+    with pytest.raises(StateMismatchError, match=r"ModelledCost: saved state was made with time model none, this graph has model-fingerprint-1"):
         annotator(node=ModelledCost).reset(state)
     modelled = saved_after(annotator(node=ModelledCost), 3)
     restored = annotator(node=ModelledCost)

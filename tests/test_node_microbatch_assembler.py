@@ -13,7 +13,7 @@ from torchdata.nodes import IterableWrapper
 from mimo_pipes.collate import Collator, collate_microbatch
 from mimo_pipes.nodes import MicroBatchAssembler, Windower
 from mimo_pipes.resume import resume_point
-from mimo_pipes.window import Window
+from mimo_pipes.sample import Window
 
 
 def windower(per_microbatch=3, window_size=3, steps=7, start_step=0) -> Windower:

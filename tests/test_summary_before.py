@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from scenarios_summary import run_summary_records
 
-from mimo_pipes.cli.report import summarize
+from mimo_pipes.summary import summarize
 
 LAYOUTS = {
     "lang2+img1": ["language=dp=2", "images=dp=1,rank_offset=2"],

@@ -1,8 +1,8 @@
 """The balance exchange for training loops that hold an iterator of collated micro-batches (Megatron style).
 
-``balance_iterator`` composes existing nodes: the source (IterableWrapper) -> Uncollate -> CostAnnotator
--> Windower -> BalanceExchange -> MicroBatchAssembler (-> SequencePacker), under a GraphLoader. Only the
-wiring lives here.
+``balance_iterator`` composes existing nodes: the source (IterableWrapper) -> Uncollate -> the tail every
+entry point shares (:func:`~mimo_pipes.tail.balanced_tail`: CostAnnotator -> Windower -> BalanceExchange
+-> MicroBatchAssembler (-> SequencePacker)), under a GraphLoader. Only the wiring lives here.
 
 Resuming: a plain iterator cannot be rewound, so the state only records counters (micro-batches taken
 from the source up to the start of the current window, and how many of that window were handed out).
@@ -14,18 +14,19 @@ state is saved and restored inside ours.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from torchdata.nodes import BaseNode, IterableWrapper, Stateful
 
-from mimo_pipes.collate import Collator
-from mimo_pipes.config import ReorderConfig, check_pack_pad_multiple, flag
+from mimo_pipes.config import ReorderConfig, flag
 from mimo_pipes.errors import ConfigError
-from mimo_pipes.exchange import ExchangeContext, RankLayout
+from mimo_pipes.exchange import RankLayout
 from mimo_pipes.loader import GraphLoader
-from mimo_pipes.nodes import BalanceExchange, CostAnnotator, MicroBatchAssembler, SequencePacker, Uncollate, Windower
-from mimo_pipes.resume import reorder_window_size, resume_point
+from mimo_pipes.nodes import Uncollate
+from mimo_pipes.tail import balanced_tail
+from mimo_pipes.tail_settings import resolve_tail
+from mimo_pipes.topology import build_topology
 
 SourceFactory = Callable[[int], Iterable[Mapping[str, Any]]]
 
@@ -102,24 +103,6 @@ def _open_once(microbatches: Iterable[Mapping[str, Any]], start: int) -> SourceF
     return open_at
 
 
-def validate_settings(
-    config: ReorderConfig, layout: RankLayout, micro_batch_size: int, seq_length: int | None, pad_to_seq_length: bool
-) -> None:
-    """The checks a pipeline of your own needs before the library's tail; ConfigError names the flag."""
-    config.validate()
-    if micro_batch_size < 1 or micro_batch_size % layout.grid_size or layout.grid_size % layout.dp_size:
-        raise ConfigError(
-            flag("micro_batch_size"),
-            f"{micro_batch_size} must be a multiple of the canonical grid size {layout.grid_size}, "
-            f"which must be a multiple of dp size {layout.dp_size}",
-        )
-    if pad_to_seq_length and (seq_length is None or seq_length < 1):
-        raise ConfigError(flag("seq_length"), f"must be >= 1 with --pad-to-seq-length true, got {seq_length}")
-    config.check_padding(pad_to_seq_length)
-    if config.reorder_two_level:
-        raise ConfigError(flag("reorder_two_level"), "needs every module's dp: use a recipe's pipeline, which has the component specs")
-
-
 def balance_iterator(
     microbatches: Iterable[Mapping[str, Any]] | None = None,
     *,
@@ -135,6 +118,7 @@ def balance_iterator(
     source_factory: SourceFactory | None = None,
     pack_sequences: bool = False,
     pack_pad_multiple: int = 1,
+    components: Sequence[str] | None = None,
 ) -> BalancedIterator:
     """Balanced micro-batches from this rank's collated ones, in the same format plus metadata lists.
 
@@ -149,49 +133,44 @@ def balance_iterator(
     With ``source_factory``, a start in the middle of a window reads from the window's start and skips
     ahead, exactly as a restored state does; an iterator that starts mid-window gets a short first
     window. With ``pack_sequences``, each output micro-batch is packed into one THD row (see
-    :mod:`mimo_pipes.thd`), every sequence padded to a multiple of ``pack_pad_multiple``. Raises
-    ConfigError, naming the flag, on a bad setting.
+    :mod:`mimo_pipes.thd`), every sequence padded to a multiple of ``pack_pad_multiple``. ``components``:
+    every module's spec (as ``--component`` takes them), needed with a time model or two-level balance so
+    that the planner's floor and encoder replicas are the run's. Raises ConfigError, naming the flag, on a
+    bad setting.
     """
     if (microbatches is None) == (source_factory is None):
         raise TypeError("pass exactly one of microbatches and source_factory")
-    validate_settings(config, layout, micro_batch_size, seq_length, pad_to_seq_length)
-    check_pack_pad_multiple(pack_pad_multiple)
-    samples_per_rank = micro_batch_size // layout.dp_size
-    window_size = reorder_window_size(config)
+    if pad_to_seq_length and (seq_length is None or seq_length < 1):
+        raise ConfigError(flag("seq_length"), f"must be >= 1 with --pad-to-seq-length true, got {seq_length}")
+    tail = resolve_tail(
+        config,
+        micro_batch_size=micro_batch_size,
+        dp_size=layout.dp_size,
+        grid_size=layout.grid_size,
+        image_token_ids=image_token_id,
+        pad_length=seq_length if pad_to_seq_length else None,
+        pad_values=pad_values,
+        topology=build_topology(components) if components is not None else None,
+        consumed_microbatches=start_microbatch if source_factory is not None else 0,
+        pack_sequences=pack_sequences,
+        pack_pad_multiple=pack_pad_multiple,
+    )
     if source_factory is not None:
-        resume = resume_point(start_microbatch, window_size)
-        source = IterableWrapper(_CountedSource(source_factory, resume.first_step))
-        restorable = True
+        source = IterableWrapper(_CountedSource(source_factory, tail.resume.first_step))
+        start_count, restorable = tail.resume.consumed, True
     else:  # a live iterator starts where it stands: its first window may be short
-        resume = resume_point(start_microbatch, 1)
         restorable = isinstance(microbatches, Stateful)
         # A stateful source's own state is saved and restored inside ours.
         counted = microbatches if restorable else _CountedSource(_open_once(microbatches, start_microbatch), start_microbatch)
         source = IterableWrapper(counted)
-    encoder_weight, language_weight = config.integer_cost_weights()
-    collator = Collator(seq_length if pad_to_seq_length else None, dict(pad_values))
-
+        start_count = start_microbatch
     node: BaseNode[Any] = Uncollate(
         source,
         image_token_id=image_token_id,
         merge_size=merge_size,
-        rows_per_batch=samples_per_rank,
+        rows_per_batch=tail.samples_per_rank,
         dp_rank=layout.dp_rank,
         dp_size=layout.dp_size,
-        start_step=resume.first_step,
+        start_step=tail.resume.first_step if source_factory is not None else start_microbatch,
     )
-    node = CostAnnotator(
-        node, image_token_id=image_token_id, encoder_weight=encoder_weight, language_weight=language_weight,
-        language_square_weight=config.integer_language_square_weight(),
-        cost_model=config.load_cost_model(),  # the model's costs; its floor needs the component specs
-    )
-    node = Windower(node, samples_per_microbatch=samples_per_rank, window_size=window_size)
-    if config.intra_microbatch_reorder:
-        exchange = ExchangeContext.for_layout(
-            layout, samples_per_rank=samples_per_rank, window_size=window_size, across_microbatches=config.reorder_across_microbatches
-        )
-        node = BalanceExchange(node, exchange, overlap=config.overlap_intra_microbatch_reorder, collator=collator)
-    node = MicroBatchAssembler(node, collator=collator, skip_first=resume.skip_first)
-    if pack_sequences:
-        node = SequencePacker(node, pad_multiple=pack_pad_multiple, pad_values=collator.pad_values)
-    return BalancedIterator(node, start_count=resume.consumed, restorable=restorable)
+    return BalancedIterator(balanced_tail(node, settings=tail, layout=layout), start_count=start_count, restorable=restorable)

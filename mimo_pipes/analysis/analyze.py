@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import multiprocessing
 import os
 from collections.abc import Callable, Sequence
@@ -13,9 +14,9 @@ from typing import Any
 import numpy as np
 
 from mimo_pipes.analysis.replay import GridReplay, Planner, Schedule, critical_path_bound, rank_loads, replay, spread_and_path
-from mimo_pipes.cli.report import summarize
-from mimo_pipes.config import PipelineConfig, planner_settings
-from mimo_pipes.cost import sample_cost
+from mimo_pipes.config import PipelineConfig
+from mimo_pipes.summary import summarize
+from mimo_pipes.tail_settings import resolve_plan
 from mimo_pipes.topology import Topology
 
 PARALLEL_FROM_MICROBATCHES = 4096  # below this, starting worker processes costs more than it saves
@@ -72,13 +73,14 @@ def analyze(
     encoder module also gets its figures in modelled time (``modelled_encoder_time``). With two-level
     balance ``real_tokens`` must be counted; every module also gets its figures in real tokens."""
     reorder = config.reorder
-    model = reorder.load_cost_model()
+    # The plan a run would balance with; the what-ifs reorder even where the given settings do not.
+    plan = resolve_plan(dataclasses.replace(reorder, scalable_dp=True, intra_microbatch_reorder=True), topology)
+    model = plan.time_model
     if model is not None and encoder_costs is None:
         raise ValueError("a time model (reorder_cost_model) needs encoder_costs: each row's modelled encoder ns")
     encoder = encoder_costs if model is not None else image_tokens
-    encoder_weight, language_weight = reorder.integer_cost_weights()
-    costs = sample_cost(encoder, real_tokens, encoder_weight, language_weight, reorder.integer_language_square_weight())
-    planning = planner_settings(topology, reorder, model)
+    costs = plan.cost.cost(encoder, real_tokens)
+    planning = plan.planner
     if planning.encoder_groups and (real_tokens < 0).any():
         raise ValueError("two-level balance needs every row's real tokens, and some were not counted")
     planner = Planner(costs, planning.floor, planning.encoder_groups, encoder, real_tokens)

@@ -22,7 +22,7 @@ from mimo_pipes.balance.quality import (
     window_lower_bound,
 )
 from mimo_pipes.balance.two_level import balance_two_level
-from mimo_pipes.balance.window import balance_window
+from mimo_pipes.balance.window_planner import balance_window
 
 __all__ = [
     "balance_microbatch",

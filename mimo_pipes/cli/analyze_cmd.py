@@ -1,10 +1,11 @@
 """``mimo-pipes analyze``: what reordering would do for a run's flags, offline, in one process.
 
 Takes ``mimo-pipes run``'s flags (so ``run`` can be swapped for ``analyze`` on one command line) plus
-``--out DIR``. Flags that change what a run consumes are honoured (data, layout, batch, seed, dataloader
-type, window, cost weights and time model, two-level balance, --steps, --stop-after, --resume); the others (transport, overlap, workers,
---dump-assignments, --save-state) are accepted and ignored. Writes ``DIR/analysis.json`` and one PNG
-per module.
+``--out DIR``. Flags that change what a run consumes are honoured (data, image folder, recipe, layout,
+batch, seed, dataloader type, window, cost weights and time model, two-level balance, --steps,
+--stop-after, --resume); the others (transport, overlap, workers, --dump-assignments, --save-state) are
+accepted and ignored. Rows are counted by the recipe (``row_counts``), as its graph would count them.
+Writes ``DIR/analysis.json`` and one PNG per module.
 """
 
 from __future__ import annotations
@@ -14,16 +15,22 @@ import json
 import sys
 from pathlib import Path
 
-from mimo_pipes.cli import run_cmd
 from mimo_pipes.cli.argtypes import positive_ints
-from mimo_pipes.config import JobOptions
+from mimo_pipes.cli.job_args import add_job_arguments, config_from_args
+from mimo_pipes.cli.job_checks import validate_consumption
+from mimo_pipes.cli.launcher import EXIT_CONFIG, EXIT_FAILED
 from mimo_pipes.errors import ConfigError, SampleError
 
 RESULT_FILE = "analysis.json"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    run_cmd.add_arguments(parser)
+    parser.description = (
+        "Offline, in one process: what reordering would do for a run's flags. Counts every row as the run's "
+        "graph would, replays the micro-batches the run would consume, and writes DIR/analysis.json (spread "
+        "and critical path per module, what-ifs for other windows, lower bounds) and one PNG per module."
+    )
+    add_job_arguments(parser)
     parser.add_argument("--out", required=True, metavar="DIR", help="folder for analysis.json and the PNG plots")
     parser.add_argument("--compare-window-sizes", type=positive_ints, default=(2, 4, 8), metavar="W,W,...",
                         help="across-micro-batch window sizes to report besides the given settings (default: 2,4,8)")
@@ -49,33 +56,27 @@ def _progress_factory(enabled: bool):
 
 def run(args: argparse.Namespace) -> int:
     from mimo_pipes.analysis.analyze import MODELLED_TIME_UNIT, analyze, write_plots
-    from mimo_pipes.analysis.costs import count_rows
-    from mimo_pipes.data.dataset import open_dataset
-    from mimo_pipes.data.processor import load_processor
-    from mimo_pipes_recipes.vlm_sft import dataset_path, prepare, processor_path
+    from mimo_pipes.recipe import load_recipe
 
     try:
-        config, options = run_cmd.config_from_args(args)
+        config, options = config_from_args(args)
         topology = config.validate()
-        if options.recipe != JobOptions.recipe:
-            raise ConfigError("--recipe", f"analyze replays the built-in recipe ({JobOptions.recipe}) only, got {options.recipe}")
-        start = run_cmd.validate_consumption(config, options, topology.world_size)
-        prepare(config, log=lambda message: print(message, file=sys.stderr, flush=True))
-        dataset = open_dataset(dataset_path(config))
-        processor = load_processor(processor_path(config), config.seq_length)
+        start = validate_consumption(config, options, topology.world_size)
+        recipe = load_recipe(options.recipe, needs=("prepare", "row_counts"), command="analyze")
+        recipe.prepare(config, log=lambda message: print(message, file=sys.stderr, flush=True))
     except ConfigError as error:
         print(f"mimo-pipes analyze: error: {error}", file=sys.stderr)
-        return run_cmd.EXIT_CONFIG
+        return EXIT_CONFIG
     progress = _progress_factory(options.progress)
     stop = options.stop_after if options.stop_after is not None else options.steps
     reorder = config.reorder
-    model = reorder.load_cost_model()
+    model = reorder.load_time_model()
     try:
         wants_real_tokens = reorder.integer_cost_weights()[1] > 0 or reorder.reorder_two_level  # two levels split on them
-        counts = count_rows(dataset, processor, real_tokens=wants_real_tokens, runs=model is not None, progress=progress("costs", len(dataset)))
+        counts = recipe.row_counts(config, real_tokens=wants_real_tokens, runs=model is not None, progress=progress)
     except SampleError as error:
         print(f"mimo-pipes analyze: error: {error}", file=sys.stderr)
-        return run_cmd.EXIT_FAILED
+        return EXIT_FAILED
     image_tokens = counts.image_tokens
     result = analyze(config, topology, image_tokens, counts.real_tokens, start=start, stop=stop,
                      encoder_costs=counts.encoder_costs(model) if model is not None else None,

@@ -14,7 +14,7 @@ DTYPES = ("bfloat16", "float16", "float32")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from mimo_pipes.cost_model import DEFAULT_COUNTS, DEFAULT_MIXES, DEFAULT_SIDES  # torch-free: the parser of every command is built
+    from mimo_pipes.time_model.fit import DEFAULT_COUNTS, DEFAULT_MIXES, DEFAULT_SIDES  # torch-free: the parser of every command is built
 
     parser.description = (
         "Time a vision encoder's forward over image sizes and images per forward, fit a per-forward floor and "
@@ -50,9 +50,9 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     import torch
 
-    from mimo_pipes.calibrate import calibrate, fit_report
-    from mimo_pipes.cost_model import save_cost_model
     from mimo_pipes.encoders import build_vision_tower, encode, patch_dim
+    from mimo_pipes.time_model.calibrate import calibrate, fit_report
+    from mimo_pipes.time_model.model import save_time_model
 
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -106,6 +106,6 @@ def _run(args: argparse.Namespace) -> int:
             for p, f in zip(points, fitted)
         ],
     }
-    path = save_cost_model(model, out, calibration)
+    path = save_time_model(model, out, calibration)
     print(f"wrote {path}; use it with --reorder-cost-model {path} (fingerprint {model.fingerprint()[:12]})")
     return 0

@@ -1,67 +1,81 @@
-"""``mimo-pipes`` command line: ``balance`` (assignment as a filter), ``run`` (the main job) and ``analyze``
-(what reordering would do, offline)."""
+"""The ``mimo-pipes`` command line: one subcommand per job, each in its own module."""
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from collections.abc import Sequence
 
+# name -> (module under mimo_pipes.cli, one line for the top-level help)
+COMMANDS = {
+    "run": ("run_cmd", "run the balanced MIMO input pipeline on local ranks or under torchrun, and summarise it"),
+    "analyze": ("analyze_cmd", "offline, in one process: what reordering would do for run's flags (JSON and plots)"),
+    "train": ("train_cmd", "train a tiny non-colocated MIMO model on the pipeline (CPU, Gloo)"),
+    "balance": ("balance_cmd", "read cost windows as JSON lines, write the balanced slots"),
+    "calibrate": ("calibrate_cmd", "time a vision encoder and write the time model --reorder-cost-model reads"),
+}
+DESCRIPTION = "Balanced, checkpointable input pipelines for non-colocated multimodal training.\n\ncommands:\n" + "\n".join(
+    f"  {name:<10} {summary}" for name, (_, summary) in COMMANDS.items()
+) + "\n\n'mimo-pipes COMMAND --help' describes a command and every flag it takes."
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with "did you mean" for a mistyped command or flag."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        suggestion = _suggestion(self, message)
+        super().error(message + (f"; did you mean {suggestion}?" if suggestion else ""))
+
+
+def _subcommand_options(parser: argparse.ArgumentParser) -> list[str]:
+    """The flags of the subcommand being parsed (the top-level parser reports their unknown flags)."""
+    argv = sys.argv[1:] if getattr(parser, "argv", None) is None else parser.argv  # type: ignore[attr-defined]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = next((action.choices[word] for word in argv if word in action.choices), None)
+            if chosen is not None:
+                return [option for sub in chosen._actions for option in sub.option_strings]
+    return [option for action in parser._actions for option in action.option_strings]
+
+
+def _suggestion(parser: argparse.ArgumentParser, message: str) -> str | None:
+    choices: list[str] = []
+    wrong: list[str] = []
+    if message.startswith("unrecognized arguments: "):
+        wrong = [word.split("=")[0] for word in message.removeprefix("unrecognized arguments: ").split() if word.startswith("-")]
+        choices = _subcommand_options(parser)
+    elif "invalid choice: " in message:
+        wrong = [message.split("invalid choice: ")[1].split()[0].strip("'\"")]
+        choices = list(COMMANDS)
+    for word in wrong:
+        close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+        if close:
+            return close[0]
+    return None
+
 
 def build_parser() -> argparse.ArgumentParser:
-    from mimo_pipes.cli import analyze_cmd, balance_cmd, calibrate_cmd, run_cmd, train_cmd
+    import importlib
+
     from mimo_pipes.cli.help_format import HelpFormatter
 
-    parser = argparse.ArgumentParser(prog="mimo-pipes", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-    balance_cmd.add_arguments(
-        commands.add_parser(
-            "balance", help="read cost windows as JSON lines, write balanced slots", formatter_class=HelpFormatter
+    parser = Parser(prog="mimo-pipes", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
+    for name, (module, summary) in COMMANDS.items():
+        importlib.import_module(f"mimo_pipes.cli.{module}").add_arguments(
+            commands.add_parser(name, help=summary, description=summary, formatter_class=HelpFormatter)
         )
-    )
-    run_cmd.add_arguments(
-        commands.add_parser("run", help="run the balanced MIMO input pipeline", formatter_class=HelpFormatter)
-    )
-    calibrate_cmd.add_arguments(
-        commands.add_parser(
-            "calibrate",
-            help="time a vision encoder and write the time model --reorder-cost-model reads",
-            formatter_class=HelpFormatter,
-        )
-    )
-    analyze_cmd.add_arguments(
-        commands.add_parser("analyze", help="offline: what reordering would do for run's flags (JSON + PNG)",
-                            description=analyze_cmd.__doc__, formatter_class=HelpFormatter)
-    )
-    train_cmd.add_arguments(
-        commands.add_parser(
-            "train", help="train a tiny non-colocated MIMO model on the pipeline (CPU, Gloo)", formatter_class=HelpFormatter
-        )
-    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.command == "balance":
-        from mimo_pipes.cli import balance_cmd
+    import importlib
 
-        return balance_cmd.run(args)
-    if args.command == "calibrate":
-        from mimo_pipes.cli import calibrate_cmd
-
-        return calibrate_cmd.run(args)
-    if args.command == "analyze":
-        from mimo_pipes.cli import analyze_cmd
-
-        return analyze_cmd.run(args)
-    if args.command == "train":
-        from mimo_pipes.cli import train_cmd
-
-        return train_cmd.run(args)
-    from mimo_pipes.cli import run_cmd
-
-    return run_cmd.run(args)
+    parser = build_parser()
+    parser.argv = list(sys.argv[1:] if argv is None else argv)  # type: ignore[attr-defined]
+    args = parser.parse_args(parser.argv)  # type: ignore[attr-defined]
+    return importlib.import_module(f"mimo_pipes.cli.{COMMANDS[args.command][0]}").run(args)
 
 
 if __name__ == "__main__":

@@ -7,327 +7,48 @@ a bad one ends the command with one line that names it (exit 2), never a traceba
 from __future__ import annotations
 
 import argparse
-import os
-import socket
 import sys
 import time
+from types import ModuleType
 
-from mimo_pipes.config import (
-    DATALOADER_TYPES,
-    DEFAULT_COMPONENTS,
-    EXCHANGE_TRANSPORTS,
-    LANGUAGE_COSTS,
-    JobOptions,
-    PipelineConfig,
-    ReorderConfig,
-    TrainOptions,
-    resolve_exchange_transport,
-)
-from mimo_pipes.errors import ConfigError, PeerError, SampleError
+from mimo_pipes.cli.job_args import add_job_arguments, config_from_args
+from mimo_pipes.cli.job_checks import validate_job
+from mimo_pipes.cli.launcher import EXIT_CONFIG, launch, say, under_torchrun
+from mimo_pipes.config import PipelineConfig
+from mimo_pipes.errors import ConfigError
 
-EXIT_CONFIG = 2
-EXIT_FAILED = 1
-
-
-def _bool(value: str) -> bool:
-    lowered = value.strip().lower()
-    if lowered in ("true", "1", "yes"):
-        return True
-    if lowered in ("false", "0", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+COMMAND = "mimo-pipes run"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    # Every flag says what it does; the formatter appends its default (see cli/help_format.py).
     parser.description = (
         "Run the balanced MIMO input pipeline on locally spawned ranks (Gloo on CPUs, NCCL on GPUs) or under "
         "torchrun, and print a per-module summary of the vision load before and after balancing."
     )
-    defaults = PipelineConfig()
-    reorder = ReorderConfig()
-    parser.add_argument("--component", action="append", metavar="SPEC",
-                        help="a module and its parallel layout, repeatable: 'language=tp=1,pp=1,dp=2,rank_offset=0' "
-                             "(keys tp, cp, pp, dp, etp, rank_offset; one module must be named language) "
-                             "(default: language=dp=2 + images=dp=2,rank_offset=2)")
-    parser.add_argument("--micro-batch-size", type=int, default=defaults.micro_batch_size,
-                        help="samples per global micro-batch, over all DP ranks of a module")
-    parser.add_argument("--global-batch-size", type=int, default=None,
-                        help="samples per global batch; with --reorder-across-microbatches a window never crosses "
-                             "one (default: one window of micro-batches)")
-    parser.add_argument("--seq-length", type=int, default=defaults.seq_length,
-                        help="tokens per sample: the processor truncates to it, and micro-batches are padded to it")
-    parser.add_argument("--pad-to-seq-length", type=_bool, default=True, metavar="{true,false}",
-                        help="pad every micro-batch to --seq-length; false pads to its longest sample")
-    parser.add_argument("--scalable-dp", action="store_true",
-                        help="each rank reads only its canonical shard, never the whole global micro-batch")
-    parser.add_argument("--intra-microbatch-reorder", action="store_true",
-                        help="balance the vision load of every micro-batch (window) over each module's DP ranks "
-                             "(needs --scalable-dp)")
-    parser.add_argument("--reorder-encoder-cost-weight", default=str(reorder.reorder_encoder_cost_weight),
-                        help="weight of a sample's image tokens in its cost (only the ratio of the weights matters)")
-    parser.add_argument("--reorder-language-cost-weight", default=str(reorder.reorder_language_cost_weight),
-                        help="weight of a sample's real tokens in its cost")
-    parser.add_argument("--no-overlap-intra-microbatch-reorder", action="store_true",
-                        help="exchange on the training thread instead of prefetching on a background thread")
-    parser.add_argument("--reorder-window-size", type=int, default=reorder.reorder_window_size,
-                        help="micro-batches balanced in one exchange")
-    parser.add_argument("--reorder-across-microbatches", action="store_true",
-                        help="let samples move between the micro-batches of a window (opt-in)")
-    parser.add_argument("--reorder-cost-model", metavar="PATH", default=None,
-                        help="balance on a vision encoder's modelled time: a JSON file written by "
-                             "'mimo-pipes calibrate' (default: none, a cost linear in image tokens)")
-    parser.add_argument("--reorder-two-level", action="store_true",
-                        help="when language dp is k > 1 times the encoder dp: split samples over encoder replicas by "
-                             "encoder cost, then each replica's k language slots by real tokens")
-    # Sequence packing (THD) and the language cost it implies.
-    parser.add_argument("--pack-sequences-in-batch", action="store_true",
-                        help="pack each rank's micro-batch into one THD row after reordering: real tokens "
-                             "concatenated, cu_seqlens, no attention mask")
-    parser.add_argument("--pack-pad-multiple", type=int, default=defaults.pack_pad_multiple, metavar="K",
-                        help="with packing, pad every sequence to a multiple of this; 2 x cp for context "
-                             "parallelism")
-    parser.add_argument("--reorder-language-cost", choices=LANGUAGE_COSTS, default=reorder.reorder_language_cost,
-                        help="language term of a sample's cost: tokens = real tokens L; packed = L + L^2 / "
-                             "--reorder-attention-crossover, a packed rank's linear plus attention work")
-    parser.add_argument("--reorder-attention-crossover", type=int, default=reorder.reorder_attention_crossover,
-                        metavar="TOKENS",
-                        help="with --reorder-language-cost packed: the sequence length at which attention work "
-                             "equals the linear layers' work, about 12 x hidden size for a causal decoder")
-    parser.add_argument("--dataloader-type", default=defaults.dataloader_type,
-                        help=f"{' or '.join(DATALOADER_TYPES)}: read the data once, or start a new shuffled "
-                             "epoch when it ends")
-    parser.add_argument("--drop-last", type=_bool, default=True, metavar="{true,false}",
-                        help="drop the samples that do not fill a last global micro-batch (only true is supported)")
-    parser.add_argument("--steps", type=int, default=JobOptions.steps,
-                        help="global micro-batches to consume (counted from the start of training)")
-    parser.add_argument("--seed", type=int, default=defaults.seed, help="seed of the epoch shuffle")
-    parser.add_argument("--dataset", default=None,
-                        help="a datasets save_to_disk folder, or .parquet / .json / .jsonl files or a quoted glob of "
-                             "them, LLaVA annotation lists included (default: the embedded synthetic data)")
-    parser.add_argument("--processor", default=None,
-                        help="a saved processor folder (default: the embedded offline processor)")
-    parser.add_argument("--image-folder", default=None, metavar="DIR",
-                        help="folder that relative image paths in --dataset are resolved against (default: as given)")
-    parser.add_argument("--skip-bad-samples", action="store_true",
-                        help="replace a row that cannot be processed (corrupt or missing image, no text, images longer "
-                             "than --seq-length) by the next good row of its slot, count and report it; without it such "
-                             "a row stops the run with an error naming it")
-    parser.add_argument("--embedded-samples", type=int, default=defaults.embedded_samples,
-                        help="size of the embedded synthetic dataset (without --dataset)")
-    parser.add_argument("--num-workers", type=int, default=defaults.num_workers,
-                        help="processing threads per rank")
-    parser.add_argument("--exchange-transport", default=defaults.exchange_transport,
-                        help=f"{', '.join(EXCHANGE_TRANSPORTS)}: gloo moves bytes on the CPU, nccl through the GPU; "
-                             "auto takes nccl only for an exchange on the training thread of a GPU run")
-    parser.add_argument("--exchange-timeout", type=float, default=defaults.exchange_timeout_s,
-                        help="seconds before a collective gives up on a silent peer")
-    parser.add_argument("--dump-assignments", metavar="DIR", default=None,
-                        help="write DIR/rank{N}.jsonl, one line per micro-batch a rank consumes (default: no dump)")
-    parser.add_argument("--stop-after", type=int, default=None, metavar="K",
-                        help="stop after K micro-batches and save the state to --save-state (default: run to --steps)")
-    parser.add_argument("--save-state", metavar="DIR", default=None,
-                        help="where --stop-after saves the graph's state (default: none)")
-    parser.add_argument("--resume", metavar="DIR", default=None,
-                        help="continue from a state saved with --save-state, up to --steps (default: start afresh)")
-    parser.add_argument("--recipe", default=JobOptions.recipe,
-                        help="module whose build(config, layout) returns each rank's loader")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar and no metrics lines")
-    # Exchange metrics (see docs/metrics.md); they come from the exchange, so they need reordering on.
-    parser.add_argument("--tensorboard", metavar="DIR", default=None,
-                        help="write every window's exchange metrics as TensorBoard scalars to DIR/<module>/ "
-                             "(DP rank 0 of each module; needs --intra-microbatch-reorder) (default: off)")
-    parser.add_argument("--log-interval", type=int, default=JobOptions.log_interval, metavar="N",
-                        help="print cumulative exchange metrics on DP rank 0 of each module every N windows "
-                             "and at the end (0: only at the end; none with --quiet)")
+    add_job_arguments(parser)
 
 
-def config_from_args(args: argparse.Namespace) -> tuple[PipelineConfig, JobOptions]:
-    reorder = ReorderConfig(
-        scalable_dp=args.scalable_dp,
-        intra_microbatch_reorder=args.intra_microbatch_reorder,
-        reorder_encoder_cost_weight=args.reorder_encoder_cost_weight,
-        reorder_language_cost_weight=args.reorder_language_cost_weight,
-        overlap_intra_microbatch_reorder=not args.no_overlap_intra_microbatch_reorder,
-        reorder_window_size=args.reorder_window_size,
-        reorder_across_microbatches=args.reorder_across_microbatches,
-        reorder_language_cost=args.reorder_language_cost,
-        reorder_attention_crossover=args.reorder_attention_crossover,
-        reorder_cost_model=args.reorder_cost_model,
-        reorder_two_level=args.reorder_two_level,
-    )
-    config = PipelineConfig(
-        components=tuple(args.component) if args.component else DEFAULT_COMPONENTS,
-        micro_batch_size=args.micro_batch_size,
-        global_batch_size=args.global_batch_size,
-        seq_length=args.seq_length,
-        pad_to_seq_length=args.pad_to_seq_length,
-        dataloader_type=args.dataloader_type,
-        drop_last=args.drop_last,
-        seed=args.seed,
-        dataset=args.dataset,
-        processor=args.processor,
-        embedded_samples=args.embedded_samples,
-        num_workers=args.num_workers,
-        exchange_transport=args.exchange_transport,
-        exchange_timeout_s=args.exchange_timeout,
-        reorder=reorder,
-        pack_sequences_in_batch=args.pack_sequences_in_batch,
-        pack_pad_multiple=args.pack_pad_multiple,
-        image_folder=args.image_folder,
-        skip_bad_samples=args.skip_bad_samples,
-    )
-    options = JobOptions(
-        steps=args.steps,
-        recipe=args.recipe,
-        dump_assignments=args.dump_assignments,
-        stop_after=args.stop_after,
-        save_state=args.save_state,
-        resume=args.resume,
-        progress=not args.quiet,
-        tensorboard=args.tensorboard,
-        log_interval=args.log_interval,
-    )
-    return config, options
-
-
-def validate_job(config: PipelineConfig, options: JobOptions) -> int:
-    """All checks that can run before a rank starts; returns the world size."""
-    from mimo_pipes.cli.job import world_backend  # imports torch: only for `run`
-
-    topology = config.validate()
-    if config.reorder.intra_microbatch_reorder:
-        resolve_exchange_transport(
-            config.exchange_transport,
-            world_backend(topology.world_size),
-            config.reorder.overlap_intra_microbatch_reorder,
-            os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
-        )
-    validate_consumption(config, options, topology.world_size)
-    return topology.world_size
-
-
-def validate_consumption(config: PipelineConfig, options: JobOptions, world_size: int) -> int:
-    """Checks of what the job consumes (also used by ``analyze``); returns the micro-batches already
-    consumed (those of ``--resume``, else 0)."""
-    if options.steps < 1:
-        raise ConfigError("--steps", f"must be >= 1, got {options.steps}")
-    if config.embedded_samples < config.micro_batch_size and config.dataset is None:
-        raise ConfigError("--embedded-samples", f"{config.embedded_samples} is fewer than one micro-batch")
-    if (options.stop_after is None) != (options.save_state is None):
-        raise ConfigError("--stop-after" if options.stop_after is None else "--save-state",
-                          "--stop-after K and --save-state DIR go together")
-    if options.stop_after is not None and not 1 <= options.stop_after <= options.steps:
-        raise ConfigError("--stop-after", f"must be between 1 and --steps ({options.steps}), got {options.stop_after}")
-    if options.tensorboard is not None and not config.reorder.intra_microbatch_reorder:
-        raise ConfigError("--tensorboard", "exchange metrics need --scalable-dp --intra-microbatch-reorder (without "
-                          "reordering every rank's load is its reader's: see the run summary's 'before')")
-    if options.log_interval < 0:
-        raise ConfigError("--log-interval", f"must be >= 0, got {options.log_interval}")
-    consumed = 0
-    if options.resume is not None:
-        from mimo_pipes.cli.job import check_resume_dir  # imports torch
-
-        consumed = check_resume_dir(options.resume, config, world_size, options)
-        if consumed >= options.steps:
-            raise ConfigError("--steps", f"{options.steps} is not past the {consumed} micro-batches already consumed in {options.resume}")
-        if options.stop_after is not None and options.stop_after <= consumed:
-            raise ConfigError("--stop-after", f"must be past the {consumed} micro-batches already consumed")
-    return consumed
+def prepare(recipe: ModuleType, config: PipelineConfig) -> None:
+    """The recipe's one-time preparation (the embedded data and processor), here, so the ranks only load them."""
+    started = time.monotonic()
+    recipe.prepare(config, log=say)
+    elapsed = time.monotonic() - started
+    if elapsed > 1:
+        say(f"data and processor ready in {elapsed:.1f}s")
 
 
 def run(args: argparse.Namespace) -> int:
+    from mimo_pipes.recipe import load_recipe
+
     try:
         config, options = config_from_args(args)
         world_size = validate_job(config, options)
+        recipe = load_recipe(options.recipe)
+        if not under_torchrun():
+            prepare(recipe, config)
     except ConfigError as error:
-        print(f"mimo-pipes run: error: {error}", file=sys.stderr)
+        print(f"{COMMAND}: error: {error}", file=sys.stderr)
         return EXIT_CONFIG
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        return _run_under_torchrun(config, options, world_size)
-    try:
-        _prepare_embedded(config)
-    except ConfigError as error:
-        print(f"mimo-pipes run: error: {error}", file=sys.stderr)
-        return EXIT_CONFIG
-    return _spawn(config, options, world_size)
+    from mimo_pipes.cli.run_rank import run_in_world
 
-
-def _prepare_embedded(config: PipelineConfig) -> None:
-    """Build the embedded processor and dataset once, here, so the ranks only load them."""
-    from mimo_pipes_recipes.vlm_sft import prepare
-
-    started = time.monotonic()
-    prepare(config, log=lambda message: print(message, file=sys.stderr, flush=True))
-    elapsed = time.monotonic() - started
-    if elapsed > 1:
-        print(f"data and processor ready in {elapsed:.1f}s", file=sys.stderr, flush=True)
-
-
-def _run_under_torchrun(config: PipelineConfig, options: JobOptions, world_size: int) -> int:
-    if int(os.environ["WORLD_SIZE"]) != world_size:
-        print(f"mimo-pipes run: error: --component: modules cover {world_size} ranks but torchrun started "
-              f"{os.environ['WORLD_SIZE']}", file=sys.stderr)
-        return EXIT_CONFIG
-    return _rank_entry(int(os.environ["RANK"]), world_size, None, config, options)
-
-
-def _rank_entry(rank: int, world_size: int, port: int | None, config: PipelineConfig, options: JobOptions) -> int:
-    from mimo_pipes.cli import job
-
-    if port is not None:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
-    # `mimo-pipes train` passes TrainOptions: same ranks, the recipe's Trainer instead of a bare loader.
-    training = isinstance(options, TrainOptions)
-    command = "mimo-pipes train" if training else "mimo-pipes run"
-    try:
-        (job.train_in_process_group if training else job.run_in_process_group)(rank, world_size, config, options)
-        return 0
-    except (ConfigError, SampleError, PeerError) as error:
-        print(f"{command}: rank {rank}: {error}", file=sys.stderr, flush=True)
-    except Exception as error:  # noqa: BLE001 - one line per rank, then a non-zero exit
-        print(f"{command}: rank {rank}: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
-        if os.environ.get("MIMO_PIPES_TRACEBACK"):
-            raise
-    return EXIT_FAILED
-
-
-def _spawned(rank: int, world_size: int, port: int, config: PipelineConfig, options: JobOptions) -> None:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    sys.exit(_rank_entry(rank, world_size, port, config, options))
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _spawn(config: PipelineConfig, options: JobOptions, world_size: int) -> int:
-    import multiprocessing
-
-    context = multiprocessing.get_context("spawn")
-    port = _free_port()
-    print(f"starting {world_size} ranks", file=sys.stderr, flush=True)
-    processes = [
-        context.Process(target=_spawned, args=(rank, world_size, port, config, options), name=f"rank{rank}")
-        for rank in range(world_size)
-    ]
-    for process in processes:
-        process.start()
-    failed_at: float | None = None
-    while any(process.is_alive() for process in processes):
-        time.sleep(0.2)
-        if failed_at is None and any(process.exitcode not in (None, 0) for process in processes):
-            failed_at = time.monotonic()
-        # A failed rank makes its peers fail within the exchange timeout; past that, stop them.
-        if failed_at is not None and time.monotonic() - failed_at > config.exchange_timeout_s + 30:
-            for process in processes:
-                if process.is_alive():
-                    process.kill()
-    codes = [process.exitcode for process in processes]
-    if any(codes):
-        bad = [rank for rank, code in enumerate(codes) if code]
-        print(f"mimo-pipes run: failed on rank(s) {', '.join(map(str, bad))}", file=sys.stderr)
-        return EXIT_FAILED
-    return 0
+    return launch(run_in_world, config, options, world_size, COMMAND)

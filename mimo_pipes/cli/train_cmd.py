@@ -9,35 +9,44 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import math
-import os
 import sys
 
-from mimo_pipes.cli import run_cmd
+from mimo_pipes.cli.job_args import add_job_arguments, config_from_args
+from mimo_pipes.cli.job_checks import validate_job
+from mimo_pipes.cli.launcher import EXIT_CONFIG, launch, under_torchrun
+from mimo_pipes.cli.run_cmd import prepare
 from mimo_pipes.config import PipelineConfig, TrainOptions
 from mimo_pipes.errors import ConfigError
 
+COMMAND = "mimo-pipes train"
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    run_cmd.add_arguments(parser)
+    parser.description = (
+        "Train a tiny non-colocated MIMO model on the pipeline (CPU, Gloo): the vision tower on the encoder "
+        "module's ranks, a small language model on the language ranks, fed by the balanced loader, with the "
+        "loss normalised over each global batch. Takes run's flags; --steps counts global micro-batches."
+    )
+    add_job_arguments(parser)
     defaults = TrainOptions()
     parser.set_defaults(recipe=defaults.recipe)
-    parser.add_argument("--lr", type=float, default=defaults.lr, help=f"SGD learning rate (default {defaults.lr})")
+    parser.add_argument("--lr", type=float, default=defaults.lr, help="SGD learning rate")
     parser.add_argument("--vision-tower", default=defaults.vision_tower,
-                        help=f"vision tower preset or config folder, fp32 on the CPU (default {defaults.vision_tower})")
+                        help="vision tower preset or config folder, fp32 on the CPU")
 
 
 def options_from_args(args: argparse.Namespace) -> tuple[PipelineConfig, TrainOptions]:
-    config, job = run_cmd.config_from_args(args)
+    config, job = config_from_args(args)
     return config, TrainOptions(**dataclasses.asdict(job), lr=args.lr, vision_tower=args.vision_tower)
 
 
 def validate_training(config: PipelineConfig, options: TrainOptions) -> int:
     """run's checks, then the trainer's: whole iterations, a supported layout, a saved model to resume."""
-    from mimo_pipes.cli.job import checkpoint_path
+    from mimo_pipes.checkpoint import model_path
+    from mimo_pipes.recipe import load_recipe
 
-    world_size = run_cmd.validate_job(config, options)
+    world_size = validate_job(config, options)
     per_iteration = config.microbatches_per_global_batch
     for name, value in (("--steps", options.steps), ("--stop-after", options.stop_after)):
         if value is not None and value % per_iteration:
@@ -50,25 +59,27 @@ def validate_training(config: PipelineConfig, options: TrainOptions) -> int:
         vision_tower_config(options.vision_tower)
     except (ValueError, OSError) as error:
         raise ConfigError("--vision-tower", str(error)) from None
-    recipe = importlib.import_module(options.recipe)
+    recipe = load_recipe(options.recipe, needs=("prepare", "build", "Trainer"), command="train")
     if hasattr(recipe, "check_layout"):
         recipe.check_layout(config.validate())
     if options.resume is not None:
-        missing = [rank for rank in range(world_size) if not checkpoint_path(options.resume, rank).is_file()]
+        missing = [rank for rank in range(world_size) if not model_path(options.resume, rank).is_file()]
         if missing:
             raise ConfigError("--resume", f"{options.resume} has no model state for rank {missing[0]} (rank{missing[0]}.pt)")
     return world_size
 
 
 def run(args: argparse.Namespace) -> int:
+    from mimo_pipes.recipe import load_recipe
+
     try:
         config, options = options_from_args(args)
         world_size = validate_training(config, options)
-        if not ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
-            run_cmd._prepare_embedded(config)
+        if not under_torchrun():
+            prepare(load_recipe(options.recipe), config)
     except ConfigError as error:
-        print(f"mimo-pipes train: error: {error}", file=sys.stderr)
-        return run_cmd.EXIT_CONFIG
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        return run_cmd._run_under_torchrun(config, options, world_size)
-    return run_cmd._spawn(config, options, world_size)
+        print(f"{COMMAND}: error: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    from mimo_pipes.cli.train_rank import train_in_world
+
+    return launch(train_in_world, config, options, world_size, COMMAND)

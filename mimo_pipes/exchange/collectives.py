@@ -22,8 +22,7 @@ from mimo_pipes.exchange.context import ExchangeContext
 from mimo_pipes.exchange.plan import ExchangePlan, permute_local, plan_exchange
 from mimo_pipes.exchange.wire_format import SampleLayout, layout_sample, unpack_samples
 from mimo_pipes.observer import ExchangeRecord
-from mimo_pipes.sample import COST, ENCODER_COST, IMAGE_TOKENS, REAL_TOKENS, Sample
-from mimo_pipes.window import Window
+from mimo_pipes.sample import COST, ENCODER_COST, IMAGE_TOKENS, REAL_TOKENS, Sample, Window
 
 STATUS_OK, STATUS_FAILED, STATUS_END = 0, 1, 2
 HEADER = 4  # status, number of micro-batches, first step, window sequence number

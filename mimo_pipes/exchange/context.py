@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from mimo_pipes.tail_settings import TailSettings
 
 
 @dataclass(frozen=True)
@@ -31,25 +35,23 @@ class ExchangeContext:
     window_size: int
     across_microbatches: bool = False
     device: torch.device | None = None  # where the group's collectives run: None for Gloo (CPU), cuda for NCCL
-    floor: int = 0  # the encoder's per-forward floor in planner cost units (config.planner_settings)
+    floor: int = 0  # the encoder's per-forward floor in planner cost units (TailSettings.planner)
     encoder_groups: int = 0  # > 0: two-level balance over this many encoder replicas
 
     @classmethod
-    def for_layout(
-        cls, layout: RankLayout, *, samples_per_rank: int, window_size: int, across_microbatches: bool = False,
-        floor: int = 0, encoder_groups: int = 0,
-    ) -> ExchangeContext:
+    def for_rank(cls, layout: RankLayout, settings: TailSettings) -> ExchangeContext:
+        """This rank's context: its layout, with B/d, W and the planner's settings from the tail's."""
         return cls(
             group=layout.exchange_group,
             dp_rank=layout.dp_rank,
             dp_size=layout.dp_size,
             grid_size=layout.grid_size,
-            samples_per_rank=samples_per_rank,
-            window_size=window_size,
-            across_microbatches=across_microbatches,
+            samples_per_rank=settings.samples_per_rank,
+            window_size=settings.plan.window_size,
+            across_microbatches=settings.plan.across_microbatches,
             device=layout.exchange_device,
-            floor=floor,
-            encoder_groups=encoder_groups,
+            floor=settings.plan.planner.floor,
+            encoder_groups=settings.plan.planner.encoder_groups,
         )
 
     @property

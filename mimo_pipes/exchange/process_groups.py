@@ -1,18 +1,14 @@
-"""Process groups for every module, built as Megatron MIMO builds them: one HyperCommGrid per module."""
+"""Process groups for every module, from the topology: the DP groups megatron-core's HyperCommGrid builds
+(one grid per module, as Megatron MIMO lays them out; a test holds the two equal), without importing it."""
 
 from __future__ import annotations
 
 import datetime
-import warnings
 from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from mimo_pipes.topology import GRID_DIMS, RankPosition, Topology
-
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")  # megatron-core warns about optional logging/TE packages on import
-    from megatron.core.hyper_comm_grid import HyperCommGrid
+from mimo_pipes.topology import RankPosition, Topology
 
 
 @dataclass
@@ -21,7 +17,6 @@ class RankGroups:
     ranks) reserved for the balance exchange so it never interleaves with the trainer's collectives."""
 
     position: RankPosition
-    grids: dict[str, HyperCommGrid]
     dp_group: dist.ProcessGroup
     exchange_group: dist.ProcessGroup
     dp_ranks: list[int]
@@ -39,15 +34,11 @@ def build_rank_groups(
     """
     rank = dist.get_rank()
     timeout = datetime.timedelta(seconds=timeout_s)
-    grids: dict[str, HyperCommGrid] = {}
     dp_group = exchange_group = None
     for module in topology.modules:
-        grid = HyperCommGrid(module.grid_shape, list(GRID_DIMS), rank_offset=module.rank_offset)
-        module_dp = grid.create_pg(["dp"], timeout=timeout)
-        module_exchange, _ = dist.new_subgroups_by_enumeration(
-            grid.get_rank_enum(["dp"]), backend=exchange_backend, timeout=timeout
-        )
-        grids[module.name] = grid
+        groups = topology.dp_groups(module)
+        module_dp, _ = dist.new_subgroups_by_enumeration(groups, timeout=timeout)
+        module_exchange, _ = dist.new_subgroups_by_enumeration(groups, backend=exchange_backend, timeout=timeout)
         if rank in module.ranks:
             dp_group, exchange_group = module_dp, module_exchange
     if rank >= topology.world_size:
@@ -55,6 +46,5 @@ def build_rank_groups(
     position = topology.position(rank)
     dp_ranks = topology.dp_group_ranks(rank)
     if dp_group is None or exchange_group is None or dist.get_process_group_ranks(dp_group) != dp_ranks:
-        raise RuntimeError(f"rank {rank}: megatron-core's DP group disagrees with the topology ({dp_ranks})")
-    return RankGroups(position, grids, dp_group, exchange_group, dp_ranks)
-
+        raise RuntimeError(f"rank {rank}: the DP group disagrees with the topology ({dp_ranks})")
+    return RankGroups(position, dp_group, exchange_group, dp_ranks)

@@ -17,6 +17,7 @@ from mimo_pipes.collate import Collator
 from mimo_pipes.exchange import (
     ExchangeBuffers,
     ExchangeContext,
+    RankLayout,
     agree_after_exchange,
     announce_end,
     announce_failure,
@@ -24,8 +25,9 @@ from mimo_pipes.exchange import (
 )
 from mimo_pipes.metrics import MetricsAccumulator, window_metrics
 from mimo_pipes.observer import ExchangeObserver, ExchangeRecord
+from mimo_pipes.sample import Window
+from mimo_pipes.tail_settings import TailSettings
 from mimo_pipes.validity import VALID_FOR_KEY, check_valid_for, collation_settings, valid_for
-from mimo_pipes.window import Window
 
 # Windows exchanged ahead of the consumer. Every rank's thread runs at most this far ahead, which bounds
 # memory (two extra windows per rank) and tells a stopping thread which exchanges its peers may have begun.
@@ -166,10 +168,12 @@ class _WindowExchange:
 class BalanceExchange(BaseNode[Window]):
     """Per window: all-gather costs over the DP group, one balanced assignment, one ragged all_to_all.
 
-    Wraps any BaseNode (or plain iterator) of :class:`Window`. With ``overlap`` the next windows are
-    exchanged on a background thread over ``ctx.group``, which must be a group used for nothing else.
-    DP size 1 permutes locally on the calling thread. With a ``collator`` each window is also collated
-    right after its exchange, on the same thread, so the training thread only hands micro-batches out;
+    Wraps any BaseNode (or plain iterator) of :class:`Window`. ``layout`` is this rank's place in its
+    module; B/d, W, the planner's settings, overlap and collation come from ``settings``. With overlap the
+    next windows are exchanged on a background thread over ``layout.exchange_group``, which must be a group
+    used for nothing else. DP size 1 permutes locally on the calling thread. With ``collate`` (default)
+    each window is also collated right after its exchange, on the same thread, so the training thread only
+    hands micro-batches out (without it, :class:`MicroBatchAssembler` collates);
     the samples are checked for it before the exchange, and one small all-gather after collation makes
     a collation failure on any rank an exception on every rank.
     The state is the source's state after the last delivered window: plain counters, never samples, and
@@ -195,18 +199,19 @@ class BalanceExchange(BaseNode[Window]):
     def __init__(
         self,
         source: BaseNode[Window] | Iterator[Window],
-        ctx: ExchangeContext,
         *,
-        overlap: bool = True,
-        collator: Collator | None = None,
+        settings: TailSettings,
+        layout: RankLayout,
+        collate: bool = True,
         collect_metrics: bool = True,
         observers: Sequence[ExchangeObserver] = (),
     ) -> None:
         super().__init__()
         self.source = source if isinstance(source, BaseNode) else IterableWrapper(source)
-        self.ctx = ctx
-        self.collator = collator
-        self.overlap = overlap and ctx.dp_size > 1
+        self.ctx = ctx = ExchangeContext.for_rank(layout, settings)
+        self.collator: Collator | None = settings.collator if collate else None
+        collator = self.collator
+        self.overlap = settings.plan.overlap and ctx.dp_size > 1
         self.collect_metrics = collect_metrics  # read per window: may be switched while iterating
         self.observers: list[ExchangeObserver] = list(observers)
         self._accumulator = MetricsAccumulator()

@@ -7,19 +7,19 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
-from mimo_pipes.collate import Collator
+from mimo_pipes.sample import Window
+from mimo_pipes.tail_settings import TailSettings
 from mimo_pipes.validity import VALID_FOR_KEY, check_valid_for, collation_settings, valid_for
-from mimo_pipes.window import Window
 
 
 class MicroBatchAssembler(BaseNode[dict]):
-    """Yields one collated micro-batch per step of each window, collated by ``collator`` (default: padded
-    to the longest sample). Windows the exchange already collated (on its prefetch thread) pass through.
+    """Yields one collated micro-batch per step of each window, collated by ``settings.collator``. Windows
+    the exchange already collated (on its prefetch thread) pass through.
 
     Its state is the source's state from before the current window plus how many of the window's
     micro-batches were yielded, so a restore inside a window re-reads that window and skips ahead.
-    ``skip_first`` does the same for a fresh start in the middle of a window (resume from a count); a
-    state taken before the first window is read carries that pending skip.
+    ``settings.resume.skip_first`` does the same for a fresh start in the middle of a window (resume from
+    a count); a state taken before the first window is read carries that pending skip.
     The state is valid for one collation (pad length and values).
     """
 
@@ -27,17 +27,11 @@ class MicroBatchAssembler(BaseNode[dict]):
     YIELDED_KEY = "yielded_in_window"
     VALID_FOR_KEY = VALID_FOR_KEY
 
-    def __init__(
-        self,
-        source: BaseNode[Window],
-        *,
-        collator: Collator | None = None,
-        skip_first: int = 0,
-    ) -> None:
+    def __init__(self, source: BaseNode[Window], *, settings: TailSettings) -> None:
         super().__init__()
         self.source = source
-        self.skip_first = skip_first  # micro-batches of the first window already consumed (resume by count)
-        self.collator = collator if collator is not None else Collator(None)
+        self.skip_first = settings.resume.skip_first  # micro-batches of the first window already consumed (resume by count)
+        self.collator = settings.collator
         self.valid_for = valid_for(type(self).__name__, collation_settings(self.collator))
 
     def reset(self, initial_state: dict | None = None) -> None:

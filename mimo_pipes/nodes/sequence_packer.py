@@ -2,32 +2,30 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from torchdata.nodes import BaseNode
 
-from mimo_pipes.collate import DEFAULT_PAD_VALUES
+from mimo_pipes.tail_settings import TailSettings
 from mimo_pipes.thd import check_pad_multiple, pack_microbatch, packing_metrics
 
 
 class SequencePacker(BaseNode[dict]):
     """Yields the THD form of each micro-batch of its source (:func:`mimo_pipes.thd.pack_microbatch`).
 
+    Every sequence is padded to a multiple of ``settings.pack_pad_multiple`` with the collator's pad values.
     Stateless per micro-batch, so its state is its source's. ``last_metrics`` holds the counts of the
     micro-batch yielded last (padding fraction before and after packing, tokens per packed row).
     """
 
     SOURCE_KEY = "source"
 
-    def __init__(
-        self, source: BaseNode[dict], *, pad_multiple: int = 1, pad_values: Mapping[str, int | float] = DEFAULT_PAD_VALUES
-    ) -> None:
+    def __init__(self, source: BaseNode[dict], *, settings: TailSettings) -> None:
         super().__init__()
-        check_pad_multiple(pad_multiple)
+        check_pad_multiple(settings.pack_pad_multiple)
         self.source = source
-        self.pad_multiple = pad_multiple
-        self.pad_values = dict(pad_values)
+        self.pad_multiple = settings.pack_pad_multiple
+        self.pad_values = dict(settings.collator.pad_values)
         self.last_metrics: dict[str, float | int] | None = None
 
     def reset(self, initial_state: dict | None = None) -> None:

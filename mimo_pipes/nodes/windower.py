@@ -7,23 +7,24 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
-from mimo_pipes.sample import STEP, Sample
+from mimo_pipes.sample import STEP, Sample, Window
+from mimo_pipes.tail_settings import TailSettings
 from mimo_pipes.validity import VALID_FOR_KEY, check_valid_for, valid_for
-from mimo_pipes.window import Window
 
 
 class Windower(BaseNode[Window]):
     """Emits windows covering steps [k*W, (k+1)*W); a window is cut short only where the source ends.
 
-    Windows are aligned to multiples of W of the global step, so every rank and every module cuts the
-    stream at the same places. The state is valid for one B/d and W.
+    W and B/d come from ``settings``. Windows are aligned to multiples of W of the global step, so every
+    rank and every module cuts the stream at the same places. The state is valid for one B/d and W.
     """
 
     SOURCE_KEY = "source"
     VALID_FOR_KEY = VALID_FOR_KEY
 
-    def __init__(self, source: BaseNode[Sample], *, samples_per_microbatch: int, window_size: int) -> None:
+    def __init__(self, source: BaseNode[Sample], *, settings: TailSettings) -> None:
         super().__init__()
+        samples_per_microbatch, window_size = settings.samples_per_rank, settings.plan.window_size
         if samples_per_microbatch < 1 or window_size < 1:
             raise ValueError("samples_per_microbatch and window_size must be >= 1")
         self.source = source

@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from mimo_pipes.cost import image_token_count, real_token_count
-from mimo_pipes.cost_model import TimeModel, placeholder_runs
+from mimo_pipes.cost import image_token_count, placeholder_runs, real_token_count
 from mimo_pipes.data.cache import cache_root
 from mimo_pipes.data.conversation import row_images, row_videos
 from mimo_pipes.data.processor import SampleProcessor
+from mimo_pipes.time_model.model import TimeModel
 
 CACHE_VERSION = "v2"  # v2: placeholder runs kept when asked for
 CHUNK_ROWS = 2048  # rows read from the dataset at a time: memory bounded by one chunk of encoded images

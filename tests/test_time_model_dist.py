@@ -6,10 +6,11 @@ from collections import defaultdict
 
 import pytest
 from layout_checks import check_fanout, check_invariants
-from scenarios_cost_model import run_cost_model_graph
+from scenarios_time_model import run_cost_model_graph
 
-from mimo_pipes.cost_model import TimeModel, placeholder_runs, save_cost_model
+from mimo_pipes.cost import placeholder_runs
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
+from mimo_pipes.time_model.model import TimeModel, save_time_model
 
 COMPONENTS = ["language=dp=4", "images=dp=2,rank_offset=4"]
 BATCH, STEPS, SEED = 8, 12, 13
@@ -39,13 +40,13 @@ def _spreads(results, dataset):
 
 
 def test_modules_agree_on_costs_and_assignment_and_both_spreads_drop(pool, tmp_path):
-    path = str(save_cost_model(MODEL, tmp_path / "model.json"))
+    path = str(save_time_model(MODEL, tmp_path / "model.json"))
     dataset = SyntheticProcessedDataset(4096, seed=SEED)
     runs = {
         "off": pool.run(run_cost_model_graph, COMPONENTS, steps=STEPS, microbatch_size=BATCH, seed=SEED, reorder=False),
-        "model": pool.run(run_cost_model_graph, COMPONENTS, steps=STEPS, microbatch_size=BATCH, seed=SEED, cost_model=path),
+        "model": pool.run(run_cost_model_graph, COMPONENTS, steps=STEPS, microbatch_size=BATCH, seed=SEED, time_model=path),
         "two-level": pool.run(
-            run_cost_model_graph, COMPONENTS, steps=STEPS, microbatch_size=BATCH, seed=SEED, cost_model=path, two_level=True
+            run_cost_model_graph, COMPONENTS, steps=STEPS, microbatch_size=BATCH, seed=SEED, time_model=path, two_level=True
         ),
     }
     for name, results in runs.items():

@@ -1,8 +1,8 @@
 """Calibration of the time model: time a vision encoder over a sweep of image sizes and images per forward.
 
 The encoder is any callable ``encoder(pixel_values, grid_thw)`` (a Qwen2-VL-style tower from
-:mod:`mimo_pipes.encoders`, or your own); the result is a :class:`~mimo_pipes.cost_model.TimeModel` fit by
-:func:`~mimo_pipes.cost_model.fit_time_model`. Nothing here decides an assignment: the fit is floating
+:mod:`mimo_pipes.encoders`, or your own); the result is a :class:`~mimo_pipes.time_model.model.TimeModel` fit by
+:func:`~mimo_pipes.time_model.fit.fit_time_model`. Nothing here decides an assignment: the fit is floating
 point, and the saved model is integers from then on.
 """
 
@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from mimo_pipes.cost_model import DEFAULT_COUNTS, DEFAULT_MIXES, DEFAULT_SIDES, TimeModel, fit_time_model
+from mimo_pipes.time_model.fit import DEFAULT_COUNTS, DEFAULT_MIXES, DEFAULT_SIDES, fit_time_model
+from mimo_pipes.time_model.model import TimeModel
 
 # Image sides in patches (multiples of the merge size), and images per forward. The largest forward is
 # capped (MAX_PATCHES_PER_FORWARD) so the sweep fits in memory on any GPU that can train the tower.

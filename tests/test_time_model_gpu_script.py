@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-import cost_model_gpu  # noqa: E402 - benchmarks folder put on the path just above
+import time_model_gpu  # noqa: E402 - benchmarks folder put on the path just above
 
 from mimo_pipes.balance import balance_window  # noqa: E402
 
@@ -16,7 +16,7 @@ def test_rows_are_the_embedded_datasets():
     from mimo_pipes.data.dataset import default_dataset_path, open_dataset
 
     dataset = open_dataset(default_dataset_path(16, seed=0))
-    rows = cost_model_gpu.embedded_rows(16)
+    rows = time_model_gpu.embedded_rows(16)
     assert [r["id"] for r in rows] == list(dataset["id"])
     assert [r["prompt"] for r in rows] == list(dataset["prompt"])
     assert [len(r["images"]) for r in rows] == [len(images) for images in dataset["images"]]
@@ -24,15 +24,15 @@ def test_rows_are_the_embedded_datasets():
 
 def test_assignment_is_the_planners():
     costs = [[900, 0, 64, 4096, 256, 256, 1369, 0], [5, 6, 7, 8, 9, 10, 11, 12]]
-    ranks = cost_model_gpu.rank_assignments(costs, 2, 8, reorder=True, across=True, floor=100)
+    ranks = time_model_gpu.rank_assignments(costs, 2, 8, reorder=True, across=True, floor=100)
     assert ranks == [[sorted(s) for s in slots] for slots in balance_window(costs, 2, across_microbatches=True, floor=100)]
-    assert cost_model_gpu.rank_assignments(costs, 2, 8, reorder=False, across=False, floor=0) == [
+    assert time_model_gpu.rank_assignments(costs, 2, 8, reorder=False, across=False, floor=0) == [
         [[0, 1, 2, 3], [4, 5, 6, 7]], [[8, 9, 10, 11], [12, 13, 14, 15]]
     ]
 
 
 def test_cpu_smoke_run(tmp_path):
-    assert cost_model_gpu.main(["--device", "cpu", "--smoke", "--out", str(tmp_path)]) == 0
+    assert time_model_gpu.main(["--device", "cpu", "--smoke", "--out", str(tmp_path)]) == 0
     body = json.loads((tmp_path / "results.json").read_text())
     modes = sorted((r["cost"], r["mode"]) for r in body["results"])
     assert modes == [("calibrated", "across"), ("calibrated", "micro-batch"), ("calibrated, no floor", "across"),
@@ -40,4 +40,4 @@ def test_cpu_smoke_run(tmp_path):
     for result in body["results"]:
         assert len(result["steps"]) == 2 and all(len(step["measured_s"]) == 2 for step in result["steps"])
     assert "| vision dp 2, micro-batch 8 |" in (tmp_path / "results.md").read_text()
-    assert (tmp_path / "cost_model.json").is_file()
+    assert (tmp_path / "time_model.json").is_file()

@@ -1,4 +1,4 @@
-"""The time cost model: placeholder runs, integer terms, the JSON file, the fit, and the planners using it."""
+"""The time model: placeholder runs, integer terms, the JSON file, the fit, and the planners using it."""
 
 from __future__ import annotations
 
@@ -14,15 +14,15 @@ from hypothesis import strategies as st
 
 from mimo_pipes.balance import balance_microbatch, balance_two_level, balance_window
 from mimo_pipes.config import ReorderConfig, planner_settings
-from mimo_pipes.cost_model import (
-    CostModelError,
-    TimeModel,
-    fit_time_model,
-    load_cost_model,
-    placeholder_runs,
-    save_cost_model,
-)
 from mimo_pipes.errors import ConfigError
+from mimo_pipes.time_model.model import (
+    TimeModel,
+    TimeModelError,
+    fit_time_model,
+    load_time_model,
+    placeholder_runs,
+    save_time_model,
+)
 from mimo_pipes.topology import build_topology
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -77,17 +77,17 @@ def test_integer_time_terms_and_floor():
 
 
 def test_json_round_trip_and_fingerprint(tmp_path):
-    path = save_cost_model(MODEL, tmp_path / "model.json", calibration={"tower": "tiny", "points": []})
-    loaded = load_cost_model(path)
+    path = save_time_model(MODEL, tmp_path / "model.json", calibration={"tower": "tiny", "points": []})
+    loaded = load_time_model(path)
     assert loaded == MODEL
     assert loaded.fingerprint() == MODEL.fingerprint()
     # notes about the measurement do not change the model; any term does
-    save_cost_model(MODEL, tmp_path / "other.json", calibration={"tower": "another"})
-    assert load_cost_model(tmp_path / "other.json").fingerprint() == MODEL.fingerprint()
+    save_time_model(MODEL, tmp_path / "other.json", calibration={"tower": "another"})
+    assert load_time_model(tmp_path / "other.json").fingerprint() == MODEL.fingerprint()
     body = json.loads(path.read_text())
     body["per_patch_ps"] += 1
     (tmp_path / "changed.json").write_text(json.dumps(body))
-    assert load_cost_model(tmp_path / "changed.json").fingerprint() != MODEL.fingerprint()
+    assert load_time_model(tmp_path / "changed.json").fingerprint() != MODEL.fingerprint()
 
 
 @pytest.mark.parametrize(
@@ -103,31 +103,31 @@ def test_json_round_trip_and_fingerprint(tmp_path):
     ],
 )
 def test_bad_files_are_refused_naming_file_and_field(tmp_path, change, field):
-    body = {**json.loads(save_cost_model(MODEL, tmp_path / "good.json").read_text()), **change}
+    body = {**json.loads(save_time_model(MODEL, tmp_path / "good.json").read_text()), **change}
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(body))
-    with pytest.raises(CostModelError, match=rf"{path}.*{field}"):
-        load_cost_model(path)
+    with pytest.raises(TimeModelError, match=rf"{path}.*{field}"):
+        load_time_model(path)
     with pytest.raises(ConfigError, match=r"--reorder-cost-model.*bad.json"):
         ReorderConfig(reorder_cost_model=str(path)).validate()
 
 
 def test_missing_field_unreadable_and_not_json(tmp_path):
-    body = json.loads(save_cost_model(MODEL, tmp_path / "good.json").read_text())
+    body = json.loads(save_time_model(MODEL, tmp_path / "good.json").read_text())
     del body["floor_ps"]
     (tmp_path / "missing.json").write_text(json.dumps(body))
-    with pytest.raises(CostModelError, match="floor_ps: missing"):
-        load_cost_model(tmp_path / "missing.json")
+    with pytest.raises(TimeModelError, match="floor_ps: missing"):
+        load_time_model(tmp_path / "missing.json")
     (tmp_path / "text.json").write_text("not json")
-    with pytest.raises(CostModelError, match="is not JSON"):
-        load_cost_model(tmp_path / "text.json")
-    with pytest.raises(CostModelError, match="cannot be read"):
-        load_cost_model(tmp_path / "absent.json")
+    with pytest.raises(TimeModelError, match="is not JSON"):
+        load_time_model(tmp_path / "text.json")
+    with pytest.raises(TimeModelError, match="cannot be read"):
+        load_time_model(tmp_path / "absent.json")
 
 
 def test_geometry_mismatch_with_the_processor_is_refused():
     MODEL.check_geometry("m.json", merge_size=2, patch_size=14, temporal_patch_size=2)
-    with pytest.raises(CostModelError, match="m.json: patch_size: 14 in the file, but the processor uses 16"):
+    with pytest.raises(TimeModelError, match="m.json: patch_size: 14 in the file, but the processor uses 16"):
         MODEL.check_geometry("m.json", merge_size=2, patch_size=16)
 
 
@@ -167,7 +167,7 @@ def test_cost_annotator_uses_the_model():
 
     ids = torch.tensor([TEXT, START, *[IMAGE] * 30, END, START, *[IMAGE] * 6, END, TEXT])
     sample = {"input_ids": ids, "attention_mask": torch.ones(len(ids), dtype=torch.int64)}
-    node = CostAnnotator(IterableWrapper([sample]), image_token_id=IMAGE, encoder_weight=3, language_weight=1, cost_model=MODEL)
+    node = CostAnnotator(IterableWrapper([sample]), image_token_id=IMAGE, encoder_weight=3, language_weight=1, time_model=MODEL)
     out = next(iter(node))
     assert out[ENCODER_COST] == MODEL.encoder_time_ns([30, 6])
     assert out[COST] == 3 * MODEL.encoder_time_ns([30, 6]) + len(ids)
@@ -276,18 +276,18 @@ def test_saved_state_remembers_the_model():
     samples = [{"input_ids": ids, "attention_mask": torch.ones(6, dtype=torch.int64)} for _ in range(3)]
 
     def node(model):
-        return CostAnnotator(IterableWrapper(samples), image_token_id=IMAGE, encoder_weight=1, language_weight=0, cost_model=model)
+        return CostAnnotator(IterableWrapper(samples), image_token_id=IMAGE, encoder_weight=1, language_weight=0, time_model=model)
 
     first = node(MODEL)
     first.reset()
     next(first)
     state = first.get_state()
-    assert state[CostAnnotator.VALID_FOR_KEY]["cost model"] == MODEL.fingerprint()
+    assert state[CostAnnotator.VALID_FOR_KEY]["time model"] == MODEL.fingerprint()
     same = node(MODEL)
     same.reset(state)  # the same model: accepted
     assert next(same)["cost"] == MODEL.encoder_time_ns([4])
-    with pytest.raises(ValueError, match=f"cost model {MODEL.fingerprint()}, this graph has none"):
+    with pytest.raises(ValueError, match=f"time model {MODEL.fingerprint()}, this graph has none"):
         node(None).reset(state)
     other = TimeModel(floor_ps=MODEL.floor_ps, per_image_ps=MODEL.per_image_ps + 1, per_patch_ps=MODEL.per_patch_ps)
-    with pytest.raises(ValueError, match="cost model"):
+    with pytest.raises(ValueError, match="time model"):
         node(other).reset(state)

@@ -1,0 +1,54 @@
+"""Checks of a job's settings that run before any rank starts (``run``, ``train``, ``analyze``)."""
+
+from __future__ import annotations
+
+import os
+
+from mimo_pipes.config import JobOptions, PipelineConfig, resolve_exchange_transport
+from mimo_pipes.errors import ConfigError
+
+
+def validate_job(config: PipelineConfig, options: JobOptions) -> int:
+    """All checks that can run before a rank starts; returns the world size. The transport is checked last:
+    it asks torch whether GPUs are here, and a plain mistake should not wait for that import."""
+    topology = config.validate()
+    validate_consumption(config, options, topology.world_size)
+    if config.reorder.intra_microbatch_reorder:
+        from mimo_pipes.exchange.world import world_backend
+
+        resolve_exchange_transport(
+            config.exchange_transport,
+            world_backend(topology.world_size),
+            config.reorder.overlap_intra_microbatch_reorder,
+            os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
+        )
+    return topology.world_size
+
+
+def validate_consumption(config: PipelineConfig, options: JobOptions, world_size: int) -> int:
+    """Checks of what the job consumes (also used by ``analyze``); returns the micro-batches already
+    consumed (those of ``--resume``, else 0)."""
+    if options.steps < 1:
+        raise ConfigError("--steps", f"must be >= 1, got {options.steps}")
+    if config.embedded_samples < config.micro_batch_size and config.dataset is None:
+        raise ConfigError("--embedded-samples", f"{config.embedded_samples} is fewer than one micro-batch")
+    if (options.stop_after is None) != (options.save_state is None):
+        raise ConfigError("--stop-after" if options.stop_after is None else "--save-state",
+                          "--stop-after K and --save-state DIR go together")
+    if options.stop_after is not None and not 1 <= options.stop_after <= options.steps:
+        raise ConfigError("--stop-after", f"must be between 1 and --steps ({options.steps}), got {options.stop_after}")
+    if options.tensorboard is not None and not config.reorder.intra_microbatch_reorder:
+        raise ConfigError("--tensorboard", "exchange metrics need --scalable-dp --intra-microbatch-reorder (without "
+                          "reordering every rank's load is its reader's: see the run summary's 'before')")
+    if options.log_interval < 0:
+        raise ConfigError("--log-interval", f"must be >= 0, got {options.log_interval}")
+    consumed = 0
+    if options.resume is not None:
+        from mimo_pipes.checkpoint import check_resume_dir
+
+        consumed = check_resume_dir(options.resume, config, world_size, options)
+        if consumed >= options.steps:
+            raise ConfigError("--steps", f"{options.steps} is not past the {consumed} micro-batches already consumed in {options.resume}")
+        if options.stop_after is not None and options.stop_after <= consumed:
+            raise ConfigError("--stop-after", f"must be past the {consumed} micro-batches already consumed")
+    return consumed

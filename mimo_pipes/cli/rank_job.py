@@ -1,0 +1,115 @@
+"""What every rank of ``run`` and ``train`` does around its loop: its groups and layout, the dump of
+consumed micro-batches, the progress bar, and the collective save of a state folder."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from mimo_pipes.checkpoint import write_meta, write_rank_state
+from mimo_pipes.config import JobOptions, PipelineConfig, resolve_exchange_transport
+from mimo_pipes.exchange import RankLayout
+from mimo_pipes.exchange.process_groups import RankGroups, build_rank_groups
+from mimo_pipes.exchange.world import barrier, current_backend, job_group, world_rank, world_size
+from mimo_pipes.summary import SUMMARY_ONLY_KEYS
+from mimo_pipes.topology import RankPosition, Topology
+
+
+@dataclass(frozen=True)
+class RankSetup:
+    """This rank's place in the job: the topology, its groups, the layout its graph is built for, and the
+    group of the job's ranks (None: the whole world)."""
+
+    topology: Topology
+    groups: RankGroups
+    layout: RankLayout
+    job: Any = None
+
+    @property
+    def position(self) -> RankPosition:
+        return self.groups.position
+
+
+def set_up_rank(config: PipelineConfig, *, exchange_transport: str | None = None) -> RankSetup | None:
+    """Collective over the world: check the config, build every module's groups, and this rank's layout;
+    None on a rank beyond the job's (it only took part in making the groups). ``exchange_transport``
+    None: resolved from the config and the world's backend."""
+    topology = config.validate()
+    if topology.world_size > world_size():
+        config.validate(world_size=world_size())  # names the first rank missing
+    transport = exchange_transport or resolve_exchange_transport(
+        config.exchange_transport,
+        current_backend(),
+        config.reorder.overlap_intra_microbatch_reorder,
+        os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
+    )
+    groups = build_rank_groups(topology, exchange_backend=transport, timeout_s=config.exchange_timeout_s)
+    job = job_group(topology.world_size)
+    if groups is None:
+        return None
+    device = None
+    if transport == "nccl":
+        import torch
+
+        device = torch.device("cuda", torch.cuda.current_device())
+    position = groups.position
+    layout = RankLayout(position.dp_rank, position.dp_size, topology.grid_size, groups.exchange_group, device)
+    return RankSetup(topology, groups, layout, job)
+
+
+def consumed_record(batch: dict[str, Any], position: RankPosition) -> dict[str, Any]:
+    """What the run summary keeps of one consumed micro-batch of the rank at ``position``: the
+    ``--dump-assignments`` line plus :data:`~mimo_pipes.summary.SUMMARY_ONLY_KEYS`."""
+    return {
+        "module": position.module.name,
+        "dp_rank": position.dp_rank,
+        "dp_size": position.dp_size,
+        "step": batch["step"],
+        "sample_ids": batch["sample_ids"],
+        "image_tokens": batch["image_tokens"],
+        "real_tokens": batch["real_tokens"],
+        "slots": batch["slots"],
+        "read_steps": batch["read_steps"],
+        "tp_rank": position.tp_rank,
+        "pp_rank": position.pp_rank,
+    }
+
+
+class AssignmentDump:
+    """``--dump-assignments DIR``: ``DIR/rank{r}.jsonl``, one line per consumed micro-batch (appended to on resume)."""
+
+    def __init__(self, options: JobOptions, rank: int) -> None:
+        self.file: IO[str] | None = None
+        if options.dump_assignments is not None:
+            os.makedirs(options.dump_assignments, exist_ok=True)
+            path = Path(options.dump_assignments) / f"rank{rank}.jsonl"
+            self.file = open(path, "a" if options.resume else "w", buffering=1)
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.file is not None:
+            import json
+
+            self.file.write(json.dumps({k: v for k, v in record.items() if k not in SUMMARY_ONLY_KEYS}) + "\n")
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+def progress_bar(enabled: bool, total: int, initial: int, desc: str = "micro-batches", unit: str = "mb") -> Any:
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True)
+
+
+def save_state(setup: RankSetup, directory: str, loader_state: dict[str, Any], settings: dict[str, Any], consumed: int) -> None:
+    """Collective over the job: every rank writes its state, then rank 0 describes the folder."""
+    write_rank_state(directory, world_rank(), loader_state)
+    barrier(setup.job)
+    if world_rank() == 0:
+        write_meta(directory, consumed, setup.topology.world_size, settings)

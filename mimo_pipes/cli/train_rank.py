@@ -1,0 +1,89 @@
+"""The per-rank body of ``mimo-pipes train``: run's ranks and groups, with the recipe's Trainer around
+the recipe's loader, a checkpoint of model, optimizer and loader, and a per-iteration summary."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from mimo_pipes.checkpoint import read_trainer_state, resume_settings, write_model_state
+from mimo_pipes.cli.metrics_log import attach_metrics
+from mimo_pipes.cli.rank_job import AssignmentDump, progress_bar, save_state, set_up_rank
+from mimo_pipes.cli.run_rank import headline
+from mimo_pipes.config import PipelineConfig, TrainOptions
+from mimo_pipes.exchange.world import gather_from_every_rank, join_world, leave_world, world_rank
+from mimo_pipes.recipe import load_recipe
+from mimo_pipes.summary import ModuleSummary, format_summary, summarize
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """Iterations ``start .. stop-1`` as rank 0 prints them: every rank's step results and the summaries."""
+
+    start: int
+    stop: int
+    steps: list[Any]  # every rank's StepResult of every iteration
+    summaries: list[ModuleSummary]
+
+
+def train_in_world(rank: int, world_size: int, config: PipelineConfig, options: TrainOptions) -> None:
+    # The tiny trainer's models live on the CPU: Gloo even where GPUs are visible.
+    join_world(rank, world_size, config.exchange_timeout_s, backend="gloo")
+    try:
+        train_rank(config, options)
+    finally:
+        leave_world()
+
+
+def train_rank(config: PipelineConfig, options: TrainOptions) -> TrainResult | None:
+    """Body of one training rank: iterations of the recipe's Trainer, checkpoint, summary on rank 0."""
+    from mimo_pipes.cli.train_report import format_training
+
+    setup = set_up_rank(config, exchange_transport="gloo")
+    if setup is None:
+        return None
+    rank = world_rank()
+    recipe = load_recipe(options.recipe, needs=("prepare", "build", "Trainer"), command="train")
+    trainer = recipe.Trainer(config, options, setup.groups, setup.topology, recipe.build(config, setup.layout))
+    if options.resume:
+        trainer.load_state_dict(read_trainer_state(options.resume, rank))
+    per_iteration = config.microbatches_per_global_batch
+    start = trainer.iteration
+    stop = (options.stop_after if options.stop_after is not None else options.steps) // per_iteration
+    metrics_log = attach_metrics(trainer.loader, setup.position, options)  # --tensorboard, --log-interval as for run
+    dump = AssignmentDump(options, rank)
+    results = []
+    progress = progress_bar(rank == 0 and options.progress, options.steps // per_iteration, start, "iterations", "it")
+    try:
+        while trainer.iteration < stop:
+            result = trainer.step()
+            results.append(result)
+            for record in result.records:
+                dump.write(record)
+            if progress is not None:
+                progress.update(1)
+        if options.save_state and options.stop_after is not None:
+            state = trainer.state_dict()
+            write_model_state(options.save_state, rank, state)
+            save_state(setup, options.save_state, state["loader"], resume_settings(config, options), trainer.loader.num_yielded)
+        if metrics_log is not None:
+            metrics_log.finish(trainer.loader.exchange_metrics())
+    finally:
+        if progress is not None:
+            progress.close()
+        dump.close()
+        trainer.close()
+        if metrics_log is not None:
+            metrics_log.close()
+    everything = gather_from_every_rank(results, setup.job)
+    if rank != 0:
+        return None
+    flat = [result for per_rank in everything for result in per_rank or []]
+    records = [{**r, "tp_rank": 0, "pp_rank": 0} for result in flat for r in result.records]
+    summaries = summarize(records, setup.topology.grid_size)
+    print(headline(config, setup.topology, start * per_iteration, stop * per_iteration, command="mimo-pipes train"), flush=True)
+    print(format_training(flat), flush=True)
+    print(format_summary(summaries), flush=True)
+    if options.save_state and options.stop_after is not None:
+        print(f"saved model, optimizer and loader state after iteration {stop} to {options.save_state}", flush=True)
+    return TrainResult(start, stop, flat, summaries)

@@ -1,0 +1,65 @@
+"""A job's world of ranks: joining and leaving it, and the few collectives over the job's ranks a job makes
+(gathering every rank's records, a barrier before a saved state is described).
+
+A job's ranks are the first ``topology.world_size`` of the world: all of it under ``run`` and ``train``;
+a larger world (a pool of test ranks, say) leaves the rest idle once the groups exist."""
+
+from __future__ import annotations
+
+import datetime
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def world_backend(world_size: int) -> str:
+    """NCCL when every local rank can have a GPU of its own, else Gloo on the CPU."""
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= local_ranks else "gloo"
+
+
+def join_world(rank: int, world_size: int, timeout_s: float, backend: str | None = None) -> str:
+    """Join the job's process group (MASTER_ADDR / MASTER_PORT from the environment); returns the backend.
+    ``backend`` None: :func:`world_backend`."""
+    backend = backend or world_backend(world_size)
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
+    return backend
+
+
+def leave_world() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def world_rank() -> int:
+    return dist.get_rank()
+
+
+def world_size() -> int:
+    return dist.get_world_size()
+
+
+def current_backend() -> str:
+    return str(dist.get_backend())
+
+
+def job_group(size: int) -> dist.ProcessGroup | None:
+    """The group of ranks ``0 .. size-1`` (None: the whole world). Collective over the whole world."""
+    if size == dist.get_world_size():
+        return None
+    return dist.new_group(list(range(size)))
+
+
+def gather_from_every_rank(value: Any, group: dist.ProcessGroup | None = None) -> list[Any]:
+    """Every rank's ``value`` (picklable), on every rank of ``group`` (None: the world), by rank."""
+    gathered: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, value, group=group)
+    return gathered
+
+
+def barrier(group: dist.ProcessGroup | None = None) -> None:
+    dist.barrier(group=group)

@@ -1,0 +1,72 @@
+"""What a recipe module provides, and how ``--recipe`` names one.
+
+A recipe builds one module rank's graph. ``mimo-pipes run``, ``analyze`` and ``train`` call it:
+
+* ``prepare(config, log)``: once, before any rank starts: check the user's paths, build what every rank
+  then only loads (the embedded data and processor). Raises ConfigError naming the flag.
+* ``build(config, layout, *, consumed_microbatches=0)``: on every rank, its loader (a GraphLoader).
+* ``row_counts(config, *, real_tokens, runs, progress)``: for ``analyze``, every dataset row's counts as
+  ``build``'s graph would make them (a :class:`~mimo_pipes.analysis.row_counts.RowCounts`);
+  ``progress(description, total)`` gives the callback that takes the rows done.
+* ``Trainer`` (training recipes): ``Trainer(config, options, groups, topology, loader)`` with ``step()``,
+  ``iteration``, ``state_dict()`` / ``load_state_dict()`` and ``close()``; optionally ``check_layout(topology)``.
+
+``--recipe`` takes an importable module name (``mimo_pipes_recipes.vlm_sft``) or the path of a ``.py``
+file; every rank loads it the same way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from mimo_pipes.errors import ConfigError
+
+RECIPE_FLAG = "--recipe"
+DEFAULT_RECIPE = "mimo_pipes_recipes.vlm_sft"
+TRAINING_RECIPE = "mimo_pipes_recipes.tiny_mimo_train"
+REQUIRED = ("prepare", "build")
+
+
+def load_recipe(spec: str, *, needs: tuple[str, ...] = REQUIRED, command: str = "run") -> ModuleType:
+    """The recipe module ``spec`` names, checked to provide ``needs``; ConfigError naming ``--recipe``."""
+    if spec.endswith(".py") or "/" in spec or os.sep in spec:
+        module = _load_file(spec)
+    else:
+        try:
+            module = importlib.import_module(spec)
+        except ModuleNotFoundError as error:
+            if error.name is not None and spec.startswith(error.name):
+                raise ConfigError(RECIPE_FLAG, f"no module named {spec!r} (give an importable module or a .py file)") from None
+            raise
+    missing = [name for name in needs if not callable(getattr(module, name, None))]
+    if missing:
+        raise ConfigError(RECIPE_FLAG, f"{spec} has no {', '.join(missing)}(), which `mimo-pipes {command}` calls (see mimo_pipes.recipe)")
+    return module
+
+
+def _load_file(spec: str) -> ModuleType:
+    path = Path(spec).expanduser().resolve()
+    if not path.is_file():
+        raise ConfigError(RECIPE_FLAG, f"{spec} is not a file")
+    if path.suffix != ".py":
+        raise ConfigError(RECIPE_FLAG, f"{spec} is not a .py file")
+    # One stable name per file, so every rank (and pickled objects of the recipe) resolve the same module.
+    name = f"mimo_pipes_recipe_{path.stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:12]}"
+    if name in sys.modules:
+        return sys.modules[name]
+    loader_spec = importlib.util.spec_from_file_location(name, path)
+    assert loader_spec is not None and loader_spec.loader is not None
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.modules[name] = module
+    try:
+        loader_spec.loader.exec_module(module)
+    except Exception:
+        del sys.modules[name]
+        raise
+    return module
