@@ -25,6 +25,8 @@ def resume_point(consumed_microbatches: int, window_size: int) -> ResumePoint:
     """Windows start at multiples of W of the global step, on every rank and every module alike."""
     if consumed_microbatches < 0:
         raise ValueError(f"consumed micro-batches must be >= 0, got {consumed_microbatches}")
+    if window_size < 1:
+        raise ValueError(f"window size must be >= 1, got {window_size}")
     first_step = consumed_microbatches - consumed_microbatches % window_size
     return ResumePoint(consumed_microbatches, first_step, consumed_microbatches - first_step)
 

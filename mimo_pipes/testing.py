@@ -73,3 +73,53 @@ def check_sample(sample: dict[str, Any], dataset: SyntheticProcessedDataset, ind
         got = sample[name]
         if got.dtype != tensor.dtype or got.shape != tensor.shape or not torch.equal(got, tensor):
             raise AssertionError(f"sample {index}: field {name} differs after the exchange")
+
+
+def tail_settings(
+    *,
+    samples_per_rank: int,
+    dp_size: int = 1,
+    window_size: int = 1,
+    reorder: bool = False,
+    across_microbatches: bool = False,
+    overlap: bool = True,
+    pad_length: int | None = None,
+    pad_values: dict[str, int | float] | None = None,
+    image_token_id: int | tuple[int, ...] = IMAGE_TOKEN_ID,
+    encoder_weight: int = 1,
+    language_weight: int = 0,
+    language_square_weight: int = 0,
+    time_model: Any = None,
+    consumed_microbatches: int = 0,
+    floor: int = 0,
+    encoder_groups: int = 0,
+    pack_pad_multiple: int = 1,
+    collator: Any = None,
+) -> Any:
+    """Tail settings given term by term, for tests and benchmarks of single nodes (graphs resolve theirs
+    with :func:`mimo_pipes.tail_settings.resolve_tail`). ``collator`` replaces ``pad_length`` and
+    ``pad_values`` when given."""
+    from mimo_pipes.collate import DEFAULT_PAD_VALUES, Collator
+    from mimo_pipes.config import PlannerSettings
+    from mimo_pipes.cost import CostFunction
+    from mimo_pipes.resume import resume_point
+    from mimo_pipes.tail_settings import BalancePlan, TailSettings
+
+    plan = BalancePlan(
+        cost=CostFunction(encoder_weight, language_weight, language_square_weight, time_model),
+        window_size=window_size,
+        reorder=reorder,
+        overlap=overlap,
+        across_microbatches=across_microbatches,
+        planner=PlannerSettings(floor, encoder_groups),
+    )
+    ids = (image_token_id,) if isinstance(image_token_id, int) else tuple(image_token_id)
+    return TailSettings(
+        plan=plan,
+        micro_batch_size=samples_per_rank * dp_size,
+        samples_per_rank=samples_per_rank,
+        resume=resume_point(consumed_microbatches, window_size),
+        image_token_ids=ids,
+        collator=collator if collator is not None else Collator(pad_length, dict(DEFAULT_PAD_VALUES if pad_values is None else pad_values)),
+        pack_pad_multiple=pack_pad_multiple,
+    )

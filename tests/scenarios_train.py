@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import torch.distributed as dist
 from scenarios_exchange import make_config
 
-from mimo_pipes.cli.job import load_checkpoint, resume_settings, save_checkpoint
+from mimo_pipes.cli.train_rank import train_rank
 from mimo_pipes.config import PipelineConfig, TrainOptions
-from mimo_pipes.exchange.process_groups import build_rank_groups
-from mimo_pipes.topology import build_topology
-from mimo_pipes_recipes.tiny_mimo_train import Trainer
 
 SEQ_LENGTH = 1536  # the embedded data's longest sample fits; shorter than the default keeps the CPU test light
 
@@ -21,37 +17,31 @@ def train_config(components, *, reorder: bool, window: int = 1, across: bool = F
 
 
 def train_and_resume(components, variants: dict[str, dict], *, iterations: int, resume: str, checkpoint_dir: str):
-    """Train ``iterations`` per variant from the same seeds. Variant ``resume`` saves a checkpoint to disk after
-    its first iteration and trains on; then a rebuilt trainer restores the checkpoint and trains the same
-    iterations again. Ranks outside the layout only join the creation of process groups."""
-    topology = build_topology(components)
-    groups = build_rank_groups(topology, timeout_s=120)
-    layout_group = dist.new_group(list(range(topology.world_size)))
-    if groups is None:
-        return None
-    options = TrainOptions()
-    outcome = {"module": groups.position.module.name, "dp_rank": groups.position.dp_rank, "runs": {}}
+    """``mimo-pipes train``'s per-rank body for ``iterations`` per variant from the same seeds. Variant
+    ``resume`` also stops after its first iteration saving a checkpoint (model, optimizer, loader) to disk,
+    and a second job resumes from it to the same end. Ranks outside the layout only join the creation of
+    process groups (and get None)."""
+    outcome: dict = {"runs": {}}
     for name, settings in variants.items():
         config = train_config(components, **settings)
-        trainer = Trainer(config, options, groups, topology)
-        results = [trainer.step()]
-        if name == resume:
-            settings = resume_settings(config, options)
-            save_checkpoint(checkpoint_dir, dist.get_rank(), trainer.state_dict(), settings, trainer.loader.num_yielded, layout_group)
-        results += [trainer.step() for _ in range(iterations - 1)]
-        trainer.close()
-        outcome["runs"][name] = _summary(results, trainer)
-    restored = Trainer(train_config(components, **variants[resume]), options, groups, topology)
-    restored.load_state_dict(load_checkpoint(checkpoint_dir, dist.get_rank()))
-    outcome["resumed"] = _summary([restored.step() for _ in range(iterations - 1)], restored)
-    restored.close()
+        steps = iterations * config.microbatches_per_global_batch
+        result = train_rank(config, TrainOptions(steps=steps, progress=False))
+        if result is None:
+            return None
+        outcome["runs"][name] = _summary(result, outcome)
+    config = train_config(components, **variants[resume])
+    steps, first = iterations * config.microbatches_per_global_batch, config.microbatches_per_global_batch
+    train_rank(config, TrainOptions(steps=steps, stop_after=first, save_state=checkpoint_dir, progress=False))
+    outcome["resumed"] = _summary(train_rank(config, TrainOptions(steps=steps, resume=checkpoint_dir, progress=False)), outcome)
     return outcome
 
 
-def _summary(results, trainer) -> dict:
+def _summary(result, outcome: dict) -> dict:
+    """This rank's iterations of a job."""
+    outcome.update(module=result.mine[0].module, dp_rank=result.mine[0].dp_rank)
     return {
-        "losses": [result.loss for result in results],
-        "iterations": [result.iteration for result in results],
-        "microbatches": [record["sample_ids"] for result in results for record in result.records],
-        "metrics": trainer.loader.exchange_metrics(),  # the last window's, running totals included
+        "losses": [step.loss for step in result.mine],
+        "iterations": [step.iteration for step in result.mine],
+        "microbatches": [record["sample_ids"] for step in result.mine for record in step.records],
+        "metrics": result.metrics,  # the last window's, running totals included
     }

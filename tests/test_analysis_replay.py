@@ -13,6 +13,7 @@ from mimo_pipes.nodes import Windower
 from mimo_pipes.resume import resume_point
 from mimo_pipes.sample import STEP
 from mimo_pipes.sharding import global_microbatch_indices
+from mimo_pipes.testing import tail_settings
 
 
 @st.composite
@@ -31,7 +32,7 @@ def test_windows_are_the_windowers(schedule, window, start, length):
         return
     first = resume_point(start, window).first_step
     last_step = stop + window if schedule.cyclic else schedule.per_epoch  # a cyclic reader never ends
-    windower = Windower(IterableWrapper([{STEP: s} for s in range(first, last_step)]), samples_per_microbatch=1, window_size=window)
+    windower = Windower(IterableWrapper([{STEP: s} for s in range(first, last_step)]), settings=tail_settings(samples_per_rank=1, window_size=window))
     expected = []
     for cut in windower:
         if cut.first_step >= schedule.end(stop):

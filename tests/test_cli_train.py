@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from mimo_pipes.cli.job import OPTION_EXEMPT, STATE_FORMAT, check_resume_dir, resume_settings, setting_flag, state_path
+from mimo_pipes.checkpoint import OPTION_EXEMPT, STATE_FORMAT, check_resume_dir, resume_settings, setting_flag, state_path
 from mimo_pipes.cli.main import build_parser, main
 from mimo_pipes.config import PipelineConfig, TrainOptions
 from mimo_pipes.encoders import vision_tower_config

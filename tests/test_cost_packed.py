@@ -17,6 +17,7 @@ from mimo_pipes.cost import sample_cost
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.nodes import CostAnnotator
 from mimo_pipes.sample import COST
+from mimo_pipes.testing import tail_settings
 
 weights = st.fractions(min_value=0, max_value=20, max_denominator=50)
 
@@ -52,8 +53,9 @@ def test_cost_annotator_adds_the_attention_term():
     samples = [{"input_ids": torch.tensor([5, 9, 9, 1]), "attention_mask": torch.ones(4, dtype=torch.int64)}]
     config = ReorderConfig(reorder_language_cost_weight="1", reorder_language_cost="packed", reorder_attention_crossover=8)
     w_enc, w_lang = config.integer_cost_weights()
-    node = CostAnnotator(IterableWrapper(samples), image_token_id=9, encoder_weight=w_enc, language_weight=w_lang,
-                         language_square_weight=config.integer_language_square_weight())
+    settings = tail_settings(samples_per_rank=1, image_token_id=9, encoder_weight=w_enc, language_weight=w_lang,
+                             language_square_weight=config.integer_language_square_weight())
+    node = CostAnnotator(IterableWrapper(samples), settings=settings)
     node.reset()
     # 1 * 2 image tokens + 1 * (4 + 16 / 8) = 8, on the integer scale 8: 16 + 32 + 16
     assert (w_enc, w_lang, config.integer_language_square_weight()) == (8, 8, 1)

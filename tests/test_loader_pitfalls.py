@@ -14,11 +14,12 @@ from mimo_pipes.nodes.microbatch_assembler import MicroBatchAssembler
 from mimo_pipes.nodes.snapshot_guard import SnapshotGuard
 from mimo_pipes.nodes.windower import Windower
 from mimo_pipes.sample import SAMPLE_ID
+from mimo_pipes.testing import tail_settings
 
 
 def graph(window_size: int = 3) -> BaseNode:
-    windows = Windower(CountingSource(), samples_per_microbatch=2, window_size=window_size)
-    return MicroBatchAssembler(windows)
+    settings = tail_settings(samples_per_rank=2, window_size=window_size)
+    return MicroBatchAssembler(Windower(CountingSource(), settings=settings), settings=settings)
 
 
 def ids(batches) -> list[list[int]]:

@@ -10,10 +10,10 @@ from torchdata.nodes import BaseNode
 from mimo_pipes.balance import balance_window
 from mimo_pipes.collate import Collator
 from mimo_pipes.errors import StateMismatchError
-from mimo_pipes.exchange import ExchangeContext
+from mimo_pipes.exchange import RankLayout
 from mimo_pipes.nodes import BalanceExchange, CanonicalShardReader, CostAnnotator, Windower
 from mimo_pipes.sample import COST, SAMPLE_ID
-from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
+from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset, tail_settings
 
 BATCH, GRID, WINDOW = 4, 2, 3
 COLLATOR = Collator(1600)
@@ -23,19 +23,18 @@ def windows(window_size=WINDOW) -> BaseNode:
     """Costed windows of 7 micro-batches of 4 (DP 1 of a canonical grid of 2)."""
     dataset = SyntheticProcessedDataset(7 * BATCH, seed=11, text_tokens=2, patch_dim=1)
     reader = CanonicalShardReader(dataset, microbatch_size=BATCH, dp_rank=0, dp_size=1, grid_size=GRID, dataloader_type="single")
-    costed = CostAnnotator(reader, image_token_id=IMAGE_TOKEN_ID, encoder_weight=1, language_weight=0)
-    return Windower(costed, samples_per_microbatch=BATCH, window_size=window_size)
+    settings = tail_settings(samples_per_rank=BATCH, window_size=window_size, image_token_id=IMAGE_TOKEN_ID)
+    return Windower(CostAnnotator(reader, settings=settings), settings=settings)
 
 
-def context(**overrides) -> ExchangeContext:
-    settings = dict(group=None, dp_rank=0, dp_size=1, grid_size=GRID, samples_per_rank=BATCH, window_size=WINDOW)
-    settings.update(overrides)
-    return ExchangeContext(**settings)
-
-
-def exchange(collator=None, **overrides) -> BalanceExchange:
-    ctx = context(**overrides)
-    return BalanceExchange(windows(ctx.window_size), ctx, collator=collator)
+def exchange(collator=None, *, dp_rank=0, dp_size=1, grid_size=GRID, samples_per_rank=BATCH, window_size=WINDOW,
+             across_microbatches=False) -> BalanceExchange:
+    """The exchange of a rank at ``dp_rank`` of ``dp_size`` (no group: only DP 1 exchanges; the others are
+    built to test what their states are valid for); with ``collator`` it collates each window."""
+    settings = tail_settings(samples_per_rank=samples_per_rank, dp_size=dp_size, window_size=window_size, reorder=True,
+                             across_microbatches=across_microbatches, collator=collator or COLLATOR)
+    layout = RankLayout(dp_rank, dp_size, grid_size)
+    return BalanceExchange(windows(window_size), settings=settings, layout=layout, collate=collator is not None)
 
 
 @pytest.mark.parametrize("across", [False, True])

@@ -10,14 +10,15 @@ from torchdata.nodes import IterableWrapper
 from mimo_pipes.errors import SampleError, StateMismatchError
 from mimo_pipes.nodes import CanonicalShardReader, CostAnnotator
 from mimo_pipes.sample import COST, IMAGE_TOKENS, REAL_TOKENS, SAMPLE_ID
-from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset, image_tokens_for
+from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset, image_tokens_for, tail_settings
 
 DATASET = SyntheticProcessedDataset(24, seed=7, text_tokens=4, patch_dim=2)
 
 
 def annotator(encoder_weight=3, language_weight=2, image_token_id=IMAGE_TOKEN_ID, node=CostAnnotator) -> CostAnnotator:
     source = CanonicalShardReader(DATASET, microbatch_size=4, dp_rank=0, dp_size=1, grid_size=2, dataloader_type="single")
-    return node(source, image_token_id=image_token_id, encoder_weight=encoder_weight, language_weight=language_weight)
+    settings = tail_settings(samples_per_rank=4, image_token_id=image_token_id, encoder_weight=encoder_weight, language_weight=language_weight)
+    return node(source, settings=settings)
 
 
 def test_restores_at_every_position():
@@ -37,8 +38,7 @@ def test_bad_weights_and_samples():
         annotator(encoder_weight=0, language_weight=0)
     with pytest.raises(ValueError, match="must be >= 0"):
         annotator(encoder_weight=-1)
-    node = CostAnnotator(IterableWrapper([{SAMPLE_ID: 9, "input_ids": torch.ones(3, dtype=torch.int64)}]),
-                         image_token_id=IMAGE_TOKEN_ID, encoder_weight=1, language_weight=0)
+    node = CostAnnotator(IterableWrapper([{SAMPLE_ID: 9, "input_ids": torch.ones(3, dtype=torch.int64)}]), settings=tail_settings(samples_per_rank=1))
     with pytest.raises(SampleError, match="sample 9, field 'attention_mask'"):
         next(node)
 

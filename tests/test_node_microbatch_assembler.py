@@ -12,19 +12,21 @@ from torchdata.nodes import IterableWrapper
 
 from mimo_pipes.collate import Collator, collate_microbatch
 from mimo_pipes.nodes import MicroBatchAssembler, Windower
-from mimo_pipes.resume import resume_point
 from mimo_pipes.sample import Window
+from mimo_pipes.testing import tail_settings
 
 
 def windower(per_microbatch=3, window_size=3, steps=7, start_step=0) -> Windower:
-    return Windower(tiny_samples(per_microbatch, steps, start_step), samples_per_microbatch=per_microbatch, window_size=window_size)
+    return Windower(tiny_samples(per_microbatch, steps, start_step), settings=tail_settings(samples_per_rank=per_microbatch, window_size=window_size))
 
 
 PADDED = Collator(1600, {"labels": -100, "input_ids": 7})
 
 
-def assembler(per_microbatch=3, window_size=3, steps=7, start_step=0, skip_first=0, collator=PADDED) -> MicroBatchAssembler:
-    return MicroBatchAssembler(windower(per_microbatch, window_size, steps, start_step), collator=collator, skip_first=skip_first)
+def assembler(per_microbatch=3, window_size=3, steps=7, consumed=0, collator=PADDED) -> MicroBatchAssembler:
+    """Over the windows a graph that consumed ``consumed`` micro-batches reads (from that window's start)."""
+    settings = tail_settings(samples_per_rank=per_microbatch, window_size=window_size, consumed_microbatches=consumed, collator=collator)
+    return MicroBatchAssembler(windower(per_microbatch, window_size, steps, settings.resume.first_step), settings=settings)
 
 
 def test_restores_at_every_position():
@@ -41,7 +43,7 @@ def test_micro_batches_are_the_windows_collated():
 
 def test_collated_windows_pass_through():
     batch = collate_microbatch(take(windower(), 1)[0].microbatches[0], pad_length=None)
-    node = MicroBatchAssembler(IterableWrapper([Window(0, [batch], collated=True)]))
+    node = MicroBatchAssembler(IterableWrapper([Window(0, [batch], collated=True)]), settings=tail_settings(samples_per_rank=3))
     assert next(node) is batch
 
 
@@ -50,8 +52,8 @@ def test_collated_windows_pass_through():
 def test_a_start_from_a_consumed_count_is_a_restore(per_microbatch, window_size, steps, data):
     reference = check_save_load_everywhere(lambda: assembler(per_microbatch, window_size, steps, collator=Collator(None)))
     consumed = data.draw(st.integers(0, steps - 1), label="consumed")
-    resume = resume_point(consumed, window_size)
-    from_count = assembler(per_microbatch, window_size, steps, resume.first_step, resume.skip_first, collator=Collator(None))
+    from_count = assembler(per_microbatch, window_size, steps, consumed, collator=Collator(None))
+    assert from_count.skip_first == consumed % window_size
     assert_same(take(from_count, None), reference[consumed:])
 
 

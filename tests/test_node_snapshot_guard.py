@@ -7,6 +7,7 @@ from node_checks import CountingSource, assert_same, check_save_load_everywhere,
 
 from mimo_pipes.errors import StateMismatchError
 from mimo_pipes.nodes import SnapshotGuard, Windower
+from mimo_pipes.testing import tail_settings
 
 
 def test_restores_at_every_position():
@@ -24,6 +25,6 @@ def test_passes_items_through_and_hands_out_copies():
 
 
 def test_refuses_another_node_s_state():
-    windows = saved_after(Windower(CountingSource(12), samples_per_microbatch=2, window_size=2), 1)
+    windows = saved_after(Windower(CountingSource(12), settings=tail_settings(samples_per_rank=2, window_size=2)), 1)
     with pytest.raises(StateMismatchError, match="SnapshotGuard: the saved state is a Windower's state, not a SnapshotGuard's"):
         SnapshotGuard(CountingSource(12)).reset(windows)

@@ -10,10 +10,11 @@ from torchdata.nodes import IterableWrapper
 
 from mimo_pipes.nodes import Windower
 from mimo_pipes.sample import SAMPLE_ID, STEP
+from mimo_pipes.testing import tail_settings
 
 
 def windower(per_microbatch=3, window_size=3, steps=7, start_step=0) -> Windower:
-    return Windower(tiny_samples(per_microbatch, steps, start_step), samples_per_microbatch=per_microbatch, window_size=window_size)
+    return Windower(tiny_samples(per_microbatch, steps, start_step), settings=tail_settings(samples_per_rank=per_microbatch, window_size=window_size))
 
 
 def test_restores_at_every_position():
@@ -38,10 +39,10 @@ def test_windows_cover_the_steps_aligned_to_w(per_microbatch, window_size, steps
 
 
 def test_refuses_a_source_that_breaks_micro_batches():
-    short = Windower(IterableWrapper([{SAMPLE_ID: 0, STEP: 0}]), samples_per_microbatch=2, window_size=1)
+    short = Windower(IterableWrapper([{SAMPLE_ID: 0, STEP: 0}]), settings=tail_settings(samples_per_rank=2))
     with pytest.raises(RuntimeError, match="ended inside micro-batch 0"):
         next(short)
-    mixed = Windower(IterableWrapper([{SAMPLE_ID: 0, STEP: 0}, {SAMPLE_ID: 1, STEP: 1}]), samples_per_microbatch=2, window_size=1)
+    mixed = Windower(IterableWrapper([{SAMPLE_ID: 0, STEP: 0}, {SAMPLE_ID: 1, STEP: 1}]), settings=tail_settings(samples_per_rank=2))
     with pytest.raises(RuntimeError, match="got a sample of step 1"):
         next(mixed)
     with pytest.raises(ValueError, match=">= 1"):

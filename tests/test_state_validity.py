@@ -13,7 +13,7 @@ from scenarios_exchange import PAD_VALUES
 from test_plugin_dist import reorder_config, single_rank_batches
 
 from mimo_pipes.adapters.microbatch_iterator import balance_iterator
-from mimo_pipes.cli.job import RESUME_EXEMPT, STATE_FORMAT, check_resume_dir, resume_settings, setting_flag, state_path
+from mimo_pipes.checkpoint import RESUME_EXEMPT, STATE_FORMAT, check_resume_dir, resume_settings, setting_flag, state_path
 from mimo_pipes.cli.main import build_parser
 from mimo_pipes.config import JobOptions, PipelineConfig, ReorderConfig
 from mimo_pipes.errors import ConfigError, StateMismatchError

@@ -11,6 +11,7 @@ from torchdata.nodes import IterableWrapper
 from mimo_pipes.collate import collate_microbatch
 from mimo_pipes.errors import SampleError
 from mimo_pipes.nodes import SequencePacker
+from mimo_pipes.testing import tail_settings
 from mimo_pipes.thd import (
     CU_SEQLENS,
     CU_SEQLENS_UNPADDED,
@@ -148,7 +149,7 @@ def test_bad_rows_are_refused_with_the_sample_named():
 
 def test_node_packs_each_microbatch_and_keeps_its_source_state():
     batches = [padded_batch([n, n + 2, 1], 3, mrope=False, seed=n) for n in range(1, 6)]
-    node = SequencePacker(IterableWrapper(batches), pad_multiple=4, pad_values=PAD_VALUES)
+    node = SequencePacker(IterableWrapper(batches), settings=tail_settings(samples_per_rank=3, pad_values=PAD_VALUES, pack_pad_multiple=4))
     node.reset()
     first = [next(node) for _ in range(2)]
     assert node.last_metrics["tokens_per_packed_row"] == int(first[1][CU_SEQLENS][-1])
@@ -158,11 +159,11 @@ def test_node_packs_each_microbatch_and_keeps_its_source_state():
     rest = [next(node) for _ in range(3)]
     with pytest.raises(StopIteration):
         next(node)
-    restored = SequencePacker(IterableWrapper(batches), pad_multiple=4, pad_values=PAD_VALUES)
+    restored = SequencePacker(IterableWrapper(batches), settings=tail_settings(samples_per_rank=3, pad_values=PAD_VALUES, pack_pad_multiple=4))
     restored.reset(state)
     assert restored.last_metrics is None
     for want in rest:
         got = next(restored)
         assert torch.equal(got["input_ids"], want["input_ids"]) and torch.equal(got[CU_SEQLENS], want[CU_SEQLENS])
     with pytest.raises(ValueError, match="pad_multiple"):
-        SequencePacker(IterableWrapper(batches), pad_multiple=0)
+        SequencePacker(IterableWrapper(batches), settings=tail_settings(samples_per_rank=3, pack_pad_multiple=0))

@@ -14,15 +14,10 @@ from hypothesis import strategies as st
 
 from mimo_pipes.balance import balance_microbatch, balance_two_level, balance_window
 from mimo_pipes.config import ReorderConfig, planner_settings
+from mimo_pipes.cost import placeholder_runs
 from mimo_pipes.errors import ConfigError
-from mimo_pipes.time_model.model import (
-    TimeModel,
-    TimeModelError,
-    fit_time_model,
-    load_time_model,
-    placeholder_runs,
-    save_time_model,
-)
+from mimo_pipes.testing import tail_settings
+from mimo_pipes.time_model import TimeModel, TimeModelError, fit_time_model, load_time_model, save_time_model
 from mimo_pipes.topology import build_topology
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -167,7 +162,8 @@ def test_cost_annotator_uses_the_model():
 
     ids = torch.tensor([TEXT, START, *[IMAGE] * 30, END, START, *[IMAGE] * 6, END, TEXT])
     sample = {"input_ids": ids, "attention_mask": torch.ones(len(ids), dtype=torch.int64)}
-    node = CostAnnotator(IterableWrapper([sample]), image_token_id=IMAGE, encoder_weight=3, language_weight=1, time_model=MODEL)
+    settings = tail_settings(samples_per_rank=1, image_token_id=IMAGE, encoder_weight=3, language_weight=1, time_model=MODEL)
+    node = CostAnnotator(IterableWrapper([sample]), settings=settings)
     out = next(iter(node))
     assert out[ENCODER_COST] == MODEL.encoder_time_ns([30, 6])
     assert out[COST] == 3 * MODEL.encoder_time_ns([30, 6]) + len(ids)
@@ -276,7 +272,7 @@ def test_saved_state_remembers_the_model():
     samples = [{"input_ids": ids, "attention_mask": torch.ones(6, dtype=torch.int64)} for _ in range(3)]
 
     def node(model):
-        return CostAnnotator(IterableWrapper(samples), image_token_id=IMAGE, encoder_weight=1, language_weight=0, time_model=model)
+        return CostAnnotator(IterableWrapper(samples), settings=tail_settings(samples_per_rank=1, image_token_id=IMAGE, time_model=model))
 
     first = node(MODEL)
     first.reset()

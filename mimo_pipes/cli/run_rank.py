@@ -30,14 +30,16 @@ from mimo_pipes.topology import Topology
 
 @dataclass(frozen=True)
 class RunResult:
-    """What a run consumed, as rank 0 prints it: micro-batches ``start .. end-1`` and the summaries."""
+    """What a run consumed, as rank 0 prints it: micro-batches ``start .. end-1``, the summaries, every
+    rank's records of its consumed micro-batches, and this rank's last exchange metrics."""
 
     start: int
     end: int
     summaries: list[ModuleSummary]
     packing: list[PackingSummary] = field(default_factory=list)
     skipped_rows: list[int] = field(default_factory=list)
-    records: list[dict[str, Any]] = field(default_factory=list)  # every rank's consumed micro-batches
+    records: list[dict[str, Any]] = field(default_factory=list)
+    metrics: dict[str, Any] | None = None
 
 
 def run_in_world(rank: int, world_size: int, config: PipelineConfig, options: JobOptions) -> None:
@@ -50,8 +52,8 @@ def run_in_world(rank: int, world_size: int, config: PipelineConfig, options: Jo
 
 
 def run_rank(config: PipelineConfig, options: JobOptions) -> RunResult | None:
-    """Body of one rank; the process group exists. Returns the run's result on rank 0 (None elsewhere, and
-    on ranks of the world beyond the job's)."""
+    """Body of one rank; the process group exists. Rank 0 prints the summary; every rank of the job returns
+    the run's result (None on ranks of the world beyond the job's)."""
     setup = set_up_rank(config)
     if setup is None:
         return None
@@ -81,8 +83,9 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> RunResult | None:
         end = loader.num_yielded  # below stop when the data ended first
         if options.save_state and options.stop_after is not None:
             save_state(setup, options.save_state, loader.state_dict(), resume_settings(config, options), end)
+        metrics = loader.exchange_metrics()
         if metrics_log is not None:
-            metrics_log.finish(loader.exchange_metrics())
+            metrics_log.finish(metrics)
     finally:
         if progress is not None:
             progress.close()
@@ -91,8 +94,6 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> RunResult | None:
         if metrics_log is not None:
             metrics_log.close()
     everything = gather_from_every_rank((records, end), setup.job)
-    if rank != 0:
-        return None
     result = RunResult(
         start=start,
         end=min(rank_end for _, rank_end in everything),
@@ -100,8 +101,10 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> RunResult | None:
         packing=summarize_packing(r for per_rank, _ in everything for r in per_rank),
         skipped_rows=_skipped_rows(everything, setup.topology.modules[0].name),
         records=[r for per_rank, _ in everything for r in per_rank],
+        metrics=metrics,
     )
-    _print_result(result, config, options, setup.topology, stop)
+    if rank == 0:
+        _print_result(result, config, options, setup.topology, stop)
     return result
 
 

@@ -18,12 +18,15 @@ from mimo_pipes.summary import ModuleSummary, format_summary, summarize
 
 @dataclass(frozen=True)
 class TrainResult:
-    """Iterations ``start .. stop-1`` as rank 0 prints them: every rank's step results and the summaries."""
+    """Iterations ``start .. stop-1`` as rank 0 prints them: every rank's step results, the summaries, and
+    this rank's last exchange metrics."""
 
     start: int
     stop: int
     steps: list[Any]  # every rank's StepResult of every iteration
     summaries: list[ModuleSummary]
+    mine: list[Any]  # this rank's StepResults
+    metrics: dict[str, Any] | None = None
 
 
 def train_in_world(rank: int, world_size: int, config: PipelineConfig, options: TrainOptions) -> None:
@@ -36,7 +39,8 @@ def train_in_world(rank: int, world_size: int, config: PipelineConfig, options: 
 
 
 def train_rank(config: PipelineConfig, options: TrainOptions) -> TrainResult | None:
-    """Body of one training rank: iterations of the recipe's Trainer, checkpoint, summary on rank 0."""
+    """Body of one training rank: iterations of the recipe's Trainer, checkpoint, summary on rank 0; every
+    rank of the job returns the result (None on ranks of the world beyond the job's)."""
     from mimo_pipes.cli.train_report import format_training
 
     setup = set_up_rank(config, exchange_transport="gloo")
@@ -66,8 +70,9 @@ def train_rank(config: PipelineConfig, options: TrainOptions) -> TrainResult | N
             state = trainer.state_dict()
             write_model_state(options.save_state, rank, state)
             save_state(setup, options.save_state, state["loader"], resume_settings(config, options), trainer.loader.num_yielded)
+        metrics = trainer.loader.exchange_metrics()
         if metrics_log is not None:
-            metrics_log.finish(trainer.loader.exchange_metrics())
+            metrics_log.finish(metrics)
     finally:
         if progress is not None:
             progress.close()
@@ -76,14 +81,13 @@ def train_rank(config: PipelineConfig, options: TrainOptions) -> TrainResult | N
         if metrics_log is not None:
             metrics_log.close()
     everything = gather_from_every_rank(results, setup.job)
-    if rank != 0:
-        return None
     flat = [result for per_rank in everything for result in per_rank or []]
     records = [{**r, "tp_rank": 0, "pp_rank": 0} for result in flat for r in result.records]
     summaries = summarize(records, setup.topology.grid_size)
-    print(headline(config, setup.topology, start * per_iteration, stop * per_iteration, command="mimo-pipes train"), flush=True)
-    print(format_training(flat), flush=True)
-    print(format_summary(summaries), flush=True)
-    if options.save_state and options.stop_after is not None:
-        print(f"saved model, optimizer and loader state after iteration {stop} to {options.save_state}", flush=True)
-    return TrainResult(start, stop, flat, summaries)
+    if rank == 0:
+        print(headline(config, setup.topology, start * per_iteration, stop * per_iteration, command="mimo-pipes train"), flush=True)
+        print(format_training(flat), flush=True)
+        print(format_summary(summaries), flush=True)
+        if options.save_state and options.stop_after is not None:
+            print(f"saved model, optimizer and loader state after iteration {stop} to {options.save_state}", flush=True)
+    return TrainResult(start, stop, flat, summaries, results, metrics)

@@ -29,8 +29,12 @@ class CostAnnotator(BaseNode[Sample]):
         self.source = source
         self.cost = settings.plan.cost
         self.image_token_ids = settings.image_token_ids
+        self.valid_for = valid_for(type(self).__name__, self.cost_function())
+
+    def cost_function(self) -> dict[str, Any]:
+        """Everything that decides a sample's cost, as plain values; a state is valid only for the same."""
         ids = self.image_token_ids
-        self.valid_for = valid_for(type(self).__name__, {"image token id": ids[0] if len(ids) == 1 else list(ids), **self.cost.describe()})
+        return {"image token id": ids[0] if len(ids) == 1 else list(ids), **self.cost.describe()}
 
     def reset(self, initial_state: dict | None = None) -> None:
         if initial_state is not None:
