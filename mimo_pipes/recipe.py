@@ -2,8 +2,8 @@
 
 A recipe builds one module rank's graph. ``mimo-pipes run``, ``analyze`` and ``train`` call it:
 
-* ``prepare(config, log)``: once, before any rank starts: check the user's paths, build what every rank
-  then only loads (the embedded data and processor). Raises ConfigError naming the flag.
+* ``prepare(config, log)`` (optional): once, before any rank starts: check the user's paths, build what
+  every rank then only loads (the embedded data and processor). Raises ConfigError naming the flag.
 * ``build(config, layout, *, consumed_microbatches=0)``: on every rank, its loader (a GraphLoader).
 * ``row_counts(config, *, real_tokens, runs, progress)``: for ``analyze``, every dataset row's counts as
   ``build``'s graph would make them (a :class:`~mimo_pipes.analysis.row_counts.RowCounts`);
@@ -30,7 +30,7 @@ from mimo_pipes.errors import ConfigError
 RECIPE_FLAG = "--recipe"
 DEFAULT_RECIPE = "mimo_pipes_recipes.vlm_sft"
 TRAINING_RECIPE = "mimo_pipes_recipes.tiny_mimo_train"
-REQUIRED = ("prepare", "build")
+REQUIRED = ("build",)
 
 
 def load_recipe(spec: str, *, needs: tuple[str, ...] = REQUIRED, command: str = "run") -> ModuleType:

@@ -132,3 +132,24 @@ class ScenarioError(AssertionError):
     def __init__(self, errors: list[str]) -> None:
         self.errors = errors
         super().__init__("\n".join(errors))
+
+
+# Enough ranks for every layout the multi-rank tests use (two modules of up to dp 4 + 2, or tp/pp 2).
+GLOO_WORLD = 6
+_shared: dict[str, DistPool] = {}
+
+
+def shared_pool() -> DistPool:
+    """One pool of real Gloo ranks for the whole test run: starting torch processes is slow here. A scenario
+    that needs fewer ranks leaves the rest idle. A pool that died (a timed-out scenario closes it) is
+    replaced, so one failure does not fail every test after it. Module-scoped fixtures call this directly."""
+    pool = _shared.get("pool")
+    if pool is None or not pool.alive:
+        pool = _shared["pool"] = DistPool(GLOO_WORLD)
+    return pool
+
+
+def close_shared_pool() -> None:
+    pool = _shared.pop("pool", None)
+    if pool is not None:
+        pool.close()

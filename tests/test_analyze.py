@@ -3,8 +3,6 @@ counts equal what the processor produces."""
 
 from __future__ import annotations
 
-import json
-import os
 import struct
 import subprocess
 import sys
@@ -13,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from dist_pool import shared_pool
+from job_runs import analyze_here, run_and_analyze
 
 from mimo_pipes.analysis.plot import DPI, FIGSIZE_INCHES
 from mimo_pipes.analysis.row_counts import UNCOUNTED, count_tokens, processed_counter
@@ -37,41 +37,10 @@ REORDER = ["--scalable-dp", "--intra-microbatch-reorder"]
 CONTRACT_KEYS = {"dp_size", "steps", "spread_before", "spread_after", "critical_path_before", "critical_path_after"}
 
 
-def _cli(command: str, *args: str) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    return subprocess.Popen([sys.executable, "-m", "mimo_pipes.cli.main", command, *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
-
-
-def _finish(process: subprocess.Popen, timeout: float = 900) -> str:
-    stdout, stderr = process.communicate(timeout=timeout)
-    assert process.returncode == 0, stderr
-    return stdout
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Every setting once through `run` (spawned Gloo ranks, dumps) and once through `analyze`, all at once."""
-    root = tmp_path_factory.mktemp("analyze")
-    started = {}
-    for name, flags in SETTINGS.items():
-        started[name, "run"] = _cli("run", *COMMON, *REORDER, *flags, "--dump-assignments", str(root / name / "dumps"))
-        started[name, "analyze"] = _cli("analyze", *COMMON, *REORDER, *flags, "--out", str(root / name / "analysis"))
-    out = {}
-    for name in SETTINGS:
-        summary = _finish(started[name, "run"])
-        _finish(started[name, "analyze"])
-        out[name] = {
-            "summary": _summary_lines(summary),
-            "dumps": [json.loads(line) for path in sorted((root / name / "dumps").glob("rank*.jsonl")) for line in path.read_text().splitlines()],
-            "analysis": json.loads((root / name / "analysis" / "analysis.json").read_text()),
-            "folder": root / name / "analysis",
-        }
-    return out
-
-
-def _summary_lines(stdout: str) -> dict[str, list[str]]:
-    return {line.split()[0]: line.split() for line in stdout.splitlines() if line.split()[:1] in (["language"], ["images"])}
+    """Every setting once through `run` (the per-rank body on the pool's Gloo ranks, dumps) and once through `analyze`."""
+    return run_and_analyze(shared_pool(), tmp_path_factory.mktemp("analyze"), SETTINGS, [*COMMON, *REORDER])
 
 
 def _loads_from_dumps(records: list[dict], module: str) -> dict[int, dict[int, int]]:
@@ -173,9 +142,8 @@ def test_counts_are_cached_under_the_dataset_and_processor_settings(tmp_path, mo
 
 
 def test_bad_flags_exit_2_with_one_line(tmp_path):
-    process = _cli("analyze", "--out", str(tmp_path), "--micro-batch-size", "3", "--quiet")
-    _, stderr = process.communicate(timeout=120)
-    assert process.returncode == 2
+    status, _, stderr = analyze_here(["--out", str(tmp_path), "--micro-batch-size", "3", "--quiet"])
+    assert status == 2
     assert stderr.strip().splitlines() == [
         "mimo-pipes analyze: error: --micro-batch-size: 3 is not divisible by the canonical grid size 2 (lcm of the modules' dp sizes)"
     ]

@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 
 import numpy as np
 import pytest
-from test_analyze import REORDER, _cli, _finish, _summary_lines, assert_analysis_is_the_summary
+from dist_pool import shared_pool
+from job_runs import analyze_here, run_and_analyze
+from test_analyze import REORDER, assert_analysis_is_the_summary
 
 from mimo_pipes.analysis.row_counts import count_rows
 from mimo_pipes.cost import placeholder_runs, real_token_count
@@ -34,23 +35,11 @@ SETTINGS = {
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Every setting once through `run` (spawned Gloo ranks, dumps) and once through `analyze`, all at once."""
+    """Every setting once through `run` (the per-rank body on the pool's Gloo ranks, dumps) and once through `analyze`."""
     root = tmp_path_factory.mktemp("analyze_planners")
     model = str(save_time_model(MODEL, root / "model.json"))
-    started = {}
-    for name, flags in SETTINGS.items():
-        flags = [model if flag == "{model}" else flag for flag in flags]
-        started[name, "run"] = _cli("run", *COMMON, *REORDER, *flags, "--dump-assignments", str(root / name / "dumps"))
-        started[name, "analyze"] = _cli("analyze", *COMMON, *REORDER, *flags, "--out", str(root / name / "analysis"))
-    out = {}
-    for name in SETTINGS:
-        out[name] = {
-            "summary": _summary_lines(_finish(started[name, "run"])),
-            "analyze_stdout": _finish(started[name, "analyze"]),
-            "dumps": [json.loads(line) for path in sorted((root / name / "dumps").glob("rank*.jsonl")) for line in path.read_text().splitlines()],
-            "analysis": json.loads((root / name / "analysis" / "analysis.json").read_text()),
-        }
-    return out
+    settings = {name: [model if flag == "{model}" else flag for flag in flags] for name, flags in SETTINGS.items()}
+    return run_and_analyze(shared_pool(), root, settings, [*COMMON, *REORDER])
 
 
 @pytest.fixture(scope="module")
@@ -137,11 +126,10 @@ def test_runs_from_image_sizes_price_each_row_as_processing_does(processed):
         without.encoder_costs(MODEL)
 
 
-def test_a_cost_model_for_other_patches_is_refused_by_name(tmp_path):
+def test_a_time_model_for_other_patches_is_refused_by_name(tmp_path):
     path = save_time_model(TimeModel(per_patch_ps=1000, merge_size=3), tmp_path / "model.json")
-    process = _cli("analyze", "--out", str(tmp_path / "out"), *REORDER, "--reorder-cost-model", str(path), "--quiet")
-    _, stderr = process.communicate(timeout=300)
-    assert process.returncode == 2
+    status, _, stderr = analyze_here(["--out", str(tmp_path / "out"), *REORDER, "--reorder-cost-model", str(path), "--quiet"])
+    assert status == 2
     errors = [line for line in stderr.strip().splitlines() if "error" in line]  # after the data's progress line
     assert len(errors) == 1 and errors[0].startswith("mimo-pipes analyze: error: --reorder-cost-model: "), errors
     assert "merge_size: 3 in the file, but the processor uses 2" in errors[0]

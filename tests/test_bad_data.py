@@ -1,5 +1,6 @@
-"""Bad rows through `mimo-pipes run`: an error naming the dataset row on every rank, or, with
---skip-bad-samples, the same replacement on every module, reported, and resumed exactly."""
+"""Bad rows through `mimo-pipes run` (its per-rank body on the pool's Gloo ranks): an error naming the
+dataset row on every rank, or, with --skip-bad-samples, the same replacement on every module, reported,
+and resumed exactly."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import re
 
 import numpy as np
 import pytest
+from dist_pool import shared_pool
+from job_runs import run_in_pool
 from PIL import Image
 from real_data import write_dataset
-from test_cli_run import read_dumps, run_cli
+from scenarios_jobs import run_job
+from test_cli_run import read_dumps
 
 from mimo_pipes.sharding import global_microbatch_indices
 
@@ -34,29 +38,27 @@ def bad_dataset(tmp_path_factory):
     return ["--dataset", spec, "--image-folder", str(images)]
 
 
-def test_a_bad_row_stops_every_rank_naming_the_row_and_cause(bad_dataset):
-    result = run_cli(*bad_dataset, *COMMON, "--steps", str(STEPS), timeout=900)
-    assert result.returncode == 1
-    for rank in range(4):
-        assert f"mimo-pipes run: rank {rank}:" in result.stderr
-    named = set(re.findall(r"dataset row (\d+): ([^\n]*)", result.stderr))
-    assert named, result.stderr[-2000:]
-    for row, cause in named:
-        assert BAD[int(row)] in cause
+def test_a_bad_row_stops_every_rank_naming_the_row_and_cause(gloo_pool, bad_dataset):
+    outcomes = gloo_pool.run_collect(run_job, [*bad_dataset, *COMMON, "--steps", str(STEPS)], timeout=300)
+    assert [status for status, _ in outcomes[:4]] == ["error"] * 4, outcomes  # every rank of the job raised
+    for _, error in outcomes[:4]:
+        named = set(re.findall(r"dataset row (\d+): ([^\n]*)", error.splitlines()[0]))
+        assert named, error[-2000:]
+        for row, cause in named:
+            assert BAD[int(row)] in cause
 
 
 @pytest.fixture(scope="module")
 def skipped_run(bad_dataset, tmp_path_factory):
     dumps = tmp_path_factory.mktemp("skip-full")
-    result = run_cli(*bad_dataset, *COMMON, "--steps", str(STEPS), "--skip-bad-samples", "--dump-assignments", str(dumps), timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result, read_dumps(dumps)
+    outcome = run_in_pool(shared_pool(), [*bad_dataset, *COMMON, "--steps", str(STEPS), "--skip-bad-samples", "--dump-assignments", str(dumps)])
+    return outcome, read_dumps(dumps)
 
 
 def test_skip_bad_samples_replaces_each_bad_row_alike_on_every_module(skipped_run):
-    result, dumps = skipped_run
-    assert f"skipped {len(BAD)} bad dataset row(s)" in result.stdout
-    assert "rows " + ", ".join(map(str, sorted(BAD))) in result.stdout
+    outcome, dumps = skipped_run
+    assert f"skipped {len(BAD)} bad dataset row(s)" in outcome["stdout"]
+    assert "rows " + ", ".join(map(str, sorted(BAD))) in outcome["stdout"]
     for step in range(STEPS):
         assert dumps[0][step]["sample_ids"] == dumps[2][step]["sample_ids"]  # language and images agree
         assert dumps[1][step]["sample_ids"] == dumps[3][step]["sample_ids"]
@@ -67,12 +69,10 @@ def test_skip_bad_samples_replaces_each_bad_row_alike_on_every_module(skipped_ru
         assert set(good) <= set(got)  # only the bad rows were replaced
 
 
-def test_a_resumed_run_skips_the_same_rows(bad_dataset, skipped_run, tmp_path):
+def test_a_resumed_run_skips_the_same_rows(gloo_pool, bad_dataset, skipped_run, tmp_path):
     _, full = skipped_run
     state, dumps = tmp_path / "state", tmp_path / "dumps"
     flags = [*bad_dataset, *COMMON, "--steps", str(STEPS), "--skip-bad-samples", "--dump-assignments", str(dumps)]
-    first = run_cli(*flags, "--stop-after", "3", "--save-state", str(state), timeout=900)
-    assert first.returncode == 0, first.stderr[-3000:]
-    second = run_cli(*flags, "--resume", str(state), timeout=900)
-    assert second.returncode == 0, second.stderr[-3000:]
+    run_in_pool(gloo_pool, [*flags, "--stop-after", "3", "--save-state", str(state)])
+    run_in_pool(gloo_pool, [*flags, "--resume", str(state)])
     assert read_dumps(dumps) == full

@@ -1,19 +1,21 @@
-"""`mimo-pipes run --pack-sequences-in-batch`: spawned Gloo ranks, the packing summary per rank."""
+"""`mimo-pipes run --pack-sequences-in-batch` (its per-rank body on the pool's Gloo ranks): the packing
+summary per rank."""
 
 from __future__ import annotations
 
 import re
 
-from test_cli_run import REORDER, SMALL, read_dumps, run_cli
+from job_runs import run_in_pool
+from test_cli_run import REORDER, SMALL, read_dumps
 
 
-def test_run_with_packing_prints_padding_before_and_after_per_rank(tmp_path):
-    result = run_cli(*SMALL, *REORDER, "--pack-sequences-in-batch", "--pack-pad-multiple", "4",
-                     "--reorder-language-cost", "packed", "--reorder-language-cost-weight", "1",
-                     "--dump-assignments", str(tmp_path))
-    assert result.returncode == 0, result.stderr
-    assert "sequence packing on (THD, pad multiple 4)" in result.stdout
-    rows = re.findall(r"^(language|images)\s+(\d)\s+([\d.]+)%\s+([\d.]+)%\s+([\d.]+)$", result.stdout, re.M)
+def test_run_with_packing_prints_padding_before_and_after_per_rank(gloo_pool, tmp_path):
+    outcome = run_in_pool(gloo_pool, [*SMALL, *REORDER, "--pack-sequences-in-batch", "--pack-pad-multiple", "4",
+                                      "--reorder-language-cost", "packed", "--reorder-language-cost-weight", "1",
+                                      "--dump-assignments", str(tmp_path)])
+    stdout = outcome["stdout"]
+    assert "sequence packing on (THD, pad multiple 4)" in stdout
+    rows = re.findall(r"^(language|images)\s+(\d)\s+([\d.]+)%\s+([\d.]+)%\s+([\d.]+)$", stdout, re.M)
     assert sorted((module, int(rank)) for module, rank, *_ in rows) == [("images", 0), ("images", 1), ("language", 0), ("language", 1)]
     dumps = read_dumps(tmp_path)
     for module, rank, before, after, per_row in rows:

@@ -1,4 +1,6 @@
-"""`mimo-pipes run` end to end: real processor, spawned Gloo ranks, dumps, save and resume."""
+"""`mimo-pipes run` end to end: the real processor, dumps, save and resume, through the per-rank body every
+rank of `run` calls (in the warm Gloo pool); and, marked `launch`, the real launches (spawned ranks, torchrun)
+giving the very same stream."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from dist_pool import shared_pool
+from scenarios_jobs import run_job
 
 SMALL = ["--steps", "6", "--micro-batch-size", "4", "--embedded-samples", "48", "--quiet", "--seed", "9"]
 REORDER = ["--scalable-dp", "--intra-microbatch-reorder", "--reorder-window-size", "2"]
@@ -27,18 +31,24 @@ def read_dumps(directory: Path) -> dict[int, list[dict]]:
     }
 
 
+def in_pool(pool, *argv: str) -> dict:
+    """Rank 0's outcome of ``mimo-pipes run ARGV`` in the pool (every rank ran the job)."""
+    outcomes = pool.run(run_job, list(argv), timeout=300)
+    assert all(outcome is None for outcome in outcomes[4:])  # the pool's ranks beyond the job's
+    return outcomes[0]
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
+    pool = shared_pool()
     directory = tmp_path_factory.mktemp("full")
-    result = run_cli(*SMALL, *REORDER, "--dump-assignments", str(directory))
-    assert result.returncode == 0, result.stderr
-    return result, read_dumps(directory)
+    return in_pool(pool, *SMALL, *REORDER, "--dump-assignments", str(directory)), read_dumps(directory)
 
 
 def test_default_layout_runs_and_prints_the_summary(uninterrupted):
-    result, dumps = uninterrupted
-    assert "language dp=2 + images dp=2" in result.stdout
-    lines = {line.split()[0]: line.split() for line in result.stdout.splitlines() if line.split() and line.split()[0] in ("language", "images")}
+    outcome, dumps = uninterrupted
+    assert "language dp=2 + images dp=2" in outcome["stdout"]
+    lines = {line.split()[0]: line.split() for line in outcome["stdout"].splitlines() if line.split() and line.split()[0] in ("language", "images")}
     assert set(lines) == {"language", "images"}
     # Both modules consumed the same samples and image tokens; spread after is no worse than before.
     assert lines["language"][3:5] == lines["images"][3:5]
@@ -57,29 +67,32 @@ def test_default_layout_runs_and_prints_the_summary(uninterrupted):
 @pytest.fixture(scope="module")
 def saved_state(tmp_path_factory):
     """The first half of an interrupted run: 3 micro-batches, dumps and state."""
+    pool = shared_pool()
     root = tmp_path_factory.mktemp("interrupted")
     state, dumps = root / "state", root / "dumps"
-    first = run_cli(*SMALL, *REORDER, "--dump-assignments", str(dumps), "--stop-after", "3", "--save-state", str(state))
-    assert first.returncode == 0, first.stderr
+    outcome = in_pool(pool, *SMALL, *REORDER, "--dump-assignments", str(dumps), "--stop-after", "3", "--save-state", str(state))
+    assert f"saved state after 3 micro-batches to {state}" in outcome["stdout"]
     return state, dumps
 
 
-def test_stop_save_and_resume_continue_the_same_stream(uninterrupted, saved_state):
+def test_stop_save_and_resume_continue_the_same_stream(gloo_pool, uninterrupted, saved_state):
     _, full = uninterrupted
     state, dumps = saved_state
     assert (state / "meta.json").is_file() and len(list(state.glob("rank*.json"))) == 4
     assert all(len(records) == 3 for records in read_dumps(dumps).values())
-    second = run_cli(*SMALL, *REORDER, "--dump-assignments", str(dumps), "--resume", str(state))
-    assert second.returncode == 0, second.stderr
+    outcome = in_pool(gloo_pool, *SMALL, *REORDER, "--dump-assignments", str(dumps), "--resume", str(state))
+    assert "micro-batches 3..5," in outcome["stdout"]
     assert read_dumps(dumps) == full  # steps 0..2 then 3..5, identical to the uninterrupted run
 
 
-def test_resume_with_other_settings_is_refused(saved_state):
+def test_resume_with_other_settings_is_refused(saved_state, capsys):
+    from mimo_pipes.cli.main import main
+
     state, _ = saved_state
-    other = run_cli(*SMALL, *REORDER[:2], "--resume", str(state))
-    assert other.returncode == 2
-    assert other.stderr.strip().startswith("mimo-pipes run: error: --resume:")
-    assert "reorder" in other.stderr and "Traceback" not in other.stderr
+    assert main(["run", *SMALL, *REORDER[:2], "--resume", str(state)]) == 2  # refused before any rank starts
+    err = capsys.readouterr().err
+    assert err.strip().startswith("mimo-pipes run: error: --resume:")
+    assert "reorder" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize(
@@ -101,6 +114,28 @@ def test_resume_refuses_other_data_or_processing_naming_the_flag(saved_state, fl
     assert len(err) == 1 and err[0].startswith(f"mimo-pipes run: error: --resume: {state} was saved with {named}"), err
 
 
+def test_summary_says_when_the_data_ended_before_steps(gloo_pool):
+    # 16 samples of micro-batches of 4, read once: 4 micro-batches, fewer than the 10 asked for.
+    outcome = in_pool(gloo_pool, "--steps", "10", "--micro-batch-size", "4", "--embedded-samples", "16", "--quiet",
+                      "--dataloader-type", "single", *REORDER)
+    assert "micro-batches 0..3," in outcome["stdout"]
+    assert "the data ended after 4 micro-batches, before the 10 asked for (--steps)" in outcome["stdout"]
+    assert {s.module: s.steps for s in outcome["result"].summaries} == {"language": 4, "images": 4}
+
+
+@pytest.mark.launch
+def test_spawned_ranks_give_the_pools_stream(uninterrupted, tmp_path):
+    """The real launcher (4 spawned processes) consumes exactly what the pool's ranks consumed."""
+    outcome, full = uninterrupted
+    dumps = tmp_path / "dumps"
+    result = run_cli(*SMALL, *REORDER, "--dump-assignments", str(dumps))
+    assert result.returncode == 0, result.stderr
+    assert read_dumps(dumps) == full
+    summary = [line for line in result.stdout.splitlines() if line.split()[:1] in (["language"], ["images"])]
+    assert summary == [line for line in outcome["stdout"].splitlines() if line.split()[:1] in (["language"], ["images"])]
+
+
+@pytest.mark.launch
 def test_runs_under_torchrun_with_the_same_stream(uninterrupted, tmp_path):
     _, full = uninterrupted
     dumps = tmp_path / "dumps"
@@ -113,15 +148,3 @@ def test_runs_under_torchrun_with_the_same_stream(uninterrupted, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "language dp=2 + images dp=2" in result.stdout
     assert read_dumps(dumps) == full
-
-
-def test_summary_says_when_the_data_ended_before_steps():
-    # 16 samples of micro-batches of 4, read once: 4 micro-batches, fewer than the 10 asked for.
-    result = run_cli("--steps", "10", "--micro-batch-size", "4", "--embedded-samples", "16", "--quiet",
-                     "--dataloader-type", "single", *REORDER)
-    assert result.returncode == 0, result.stderr
-    assert "micro-batches 0..3," in result.stdout
-    assert "the data ended after 4 micro-batches, before the 10 asked for (--steps)" in result.stdout
-    steps = {line.split()[0]: int(line.split()[2]) for line in result.stdout.splitlines()
-             if line.split() and line.split()[0] in ("language", "images")}
-    assert steps == {"language": 4, "images": 4}

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
-import subprocess
-import sys
 
 import pytest
+from job_runs import train_in_pool
 
 from mimo_pipes.checkpoint import OPTION_EXEMPT, STATE_FORMAT, check_resume_dir, resume_settings, setting_flag, state_path
 from mimo_pipes.cli.main import build_parser, main
@@ -127,34 +125,27 @@ def test_bad_vision_tower_exits_2_naming_it(capsys) -> None:
     assert len(err) == 1 and err[0].startswith("mimo-pipes train: error: --vision-tower: vision tower 'no-such-tower' is neither")
 
 
-def train_cli(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    return subprocess.run([sys.executable, "-m", "mimo_pipes.cli.main", "train", *args], capture_output=True, text=True,
-                          timeout=600, env=env)
-
-
 def metrics_lines(stderr: str) -> dict[str, str]:
     """Each module's last metrics line, up to its times (the times are each run's own). A line may follow the
     progress bar's last redraw on the same line of stderr."""
     return dict(re.findall(r"exchange metrics: (\w+): (.*?), exchange ", stderr))
 
 
-def test_stop_save_refuse_another_lr_and_resume_with_running_totals(tmp_path) -> None:
-    """Through the command: the checkpoint records --lr (a resume with another one exits 2 on one line), and
-    the resumed run's metrics count from the start of training, not from the resume."""
+def test_stop_save_refuse_another_lr_and_resume_with_running_totals(gloo_pool, tmp_path, capsys) -> None:
+    """Through the command's checks and its per-rank body (on the pool's ranks): the checkpoint records --lr
+    (a resume with another one exits 2 on one line), and the resumed run's metrics count from the start of
+    training, not from the resume."""
     flags = ["--component", "language=dp=2", "--component", "images=dp=1,rank_offset=2", "--micro-batch-size", "4",
              "--global-batch-size", "8", "--scalable-dp", "--intra-microbatch-reorder", "--reorder-window-size", "2",
              "--reorder-across-microbatches", "--seq-length", "1536", "--embedded-samples", "32", "--steps", "4"]
-    saved = train_cli(*flags, "--stop-after", "2", "--save-state", str(tmp_path / "ckpt"), "--log-interval", "0")
-    assert saved.returncode == 0, saved.stderr[-3000:]
-    assert set(metrics_lines(saved.stderr)) == {"language", "images"}
-    assert metrics_lines(saved.stderr)["language"].startswith("1 windows, 2 micro-batches")
-    refused = train_cli(*flags, "--resume", str(tmp_path / "ckpt"), "--lr", "0.05")
-    assert refused.returncode == 2
-    assert refused.stderr.strip().splitlines() == [
+    saved = train_in_pool(gloo_pool, [*flags, "--stop-after", "2", "--save-state", str(tmp_path / "ckpt"), "--log-interval", "0"])
+    stderr = "".join(outcome["stderr"] for outcome in saved if outcome)
+    assert set(metrics_lines(stderr)) == {"language", "images"}
+    assert metrics_lines(stderr)["language"].startswith("1 windows, 2 micro-batches")
+    assert main(["train", *flags, "--resume", str(tmp_path / "ckpt"), "--lr", "0.05"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
         f"mimo-pipes train: error: --resume: {tmp_path / 'ckpt'} was saved with --lr 0.1, this run has 0.05"]
-    resumed = train_cli(*flags, "--resume", str(tmp_path / "ckpt"), "--log-interval", "0")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    lines = metrics_lines(resumed.stderr)
+    resumed = train_in_pool(gloo_pool, [*flags, "--resume", str(tmp_path / "ckpt"), "--log-interval", "0"])
+    lines = metrics_lines("".join(outcome["stderr"] for outcome in resumed if outcome))
     assert lines["language"].startswith("2 windows, 4 micro-batches") and lines["images"].startswith("2 windows, 4 micro-batches")
-    assert re.search(r"^\s+2\s+\d+\.\d{6}\s", resumed.stdout, re.MULTILINE)  # iteration 2 trained
+    assert re.search(r"^\s+2\s+\d+\.\d{6}\s", resumed[0]["stdout"], re.MULTILINE)  # iteration 2 trained

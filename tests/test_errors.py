@@ -57,6 +57,7 @@ def test_sample_error_survives_pickling(sample_id, message, field):
     assert copy.sample_id == sample_id and copy.field == field
 
 
+@pytest.mark.launch
 def test_map_failure_in_run_is_one_line_naming_the_sample():
     result = subprocess.run(
         [sys.executable, "-m", "mimo_pipes.cli.main", "run", "--recipe", "failing_map_recipe", "--quiet",

@@ -1,12 +1,14 @@
 """`mimo-pipes run --tensorboard`: the exchange's metrics, read back from the event files, agree with what
-the ranks consumed (`--dump-assignments`) and with where the readers placed the samples."""
+the ranks consumed (`--dump-assignments`) and with where the readers placed the samples (the job's per-rank
+body on the pool's Gloo ranks)."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 
 import pytest
-from test_cli_run import read_dumps, run_cli
+from job_runs import run_in_pool
+from test_cli_run import read_dumps
 
 from mimo_pipes.sharding import shard_indices
 
@@ -60,11 +62,10 @@ def expected_figures(dumps: dict[int, list[dict]], window: int) -> dict[int, dic
 
 
 @pytest.mark.parametrize("window,across", [(1, False), (1, True), (4, False), (4, True)])
-def test_tensorboard_metrics_agree_with_the_dumps(tmp_path, window, across):
+def test_tensorboard_metrics_agree_with_the_dumps(gloo_pool, tmp_path, window, across):
     args = [*COMMON, "--reorder-window-size", str(window), "--tensorboard", str(tmp_path / "tb"),
             "--dump-assignments", str(tmp_path / "dumps"), "--log-interval", "1"]
-    result = run_cli(*args, *(["--reorder-across-microbatches"] if across else []))
-    assert result.returncode == 0, result.stderr
+    stderr = run_in_pool(gloo_pool, [*args, *(["--reorder-across-microbatches"] if across else [])])["stderr"]
     dumps = read_dumps(tmp_path / "dumps")
     scalars = read_scalars(tmp_path / "tb" / "language")
     expected = expected_figures(dumps, window)
@@ -83,11 +84,13 @@ def test_tensorboard_metrics_agree_with_the_dumps(tmp_path, window, across):
     assert scalars["cumulative/windows"][last] == STEPS // window
     assert scalars["cumulative/moved/samples"][last] == sum(entry["moved"] for entry in expected.values())
     # A metrics line per window on DP rank 0 (log interval 1), none from rank 1.
-    assert result.stderr.count("exchange metrics: language:") == STEPS // window
-    assert f"language: {STEPS // window} windows, {STEPS} micro-batches" in result.stderr
+    assert stderr.count("exchange metrics: language:") == STEPS // window
+    assert f"language: {STEPS // window} windows, {STEPS} micro-batches" in stderr
 
 
-def test_tensorboard_needs_reordering(tmp_path):
-    result = run_cli("--steps", "2", "--tensorboard", str(tmp_path))
-    assert result.returncode == 2
-    assert "--tensorboard" in result.stderr and "Traceback" not in result.stderr
+def test_tensorboard_needs_reordering(tmp_path, capsys):
+    from mimo_pipes.cli.main import main
+
+    assert main(["run", "--steps", "2", "--tensorboard", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "--tensorboard" in err and "Traceback" not in err

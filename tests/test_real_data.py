@@ -9,9 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from job_runs import analyze_here, run_in_pool, summary_lines
 from real_data import FORMATS, image, num_images, questions, replies, write_dataset
 from scenarios_real_data import run_dataloaders, run_mrope, run_real_data
-from test_cli_run import read_dumps, run_cli
+from test_analyze import assert_analysis_is_the_summary
+from test_cli_run import read_dumps
 
 from mimo_pipes.collate import VISION_ROWS, collate_microbatch
 from mimo_pipes.cost import image_token_count
@@ -232,14 +234,18 @@ REORDER = ["--scalable-dp", "--intra-microbatch-reorder", "--reorder-window-size
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_each_format_through_mimo_pipes_run(sources, tmp_path, fmt):
+def test_each_format_through_mimo_pipes_run_and_analyze(gloo_pool, sources, tmp_path, fmt):
+    """`run` (its per-rank body on the pool) conserves and agrees on every source format, and `analyze` with
+    the same flags reads the same source (image folder included) and predicts its summary exactly."""
     spec, folder = sources[fmt]
-    result = run_cli("--dataset", spec, "--image-folder", str(folder), "--steps", "4", "--seed", "7", *REORDER,
-                     "--dump-assignments", str(tmp_path), timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:]
-    dumps = read_dumps(tmp_path)
+    flags = ["--dataset", spec, "--image-folder", str(folder), "--steps", "4", "--seed", "7", *REORDER]
+    outcome = run_in_pool(gloo_pool, [*flags, "--dump-assignments", str(tmp_path / "dumps")])
+    dumps = read_dumps(tmp_path / "dumps")
     results = [{"module": r[0]["module"], "dp_rank": r[0]["dp_rank"], "records": r} for r in dumps.values()]
     _check_conservation_and_agreement(results, 4, 7)
+    status, _, stderr = analyze_here([*flags, "--out", str(tmp_path / "analysis")])
+    assert status == 0, stderr
+    assert_analysis_is_the_summary(json.loads((tmp_path / "analysis" / "analysis.json").read_text()), summary_lines(outcome["stdout"]))
 
 
 

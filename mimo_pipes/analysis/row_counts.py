@@ -142,10 +142,12 @@ class ResizeRuleCounter:
 
 
 def _rows(dataset: Any, start: int, stop: int, encoded_images: bool) -> list[Mapping[str, Any]]:
-    """Rows start..stop-1; images left encoded (bytes/path dicts) when ``encoded_images``."""
+    """Rows start..stop-1 as the graph's reader gets them (every column decoded by its feature, e.g. a LLaVA
+    ``image`` column stored as JSON), read as one batch from a Hugging Face dataset when ``encoded_images``
+    (its images are left encoded: bytes/path dicts)."""
     if encoded_images:
-        table = dataset.with_format("arrow")[start:stop]
-        return table.to_pylist()
+        columns = dataset.with_format(None)[start:stop]
+        return [dict(zip(columns, values)) for values in zip(*columns.values())]
     return [dataset[index] for index in range(start, stop)]
 
 

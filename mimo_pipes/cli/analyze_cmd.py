@@ -62,8 +62,9 @@ def run(args: argparse.Namespace) -> int:
         config, options = config_from_args(args)
         topology = config.validate()
         start = validate_consumption(config, options, topology.world_size)
-        recipe = load_recipe(options.recipe, needs=("prepare", "row_counts"), command="analyze")
-        recipe.prepare(config, log=lambda message: print(message, file=sys.stderr, flush=True))
+        recipe = load_recipe(options.recipe, needs=("row_counts",), command="analyze")
+        if callable(getattr(recipe, "prepare", None)):
+            recipe.prepare(config, log=lambda message: print(message, file=sys.stderr, flush=True))
     except ConfigError as error:
         print(f"mimo-pipes analyze: error: {error}", file=sys.stderr)
         return EXIT_CONFIG

@@ -14,7 +14,7 @@ from types import ModuleType
 from mimo_pipes.cli.job_args import add_job_arguments, config_from_args
 from mimo_pipes.cli.job_checks import validate_job
 from mimo_pipes.cli.launcher import EXIT_CONFIG, launch, say, under_torchrun
-from mimo_pipes.config import PipelineConfig
+from mimo_pipes.config import JobOptions, PipelineConfig
 from mimo_pipes.errors import ConfigError
 
 COMMAND = "mimo-pipes run"
@@ -30,6 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def prepare(recipe: ModuleType, config: PipelineConfig) -> None:
     """The recipe's one-time preparation (the embedded data and processor), here, so the ranks only load them."""
+    if not callable(getattr(recipe, "prepare", None)):
+        return
     started = time.monotonic()
     recipe.prepare(config, log=say)
     elapsed = time.monotonic() - started
@@ -37,15 +39,23 @@ def prepare(recipe: ModuleType, config: PipelineConfig) -> None:
         say(f"data and processor ready in {elapsed:.1f}s")
 
 
-def run(args: argparse.Namespace) -> int:
+def prepare_job(args: argparse.Namespace) -> tuple[PipelineConfig, JobOptions, int]:
+    """What ``run`` does before any rank starts: every setting checked, then the recipe's preparation
+    (skipped under torchrun, where each rank prepares what it loads). Returns the config, the options and
+    the world size; raises ConfigError naming the flag."""
     from mimo_pipes.recipe import load_recipe
 
+    config, options = config_from_args(args)
+    world_size = validate_job(config, options)
+    recipe = load_recipe(options.recipe)
+    if not under_torchrun():
+        prepare(recipe, config)
+    return config, options, world_size
+
+
+def run(args: argparse.Namespace) -> int:
     try:
-        config, options = config_from_args(args)
-        world_size = validate_job(config, options)
-        recipe = load_recipe(options.recipe)
-        if not under_torchrun():
-            prepare(recipe, config)
+        config, options, world_size = prepare_job(args)
     except ConfigError as error:
         print(f"{COMMAND}: error: {error}", file=sys.stderr)
         return EXIT_CONFIG

@@ -59,7 +59,7 @@ def validate_training(config: PipelineConfig, options: TrainOptions) -> int:
         vision_tower_config(options.vision_tower)
     except (ValueError, OSError) as error:
         raise ConfigError("--vision-tower", str(error)) from None
-    recipe = load_recipe(options.recipe, needs=("prepare", "build", "Trainer"), command="train")
+    recipe = load_recipe(options.recipe, needs=("build", "Trainer"), command="train")
     if hasattr(recipe, "check_layout"):
         recipe.check_layout(config.validate())
     if options.resume is not None:
@@ -69,14 +69,20 @@ def validate_training(config: PipelineConfig, options: TrainOptions) -> int:
     return world_size
 
 
-def run(args: argparse.Namespace) -> int:
+def prepare_job(args: argparse.Namespace) -> tuple[PipelineConfig, TrainOptions, int]:
+    """What ``train`` does before any rank starts (as ``run``'s, with the trainer's checks)."""
     from mimo_pipes.recipe import load_recipe
 
+    config, options = options_from_args(args)
+    world_size = validate_training(config, options)
+    if not under_torchrun():
+        prepare(load_recipe(options.recipe), config)
+    return config, options, world_size
+
+
+def run(args: argparse.Namespace) -> int:
     try:
-        config, options = options_from_args(args)
-        world_size = validate_training(config, options)
-        if not under_torchrun():
-            prepare(load_recipe(options.recipe), config)
+        config, options, world_size = prepare_job(args)
     except ConfigError as error:
         print(f"{COMMAND}: error: {error}", file=sys.stderr)
         return EXIT_CONFIG

@@ -47,7 +47,7 @@ def train_rank(config: PipelineConfig, options: TrainOptions) -> TrainResult | N
     if setup is None:
         return None
     rank = world_rank()
-    recipe = load_recipe(options.recipe, needs=("prepare", "build", "Trainer"), command="train")
+    recipe = load_recipe(options.recipe, needs=("build", "Trainer"), command="train")
     trainer = recipe.Trainer(config, options, setup.groups, setup.topology, recipe.build(config, setup.layout))
     if options.resume:
         trainer.load_state_dict(read_trainer_state(options.resume, rank))
