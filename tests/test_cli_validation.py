@@ -30,7 +30,7 @@ CASES = {
     "missing processor": (["--processor", "/nonexistent/proc"], "--processor", "does not exist"),
     "window vs global batch": (REORDER + ["--reorder-across-microbatches", "--reorder-window-size", "3", "--global-batch-size", "32"], "--reorder-window-size", "must divide the 4 micro-batches"),
     "gap in ranks": (["--component", "language=dp=2", "--component", "images=dp=2,rank_offset=3"], "--component", "rank 2 belongs to no module"),
-    "stop-after without save": (["--stop-after", "2"], "--save-state", "go together"),
+    "stop-after without save": (["--stop-after", "2"], "--stop-after", "needs --save-state DIR"),
     "missing resume": (["--resume", "/nonexistent/state"], "--resume", "no saved state"),
 }
 

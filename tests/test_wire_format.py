@@ -444,16 +444,14 @@ def test_sample_must_be_a_plain_dict():
 def test_bad_value_anywhere_is_located(path, sid):
     # Build nested containers along ``path`` with a bad value at its end; the error names that path.
     node = Thing()
-    expected = ""
     for step in reversed(path):
         if isinstance(step, int):
             node = [0] * step + [node]
         else:
             node = {step: node, "~": 1}
-    for step in path:
-        expected += f"[{step}]" if isinstance(step, int) else (f".{step}" if expected else step)
+    # Keys join with ".", list positions with "[i]" (a key may itself hold "[": it is still a key).
+    want = "root" + "".join(f"[{step}]" if isinstance(step, int) else f".{step}" for step in path)
     sample = {"sample_id": sid, "root": node}
-    want = "root" + (expected if expected.startswith("[") else "." + expected)
     with pytest.raises(SampleError) as info:
         packed_size(sample)
     assert info.value.field == want

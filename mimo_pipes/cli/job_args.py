@@ -111,7 +111,8 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stop-after", type=int, default=None, metavar="K",
                         help="stop after K micro-batches and save the state to --save-state (default: run to --steps)")
     parser.add_argument("--save-state", metavar="DIR", default=None,
-                        help="where --stop-after saves the graph's state (default: none)")
+                        help="save a complete state of every rank here when the run ends: after --steps, after "
+                             "--stop-after K, or at the next micro-batch boundary after SIGTERM / SIGINT (default: none)")
     parser.add_argument("--resume", metavar="DIR", default=None,
                         help="continue from a state saved with --save-state, up to --steps (default: start afresh)")
     parser.add_argument("--recipe", default=JobOptions.recipe,

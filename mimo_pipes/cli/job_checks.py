@@ -32,9 +32,8 @@ def validate_consumption(config: PipelineConfig, options: JobOptions, world_size
         raise ConfigError("--steps", f"must be >= 1, got {options.steps}")
     if config.embedded_samples < config.micro_batch_size and config.dataset is None:
         raise ConfigError("--embedded-samples", f"{config.embedded_samples} is fewer than one micro-batch")
-    if (options.stop_after is None) != (options.save_state is None):
-        raise ConfigError("--stop-after" if options.stop_after is None else "--save-state",
-                          "--stop-after K and --save-state DIR go together")
+    if options.stop_after is not None and options.save_state is None:
+        raise ConfigError("--stop-after", "needs --save-state DIR: where the state after those micro-batches is saved")
     if options.stop_after is not None and not 1 <= options.stop_after <= options.steps:
         raise ConfigError("--stop-after", f"must be between 1 and --steps ({options.steps}), got {options.stop_after}")
     if options.tensorboard is not None and not config.reorder.intra_microbatch_reorder:

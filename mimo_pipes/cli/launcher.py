@@ -2,12 +2,16 @@
 
 ``run`` and ``train`` hand the launcher a per-rank function (``rank_main(rank, world_size, config,
 options)``, which joins the process group, runs the rank and leaves). The launcher reports its phases on
-stderr, turns every rank's failure into one line, and waits for its ranks.
+stderr, turns every rank's failure into one line, and waits for its ranks. SIGTERM or SIGINT to the
+launcher is passed to every rank once (they stop at their next micro-batch boundary, saving a complete
+state first when the job saves one); ranks still alive a few seconds later are killed, so no process is
+left behind. Spawned ranks also die with the launcher if it is killed outright.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 import time
@@ -18,8 +22,11 @@ from mimo_pipes.errors import ConfigError, PeerError, SampleError
 
 EXIT_CONFIG = 2
 EXIT_FAILED = 1
+STOP_GRACE_S = 4.0  # after a stop signal, how long ranks get to reach a boundary (and save) before they are killed
 
 RankMain = Callable[[int, int, Any, Any], None]
+
+_reports: Any = None  # in a spawned rank: the queue its phases go to
 
 
 def under_torchrun() -> bool:
@@ -29,6 +36,12 @@ def under_torchrun() -> bool:
 def say(message: str) -> None:
     """A phase of the launch, on stderr."""
     print(message, file=sys.stderr, flush=True)
+
+
+def report_phase(phase: str, value: Any = None) -> None:
+    """From a rank: tell the launcher a phase was reached (``joined``, ``saved``); nothing elsewhere."""
+    if _reports is not None:
+        _reports.put((int(os.environ.get("RANK", -1)), phase, value))
 
 
 def launch(rank_main: RankMain, config: Any, options: Any, world_size: int, command: str) -> int:
@@ -44,12 +57,19 @@ def launch(rank_main: RankMain, config: Any, options: Any, world_size: int, comm
 
 def rank_entry(rank_main: RankMain, rank: int, world_size: int, port: int | None, config: Any, options: Any, command: str) -> int:
     """One rank from start to exit status: its failure is one line naming the rank (a traceback with
-    ``MIMO_PIPES_TRACEBACK=1``)."""
+    ``MIMO_PIPES_TRACEBACK=1``); a stop by signal is 128 + the signal, said once by rank 0 under torchrun
+    (the launcher says it for spawned ranks)."""
+    from mimo_pipes.cli.stop_signal import StopRequested, exit_status
+
     if port is not None:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
     try:
         rank_main(rank, world_size, config, options)
         return 0
+    except StopRequested as stop:
+        if port is None and rank == 0:
+            say(f"{command}: {stop}")
+        return exit_status(stop.signum)
     except (ConfigError, SampleError, PeerError) as error:
         print(f"{command}: rank {rank}: {error}", file=sys.stderr, flush=True)
     except Exception as error:  # noqa: BLE001 - one line per rank, then a non-zero exit
@@ -59,8 +79,23 @@ def rank_entry(rank_main: RankMain, rank: int, world_size: int, port: int | None
     return EXIT_FAILED
 
 
-def _spawned(rank_main: RankMain, rank: int, world_size: int, port: int, config: Any, options: Any, command: str) -> None:
+def _die_with_parent() -> None:
+    """Linux: this process gets SIGKILL when the launcher dies, however it dies."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _spawned(rank_main: RankMain, rank: int, world_size: int, port: int, config: Any, options: Any, command: str, reports: Any) -> None:
+    global _reports
+    # Its own process group: a Ctrl-C at the terminal reaches the launcher alone, which passes it on once.
+    os.setpgid(0, 0)
+    _die_with_parent()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    _reports = reports
     sys.exit(rank_entry(rank_main, rank, world_size, port, config, options, command))
 
 
@@ -70,28 +105,86 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+class _Stop:
+    """The launcher's own SIGTERM / SIGINT: remembered, and passed to every rank once."""
+
+    def __init__(self, processes: list) -> None:
+        self.processes = processes
+        self.signum: int | None = None
+        self.at: float | None = None
+        self.previous = {signum: signal.signal(signum, self._handle) for signum in (signal.SIGTERM, signal.SIGINT)}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is not None:
+            return
+        self.signum, self.at = signum, time.monotonic()
+        for process in self.processes:
+            if process.is_alive() and process.pid is not None:
+                try:
+                    os.kill(process.pid, signum)
+                except ProcessLookupError:
+                    pass
+
+    def restore(self) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+
 def _spawn(rank_main: RankMain, config: Any, options: Any, world_size: int, command: str) -> int:
     import multiprocessing
 
+    from mimo_pipes.cli.stop_signal import exit_status, signal_name
+
     context = multiprocessing.get_context("spawn")
+    reports = context.Queue()
     port = free_port()
+    started = time.monotonic()
     say(f"starting {world_size} ranks")
     processes = [
-        context.Process(target=_spawned, args=(rank_main, rank, world_size, port, config, options, command), name=f"rank{rank}")
+        context.Process(target=_spawned, args=(rank_main, rank, world_size, port, config, options, command, reports), name=f"rank{rank}")
         for rank in range(world_size)
     ]
-    for process in processes:
-        process.start()
-    failed_at: float | None = None
-    while any(process.is_alive() for process in processes):
-        time.sleep(0.05)
-        if failed_at is None and any(process.exitcode not in (None, 0) for process in processes):
-            failed_at = time.monotonic()
-        # A failed rank makes its peers fail within the exchange timeout; past that, stop them.
-        if failed_at is not None and time.monotonic() - failed_at > config.exchange_timeout_s + 30:
-            for process in processes:
-                if process.is_alive():
-                    process.kill()
+    stop = _Stop(processes)
+    try:
+        for process in processes:
+            process.start()
+        joined: set[int] = set()
+        saved: int | None = None
+        failed_at: float | None = None
+        while any(process.is_alive() for process in processes):
+            while not reports.empty():
+                rank, phase, value = reports.get_nowait()
+                if phase == "joined":
+                    joined.add(rank)
+                    if len(joined) == world_size:
+                        say(f"all {world_size} ranks joined the job after {time.monotonic() - started:.1f}s; building their graphs")
+                elif phase == "saved":
+                    saved = value
+            time.sleep(0.05)
+            if failed_at is None and any(process.exitcode not in (None, 0) for process in processes):
+                failed_at = time.monotonic()
+            # A failed rank makes its peers fail within the exchange timeout; past that, or past the grace
+            # after a stop signal, stop them.
+            overdue = failed_at is not None and time.monotonic() - failed_at > config.exchange_timeout_s + 30
+            if overdue or (stop.at is not None and time.monotonic() - stop.at > STOP_GRACE_S):
+                for process in processes:
+                    if process.is_alive():
+                        process.kill()
+        for process in processes:
+            process.join()
+        while not reports.empty():
+            rank, phase, value = reports.get_nowait()
+            saved = value if phase == "saved" else saved
+    finally:
+        stop.restore()
+        for process in processes:
+            if process.is_alive():
+                process.kill()
+    if stop.signum is not None:
+        where = getattr(options, "save_state", None)
+        state = f"; saved a complete state after {saved} micro-batches to {where}" if saved is not None else ""
+        say(f"{command}: stopped by {signal_name(stop.signum)}{state}")
+        return exit_status(stop.signum)
     codes = [process.exitcode for process in processes]
     if any(codes):
         bad = [rank for rank, code in enumerate(codes) if code]

@@ -10,23 +10,26 @@ from pathlib import Path
 from typing import IO, Any
 
 from mimo_pipes.checkpoint import write_meta, write_rank_state
+from mimo_pipes.cli.launcher import report_phase
+from mimo_pipes.cli.stop_signal import StopRequested, StopSignal
 from mimo_pipes.config import JobOptions, PipelineConfig, resolve_exchange_transport
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.exchange.process_groups import RankGroups, build_rank_groups
-from mimo_pipes.exchange.world import barrier, current_backend, job_group, world_rank, world_size
+from mimo_pipes.exchange.world import barrier, control_group, current_backend, job_group, largest_over_ranks, world_rank, world_size
 from mimo_pipes.summary import SUMMARY_ONLY_KEYS
 from mimo_pipes.topology import RankPosition, Topology
 
 
 @dataclass(frozen=True)
 class RankSetup:
-    """This rank's place in the job: the topology, its groups, the layout its graph is built for, and the
-    group of the job's ranks (None: the whole world)."""
+    """This rank's place in the job: the topology, its groups, the layout its graph is built for, the
+    group of the job's ranks (None: the whole world) and a Gloo group of them for the loop's agreements."""
 
     topology: Topology
     groups: RankGroups
     layout: RankLayout
     job: Any = None
+    control: Any = None
 
     @property
     def position(self) -> RankPosition:
@@ -47,7 +50,7 @@ def set_up_rank(config: PipelineConfig, *, exchange_transport: str | None = None
         os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
     )
     groups = build_rank_groups(topology, exchange_backend=transport, timeout_s=config.exchange_timeout_s)
-    job = job_group(topology.world_size)
+    job, control = job_group(topology.world_size), control_group(topology.world_size)
     if groups is None:
         return None
     device = None
@@ -57,7 +60,8 @@ def set_up_rank(config: PipelineConfig, *, exchange_transport: str | None = None
         device = torch.device("cuda", torch.cuda.current_device())
     position = groups.position
     layout = RankLayout(position.dp_rank, position.dp_size, topology.grid_size, groups.exchange_group, device)
-    return RankSetup(topology, groups, layout, job)
+    report_phase("joined")
+    return RankSetup(topology, groups, layout, job, control)
 
 
 def consumed_record(batch: dict[str, Any], position: RankPosition) -> dict[str, Any]:
@@ -113,3 +117,35 @@ def save_state(setup: RankSetup, directory: str, loader_state: dict[str, Any], s
     barrier(setup.job)
     if world_rank() == 0:
         write_meta(directory, consumed, setup.topology.world_size, settings)
+
+
+class StopAtBoundary:
+    """Reads SIGTERM / SIGINT at every micro-batch (or iteration) boundary of a rank's loop.
+
+    ``saving``: the job saves its state on a stop, so every rank must stop at the same boundary: the ranks
+    agree at each boundary (the largest signal any rank received, one small all-reduce over the control
+    group). Without it each rank stops on its own signal."""
+
+    def __init__(self, setup: RankSetup, saving: bool) -> None:
+        self.setup = setup
+        self.saving = saving
+        self.signal = StopSignal()
+
+    def __enter__(self) -> StopAtBoundary:
+        self.signal.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.signal.__exit__(*exc_info)
+
+    def requested(self) -> int:
+        """The signal to stop for (0: go on); collective when saving."""
+        local = self.signal.signum or 0
+        return largest_over_ranks(local, self.setup.control) if self.saving else local
+
+
+def stop_job(signum: int, saved: str | None, consumed: int) -> StopRequested:
+    """The rank's exception for a stop (``saved``: where a complete state of ``consumed`` micro-batches went)."""
+    if saved is not None:
+        report_phase("saved", consumed)
+    return StopRequested(signum, saved)

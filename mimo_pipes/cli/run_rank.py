@@ -11,7 +11,7 @@ from typing import Any
 
 from mimo_pipes.checkpoint import read_rank_state, resume_settings
 from mimo_pipes.cli.metrics_log import attach_metrics
-from mimo_pipes.cli.rank_job import AssignmentDump, consumed_record, progress_bar, save_state, set_up_rank
+from mimo_pipes.cli.rank_job import AssignmentDump, StopAtBoundary, consumed_record, progress_bar, save_state, set_up_rank, stop_job
 from mimo_pipes.config import JobOptions, PipelineConfig
 from mimo_pipes.exchange.world import gather_from_every_rank, join_world, leave_world, world_rank
 from mimo_pipes.loader import graph_nodes
@@ -69,20 +69,26 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> RunResult | None:
     records: list[dict[str, Any]] = []
     progress = progress_bar(rank == 0 and options.progress, total=options.steps, initial=start)
     try:
-        for batch in loader:
-            record = consumed_record(batch, position)
-            dump.write(record)
-            replaced = [row for rows in batch.get("replaced_rows") or [] for row in rows]  # --skip-bad-samples
-            records.append({**record, "replaced_rows": replaced})
-            if packer is not None:
-                records[-1]["packing"] = packer.last_metrics
-            if progress is not None:
-                progress.update(1)
-            if loader.num_yielded >= stop:
-                break
-        end = loader.num_yielded  # below stop when the data ended first
-        if options.save_state and options.stop_after is not None:
+        with StopAtBoundary(setup, saving=options.save_state is not None) as stopper:
+            signum = 0
+            while loader.num_yielded < stop and not (signum := stopper.requested()):
+                try:
+                    batch = next(loader)
+                except StopIteration:
+                    break
+                record = consumed_record(batch, position)
+                dump.write(record)
+                replaced = [row for rows in batch.get("replaced_rows") or [] for row in rows]  # --skip-bad-samples
+                records.append({**record, "replaced_rows": replaced})
+                if packer is not None:
+                    records[-1]["packing"] = packer.last_metrics
+                if progress is not None:
+                    progress.update(1)
+        end = loader.num_yielded  # below stop when the data ended first (or a signal came)
+        if options.save_state:
             save_state(setup, options.save_state, loader.state_dict(), resume_settings(config, options), end)
+        if signum:
+            raise stop_job(signum, options.save_state, end)
         metrics = loader.exchange_metrics()
         if metrics_log is not None:
             metrics_log.finish(metrics)
@@ -120,7 +126,7 @@ def _print_result(result: RunResult, config: PipelineConfig, options: JobOptions
         skipped = result.skipped_rows
         print(f"skipped {len(skipped)} bad dataset row(s) (--skip-bad-samples), each replaced by the next good row "
               f"of its slot{': rows ' + ', '.join(map(str, skipped[:20])) if skipped else ''}", flush=True)
-    if options.save_state and options.stop_after is not None:
+    if options.save_state:
         print(f"saved state after {result.end} micro-batches to {options.save_state}", flush=True)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from mimo_pipes.checkpoint import read_trainer_state, resume_settings, write_model_state
 from mimo_pipes.cli.metrics_log import attach_metrics
-from mimo_pipes.cli.rank_job import AssignmentDump, progress_bar, save_state, set_up_rank
+from mimo_pipes.cli.rank_job import AssignmentDump, StopAtBoundary, progress_bar, save_state, set_up_rank, stop_job
 from mimo_pipes.cli.run_rank import headline
 from mimo_pipes.config import PipelineConfig, TrainOptions
 from mimo_pipes.exchange.world import gather_from_every_rank, join_world, leave_world, world_rank
@@ -59,17 +59,21 @@ def train_rank(config: PipelineConfig, options: TrainOptions) -> TrainResult | N
     results = []
     progress = progress_bar(rank == 0 and options.progress, options.steps // per_iteration, start, "iterations", "it")
     try:
-        while trainer.iteration < stop:
-            result = trainer.step()
-            results.append(result)
-            for record in result.records:
-                dump.write(record)
-            if progress is not None:
-                progress.update(1)
-        if options.save_state and options.stop_after is not None:
+        with StopAtBoundary(setup, saving=options.save_state is not None) as stopper:
+            signum = 0
+            while trainer.iteration < stop and not (signum := stopper.requested()):
+                result = trainer.step()
+                results.append(result)
+                for record in result.records:
+                    dump.write(record)
+                if progress is not None:
+                    progress.update(1)
+        if options.save_state:
             state = trainer.state_dict()
             write_model_state(options.save_state, rank, state)
             save_state(setup, options.save_state, state["loader"], resume_settings(config, options), trainer.loader.num_yielded)
+        if signum:
+            raise stop_job(signum, options.save_state, trainer.loader.num_yielded)
         metrics = trainer.loader.exchange_metrics()
         if metrics_log is not None:
             metrics_log.finish(metrics)
@@ -88,6 +92,6 @@ def train_rank(config: PipelineConfig, options: TrainOptions) -> TrainResult | N
         print(headline(config, setup.topology, start * per_iteration, stop * per_iteration, command="mimo-pipes train"), flush=True)
         print(format_training(flat), flush=True)
         print(format_summary(summaries), flush=True)
-        if options.save_state and options.stop_after is not None:
+        if options.save_state:
             print(f"saved model, optimizer and loader state after iteration {stop} to {options.save_state}", flush=True)
     return TrainResult(start, stop, flat, summaries, results, metrics)

@@ -54,6 +54,19 @@ def job_group(size: int) -> dist.ProcessGroup | None:
     return dist.new_group(list(range(size)))
 
 
+def control_group(size: int) -> dist.ProcessGroup:
+    """A Gloo group of ranks ``0 .. size-1`` for the job's own small agreements on the training thread (a
+    CPU integer, whatever the world's backend). Collective over the whole world."""
+    return dist.new_group(list(range(size)), backend="gloo")
+
+
+def largest_over_ranks(value: int, group: dist.ProcessGroup) -> int:
+    """The largest ``value`` any rank of ``group`` holds, on every rank of it (one small all-reduce)."""
+    tensor = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
+    return int(tensor.item())
+
+
 def gather_from_every_rank(value: Any, group: dist.ProcessGroup | None = None) -> list[Any]:
     """Every rank's ``value`` (picklable), on every rank of ``group`` (None: the world), by rank."""
     gathered: list[Any] = [None] * dist.get_world_size(group)

@@ -1,0 +1,116 @@
+"""SIGTERM and SIGINT to a running job (real launches): every rank stops within seconds, no process is left
+behind, one line says so (exit 143 / 130); with --save-state, SIGTERM first saves a complete state at the
+next micro-batch boundary, and resuming from it gives exactly the uninterrupted stream."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from dist_pool import shared_pool
+from job_runs import read_dumps, run_in_pool
+
+pytestmark = pytest.mark.launch
+
+FLAGS = ["--micro-batch-size", "4", "--embedded-samples", "48", "--seed", "4", "--quiet", "--scalable-dp",
+         "--intra-microbatch-reorder", "--reorder-window-size", "2"]
+LONG = ["--steps", "400"]  # far more than is read before the signal
+STOP_WITHIN_S = 5.0
+
+
+def children(pid: int) -> set[int]:
+    """Every descendant of ``pid`` now (Linux /proc)."""
+    found, todo = set(), [pid]
+    while todo:
+        parent = todo.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            try:
+                kids = {int(child) for child in (task / "children").read_text().split()}
+            except OSError:
+                continue
+            todo.extend(kids - found)
+            found |= kids
+    return found
+
+
+def alive(pids: set[int]) -> set[int]:
+    left = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            left.add(pid)
+    return left
+
+
+def start(argv: list[str], dumps: Path, torchrun: bool = False) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "-m"] if torchrun else [sys.executable, "-m"]
+    return subprocess.Popen([*launcher, "mimo_pipes.cli.main", "run", *argv, "--dump-assignments", str(dumps)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def signal_after_first_microbatches(process: subprocess.Popen, dumps: Path, signum: int, ranks: int = 4) -> tuple[float, set[int]]:
+    """Wait until every rank consumed a micro-batch, then send ``signum``; (seconds to exit, processes it had)."""
+    deadline = time.monotonic() + 240
+    while not (len(list(dumps.glob("rank*.jsonl"))) == ranks and all(p.stat().st_size for p in dumps.glob("rank*.jsonl"))):
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "no micro-batch within 240 s"
+        time.sleep(0.1)
+    family = children(process.pid)
+    sent = time.monotonic()
+    process.send_signal(signum)
+    process.wait(timeout=60)
+    return time.monotonic() - sent, family
+
+
+@pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_stops_every_rank_quickly_and_leaves_nothing(tmp_path, signum, status):
+    process = start([*FLAGS, *LONG], tmp_path / "dumps")
+    seconds, family = signal_after_first_microbatches(process, tmp_path / "dumps", signum)
+    stdout, stderr = process.communicate()
+    assert process.returncode == status, stderr
+    assert seconds < STOP_WITHIN_S, seconds
+    assert len(family) >= 4 and not alive(family)  # the ranks (and their workers) are gone
+    name = signal.Signals(signum).name
+    assert stderr.strip().splitlines()[-1] == f"mimo-pipes run: stopped by {name}", stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+
+
+def uninterrupted(steps: int) -> list[dict]:
+    """The same job run straight through (the per-rank body in the pool): every rank's micro-batches."""
+    import tempfile
+
+    directory = Path(tempfile.mkdtemp())
+    run_in_pool(shared_pool(), [*FLAGS, "--steps", str(steps), "--dump-assignments", str(directory)])
+    return read_dumps(directory)
+
+
+@pytest.mark.parametrize("torchrun", [False, True], ids=["spawned", "torchrun"])
+def test_sigterm_saves_a_complete_state_and_the_resume_is_exact(tmp_path, torchrun):
+    dumps, state = tmp_path / "dumps", tmp_path / "state"
+    process = start([*FLAGS, *LONG, "--save-state", str(state)], dumps, torchrun=torchrun)
+    seconds, family = signal_after_first_microbatches(process, dumps, signal.SIGTERM)
+    stdout, stderr = process.communicate()
+    assert seconds < STOP_WITHIN_S, seconds
+    assert not alive(family)
+    saved = {len(lines) for lines in (p.read_text().splitlines() for p in dumps.glob("rank*.jsonl"))}
+    assert len(saved) == 1, saved  # every rank stopped at the same boundary
+    consumed = saved.pop()
+    if not torchrun:
+        assert process.returncode == 143, stderr
+        assert stderr.strip().splitlines()[-1] == (
+            f"mimo-pipes run: stopped by SIGTERM; saved a complete state after {consumed} micro-batches to {state}")
+    assert (state / "meta.json").is_file()
+    steps = consumed + 3
+    resumed = subprocess.run([sys.executable, "-m", "mimo_pipes.cli.main", "run", *FLAGS, "--steps", str(steps), "--resume", str(state),
+                              "--dump-assignments", str(dumps)], capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert read_dumps(dumps) == uninterrupted(steps)
