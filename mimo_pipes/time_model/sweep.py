@@ -26,11 +26,11 @@ class Sweep:
 
 # A GPU sweep covers the images training sees (up to 128 x 128 patches, forwards of up to 65,536
 # patches, which fit in memory on any GPU that can train the tower). On a CPU the attention over one
-# image grows with its patches squared: a 128 x 128 image alone takes seconds in the tiny tower, and a
-# round of the GPU sweep did not finish in 17 minutes on 2 cores. The CPU sweep stops at 64 x 64
-# patches and 16,384 patches per forward (the tiny tower's whole calibration then takes well under the
-# 3 minutes measured in docs/balancing.md); it still spans the floor, the per-image launches (16 small
-# images) and the quadratic term (1 x 4,096 patches against 4 x 1,024).
+# image grows with its patches squared: one 128 x 128 image takes seconds in the tiny tower, and a round
+# of the GPU sweep was reported unfinished after 17 minutes on 2 cores. The CPU sweep stops at 64 x 64
+# patches and 16,384 patches per forward and still spans the floor, the per-image cost (16 small images)
+# and the quadratic term (1 x 4,096 patches against 4 x 1,024); its forwards are short, so noisier, hence
+# 9 rounds. The tiny tower's whole CPU calibration took 90 s on 2 busy cores (docs/balancing.md).
 SWEEPS: dict[str, Sweep] = {
     "cuda": Sweep(sides=(8, 16, 32, 48, 64, 96, 128), counts=(1, 4, 16, 64), mixes=12, max_patches=65_536, repeats=5, warmup=2),
     "cpu": Sweep(sides=(8, 16, 32, 48, 64), counts=(1, 4, 16), mixes=8, max_patches=16_384, repeats=9, warmup=1),
