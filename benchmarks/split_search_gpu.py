@@ -29,6 +29,7 @@ import statistics
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -43,6 +44,7 @@ from mimo_pipes.encoders import build_vision_tower, encode, patch_dim  # noqa: E
 from mimo_pipes.sharding import global_microbatch_indices  # noqa: E402
 from mimo_pipes.time_model.calibrate import calibrate, fit_report  # noqa: E402
 from mimo_pipes.time_model.model import TimeModel, load_time_model, save_time_model  # noqa: E402
+from mimo_pipes.time_model.sweep import SWEEPS  # noqa: E402
 
 PER_MICROBATCH = ReorderConfig(scalable_dp=True, intra_microbatch_reorder=True)
 LAYOUTS = ((4, 8), (2, 8))  # (vision dp, micro-batch): 28 and 70 forwards per step
@@ -255,12 +257,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.time_model is not None:
             model = load_time_model(args.time_model)
         else:
-            sweep = {"sides": (4, 8), "counts": (1, 2), "mixes": 1, "repeats": 1, "warmup": 0} if args.smoke else {}
+            sweep = replace(SWEEPS["cuda"], sides=(4, 8), counts=(1, 2), mixes=1, repeats=1, warmup=0) if args.smoke else SWEEPS["cuda"]
             config = tower.config
             model, points, fitted = calibrate(
                 lambda p, g: encode(tower, p, g), patch_dim=patch_dim(config), merge_size=config.spatial_merge_size,
                 patch_size=config.patch_size, temporal_patch_size=config.temporal_patch_size, device=device, dtype=dtype,
-                log=log, **sweep,
+                sweep=sweep, log=log,
             )
             lines = fit_report(model, points, fitted)
             log("\n".join(lines))

@@ -27,6 +27,7 @@ import math
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +47,7 @@ from mimo_pipes.encoders import build_vision_tower, encode, patch_dim  # noqa: E
 from mimo_pipes.sharding import global_microbatch_indices  # noqa: E402
 from mimo_pipes.time_model.calibrate import calibrate, fit_report, time_in_rounds  # noqa: E402
 from mimo_pipes.time_model.model import TimeModel, load_time_model, save_time_model
+from mimo_pipes.time_model.sweep import SWEEPS  # noqa: E402
 from mimo_pipes.topology import build_topology  # noqa: E402
 
 LAYOUTS = ((2, 8), (4, 8), (4, 16))  # (vision dp, micro-batch size), the table
@@ -224,11 +226,11 @@ def main(argv: list[str] | None = None) -> int:
         model = load_time_model(args.time_model)
     else:
         log(f"calibrating {tower_name} on {device}")
-        sweep = {"sides": (4, 8), "counts": (1, 2), "repeats": 1, "warmup": 0} if args.smoke else {}
+        sweep = replace(SWEEPS["cuda"], sides=(4, 8), counts=(1, 2), repeats=1, warmup=0) if args.smoke else SWEEPS["cuda"]
         model, points, fitted = calibrate(
             lambda p, g: encode(tower, p, g), patch_dim=patch_dim(config), merge_size=config.spatial_merge_size,
             patch_size=config.patch_size, temporal_patch_size=config.temporal_patch_size, device=device, dtype=dtype,
-            log=log, **sweep,
+            sweep=sweep, log=log,
         )
         report = fit_report(model, points, fitted)
         for line in report:

@@ -18,6 +18,7 @@ from mimo_pipes.cost import placeholder_runs
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.testing import tail_settings
 from mimo_pipes.time_model import TimeModel, TimeModelError, fit_time_model, load_time_model, save_time_model
+from mimo_pipes.time_model.fit import fit_error, relative_errors
 from mimo_pipes.topology import build_topology
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -83,6 +84,32 @@ def test_json_round_trip_and_fingerprint(tmp_path):
     body["per_patch_ps"] += 1
     (tmp_path / "changed.json").write_text(json.dumps(body))
     assert load_time_model(tmp_path / "changed.json").fingerprint() != MODEL.fingerprint()
+
+
+def test_files_without_the_fit_error_or_any_calibration_still_load(tmp_path):
+    """Files written before calibrate recorded its fit error, or with no calibration notes at all."""
+    fit = {"worst": -0.41, "median": 0.03, "threshold": 0.5, "accepted_poor_fit": False}
+    new = save_time_model(MODEL, tmp_path / "new.json", calibration={"tower": "tiny", "fit_error": fit, "points": []})
+    older = save_time_model(MODEL, tmp_path / "older.json", calibration={"tower": "tiny", "points": []})
+    bare = save_time_model(MODEL, tmp_path / "bare.json")
+    assert "calibration" not in json.loads(bare.read_text())
+    assert load_time_model(new) == load_time_model(older) == load_time_model(bare) == MODEL
+    assert len({load_time_model(path).fingerprint() for path in (new, older, bare)}) == 1  # notes are not the model
+
+
+@settings(deadline=None)
+@given(st.lists(st.tuples(st.floats(1e-6, 10.0), st.floats(0.0, 10.0)), min_size=1, max_size=40))
+def test_fit_error_is_the_largest_and_median_relative_error(pairs):
+    measured, modelled = [m for m, _ in pairs], [f for _, f in pairs]
+    error = fit_error(measured, modelled)
+    errors = relative_errors(measured, modelled)
+    assert error.worst == errors[error.worst_index] and all(abs(e) <= abs(error.worst) for e in errors)
+    assert 0 <= error.median <= abs(error.worst)
+    sizes = [abs(e) for e in errors]  # the median: at least half the sizes on either side of it
+    assert 2 * sum(size <= error.median for size in sizes) >= len(sizes) and 2 * sum(size >= error.median for size in sizes) >= len(sizes)
+    assert error.is_poor(threshold=abs(error.worst) / 2) or error.worst == 0
+    assert not error.is_poor(threshold=abs(error.worst))
+    assert fit_error(measured, measured).worst == 0  # a model that matches every point
 
 
 @pytest.mark.parametrize(

@@ -18,12 +18,12 @@ from typing import Any
 
 import torch
 
-from mimo_pipes.time_model.fit import DEFAULT_COUNTS, DEFAULT_MIXES, DEFAULT_SIDES, fit_time_model
+from mimo_pipes.time_model.fit import fit_error, fit_time_model, relative_errors
 from mimo_pipes.time_model.model import TimeModel
+from mimo_pipes.time_model.sweep import SWEEPS, Sweep, forward_shapes
 
-# Image sides in patches (multiples of the merge size), and images per forward. The largest forward is
-# capped (MAX_PATCHES_PER_FORWARD) so the sweep fits in memory on any GPU that can train the tower.
-MAX_PATCHES_PER_FORWARD = 65_536
+# Told after every timed or warm-up run: (runs done, runs in all, estimated seconds left).
+Progress = Callable[[int, int, float], None]
 
 
 @dataclass(frozen=True)
@@ -47,37 +47,15 @@ class Point:
         return f"{self.count} images, {'+'.join(str(p) for p in self.patches)} patches"
 
 
-def sweep(sides: Sequence[int], counts: Sequence[int], merge_size: int, max_patches: int = MAX_PATCHES_PER_FORWARD) -> list[tuple[int, int]]:
-    """(side, count) shapes of the sweep: sides rounded up to the merge size, forwards above ``max_patches`` left out."""
-    shapes = []
-    for side in sides:
-        side = -(-int(side) // merge_size) * merge_size
-        for count in counts:
-            if side * side * count <= max_patches and (side, count) not in shapes:
-                shapes.append((side, int(count)))
-    if not shapes:
-        raise ValueError(f"no forward of the sweep fits in {max_patches} patches")
-    return shapes
+def seconds_left(last: Sequence[float | None], runs_left: Sequence[int], sizes: Sequence[float]) -> float:
+    """Estimated seconds of the runs still to do: ``runs_left[i]`` runs of forward i, each at its last time,
+    or, for a forward not run yet, at the seconds per unit of ``sizes`` (its patches) of those that ran.
 
-
-def mixed_shapes(sides: Sequence[int], merge_size: int, number: int, seed: int = 0, max_images: int = 8,
-                 max_patches: int = MAX_PATCHES_PER_FORWARD) -> list[tuple[int, ...]]:
-    """``number`` forwards of 2..``max_images`` images of different sides drawn from ``sides`` (seeded).
-
-    Real forwards mix sizes; the uniform sweep alone leaves the fit blind to how a small image beside a
-    large one costs."""
-    rounded = sorted({-(-int(side) // merge_size) * merge_size for side in sides})
-    if len(rounded) < 2 or number <= 0:
-        return []
-    rng = random.Random(seed)
-    shapes: list[tuple[int, ...]] = []
-    for _ in range(100 * number):
-        if len(shapes) == number:
-            break
-        chosen = tuple(sorted((rng.choice(rounded) for _ in range(rng.randint(2, max_images))), reverse=True))
-        if len(set(chosen)) > 1 and sum(s * s for s in chosen) <= max_patches and chosen not in shapes:
-            shapes.append(chosen)
-    return shapes
+    Rough until every forward ran once (a large image costs more than its patches' share), close after."""
+    ran = [index for index, seconds in enumerate(last) if seconds is not None]
+    ran_size = sum(sizes[index] for index in ran)
+    rate = sum(last[index] for index in ran) / ran_size if ran_size > 0 else 0.0  # type: ignore[misc]
+    return sum(runs * (seconds if seconds is not None else rate * size) for seconds, runs, size in zip(last, runs_left, sizes))
 
 
 def time_in_rounds(
@@ -91,6 +69,7 @@ def time_in_rounds(
     warmup: int,
     seed: int = 0,
     log: Callable[[str], None] = print,
+    progress: Progress | None = None,
 ) -> list[float]:
     """Median wall seconds of every forward (a list of ``[t, h, w]`` grids; random pixels of that shape).
 
@@ -98,7 +77,8 @@ def time_in_rounds(
     up at the start), then timed once per round over ``repeats`` rounds, each round in its own seeded
     order: a slow spell of the machine (clocks, a busy host) then hits one round of many forwards
     rather than every repeat of one forward, and the median discards it. Inputs are made per call, so
-    memory stays that of the largest forward."""
+    memory stays that of the largest forward. ``progress`` is told after every run (:data:`Progress`,
+    the time left by :func:`seconds_left`)."""
     def once(index: int) -> float:
         grid = torch.tensor(forwards[index], dtype=torch.int64).reshape(-1, 3).to(device)
         pixels = torch.randn(int(grid.prod(dim=1).sum()), patch_dim, device=device, dtype=dtype)
@@ -116,22 +96,40 @@ def time_in_rounds(
             if collecting:
                 gc.enable()
 
+    repeats = max(repeats, 1)
+    sizes = [sum(t * h * w for t, h, w in forward) for forward in forwards]
+    last: list[float | None] = [None] * len(forwards)
+    runs_left = [warmup + repeats] * len(forwards)
+    total = sum(runs_left)
+
+    def run(index: int) -> float:
+        seconds = once(index)
+        last[index] = seconds
+        runs_left[index] -= 1
+        if progress is not None:
+            progress(total - sum(runs_left), total, seconds_left(last, runs_left, sizes))
+        return seconds
+
     times: list[list[float]] = [[] for _ in forwards]
     every = range(len(forwards))
     with torch.inference_mode():
         for _ in range(warmup):
             for index in every:
-                once(index)
+                run(index)
         if warmup:
             log(f"warmed up: {len(forwards)} forwards x {warmup}")
         order = list(every)
         rng = random.Random(seed)
-        for number in range(1, max(repeats, 1) + 1):
+        for number in range(1, repeats + 1):
             rng.shuffle(order)
             for index in order:
-                times[index].append(once(index))
-            log(f"round {number}/{max(repeats, 1)}: {len(forwards)} forwards timed")
+                times[index].append(run(index))
+            log(f"round {number}/{repeats}: {len(forwards)} forwards timed")
     return [statistics.median(values) for values in times]
+
+
+# Times forwards as :func:`time_in_rounds` does, with its arguments (another one can stand in for it).
+Timer = Callable[..., list[float]]
 
 
 def calibrate(
@@ -143,24 +141,22 @@ def calibrate(
     temporal_patch_size: int,
     device: torch.device,
     dtype: torch.dtype,
-    sides: Sequence[int] = DEFAULT_SIDES,
-    counts: Sequence[int] = DEFAULT_COUNTS,
-    mixes: int = DEFAULT_MIXES,
-    repeats: int = 5,
-    warmup: int = 2,
+    sweep: Sweep = SWEEPS["cuda"],
     seed: int = 0,
     log: Callable[[str], None] = print,
+    progress: Progress | None = None,
+    timer: Timer = time_in_rounds,
 ) -> tuple[TimeModel, list[Point], list[float]]:
-    """Time the floor (one image of merge x merge patches), every shape of the sweep and ``mixes`` mixed forwards, then fit.
+    """Time the forwards of ``sweep`` (:func:`~mimo_pipes.time_model.sweep.forward_shapes`: the floor, the
+    uniform shapes, the mixes), then fit.
 
-    Timed by :func:`time_in_rounds` (``warmup`` untimed runs of every shape, then ``repeats`` shuffled
-    rounds, median per shape). Returns the model, the points (the sweep's, then the mixes) and the modelled seconds of each point."""
-    shapes: list[tuple[int, ...]] = [(merge_size,)]
-    shapes += [(side,) * count for side, count in sweep(sides, counts, merge_size)]
-    shapes += mixed_shapes(sides, merge_size, mixes, seed)
+    Timed by ``timer`` (:func:`time_in_rounds`: ``sweep.warmup`` untimed runs of every forward, then
+    ``sweep.repeats`` shuffled rounds, median per forward). Returns the model, the points (the uniform
+    shapes', then the mixes') and the modelled seconds of each point."""
+    shapes = forward_shapes(sweep, merge_size, seed)
     grids = [[[1, side, side] for side in shape] for shape in shapes]
-    medians = time_in_rounds(encoder, grids, patch_dim=patch_dim, device=device, dtype=dtype, repeats=repeats,
-                             warmup=warmup, seed=seed, log=log)
+    medians = timer(encoder, grids, patch_dim=patch_dim, device=device, dtype=dtype, repeats=sweep.repeats,
+                    warmup=sweep.warmup, seed=seed, log=log, progress=progress)
     floor = medians[0]
     log(f"floor (one image of {merge_size * merge_size} patches): {floor * 1e3:.2f} ms")
     points = [Point(shape, seconds) for shape, seconds in zip(shapes[1:], medians[1:])]
@@ -172,14 +168,16 @@ def calibrate(
 
 
 def fit_report(model: TimeModel, points: Sequence[Point], fitted: Sequence[float]) -> list[str]:
-    """The terms and the fit error of every point, as lines for people."""
+    """The terms, the fit error of every point, and the worst and median error, as lines for people."""
     width = max([len("forward")] + [len(point.describe()) for point in points])
     lines = [
         f"floor {model.floor_ps / 1e9:.3f} ms; per image {model.per_image_ps / 1e9:.4f} ms, per patch "
         f"{model.per_patch_ps / 1e6:.4f} us, per patch^2 {model.per_patch_squared_ps / 1e3:.4f} ns",
         f"{'forward':>{width}} {'measured ms':>12} {'model ms':>10} {'error':>8}",
     ]
-    for point, value in zip(points, fitted):
-        error = (value - point.seconds) / point.seconds if point.seconds > 0 else 0.0
+    measured = [point.seconds for point in points]
+    for point, value, error in zip(points, fitted, relative_errors(measured, fitted)):
         lines.append(f"{point.describe():>{width}} {point.seconds * 1e3:>12.2f} {value * 1e3:>10.2f} {error:>+8.1%}")
+    error = fit_error(measured, fitted)
+    lines.append(f"fit error: worst {error.worst:+.1%} ({points[error.worst_index].describe()}), median {error.median:.1%}")
     return lines
