@@ -149,6 +149,7 @@ def test_bad_flags_exit_2_with_one_line(tmp_path):
     ]
 
 
+@pytest.mark.launch  # a benchmark script run end to end
 def test_the_benchmark_script_runs_small():
     result = subprocess.run([sys.executable, "benchmarks/analyze.py", "--samples", "200", "--base", "48"], cwd=Path(__file__).resolve().parent.parent,
                             capture_output=True, text=True, timeout=600)

@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.launch  # a benchmark script run end to end
 def test_encoder_step_benchmark_smoke(tmp_path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "benchmarks/encoder_step_gpu.py", "--device", "cpu", "--smoke", "--out", str(tmp_path)],

@@ -7,6 +7,7 @@ import math
 import sys
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -48,6 +49,7 @@ def test_keys_name_the_images_a_rank_runs():
     assert split_search_gpu.grids_of("1,2,2;1,4,6") == [[1, 2, 2], [1, 4, 6]] and split_search_gpu.grids_of("") == []
 
 
+@pytest.mark.launch  # a benchmark script run end to end
 def test_cpu_smoke_measures_every_split_and_validates_the_chosen_ones(tmp_path):
     measured, validated = tmp_path / "measured", tmp_path / "validated"
     assert split_search_gpu.main(["--device", "cpu", "--smoke", "--layouts", "4x8", "--steps", "1", "--out", str(measured)]) == 0

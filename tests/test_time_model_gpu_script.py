@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import time_model_gpu  # noqa: E402 - benchmarks folder put on the path just above
 
@@ -31,6 +33,7 @@ def test_assignment_is_the_planners():
     ]
 
 
+@pytest.mark.launch  # a benchmark script run end to end
 def test_cpu_smoke_run(tmp_path):
     assert time_model_gpu.main(["--device", "cpu", "--smoke", "--out", str(tmp_path)]) == 0
     body = json.loads((tmp_path / "results.json").read_text())
