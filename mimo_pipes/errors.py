@@ -92,3 +92,23 @@ class PeerError(RuntimeError):
         self.rank = rank
         where = f"rank {rank}" if rank is not None else "a peer rank"
         super().__init__(f"{where} failed: {message}")
+
+
+class PositionMismatchError(PeerError):
+    """Ranks restored different positions (states of different saves, or of different steps): raised on
+    every rank that compared them, naming each rank's position. ``positions``: global rank -> micro-batch."""
+
+    def __init__(self, positions: dict[int, int]) -> None:
+        self.rank = None
+        self.positions = dict(positions)
+        by_position: dict[int, list[int]] = {}
+        for rank, position in sorted(self.positions.items()):
+            by_position.setdefault(position, []).append(rank)
+        where = "; ".join(
+            f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} at micro-batch {position}"
+            for position, ranks in sorted(by_position.items(), key=lambda item: item[1][0])
+        )
+        RuntimeError.__init__(
+            self, f"ranks restored different positions: {where}; their states come from different saves, and every rank "
+                  "must restore the same one (the modules would pair the wrong samples)",
+        )

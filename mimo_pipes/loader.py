@@ -37,8 +37,12 @@ class GraphLoader(Loader[dict]):
     def __iter__(self) -> Iterator[dict]:
         state = self._pending_state
         self._pending_state = None
+        position = self.start_count if state is None else int(state[self.NUM_YIELDED_KEY])
+        for node in graph_nodes(self.root):
+            if isinstance(node, BalanceExchange):  # every exchange then checks that the module's ranks agree
+                node.start_position = position
         self.root.reset(None if state is None else copy.deepcopy(state[self.ROOT_KEY]))
-        self._num_yielded = self.start_count if state is None else int(state[self.NUM_YIELDED_KEY])
+        self._num_yielded = position
         self._started = True
         return self
 

@@ -57,6 +57,12 @@ class ModuleSpec:
     def grid_shape(self) -> list[int]:
         return [self.tp, self.cp, self.etp, self.pp, self.dp]
 
+    @property
+    def spec(self) -> str:
+        """The spec with every key written out: one string per meaning (``language=dp=2`` and
+        ``language=tp=1,pp=1,dp=2,rank_offset=0`` are one layout)."""
+        return f"{self.name}=" + ",".join(f"{key}={getattr(self, key)}" for key in SPEC_KEYS)
+
 
 @dataclass(frozen=True)
 class RankPosition:

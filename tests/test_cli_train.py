@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 
 import pytest
 from job_runs import train_in_pool
+from state_folders import save_job
 
-from mimo_pipes.checkpoint import OPTION_EXEMPT, STATE_FORMAT, check_resume_dir, resume_settings, setting_flag, state_path
+from mimo_pipes.checkpoint import OPTION_EXEMPT, check_resume_dir, setting_flag
 from mimo_pipes.cli.main import build_parser, main
 from mimo_pipes.config import PipelineConfig, TrainOptions
 from mimo_pipes.encoders import vision_tower_config
@@ -51,12 +51,9 @@ def train_flags() -> set[str]:
     return {option for action in train._actions for option in action.option_strings}
 
 
-def save_meta(directory, options: TrainOptions, config: PipelineConfig | None = None, world_size: int = 4) -> None:
-    settings = resume_settings(config or PipelineConfig(), options)
-    meta = {"format": STATE_FORMAT, "consumed_microbatches": 2, "world_size": world_size, "settings": settings}
-    (directory / "meta.json").write_text(json.dumps(meta))
-    for rank in range(world_size):
-        state_path(str(directory), rank).write_text("{}")
+def save_meta(directory, options: TrainOptions, config: PipelineConfig | None = None, world_size: int = 4,
+              model_files: bool = False) -> None:
+    save_job(directory, config or PipelineConfig(), options, world_size=world_size, consumed=2, model_files=model_files)
 
 
 def changed(value):

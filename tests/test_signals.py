@@ -108,7 +108,9 @@ def test_sigterm_saves_a_complete_state_and_the_resume_is_exact(tmp_path, torchr
         assert process.returncode == 143, stderr
         assert stderr.strip().splitlines()[-1] == (
             f"mimo-pipes run: stopped by SIGTERM; saved a complete state after {consumed} micro-batches to {state}")
-    assert (state / "meta.json").is_file()
+    from mimo_pipes.checkpoint import open_generation
+
+    assert open_generation(state).consumed == consumed
     steps = consumed + 3
     resumed = subprocess.run([sys.executable, "-m", "mimo_pipes.cli.main", "run", *FLAGS, "--steps", str(steps), "--resume", str(state),
                               "--dump-assignments", str(dumps)], capture_output=True, text=True, timeout=300)

@@ -10,10 +10,11 @@ import pytest
 import torch
 from node_checks import as_saved, assert_same, take
 from scenarios_exchange import PAD_VALUES
+from state_folders import save_job
 from test_plugin_dist import reorder_config, single_rank_batches
 
 from mimo_pipes.adapters.microbatch_iterator import balance_iterator
-from mimo_pipes.checkpoint import RESUME_EXEMPT, STATE_FORMAT, check_resume_dir, resume_settings, setting_flag, state_path
+from mimo_pipes.checkpoint import MANIFEST_FILE, RESUME_EXEMPT, check_resume_dir, setting_flag
 from mimo_pipes.cli.main import build_parser
 from mimo_pipes.config import JobOptions, PipelineConfig, ReorderConfig
 from mimo_pipes.errors import ConfigError, StateMismatchError
@@ -119,10 +120,7 @@ def test_existing_pipeline_recipe_refuses_a_state_made_for_other_settings():
 
 
 def save_meta(directory, config: PipelineConfig, recipe="mimo_pipes_recipes.vlm_sft", world_size=4):
-    meta = {"format": STATE_FORMAT, "consumed_microbatches": 3, "world_size": world_size, "settings": resume_settings(config, JobOptions(recipe=recipe))}
-    (directory / "meta.json").write_text(json.dumps(meta))
-    for rank in range(world_size):
-        state_path(str(directory), rank).write_text("{}")
+    save_job(directory, config, JobOptions(recipe=recipe), world_size=world_size)
 
 
 def other_value(value):
@@ -179,8 +177,13 @@ def test_resume_settings_that_do_not_shape_the_stream(tmp_path):
 
 
 def test_resume_refuses_an_older_state_format(tmp_path):
-    (tmp_path / "meta.json").write_text(json.dumps({"format": 1, "consumed_microbatches": 3, "fingerprint": {}}))
-    with pytest.raises(ConfigError, match="state format 1 is not 2"):
+    (tmp_path / "meta.json").write_text(json.dumps({"format": 2, "consumed_microbatches": 3, "settings": {}}))
+    with pytest.raises(ConfigError, match="holds a state of format 2 .meta.json., saved by an older mimo-pipes: start the run again"):
+        check_resume_dir(str(tmp_path), PipelineConfig(), 4, JobOptions())
+    save_meta(tmp_path, PipelineConfig())
+    manifest = json.loads((tmp_path / MANIFEST_FILE).read_text())
+    (tmp_path / MANIFEST_FILE).write_text(json.dumps({**manifest, "format": 99}))
+    with pytest.raises(ConfigError, match="state format 99 is not 3"):
         check_resume_dir(str(tmp_path), PipelineConfig(), 4, JobOptions())
 
 

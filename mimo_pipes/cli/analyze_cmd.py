@@ -19,6 +19,7 @@ from mimo_pipes.cli.argtypes import positive_ints
 from mimo_pipes.cli.job_args import add_job_arguments, config_from_args
 from mimo_pipes.cli.job_checks import validate_consumption
 from mimo_pipes.cli.launcher import EXIT_CONFIG, EXIT_FAILED
+from mimo_pipes.cli.output_paths import check_output_folder
 from mimo_pipes.errors import ConfigError, SampleError
 
 RESULT_FILE = "analysis.json"
@@ -62,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
         config, options = config_from_args(args)
         topology = config.validate()
         start = validate_consumption(config, options, topology.world_size)
+        check_output_folder(args.out, "--out")
         recipe = load_recipe(options.recipe, needs=("row_counts",), command="analyze")
         if callable(getattr(recipe, "prepare", None)):
             recipe.prepare(config, log=lambda message: print(message, file=sys.stderr, flush=True))

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mimo_pipes.cli.argtypes import positive_ints
+from mimo_pipes.cli.output_paths import check_output_file
 from mimo_pipes.errors import ConfigError
 
 if TYPE_CHECKING:  # torch is imported by the command only: the parser of every command is built
@@ -131,13 +132,8 @@ def _run(args: argparse.Namespace, timer: Timer | None) -> int:
     threads = args.threads if args.threads is not None else (1 if device.type == "cpu" else torch.get_num_threads())
     if threads < 1:
         raise ConfigError("--threads", f"must be >= 1, got {threads}")
-    out = Path(args.out)  # checked before the timing, which can take minutes
-    if out.is_dir():
-        raise ConfigError("--out", f"{out} is a folder: give the path of the JSON file to write")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise ConfigError("--out", f"cannot create the folder {out.parent} ({error.strerror or error})") from None
+    out = Path(args.out)
+    check_output_file(out, "--out")  # before the timing, which can take minutes
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     model, points, fitted = _measure(args, sweep, device, dtype, threads, timer)
     for line in fit_report(model, points, fitted):
@@ -167,6 +163,7 @@ def _run(args: argparse.Namespace, timer: Timer | None) -> int:
             for p, f in zip(points, fitted)
         ],
     }
+    out.parent.mkdir(parents=True, exist_ok=True)
     path = save_time_model(model, out, calibration)
     print(f"wrote {path}; use it with --reorder-cost-model {path} (fingerprint {model.fingerprint()[:12]})")
     return 0

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import os
 
+from mimo_pipes.checkpoint import SaveLock, acquire_save_lock, current_job_id
+from mimo_pipes.cli.output_paths import check_output_folder
 from mimo_pipes.config import JobOptions, PipelineConfig, resolve_exchange_transport
 from mimo_pipes.errors import ConfigError
+
+OUTPUT_FOLDERS = {"--save-state": "save_state", "--dump-assignments": "dump_assignments", "--tensorboard": "tensorboard"}
 
 
 def validate_job(config: PipelineConfig, options: JobOptions) -> int:
@@ -13,6 +17,9 @@ def validate_job(config: PipelineConfig, options: JobOptions) -> int:
     it asks torch whether GPUs are here, and a plain mistake should not wait for that import."""
     topology = config.validate()
     validate_consumption(config, options, topology.world_size)
+    for setting, name in OUTPUT_FOLDERS.items():
+        if getattr(options, name) is not None:
+            check_output_folder(getattr(options, name), setting)
     if config.reorder.intra_microbatch_reorder:
         from mimo_pipes.exchange.world import world_backend
 
@@ -51,3 +58,11 @@ def validate_consumption(config: PipelineConfig, options: JobOptions, world_size
         if options.stop_after is not None and options.stop_after <= consumed:
             raise ConfigError("--stop-after", f"must be past the {consumed} micro-batches already consumed")
     return consumed
+
+
+def hold_save_lock(options: JobOptions) -> SaveLock | None:
+    """The ``--save-state`` folder's lock for this job (None without ``--save-state``): a second job saving
+    there is refused before any of its ranks starts. Release it when the job ends."""
+    if options.save_state is None:
+        return None
+    return acquire_save_lock(options.save_state, current_job_id())

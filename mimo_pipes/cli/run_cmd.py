@@ -12,7 +12,7 @@ import time
 from types import ModuleType
 
 from mimo_pipes.cli.job_args import add_job_arguments, config_from_args
-from mimo_pipes.cli.job_checks import validate_job
+from mimo_pipes.cli.job_checks import hold_save_lock, validate_job
 from mimo_pipes.cli.launcher import EXIT_CONFIG, launch, say, under_torchrun
 from mimo_pipes.config import JobOptions, PipelineConfig
 from mimo_pipes.errors import ConfigError
@@ -39,26 +39,47 @@ def prepare(recipe: ModuleType, config: PipelineConfig) -> None:
         say(f"data and processor ready in {elapsed:.1f}s")
 
 
-def prepare_job(args: argparse.Namespace) -> tuple[PipelineConfig, JobOptions, int]:
-    """What ``run`` does before any rank starts: every setting checked, then the recipe's preparation
-    (skipped under torchrun, where each rank prepares what it loads). Returns the config, the options and
-    the world size; raises ConfigError naming the flag."""
+def checked_job(args: argparse.Namespace) -> tuple[PipelineConfig, JobOptions, int]:
+    """Every setting of ``run`` checked (the recipe found); returns the config, the options and the world
+    size; raises ConfigError naming the flag."""
     from mimo_pipes.recipe import load_recipe
 
     config, options = config_from_args(args)
     world_size = validate_job(config, options)
-    recipe = load_recipe(options.recipe)
+    load_recipe(options.recipe)
+    return config, options, world_size
+
+
+def prepare_recipe(config: PipelineConfig, options: JobOptions) -> None:
+    """The recipe's preparation, skipped under torchrun (where each rank prepares what it loads)."""
+    from mimo_pipes.recipe import load_recipe
+
     if not under_torchrun():
-        prepare(recipe, config)
+        prepare(load_recipe(options.recipe), config)
+
+
+def prepare_job(args: argparse.Namespace) -> tuple[PipelineConfig, JobOptions, int]:
+    """What ``run`` does before any rank starts: every setting checked, then the recipe's preparation."""
+    config, options, world_size = checked_job(args)
+    prepare_recipe(config, options)
     return config, options, world_size
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        config, options, world_size = prepare_job(args)
+        config, options, world_size = checked_job(args)
+        lock = hold_save_lock(options)  # before the preparation: a second job saving there is refused at once
     except ConfigError as error:
         print(f"{COMMAND}: error: {error}", file=sys.stderr)
         return EXIT_CONFIG
     from mimo_pipes.cli.run_rank import run_in_world
 
-    return launch(run_in_world, config, options, world_size, COMMAND)
+    try:
+        prepare_recipe(config, options)
+        return launch(run_in_world, config, options, world_size, COMMAND)
+    except ConfigError as error:
+        print(f"{COMMAND}: error: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    finally:
+        if lock is not None:
+            lock.release()

@@ -13,7 +13,7 @@ from mimo_pipes.checkpoint import read_rank_state, resume_settings
 from mimo_pipes.cli.metrics_log import attach_metrics
 from mimo_pipes.cli.rank_job import AssignmentDump, StopAtBoundary, consumed_record, progress_bar, save_state, set_up_rank, stop_job
 from mimo_pipes.config import JobOptions, PipelineConfig
-from mimo_pipes.exchange.world import gather_from_every_rank, join_world, leave_world, world_rank
+from mimo_pipes.exchange.world import check_same_position, gather_from_every_rank, join_world, leave_world, world_rank
 from mimo_pipes.loader import graph_nodes
 from mimo_pipes.nodes import SequencePacker
 from mimo_pipes.recipe import load_recipe
@@ -62,6 +62,7 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> RunResult | None:
     if options.resume:
         loader.load_state_dict(read_rank_state(options.resume, rank))
     start = loader.num_yielded
+    check_same_position(start, setup.control)  # every module restored the same micro-batch
     packer = next((node for node in graph_nodes(loader.root) if isinstance(node, SequencePacker)), None)
     stop = options.stop_after if options.stop_after is not None else options.steps
     metrics_log = attach_metrics(loader, position, options)

@@ -13,9 +13,9 @@ import math
 import sys
 
 from mimo_pipes.cli.job_args import add_job_arguments, config_from_args
-from mimo_pipes.cli.job_checks import validate_job
-from mimo_pipes.cli.launcher import EXIT_CONFIG, launch, under_torchrun
-from mimo_pipes.cli.run_cmd import prepare
+from mimo_pipes.cli.job_checks import hold_save_lock, validate_job
+from mimo_pipes.cli.launcher import EXIT_CONFIG, launch
+from mimo_pipes.cli.run_cmd import prepare_recipe
 from mimo_pipes.config import PipelineConfig, TrainOptions
 from mimo_pipes.errors import ConfigError
 
@@ -43,7 +43,7 @@ def options_from_args(args: argparse.Namespace) -> tuple[PipelineConfig, TrainOp
 
 def validate_training(config: PipelineConfig, options: TrainOptions) -> int:
     """run's checks, then the trainer's: whole iterations, a supported layout, a saved model to resume."""
-    from mimo_pipes.checkpoint import model_path
+    from mimo_pipes.checkpoint import model_file, open_generation
     from mimo_pipes.recipe import load_recipe
 
     world_size = validate_job(config, options)
@@ -63,29 +63,42 @@ def validate_training(config: PipelineConfig, options: TrainOptions) -> int:
     if hasattr(recipe, "check_layout"):
         recipe.check_layout(config.validate())
     if options.resume is not None:
-        missing = [rank for rank in range(world_size) if not model_path(options.resume, rank).is_file()]
+        generation = open_generation(options.resume)  # its files were checked by run's checks
+        missing = [rank for rank in range(generation.world_size) if not generation.has(model_file(rank))]
         if missing:
-            raise ConfigError("--resume", f"{options.resume} has no model state for rank {missing[0]} (rank{missing[0]}.pt)")
+            raise ConfigError("--resume", f"{options.resume} has no model state for rank {missing[0]} ({model_file(missing[0])}): "
+                                          "it was saved by mimo-pipes run, not train")
     return world_size
+
+
+def checked_job(args: argparse.Namespace) -> tuple[PipelineConfig, TrainOptions, int]:
+    """Every setting of ``train`` checked (run's and the trainer's)."""
+    config, options = options_from_args(args)
+    return config, options, validate_training(config, options)
 
 
 def prepare_job(args: argparse.Namespace) -> tuple[PipelineConfig, TrainOptions, int]:
     """What ``train`` does before any rank starts (as ``run``'s, with the trainer's checks)."""
-    from mimo_pipes.recipe import load_recipe
-
-    config, options = options_from_args(args)
-    world_size = validate_training(config, options)
-    if not under_torchrun():
-        prepare(load_recipe(options.recipe), config)
+    config, options, world_size = checked_job(args)
+    prepare_recipe(config, options)
     return config, options, world_size
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        config, options, world_size = prepare_job(args)
+        config, options, world_size = checked_job(args)
+        lock = hold_save_lock(options)  # before the preparation: a second job saving there is refused at once
     except ConfigError as error:
         print(f"{COMMAND}: error: {error}", file=sys.stderr)
         return EXIT_CONFIG
     from mimo_pipes.cli.train_rank import train_in_world
 
-    return launch(train_in_world, config, options, world_size, COMMAND)
+    try:
+        prepare_recipe(config, options)
+        return launch(train_in_world, config, options, world_size, COMMAND)
+    except ConfigError as error:
+        print(f"{COMMAND}: error: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    finally:
+        if lock is not None:
+            lock.release()

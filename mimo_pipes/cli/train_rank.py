@@ -6,12 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mimo_pipes.checkpoint import read_trainer_state, resume_settings, write_model_state
+from mimo_pipes.checkpoint import encode_model_state, model_file, read_trainer_state, resume_settings
 from mimo_pipes.cli.metrics_log import attach_metrics
 from mimo_pipes.cli.rank_job import AssignmentDump, StopAtBoundary, progress_bar, save_state, set_up_rank, stop_job
 from mimo_pipes.cli.run_rank import headline
 from mimo_pipes.config import PipelineConfig, TrainOptions
-from mimo_pipes.exchange.world import gather_from_every_rank, join_world, leave_world, world_rank
+from mimo_pipes.exchange.world import check_same_position, gather_from_every_rank, join_world, leave_world, world_rank
 from mimo_pipes.recipe import load_recipe
 from mimo_pipes.summary import ModuleSummary, format_summary, summarize
 
@@ -51,6 +51,7 @@ def train_rank(config: PipelineConfig, options: TrainOptions) -> TrainResult | N
     trainer = recipe.Trainer(config, options, setup.groups, setup.topology, recipe.build(config, setup.layout))
     if options.resume:
         trainer.load_state_dict(read_trainer_state(options.resume, rank))
+    check_same_position(trainer.loader.num_yielded, setup.control)  # every module restored the same micro-batch
     per_iteration = config.microbatches_per_global_batch
     start = trainer.iteration
     stop = (options.stop_after if options.stop_after is not None else options.steps) // per_iteration
@@ -70,8 +71,8 @@ def train_rank(config: PipelineConfig, options: TrainOptions) -> TrainResult | N
                     progress.update(1)
         if options.save_state:
             state = trainer.state_dict()
-            write_model_state(options.save_state, rank, state)
-            save_state(setup, options.save_state, state["loader"], resume_settings(config, options), trainer.loader.num_yielded)
+            save_state(setup, options.save_state, state["loader"], resume_settings(config, options), trainer.loader.num_yielded,
+                       extra_files={model_file(rank): encode_model_state(state)})
         if signum:
             raise stop_job(signum, options.save_state, trainer.loader.num_yielded)
         metrics = trainer.loader.exchange_metrics()

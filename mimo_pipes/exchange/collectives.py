@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from mimo_pipes.balance import balance_two_level, balance_window
-from mimo_pipes.errors import PeerError
+from mimo_pipes.errors import PeerError, PositionMismatchError
 from mimo_pipes.exchange.buffers import ExchangeBuffers, new_buffer
 from mimo_pipes.exchange.context import ExchangeContext
 from mimo_pipes.exchange.plan import ExchangePlan, permute_local, plan_exchange
@@ -25,7 +25,10 @@ from mimo_pipes.observer import ExchangeRecord
 from mimo_pipes.sample import COST, ENCODER_COST, IMAGE_TOKENS, REAL_TOKENS, Sample, Window
 
 STATUS_OK, STATUS_FAILED, STATUS_END = 0, 1, 2
-HEADER = 4  # status, number of micro-batches, first step, window sequence number
+# status, number of micro-batches, first step, window sequence number, and the micro-batch the rank's loader
+# started or restored at (-1: not known), so ranks restored from different saves are refused at once
+HEADER = 5
+POSITION_AT = 4
 # Gathered per sample, at these offsets: the planners' costs (cost; encoder cost and real tokens for two
 # levels), packed bytes (plans the all_to_all), image tokens (metrics only: carried in the same row so that
 # metrics cost no collective of their own).
@@ -64,13 +67,15 @@ def _agree(
     error: BaseException | None,
     costs_sizes: list[int],
     stage: str = "during the balance exchange",
+    position: int = -1,
 ) -> torch.Tensor:
-    """All-gather status, window shape and per-sample values (see ``PER_SAMPLE``); raise on every rank if
-    any failed."""
+    """All-gather status, window shape, start position and per-sample values (see ``PER_SAMPLE``); raise on
+    every rank if any failed, or if the ranks started from different positions."""
     width = HEADER + PER_SAMPLE * ctx.window_size * ctx.samples_per_rank
     local = torch.full((width,), -1, dtype=torch.int64)
     local[0] = status
     local[3] = sequence
+    local[POSITION_AT] = position
     if window is not None:
         local[1] = len(window.microbatches)
         local[2] = window.first_step
@@ -88,7 +93,10 @@ def _agree(
     if len(set(statuses)) > 1:
         ended = [rank for rank, value in enumerate(statuses) if value == STATUS_END]
         raise PeerError(_global_rank(ctx, ended[0]), "its data ended while other ranks of the module still had data")
-    shapes = gathered[:, 1:HEADER]  # micro-batches, first step, sequence: identical on every rank
+    positions = gathered[:, POSITION_AT].tolist()
+    if len({value for value in positions if value >= 0}) > 1:
+        raise PositionMismatchError({_global_rank(ctx, rank): value for rank, value in enumerate(positions)})
+    shapes = gathered[:, 1:POSITION_AT]  # micro-batches, first step, sequence: identical on every rank
     if (shapes != shapes[0]).any():
         raise PeerError(None, f"ranks are out of step (micro-batches, first step, sequence per rank: {shapes.tolist()})")
     return gathered
@@ -148,6 +156,7 @@ def exchange_window(
     buffers: ExchangeBuffers | None = None,
     validate: Callable[[list[Sample]], None] | None = None,
     record: ExchangeRecord | None = None,
+    position: int = -1,
 ) -> Window:
     """Balance one window over the module's DP ranks and return this rank's samples in canonical order.
 
@@ -155,7 +164,8 @@ def exchange_window(
     before its next exchange. ``validate`` checks this rank's samples before anything is sent (what
     the caller's work on the result needs), so a bad sample fails on every rank at once. With ``record`` (see
     :mod:`mimo_pipes.observer`) the exchange fills in what it did: the window's gathered figures, its
-    assignment, phase times and bytes moved."""
+    assignment, phase times and bytes moved. ``position``: the micro-batch this rank's loader started or
+    restored at (see :data:`POSITION_AT`; -1: not known)."""
     clock = _Clock(record)
     try:
         if any(len(microbatch) != ctx.samples_per_rank for microbatch in window.microbatches):
@@ -176,7 +186,7 @@ def exchange_window(
         result = Window(window.first_step, permute_local(local_samples, plan))
         clock.lap("unpack")
         return result
-    gathered = _agree(ctx, STATUS_OK, sequence, window, None, costs_sizes)
+    gathered = _agree(ctx, STATUS_OK, sequence, window, None, costs_sizes, position=position)
     clock.lap("gather")
     # gathered[r] holds rank r's samples, micro-batch by micro-batch: reorder into canonical flat indices.
     width = PER_SAMPLE * count * ctx.samples_per_rank

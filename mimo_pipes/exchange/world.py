@@ -1,5 +1,5 @@
 """A job's world of ranks: joining and leaving it, and the few collectives over the job's ranks a job makes
-(gathering every rank's records, a barrier before a saved state is described).
+(gathering every rank's records, the agreements of a save, the check that every rank restored one position).
 
 A job's ranks are the first ``topology.world_size`` of the world: all of it under ``run`` and ``train``;
 a larger world (a pool of test ranks, say) leaves the rest idle once the groups exist."""
@@ -76,3 +76,16 @@ def gather_from_every_rank(value: Any, group: dist.ProcessGroup | None = None) -
 
 def barrier(group: dist.ProcessGroup | None = None) -> None:
     dist.barrier(group=group)
+
+
+def check_same_position(position: int, group: dist.ProcessGroup | None = None) -> None:
+    """Every rank of ``group`` (None: the world) stands at the same micro-batch ``position`` (what its loader
+    restored, ``loader.num_yielded``); else :class:`~mimo_pipes.errors.PositionMismatchError` on every rank,
+    naming each rank's position. One small all-gather: call it on every rank once after a restore, so that
+    modules whose states come from different saves never pair the wrong samples."""
+    from mimo_pipes.errors import PositionMismatchError
+
+    positions = gather_from_every_rank(int(position), group)
+    if len(set(positions)) > 1:
+        ranks = [dist.get_global_rank(group, index) if group is not None else index for index in range(len(positions))]
+        raise PositionMismatchError(dict(zip(ranks, positions)))

@@ -141,13 +141,15 @@ class _WindowExchange:
             ctx = self.ctx
             record = ExchangeRecord(sequence, window.first_step, ctx.dp_rank, ctx.dp_size, ctx.grid_size,
                                     ctx.across_microbatches, on_training_thread=on_training_thread)
+        position = node.start_position if node is not None else -1
         del node
         started = time.perf_counter()
         if self.collator is None:
-            result = exchange_window(self.ctx, window, sequence, self.buffers, record=record)
+            result = exchange_window(self.ctx, window, sequence, self.buffers, record=record, position=position)
         else:
             # What collation needs is checked before the exchange; what still fails is agreed on after it.
-            result = exchange_window(self.ctx, window, sequence, self.buffers, validate=self.collator.check, record=record)
+            result = exchange_window(self.ctx, window, sequence, self.buffers, validate=self.collator.check, record=record,
+                                     position=position)
             collating = time.perf_counter()
             error: Exception | None = None
             try:
@@ -219,6 +221,9 @@ class BalanceExchange(BaseNode[Window]):
         self._sync_exchange = _WindowExchange(ctx, collator, self)
         self._prefetcher: _Prefetcher | None = None
         self._finalizer: weakref.finalize | None = None
+        # The micro-batch the loader over this node started or restored at (GraphLoader sets it; -1: not
+        # known). Every exchange carries it, so ranks of the module restored from different saves are refused.
+        self.start_position = -1
         self.valid_for = valid_for(type(self).__name__, {
             "dp rank": ctx.dp_rank,
             "dp size": ctx.dp_size,

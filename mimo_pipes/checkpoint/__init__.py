@@ -1,0 +1,61 @@
+"""A job's saved state on disk: checkpoint generations (:mod:`.generation`), the save lock (:mod:`.lock`)
+and what a resume compares before any rank starts (:mod:`.settings`)."""
+
+from mimo_pipes.checkpoint.generation import (
+    MANIFEST_FILE,
+    STATE_FORMAT,
+    FileDigest,
+    Generation,
+    commit_generation,
+    discard_generation,
+    encode_loader_state,
+    encode_model_state,
+    generation_folder,
+    loader_file,
+    model_file,
+    new_generation_id,
+    open_generation,
+    read_rank_state,
+    read_trainer_state,
+    write_rank_files,
+)
+from mimo_pipes.checkpoint.lock import LOCK_FILE, SaveLock, acquire_save_lock, current_job_id
+from mimo_pipes.checkpoint.settings import (
+    FLAGS,
+    OPTION_EXEMPT,
+    RESUME_EXEMPT,
+    check_resume_dir,
+    layout_specs,
+    resume_settings,
+    setting_flag,
+)
+
+__all__ = [
+    "FLAGS",
+    "LOCK_FILE",
+    "MANIFEST_FILE",
+    "OPTION_EXEMPT",
+    "RESUME_EXEMPT",
+    "STATE_FORMAT",
+    "FileDigest",
+    "Generation",
+    "SaveLock",
+    "acquire_save_lock",
+    "check_resume_dir",
+    "commit_generation",
+    "current_job_id",
+    "discard_generation",
+    "encode_loader_state",
+    "encode_model_state",
+    "generation_folder",
+    "layout_specs",
+    "loader_file",
+    "model_file",
+    "new_generation_id",
+    "open_generation",
+    "read_rank_state",
+    "read_trainer_state",
+    "resume_settings",
+    "setting_flag",
+    "write_rank_files",
+]
