@@ -101,7 +101,7 @@ class Collator:
         if window.collated:
             return window
         batches = [self.microbatch(samples, window.first_step + m) for m, samples in enumerate(window.microbatches)]
-        return Window(window.first_step, batches, collated=True)
+        return Window(window.first_step, batches, collated=True, composition=window.composition)
 
 
 def check_collatable(samples: Sequence[Sample], pad_length: int | None, vision_fields: Mapping[str, FieldSpec] | None = None) -> None:

@@ -20,7 +20,8 @@ readers placed the samples, i.e. without reordering) or ``after`` (as the exchan
 - ``window``, ``first_step``, ``microbatches``, ``dp_rank``, ``dp_size``;
 - ``cumulative/...``: the same sums, spreads and ratios over every window delivered since the start of
   training (``cumulative/windows``, ``cumulative/microbatches``); a graph restored from a saved state
-  continues its totals (they are part of the exchange node's state).
+  continues its totals (they are part of the exchange node's state); restored on another layout, the
+  module's figures continue and the rank's own (``rank/*``, ``time/*``, per-rank loads) start again.
 """
 
 from __future__ import annotations
@@ -157,6 +158,21 @@ class MetricsAccumulator:
         self._microbatches = int(state[self.MICROBATCHES_KEY])
         self._sums = dict(state[self.SUMS_KEY])
         self._per_rank = {prefix: list(ranks) for prefix, ranks in state[self.PER_RANK_KEY].items()}
+
+    @classmethod
+    def module_wide(cls, state: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        """The part of saved totals that holds for any layout of the module: every figure about the module
+        (loads, critical paths, bounds, moves, counts), without the saving rank's own (``rank/*``,
+        ``time/*``) and the per-rank loads, which belong to that layout's ranks."""
+        if state is None:
+            return None
+        own = ("rank/", "time/")
+        return {
+            cls.WINDOWS_KEY: int(state[cls.WINDOWS_KEY]),
+            cls.MICROBATCHES_KEY: int(state[cls.MICROBATCHES_KEY]),
+            cls.SUMS_KEY: {name: value for name, value in state[cls.SUMS_KEY].items() if not name.startswith(own)},
+            cls.PER_RANK_KEY: {},
+        }
 
     def add(self, figures: dict[str, Any], wait_seconds: float) -> dict[str, Any]:
         figures = {**figures, "time/wait_s": wait_seconds}

@@ -30,8 +30,12 @@ class Window:
 
     ``microbatches[m]`` lists the rank's samples of step ``first_step + m`` in canonical order; once
     ``collated``, it is instead that step's collated micro-batch (a dict of batched tensors).
+    ``composition`` (set by an exchange that lets samples move between micro-batches): per output
+    micro-batch, the window's flat indices ``m*B + j`` it holds over all ranks, ascending. It does not
+    depend on the layout, so a state saved inside the window keeps it (see MicroBatchAssembler).
     """
 
     first_step: int
     microbatches: list[list[Sample]] | list[dict[str, Any]]
     collated: bool = False
+    composition: list[list[int]] | None = None

@@ -27,6 +27,15 @@ VALID_FOR_KEY = "valid_for"
 NODE = "node"  # the description's entry that names the node's class
 SAMPLED_ROWS = 3  # rows hashed for the fingerprint of a source that has none of its own
 MISSING = object()  # a setting one side does not record (saved by another version)
+# Where a rank sits in its module: a state saved with other values was saved under another layout, which a
+# graph restores by starting at the saved global position (GraphLoader) when nothing else differs.
+LAYOUT_SETTINGS = ("dp rank", "dp size", "canonical grid size")
+# B/d: follows from the global micro-batch size and the layout.
+PER_RANK_SETTINGS = ("micro-batch size per rank", "rows per batch")
+ON_ANOTHER_LAYOUT = (
+    ": the state was saved under another layout, which it can continue only while everything that shapes "
+    "the global stream is unchanged"
+)
 
 
 def valid_for(node: str, settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -40,8 +49,9 @@ def collation_settings(collator: Any) -> dict[str, Any]:
     return {f"collation {field.name.replace('_', ' ')}": getattr(collator, field.name) for field in dataclasses.fields(collator)}
 
 
-def check_valid_for(saved_state: Any, expected: Mapping[str, Any]) -> None:
-    """Raise :class:`StateMismatchError` unless ``saved_state`` was made for the node ``expected`` describes."""
+def check_valid_for(saved_state: Any, expected: Mapping[str, Any], reason: str = "") -> None:
+    """Raise :class:`StateMismatchError` unless ``saved_state`` was made for the node ``expected`` describes
+    (``reason``, if given, is added to the message of a differing setting)."""
     node = str(expected[NODE])
     saved = saved_state.get(VALID_FOR_KEY) if isinstance(saved_state, Mapping) else None
     if not isinstance(saved, Mapping):
@@ -55,10 +65,39 @@ def check_valid_for(saved_state: Any, expected: Mapping[str, Any]) -> None:
     for setting in [*expected, *(name for name in saved if name not in expected)]:
         before, now = saved.get(setting, MISSING), expected.get(setting, MISSING)
         if before != now:
-            raise StateMismatchError(node, setting, f"saved state was made with {setting} {show_setting(before)}, this graph has {show_setting(now)}")
+            raise StateMismatchError(node, setting, f"saved state was made with {setting} {show_setting(before)}, this graph has {show_setting(now)}{reason}")
 
 
-def check_graph_state(saved_state: Any, expected: Sequence[Mapping[str, Any]]) -> None:
+def on_other_layout(saved_state: Any, expected: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether ``saved_state`` (a graph's) was saved by a rank of another layout than ``expected``'s nodes
+    describe: a node of the same class records another DP rank, DP size or canonical grid."""
+    for saved, description in zip(nested_node_states(saved_state), expected):
+        found = saved.get(VALID_FOR_KEY)
+        if isinstance(found, Mapping) and found.get(NODE) == description.get(NODE):
+            if any(key in description and found.get(key, MISSING) != description[key] for key in LAYOUT_SETTINGS):
+                return True
+    return False
+
+
+def on_saved_layout(description: Mapping[str, Any], saved: Mapping[str, Any]) -> dict[str, Any]:
+    """A node's description as it would read on the layout a saved description records: the settings of
+    :data:`LAYOUT_SETTINGS` and :data:`PER_RANK_SETTINGS` taken from ``saved``, everything else its own.
+    Raises StateMismatchError when the global micro-batch size (B/d times d) differs."""
+    node, dp = str(description.get(NODE)), "dp size"
+    for per_rank in PER_RANK_SETTINGS:
+        if all(isinstance(d.get(key), int) for d in (description, saved) for key in (per_rank, dp)):
+            before, now = saved[per_rank] * saved[dp], description[per_rank] * description[dp]
+            if before != now:
+                message = f"saved state was made with micro-batch size {before}, this graph has {now}{ON_ANOTHER_LAYOUT}"
+                raise StateMismatchError(node, "micro-batch size", message)
+    adjusted = dict(description)
+    for key in (*LAYOUT_SETTINGS, *PER_RANK_SETTINGS):
+        if key in description and key in saved:
+            adjusted[key] = saved[key]
+    return adjusted
+
+
+def check_graph_state(saved_state: Any, expected: Sequence[Mapping[str, Any]], reason: str = "") -> None:
     """Check a whole graph's state at once: ``expected`` lists the nodes' descriptions from the root down,
     as the nodes' states nest (other nodes, e.g. torchdata's mappers, may sit between them). Described
     states nested deeper than the last expected node belong to nodes the walk cannot reach (a loader used
@@ -66,7 +105,7 @@ def check_graph_state(saved_state: Any, expected: Sequence[Mapping[str, Any]]) -
     saved = nested_node_states(saved_state)
     for index, description in enumerate(expected):
         if index < len(saved):
-            check_valid_for(saved[index], description)
+            check_valid_for(saved[index], description, reason)
         elif not saved:
             check_valid_for(saved_state, description)  # says that the state carries no description
         else:

@@ -21,7 +21,7 @@ from mimo_pipes.config import ReorderConfig
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.loader import GraphLoader
 from mimo_pipes.nodes import SnapshotGuard
-from mimo_pipes.resume import reorder_window_size, resume_point
+from mimo_pipes.resume import ResumePoint, reorder_window_size, resume_point
 from mimo_pipes.sample import SAMPLE_ID, STEP, Sample
 from mimo_pipes.sharding import shard_indices
 from mimo_pipes.tail import balanced_tail
@@ -79,6 +79,11 @@ class RankShardSampler(Sampler):
         self.layout = layout
         self.seed = seed
         self.start_step = start_step
+
+    def start_at(self, point: ResumePoint, saved_state: Any = None) -> None:
+        """From the next fresh start on, begin at ``point.first_step``: what lets the loader continue a state
+        saved under another layout (see ``GraphLoader.load_state_dict``)."""
+        self.start_step = point.first_step
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
         rank, step = self.layout, self.start_step

@@ -128,10 +128,8 @@ def build(
     dataset = open_source(dataset_path(config))
     map_fn: Callable[[Sample], Sample] = processor
     if config.skip_bad_samples:
-        map_fn = SkipBadRows(
-            processor, dataset, microbatch_size=config.micro_batch_size, grid_size=layout.grid_size,
-            seed=config.seed, dataloader_type=config.dataloader_type,
-        )
+        map_fn = SkipBadRows(processor, dataset, microbatch_size=config.micro_batch_size, seed=config.seed,
+                             dataloader_type=config.dataloader_type)
     return pipeline(
         dataset,
         config,

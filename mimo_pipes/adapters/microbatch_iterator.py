@@ -24,6 +24,7 @@ from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.loader import GraphLoader
 from mimo_pipes.nodes import Uncollate
+from mimo_pipes.resume import ResumePoint
 from mimo_pipes.tail import balanced_tail
 from mimo_pipes.tail_settings import resolve_tail
 from mimo_pipes.topology import build_topology
@@ -86,6 +87,11 @@ class _CountedSource:
         for batch in iterator:
             self.next_microbatch += 1
             yield batch
+
+    def start_at(self, point: ResumePoint, saved_state: Any = None) -> None:
+        """From the next fresh start on, open the source at ``point.first_step`` (a state saved under
+        another layout continues there)."""
+        self.start, self._resume_at = point.first_step, None
 
     def state_dict(self) -> dict[str, int]:
         return {self.NEXT_KEY: self.next_microbatch}

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from mimo_pipes.errors import ConfigError
+from mimo_pipes.topology import Topology, build_topology
 
 STATE_FORMAT = 3  # 3: generations committed by a manifest; 2: meta.json beside the rank files (refused)
 MANIFEST_FILE = "manifest.json"
@@ -223,6 +224,19 @@ class Generation:
     def settings(self) -> dict[str, Any]:
         return dict(self.manifest["settings"])
 
+    def source_rank(self, rank: int, topology: Topology) -> int:
+        """The saved rank whose files rank ``rank`` of ``topology`` restores: its own when the layout is the
+        saved one, else the first rank (DP, TP, CP and PP rank 0) of its module in the saved layout. Every
+        rank of a module saved the same global position and the module's figures; a trainer whose state is
+        replicated over its module's DP ranks restores it from there too."""
+        if [module.spec for module in topology.modules] == self.layout:
+            return rank
+        name = topology.position(rank).module.name
+        try:
+            return build_topology(self.layout).module(name).rank_offset
+        except KeyError:
+            raise self._error(f"{self.directory} was saved without a module named {name}") from None
+
     def has(self, name: str) -> bool:
         return name in self.manifest["files"]
 
@@ -279,8 +293,10 @@ def open_generation(directory: str | Path, flag: str = RESUME_FLAG) -> Generatio
     if not path.is_file():
         if (directory / OLD_META_FILE).is_file():
             raise ConfigError(flag, f"{directory} holds a state of format 2 (meta.json), saved by an older mimo-pipes: start the run again")
+        if not directory.exists():
+            raise ConfigError(flag, f"{directory} holds no saved state (no such folder)")
         if not directory.is_dir():
-            raise ConfigError(flag, f"{directory} is not a folder")
+            raise ConfigError(flag, f"{directory} is a file, not a state folder")
         raise ConfigError(flag, f"{directory} holds no saved state ({MANIFEST_FILE} missing)")
     try:
         manifest = json.loads(path.read_bytes())
@@ -300,14 +316,20 @@ def open_generation(directory: str | Path, flag: str = RESUME_FLAG) -> Generatio
     return Generation(directory, manifest, flag)
 
 
-def read_rank_state(directory: str | Path, rank: int) -> dict[str, Any]:
-    """The loader state ``rank`` saved in the committed generation of ``directory`` (checked)."""
-    return open_generation(directory).read_loader_state(rank)
-
-
-def read_trainer_state(directory: str | Path, rank: int) -> dict[str, Any]:
-    """A training rank's model, optimizer and loader state, as its trainer's ``load_state_dict`` takes it."""
+def read_rank_state(directory: str | Path, rank: int, topology: Topology | None = None) -> dict[str, Any]:
+    """The loader state of ``rank`` in the committed generation of ``directory`` (checked). With the run's
+    ``topology``, for a layout other than the saved one: the state of the rank's module's first saved rank
+    (which ``GraphLoader.load_state_dict`` continues on this layout)."""
     generation = open_generation(directory)
-    state = generation.read_model_state(rank)
-    state["loader"] = generation.read_loader_state(rank)
+    return generation.read_loader_state(rank if topology is None else generation.source_rank(rank, topology))
+
+
+def read_trainer_state(directory: str | Path, rank: int, topology: Topology | None = None) -> dict[str, Any]:
+    """A training rank's model, optimizer and loader state, as its trainer's ``load_state_dict`` takes it
+    (``topology``: as for :func:`read_rank_state`; the model and optimizer then come from the module's first
+    saved rank, which is right for a trainer whose state is replicated over its module's DP ranks)."""
+    generation = open_generation(directory)
+    source = rank if topology is None else generation.source_rank(rank, topology)
+    state = generation.read_model_state(source)
+    state["loader"] = generation.read_loader_state(source)
     return state

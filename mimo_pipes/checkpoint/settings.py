@@ -33,6 +33,34 @@ OPTION_EXEMPT = {
     "tensorboard": "where the exchange metrics are written (their totals travel in the state)",
     "log_interval": "how often a metrics line is printed",
 }
+# Why a setting must match: each shapes the global stream (which samples form every global micro-batch and
+# window) or what the saved state holds; said with the refusal.
+WHY = {
+    "components": "a run resumes on another layout (DP, TP, PP, rank offsets) of the same modules, each continuing its own state",
+    "micro_batch_size": "the global micro-batch size decides which samples form every global micro-batch",
+    "global_batch_size": "it decides where windows and training iterations end",
+    "seed": "the seed decides the order every global micro-batch is drawn from",
+    "dataloader_type": "it decides the order of the samples and where the data ends",
+    "dataset": "the data is what every global micro-batch is drawn from",
+    "embedded_samples": "the data is what every global micro-batch is drawn from",
+    "processor": "the processor makes the samples and their costs",
+    "image_folder": "it decides which images the samples hold",
+    "seq_length": "it decides what the samples hold and how they are padded",
+    "pad_to_seq_length": "it decides how the micro-batches are padded",
+    "skip_bad_samples": "it decides which rows stand in for bad ones",
+    "reorder_window_size": "windows are balanced as a whole: their size decides where they start and which micro-batches samples move between",
+    "reorder_across_microbatches": "it decides whether samples move between the micro-batches of a window",
+    "intra_microbatch_reorder": "it decides the window size and where samples go",
+    "scalable_dp": "it decides what each rank reads",
+    "reorder_encoder_cost_weight": "the cost decides where samples move",
+    "reorder_language_cost_weight": "the cost decides where samples move",
+    "reorder_language_cost": "the cost decides where samples move",
+    "reorder_attention_crossover": "the cost decides where samples move",
+    "reorder_cost_model": "the cost decides where samples move",
+    "reorder_two_level": "it decides where samples move",
+    "pack_sequences_in_batch": "it decides what each micro-batch holds",
+    "pack_pad_multiple": "it decides what each micro-batch holds",
+}
 # Fields whose flag is not the field name with dashes.
 FLAGS = {
     "components": COMPONENT_FLAG,
@@ -57,7 +85,8 @@ def resume_settings(config: PipelineConfig, options: JobOptions) -> dict[str, An
     """Every setting a resumed run must share with the saved one, by field name, JSON-plain: all fields of
     the config and of the configs inside it except :data:`RESUME_EXEMPT` (what shapes the stream), and all
     options except :data:`OPTION_EXEMPT` (the recipe, and for ``train`` what shapes the losses). Values
-    are compared by meaning: component specs with every key written out, cost weights as exact numbers."""
+    are compared by meaning: of the components, the modules' names (the layout may change; the manifest
+    keeps it, see :func:`layout_specs`), cost weights as exact numbers."""
     settings: dict[str, Any] = {}
 
     def add(holder: Any) -> None:
@@ -69,7 +98,8 @@ def resume_settings(config: PipelineConfig, options: JobOptions) -> dict[str, An
                 settings[item.name] = value
 
     add(config)
-    settings["components"] = layout_specs(config)
+    # The layout is the manifest's (another one may resume, see check_resume_dir); the modules must be the same.
+    settings["components"] = sorted(spec.partition("=")[0].strip() for spec in config.components)
     for name in ("reorder_encoder_cost_weight", "reorder_language_cost_weight"):  # 1, 1.0 and "1" are one weight
         settings[name] = str(exact_weight(settings[name], flag(name)))
     if config.dataset is not None:
@@ -91,20 +121,21 @@ def setting_flag(name: str) -> str:
 def check_resume_dir(directory: str, config: PipelineConfig, world_size: int, options: JobOptions) -> int:
     """Validate a saved state before any rank starts (every launcher and torchrun rank runs it, so a mismatch
     ends every rank with exit 2 before any collective): the committed generation, the settings it was saved
-    with, and every one of its files against its manifest. Returns the consumed micro-batch count."""
+    with, and every one of its files against its manifest. The layout may differ (``world_size`` ranks of
+    other DP sizes, TP, PP or offsets): each rank then restores its module's first saved rank (see
+    :meth:`~mimo_pipes.checkpoint.generation.Generation.source_rank`). Returns the consumed micro-batch count."""
     generation = open_generation(directory)
     saved, current = generation.settings, resume_settings(config, options)
     for name in [*current, *(name for name in saved if name not in current)]:
         before, now = saved.get(name, MISSING), current.get(name, MISSING)
         if before != now:
-            raise ConfigError("--resume", f"{directory} was saved with {setting_flag(name)} {_show(before)}, this run has {_show(now)}")
-    if generation.world_size != world_size:
-        raise ConfigError("--resume", f"{directory} was saved by {generation.world_size} ranks, this run has {world_size}")
+            why = f": {WHY[name]}" if name in WHY else ""
+            raise ConfigError("--resume", f"{directory} was saved with {setting_flag(name)} {_show(before)}, this run has {_show(now)}{why}")
     generation.verify()
     return generation.consumed
 
 
 def _show(value: Any) -> str:
     if isinstance(value, list) and all(isinstance(item, str) for item in value):
-        return " ".join(value)  # component specs
+        return "modules " + ", ".join(value)
     return show_setting(value, missing="no value (an unknown setting)", none="unset (the default)")

@@ -95,7 +95,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
                         help="folder that relative image paths in --dataset are resolved against (default: as given)")
     parser.add_argument("--skip-bad-samples", action="store_true",
                         help="replace a row that cannot be processed (corrupt or missing image, no text, images longer "
-                             "than --seq-length) by the next good row of its slot, count and report it; without it such "
+                             "than --seq-length) by the next good row of the global order, count and report it; without it such "
                              "a row stops the run with an error naming it")
     parser.add_argument("--embedded-samples", type=int, default=defaults.embedded_samples,
                         help="size of the embedded synthetic dataset (without --dataset)")

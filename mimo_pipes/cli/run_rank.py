@@ -60,7 +60,7 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> RunResult | None:
     rank, position = world_rank(), setup.position
     loader = load_recipe(options.recipe).build(config, setup.layout)
     if options.resume:
-        loader.load_state_dict(read_rank_state(options.resume, rank))
+        loader.load_state_dict(read_rank_state(options.resume, rank, setup.topology))  # on another layout: its module's
     start = loader.num_yielded
     check_same_position(start, setup.control)  # every module restored the same micro-batch
     packer = next((node for node in graph_nodes(loader.root) if isinstance(node, SequencePacker)), None)
@@ -126,7 +126,7 @@ def _print_result(result: RunResult, config: PipelineConfig, options: JobOptions
     if config.skip_bad_samples:
         skipped = result.skipped_rows
         print(f"skipped {len(skipped)} bad dataset row(s) (--skip-bad-samples), each replaced by the next good row "
-              f"of its slot{': rows ' + ', '.join(map(str, skipped[:20])) if skipped else ''}", flush=True)
+              f"of the global order{': rows ' + ', '.join(map(str, skipped[:20])) if skipped else ''}", flush=True)
     if options.save_state:
         print(f"saved state after {result.end} micro-batches to {options.save_state}", flush=True)
 

@@ -50,7 +50,7 @@ def train_rank(config: PipelineConfig, options: TrainOptions) -> TrainResult | N
     recipe = load_recipe(options.recipe, needs=("build", "Trainer"), command="train")
     trainer = recipe.Trainer(config, options, setup.groups, setup.topology, recipe.build(config, setup.layout))
     if options.resume:
-        trainer.load_state_dict(read_trainer_state(options.resume, rank))
+        trainer.load_state_dict(read_trainer_state(options.resume, rank, setup.topology))  # on another layout: its module's
     check_same_position(trainer.loader.num_yielded, setup.control)  # every module restored the same micro-batch
     per_iteration = config.microbatches_per_global_batch
     start = trainer.iteration

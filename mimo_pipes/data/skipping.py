@@ -1,9 +1,10 @@
-"""``--skip-bad-samples``: a row that cannot be processed is replaced by the next good row of its slot.
+"""``--skip-bad-samples``: a row that cannot be processed is replaced by the next good row of the global order.
 
-"Next" is a pure function of the sample's step and canonical slot: the slot's later positions in the same
-global micro-batch, then the slot's positions in the following micro-batches (``single`` data wraps
-around). Every module and every DP rank computes the same replacement without talking, and a resumed run
-(which reads the same step and slot again) replaces the same rows.
+"Next" is a pure function of the sample's global position (its step and its place in that global
+micro-batch): the later positions of the same global micro-batch, then the following global micro-batches
+in order (``single`` data wraps around). It does not depend on the layout: every module and every DP rank
+computes the same replacement without talking, and a resumed run, on this layout or another (which reads
+the same global positions again), replaces the same rows.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ MAX_TRIES = 64
 
 
 class SkipBadRows:
-    """Wraps a per-sample ``process`` (a map function): on :class:`SampleError`, processes the next rows of
-    the sample's slot until one succeeds. The result keeps the step and slot, takes the good row's
+    """Wraps a per-sample ``process`` (a map function): on :class:`SampleError`, processes the rows that follow
+    the sample in the global order until one succeeds. The result keeps the step and slot, takes the good row's
     ``sample_id``, and lists the skipped rows under ``replaced_rows``."""
 
     def __init__(
@@ -32,7 +33,6 @@ class SkipBadRows:
         dataset: MapStyleDataset,
         *,
         microbatch_size: int,
-        grid_size: int,
         seed: int,
         dataloader_type: str,
         max_tries: int = MAX_TRIES,
@@ -40,7 +40,6 @@ class SkipBadRows:
         self.process = process
         self.dataset = dataset
         self.microbatch_size = microbatch_size
-        self.samples_per_slot = microbatch_size // grid_size
         self.seed = seed
         self.shuffle = dataloader_type == "cyclic"
         self.cyclic = self.shuffle
@@ -59,23 +58,21 @@ class SkipBadRows:
     def _indices(self, step: int):
         return global_microbatch_indices(step, len(self.dataset), self.microbatch_size, self.seed, self.shuffle)
 
-    def _successors(self, step: int, slot: int, index: int) -> Iterator[int]:
-        first = slot * self.samples_per_slot
-        positions = range(first, first + self.samples_per_slot)
-        current = self._indices(step)
-        after = [int(current[p]) for p in positions]
-        yield from after[after.index(index) + 1 :]
+    def _successors(self, step: int, index: int) -> Iterator[int]:
+        """The rows after global position (``step``, place of ``index``): the rest of the global micro-batch,
+        then the following ones."""
+        current = [int(i) for i in self._indices(step)]
+        yield from current[current.index(index) + 1 :]
         later = step + 1
         while True:
             probe = later if self.cyclic else later % self.per_epoch
-            ids = self._indices(probe)
-            yield from (int(ids[p]) for p in positions)
+            yield from (int(i) for i in self._indices(probe))
             later += 1
 
     def _replace(self, row: dict, error: SampleError) -> Sample:
         step, slot, index = int(row[STEP]), int(row[SLOT]), int(row[SAMPLE_ID])
         skipped = [index]
-        for tries, candidate in enumerate(self._successors(step, slot, index)):
+        for tries, candidate in enumerate(self._successors(step, index)):
             if tries >= self.max_tries:
                 break
             attempt: dict[str, Any] = dict(self.dataset[candidate])
@@ -87,4 +84,4 @@ class SkipBadRows:
                 continue
             sample[REPLACED_ROWS] = skipped
             return sample
-        raise SampleError(index, f"{error} (and the next {self.max_tries} rows of its slot failed too)") from error
+        raise SampleError(index, f"{error} (and the {self.max_tries} rows after it failed too)") from error

@@ -15,7 +15,7 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from mimo_pipes.balance import balance_two_level, balance_window
+from mimo_pipes.balance import balance_composition, balance_composition_two_level, balance_two_level, balance_window
 from mimo_pipes.errors import PeerError, PositionMismatchError
 from mimo_pipes.exchange.buffers import ExchangeBuffers, new_buffer
 from mimo_pipes.exchange.context import ExchangeContext
@@ -157,6 +157,7 @@ def exchange_window(
     validate: Callable[[list[Sample]], None] | None = None,
     record: ExchangeRecord | None = None,
     position: int = -1,
+    composition: list[list[int]] | None = None,
 ) -> Window:
     """Balance one window over the module's DP ranks and return this rank's samples in canonical order.
 
@@ -165,7 +166,11 @@ def exchange_window(
     the caller's work on the result needs), so a bad sample fails on every rank at once. With ``record`` (see
     :mod:`mimo_pipes.observer`) the exchange fills in what it did: the window's gathered figures, its
     assignment, phase times and bytes moved. ``position``: the micro-batch this rank's loader started or
-    restored at (see :data:`POSITION_AT`; -1: not known)."""
+    restored at (see :data:`POSITION_AT`; -1: not known). ``composition``: which samples form each output
+    micro-batch (flat indices per micro-batch, as :class:`~mimo_pipes.sample.Window` records them) of a
+    window restored inside, whose first micro-batches were consumed under it (perhaps on another layout):
+    the planner's plan when it forms those micro-batches, else each of them balanced over the slots where
+    it is. With samples moving between micro-batches the result records its composition."""
     clock = _Clock(record)
     try:
         if any(len(microbatch) != ctx.samples_per_rank for microbatch in window.microbatches):
@@ -181,9 +186,9 @@ def exchange_window(
     if ctx.dp_size == 1:
         # Nothing to exchange: a local permutation into canonical order, no collective.
         local = torch.tensor(costs_sizes, dtype=torch.int64).reshape(count, ctx.microbatch_size, PER_SAMPLE)
-        plan = _plan(ctx, local, record)
+        plan, chosen = _plan(ctx, local, record, composition)
         clock.lap("plan")
-        result = Window(window.first_step, permute_local(local_samples, plan))
+        result = Window(window.first_step, permute_local(local_samples, plan), composition=chosen)
         clock.lap("unpack")
         return result
     gathered = _agree(ctx, STATUS_OK, sequence, window, None, costs_sizes, position=position)
@@ -192,11 +197,11 @@ def exchange_window(
     width = PER_SAMPLE * count * ctx.samples_per_rank
     values = gathered[:, HEADER : HEADER + width].reshape(ctx.dp_size, count, ctx.samples_per_rank, PER_SAMPLE)
     canonical = values.permute(1, 0, 2, 3).reshape(count, ctx.microbatch_size, PER_SAMPLE)
-    plan = _plan(ctx, canonical, record)
+    plan, chosen = _plan(ctx, canonical, record, composition)
     clock.lap("plan")
     sizes = canonical[:, :, PACKED_BYTES_AT].reshape(-1).tolist()
     by_flat = _move(ctx, plan, local_samples, layouts, sizes, buffers, clock)
-    result = Window(window.first_step, permute_local(by_flat, plan))
+    result = Window(window.first_step, permute_local(by_flat, plan), composition=chosen)
     clock.lap("unpack")
     return result
 
@@ -215,20 +220,37 @@ class _Clock:
         self.last = now
 
 
-def _plan(ctx: ExchangeContext, values: torch.Tensor, record: ExchangeRecord | None) -> ExchangePlan:
-    """The assignment from (W, B, PER_SAMPLE) gathered values: one level on cost, or two levels."""
+def _plan(
+    ctx: ExchangeContext, values: torch.Tensor, record: ExchangeRecord | None, composition: list[list[int]] | None = None
+) -> tuple[ExchangePlan, list[list[int]] | None]:
+    """The assignment from (W, B, PER_SAMPLE) gathered values: one level on cost, or two levels; with a
+    ``composition``, micro-batches holding exactly its samples. Returns the plan and, when samples may move
+    between micro-batches, the window's composition."""
     across = ctx.across_microbatches
     costs = values[:, :, COST_AT].tolist()
     if ctx.encoder_groups:
         encoder, language = values[:, :, ENCODER_COST_AT].tolist(), values[:, :, REAL_TOKENS_AT].tolist()
         assignment = balance_two_level(encoder, language, ctx.encoder_groups, ctx.grid_size, across, ctx.floor)
+        if composition is not None and _composition(assignment) != composition:
+            assignment = balance_composition_two_level(encoder, language, composition, ctx.encoder_groups, ctx.grid_size, ctx.floor)
     else:
         assignment = balance_window(costs, ctx.grid_size, across_microbatches=across, floor=ctx.floor)
+        if composition is not None and _composition(assignment) != composition:
+            # The planner would form other micro-batches here (another grid or floor): keep the saved ones.
+            # Every module has the same inputs, so all of them take the same branch and stay paired; with the
+            # saved layout's settings the planner's own plan is kept, so a restore there is exact.
+            assignment = balance_composition(costs, composition, ctx.grid_size, floor=ctx.floor)
     if record is not None:
         record.costs, record.assignment = costs, assignment
         record.packed_bytes = values[:, :, PACKED_BYTES_AT].tolist()  # zeros at DP 1: nothing is packed
         record.image_tokens = values[:, :, IMAGE_TOKENS_AT].tolist()
-    return plan_exchange(assignment, ctx.dp_rank, ctx.dp_size, ctx.grid_size, ctx.microbatch_size)
+    plan = plan_exchange(assignment, ctx.dp_rank, ctx.dp_size, ctx.grid_size, ctx.microbatch_size)
+    return plan, _composition(assignment) if across or composition is not None else None
+
+
+def _composition(assignment: list[list[list[int]]]) -> list[list[int]]:
+    """Which flat window indices each output micro-batch holds, ascending."""
+    return [sorted(i for slot in slots for i in slot) for slots in assignment]
 
 
 def _flat_index(ctx: ExchangeContext, local_position: int) -> int:

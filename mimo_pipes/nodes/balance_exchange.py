@@ -25,6 +25,7 @@ from mimo_pipes.exchange import (
 )
 from mimo_pipes.metrics import MetricsAccumulator, window_metrics
 from mimo_pipes.observer import ExchangeObserver, ExchangeRecord
+from mimo_pipes.resume import ResumePoint
 from mimo_pipes.sample import Window
 from mimo_pipes.tail_settings import TailSettings
 from mimo_pipes.validity import VALID_FOR_KEY, check_valid_for, collation_settings, valid_for
@@ -142,14 +143,17 @@ class _WindowExchange:
             record = ExchangeRecord(sequence, window.first_step, ctx.dp_rank, ctx.dp_size, ctx.grid_size,
                                     ctx.across_microbatches, on_training_thread=on_training_thread)
         position = node.start_position if node is not None else -1
+        pinned = node.pinned if node is not None else None
+        composition = pinned[1] if pinned is not None and pinned[0] == window.first_step else None
         del node
         started = time.perf_counter()
         if self.collator is None:
-            result = exchange_window(self.ctx, window, sequence, self.buffers, record=record, position=position)
+            result = exchange_window(self.ctx, window, sequence, self.buffers, record=record, position=position,
+                                     composition=composition)
         else:
             # What collation needs is checked before the exchange; what still fails is agreed on after it.
             result = exchange_window(self.ctx, window, sequence, self.buffers, validate=self.collator.check, record=record,
-                                     position=position)
+                                     position=position, composition=composition)
             collating = time.perf_counter()
             error: Exception | None = None
             try:
@@ -224,6 +228,10 @@ class BalanceExchange(BaseNode[Window]):
         # The micro-batch the loader over this node started or restored at (GraphLoader sets it; -1: not
         # known). Every exchange carries it, so ranks of the module restored from different saves are refused.
         self.start_position = -1
+        # (first step, composition): that window's micro-batches as a saved run chose them (see pin()).
+        self.pinned: tuple[int, list[list[int]]] | None = None
+        self._start_sequence = 0  # where a fresh start (reset(None)) begins; start_at() moves it
+        self._start_totals: dict[str, Any] | None = None
         self.valid_for = valid_for(type(self).__name__, {
             "dp rank": ctx.dp_rank,
             "dp size": ctx.dp_size,
@@ -234,6 +242,22 @@ class BalanceExchange(BaseNode[Window]):
             **(collation_settings(collator) if collator is not None else {"collation": None}),
         })
 
+    def pin(self, first_step: int, composition: list[list[int]] | None) -> None:
+        """Exchange the window at ``first_step`` with the micro-batches ``composition`` gives (flat window
+        indices per micro-batch, see :class:`~mimo_pipes.sample.Window`), only balancing each over the slots:
+        a window restored inside, whose first micro-batches were consumed under that composition."""
+        self.pinned = None if composition is None else (int(first_step), [list(map(int, m)) for m in composition])
+
+    def start_at(self, point: ResumePoint, saved_state: Any = None) -> None:
+        """From the next ``reset(None)`` on, continue a run saved under another layout at ``point.first_step``:
+        ``saved_state`` is this node's state saved at the start of that window (its windows-delivered count
+        and the module's metric totals continue, see :meth:`MetricsAccumulator.module_wide`), and
+        ``point.composition`` pins the window's micro-batches (:meth:`pin`)."""
+        saved = saved_state if isinstance(saved_state, dict) else {}
+        self._start_sequence = int(saved.get(self.SEQUENCE_KEY, 0))
+        self._start_totals = MetricsAccumulator.module_wide(saved.get(self.METRICS_KEY))
+        self.pin(point.first_step, point.composition)
+
     def reset(self, initial_state: dict | None = None) -> None:
         if initial_state is not None:
             check_valid_for(initial_state, self.valid_for)
@@ -241,14 +265,14 @@ class BalanceExchange(BaseNode[Window]):
         self.close()
         if initial_state is None:
             self.source.reset(None)
-            self._sequence = 0
+            self._sequence = self._start_sequence
         else:
             self.source.reset(copy.deepcopy(initial_state[self.SOURCE_KEY]))
             self._sequence = int(initial_state[self.SEQUENCE_KEY])
         self._state_after_delivered = copy.deepcopy(self.source.state_dict())
         self._ended = False
         # A state saved before the totals were kept (no METRICS_KEY) restores the stream and starts them at zero.
-        self._accumulator.load_state(None if initial_state is None else initial_state.get(self.METRICS_KEY))
+        self._accumulator.load_state(self._start_totals if initial_state is None else initial_state.get(self.METRICS_KEY))
         self._last_metrics = None
 
     def add_observer(self, observer: ExchangeObserver) -> None:

@@ -9,10 +9,11 @@ from typing import Any, Protocol
 import numpy as np
 from torchdata.nodes import BaseNode
 
+from mimo_pipes.resume import ResumePoint
 from mimo_pipes.sample import SAMPLE_ID, SLOT, STEP, Sample
 from mimo_pipes.sharding import epoch_order, microbatches_per_epoch
 from mimo_pipes.topology import owned_positions
-from mimo_pipes.validity import VALID_FOR_KEY, check_valid_for, source_fingerprint, valid_for
+from mimo_pipes.validity import VALID_FOR_KEY, check_valid_for, on_saved_layout, source_fingerprint, valid_for
 
 
 class MapStyleDataset(Protocol):
@@ -66,8 +67,9 @@ class CanonicalShardReader(BaseNode[Sample]):
             raise ValueError(f"dataset has {len(dataset)} samples, fewer than one micro-batch of {microbatch_size}")
         self._order_epoch = -1
         self._order = np.empty(0, dtype=np.int64)
+        self._fingerprint_of_rows = dataset_fingerprint is None
         if dataset_fingerprint is None:  # rows this rank reads first (its own slots of step 0), never others
-            dataset_fingerprint = source_fingerprint(dataset, self._first_rows())
+            dataset_fingerprint = source_fingerprint(dataset, self._first_rows(self.positions))
         self.valid_for = valid_for(type(self).__name__, {
             "micro-batch size": microbatch_size,
             "dp rank": dp_rank,
@@ -79,9 +81,26 @@ class CanonicalShardReader(BaseNode[Sample]):
             "dataset fingerprint": dataset_fingerprint,
         })
 
-    def _first_rows(self) -> list[int]:
+    def _first_rows(self, positions: range) -> list[int]:
         self._order, self._order_epoch = epoch_order(len(self.dataset), 0, self.seed, shuffle=self.cyclic), 0  # kept for step 0
-        return [int(index) for index in self._order[self.positions.start : self.positions.stop]]
+        return [int(index) for index in self._order[positions.start : positions.stop]]
+
+    def valid_for_layout(self, saved: Mapping[str, Any]) -> dict[str, Any]:
+        """This reader's description on the layout of a saved description (another DP rank and size): a
+        fingerprint of the rows that rank read first is computed over the same rows here (a few rows read
+        once, at the restore), so the same data on another layout is recognised, and other data refused."""
+        adjusted = on_saved_layout(self.valid_for, saved)
+        dp_rank, dp_size = saved.get("dp rank"), saved.get("dp size")
+        if self._fingerprint_of_rows and isinstance(dp_rank, int) and isinstance(dp_size, int) and 0 <= dp_rank < dp_size:
+            own = str(self.valid_for["dataset fingerprint"])
+            if own.startswith("rows:") and self.microbatch_size % dp_size == 0:
+                rows = self._first_rows(owned_positions(dp_rank, dp_size, self.microbatch_size))
+                adjusted["dataset fingerprint"] = source_fingerprint(self.dataset, rows)
+        return adjusted
+
+    def start_at(self, point: ResumePoint, saved_state: Any = None) -> None:
+        """From the next ``reset(None)`` on, read from global micro-batch ``point.first_step``."""
+        self.start_step = point.first_step
 
     def reset(self, initial_state: dict | None = None) -> None:
         if initial_state is not None:

@@ -7,6 +7,7 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
+from mimo_pipes.resume import ResumePoint
 from mimo_pipes.sample import Window
 from mimo_pipes.tail_settings import TailSettings
 from mimo_pipes.validity import VALID_FOR_KEY, check_valid_for, collation_settings, valid_for
@@ -19,20 +20,31 @@ class MicroBatchAssembler(BaseNode[dict]):
     Its state is the source's state from before the current window plus how many of the window's
     micro-batches were yielded, so a restore inside a window re-reads that window and skips ahead.
     ``settings.resume.skip_first`` does the same for a fresh start in the middle of a window (resume from
-    a count); a state taken before the first window is read carries that pending skip.
+    a count); a state taken before the first window is read carries that pending skip. Inside a window
+    whose samples moved between micro-batches, the state also keeps the window's composition (which
+    samples each micro-batch holds, as flat window indices: W x B integers at most), so the window is
+    re-exchanged with exactly those micro-batches, on this layout or another (see :meth:`start_at`).
     The state is valid for one collation (pad length and values).
     """
 
     SOURCE_KEY = "source"
     YIELDED_KEY = "yielded_in_window"
+    COMPOSITION_KEY = "window_composition"
     VALID_FOR_KEY = VALID_FOR_KEY
 
     def __init__(self, source: BaseNode[Window], *, settings: TailSettings) -> None:
         super().__init__()
         self.source = source
         self.skip_first = settings.resume.skip_first  # micro-batches of the first window already consumed (resume by count)
+        self.start_composition: list[list[int]] | None = None  # the first window's, when started inside it (start_at)
         self.collator = settings.collator
         self.valid_for = valid_for(type(self).__name__, collation_settings(self.collator))
+
+    def start_at(self, point: ResumePoint, saved_state: Any = None) -> None:
+        """From the next ``reset(None)`` on, start inside the window at ``point.first_step``: skip its first
+        ``point.skip_first`` micro-batches, keeping ``point.composition`` for a state taken before it is read."""
+        self.skip_first = point.skip_first
+        self.start_composition = point.composition
 
     def reset(self, initial_state: dict | None = None) -> None:
         if initial_state is not None:
@@ -43,10 +55,12 @@ class MicroBatchAssembler(BaseNode[dict]):
             self.source.reset(None)
             self._window_start_state: dict[str, Any] | None = None
             self._yielded = self.skip_first
+            self._pending_composition = self.start_composition if self.skip_first else None
         else:
             self._window_start_state = copy.deepcopy(initial_state[self.SOURCE_KEY])
             self.source.reset(copy.deepcopy(self._window_start_state))
             self._yielded = int(initial_state[self.YIELDED_KEY])
+            self._pending_composition = copy.deepcopy(initial_state.get(self.COMPOSITION_KEY))
 
     def next(self) -> dict:
         while self._window is None or self._yielded >= len(self._window.microbatches):
@@ -63,10 +77,14 @@ class MicroBatchAssembler(BaseNode[dict]):
         window_done = self._window is not None and self._yielded == len(self._window.microbatches)
         if window_done:
             # At a window boundary the source's current state starts the next window: no re-read on restore.
-            source_state, yielded = self.source.state_dict(), 0
+            source_state, yielded, composition = self.source.state_dict(), 0, None
         elif self._window_start_state is None:
             # No window read yet: the source stands at the first one, of which ``skip_first`` are still to skip.
-            source_state, yielded = self.source.state_dict(), self._yielded
+            source_state, yielded, composition = self.source.state_dict(), self._yielded, self._pending_composition
         else:
             source_state, yielded = self._window_start_state, self._yielded
-        return {self.VALID_FOR_KEY: copy.deepcopy(self.valid_for), self.SOURCE_KEY: copy.deepcopy(source_state), self.YIELDED_KEY: yielded}
+            composition = self._window.composition if self._window is not None else self._pending_composition
+        state = {self.VALID_FOR_KEY: copy.deepcopy(self.valid_for), self.SOURCE_KEY: copy.deepcopy(source_state), self.YIELDED_KEY: yielded}
+        if composition is not None and yielded:
+            state[self.COMPOSITION_KEY] = copy.deepcopy(composition)
+        return state

@@ -13,6 +13,7 @@ from torchdata.nodes import BaseNode, IterableWrapper
 from mimo_pipes.collate import CONCAT_FIELDS, METADATA_LIST_NAMES, SEQUENCE_FIELDS, VISION_ROWS
 from mimo_pipes.cost import image_token_count
 from mimo_pipes.errors import SampleError
+from mimo_pipes.resume import ResumePoint
 from mimo_pipes.sample import SAMPLE_ID, STEP, Sample
 from mimo_pipes.validity import VALID_FOR_KEY, check_valid_for, valid_for
 
@@ -77,6 +78,11 @@ class Uncollate(BaseNode[Sample]):
             "dp rank": dp_rank,
             "dp size": dp_size,
         })
+
+    def start_at(self, point: ResumePoint, saved_state: Any = None) -> None:
+        """From the next ``reset(None)`` on, count steps from ``point.first_step`` (the source must start
+        there too: it is restarted on its own)."""
+        self.start_step = point.first_step
 
     def reset(self, initial_state: dict | None = None) -> None:
         if initial_state is not None:
