@@ -269,3 +269,10 @@ def test_the_citation_check_sees_a_broken_one(tmp_path):
                     "```text\n`mimo_pipes/in_a_block.py`\n```\n")
     assert broken_citations(page) == ["link missing.md", "link #nothing (no such heading)", "path `mimo_pipes/gone.py`",
                                       "path `benchmarks/exchange.py`", "path `cli/job.py`", "path `gone.py`", "module `mimo_pipes.nowhere`"]
+
+
+def test_every_benchmark_script_is_documented():
+    """docs/benchmarks.md names every script under benchmarks/ (and, by the check above, only scripts that exist)."""
+    text = (DOCS / "benchmarks.md").read_text()
+    scripts = sorted(path.name for path in (ROOT / "benchmarks").iterdir() if path.suffix in (".py", ".sh"))
+    assert [name for name in scripts if f"`{name}" not in text and f"benchmarks/{name}" not in text] == []
