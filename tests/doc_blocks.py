@@ -1,4 +1,4 @@
-"""Runs the runnable blocks of one docs page in one interpreter, in page order.
+"""Runs the docs' runnable blocks in one interpreter, in order.
 
 ``python tests/doc_blocks.py JOBS RESULTS [GRACE_S]``: JOBS is a JSON list of ``{"name", "kind", "code"}``; kind
 ``python`` runs the code as ``python -c`` would (its own fresh ``__main__`` namespace, so a block that
@@ -6,15 +6,17 @@ leans on an earlier block's names fails as it would for a reader), kind ``comman
 ``mimo-pipes ...`` command line through the CLI's ``main`` in a scratch folder of its own. One JSON line
 per job goes to RESULTS: ``{"name", "ok", "error", "folder", "seconds"}``. The exit status is 1 when any job failed.
 
-One interpreter per page pays torch's and transformers' imports once instead of once per block. What a
-fresh interpreter would have caught is still caught: a block that raises or exits non-zero fails, and a
-block that leaves a non-daemon thread or child process running (a fresh interpreter would hang at exit
-on it) fails too, naming what it left.
+One interpreter pays torch's and transformers' imports once instead of once per block. What a fresh
+interpreter per block would have caught is still caught: a block that raises or exits non-zero fails, a
+block that uses a name it does not define fails, and a block that leaves a non-daemon thread or child
+process running (a fresh interpreter would hang at exit on it) fails too, naming what it left. Every
+block runs even when one before it failed.
 """
 
 from __future__ import annotations
 
 import json
+import linecache
 import multiprocessing
 import os
 import shlex
@@ -29,12 +31,19 @@ from pathlib import Path
 LEFTOVER_GRACE_S = 10.0  # threads and children a block stopped may take a moment to finish
 
 
-def _leftovers(grace_s: float) -> list[str]:
-    """Non-daemon threads and child processes still running after a block, past a grace period."""
+def _running() -> tuple[list[threading.Thread], list[multiprocessing.process.BaseProcess]]:
+    """Non-daemon threads (besides the main one) and non-daemon child processes alive now."""
+    threads = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+    return threads, [p for p in multiprocessing.active_children() if not p.daemon]
+
+
+def _leftovers(before: tuple[list, list], grace_s: float) -> list[str]:
+    """What a block started that is still running after it, past a grace period (not what earlier blocks left)."""
     deadline = time.monotonic() + grace_s
     while True:
-        threads = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon and t.is_alive()]
-        children = [p for p in multiprocessing.active_children() if not p.daemon]
+        threads, children = (
+            [item for item in now if item not in earlier] for now, earlier in zip(_running(), before)
+        )
         if not threads and not children or time.monotonic() > deadline:
             break
         time.sleep(0.05)
@@ -46,8 +55,10 @@ def _run_python(code: str, name: str) -> None:
     module = types.ModuleType("__main__")
     runner = sys.modules["__main__"]
     sys.modules["__main__"] = module
+    filename = f"<{name}>"
+    linecache.cache[filename] = (len(code), None, code.splitlines(keepends=True), filename)  # tracebacks show the line
     try:
-        exec(compile(code, f"<{name}>", "exec"), module.__dict__)
+        exec(compile(code, filename, "exec"), module.__dict__)
     finally:
         sys.modules["__main__"] = runner
 
@@ -66,7 +77,7 @@ def _run_command(code: str, folder: Path) -> None:
 
 def run_job(job: dict, root: Path, scratch: Path, grace_s: float = LEFTOVER_GRACE_S) -> dict:
     folder = Path(tempfile.mkdtemp(prefix="block-", dir=scratch))
-    started = time.monotonic()
+    started, before = time.monotonic(), _running()
     error = None
     try:
         if job["kind"] == "python":
@@ -84,7 +95,7 @@ def run_job(job: dict, root: Path, scratch: Path, grace_s: float = LEFTOVER_GRAC
         os.chdir(root)
         sys.stdout.flush()
         sys.stderr.flush()
-    left = _leftovers(grace_s)
+    left = _leftovers(before, grace_s)
     if left and error is None:
         error = "left running at its end (a fresh interpreter would not exit): " + ", ".join(left)
     return {"name": job["name"], "ok": error is None, "error": error, "folder": str(folder),
@@ -95,14 +106,19 @@ def main(jobs_path: str, results_path: str, grace_s: str = str(LEFTOVER_GRACE_S)
     root = Path.cwd()
     scratch = Path(os.environ.get("DOCS_TMP") or tempfile.mkdtemp())
     jobs = json.loads(Path(jobs_path).read_text())
-    failed = False
+    failed = stranded = False
     with open(results_path, "w") as results:
         for job in jobs:
             print(f"---- {job['name']}", flush=True)
             result = run_job(job, root, scratch, float(grace_s))
             failed = failed or not result["ok"]
+            stranded = stranded or "left running at its end" in (result["error"] or "")
             results.write(json.dumps(result) + "\n")
             results.flush()
+    if stranded:  # a normal exit would wait for the threads a block left behind: it is reported, leave now
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
     return 1 if failed else 0
 
 

@@ -1,6 +1,6 @@
 """The docs run: every ```python block of docs/*.md and README.md and the cheap `mimo-pipes analyze`
-command blocks (one fresh interpreter per page, tests/doc_blocks.py), and every documented
-configuration error against the code."""
+command blocks (in one fresh interpreter, each block in its own namespace: tests/doc_blocks.py), every
+documented configuration error against the code, the index of docs/ and every path a page cites."""
 
 from __future__ import annotations
 
@@ -81,24 +81,36 @@ def test_every_python_block_is_run():
     assert sum(job["kind"] == "command" for jobs in RUNNABLE.values() for job in jobs) >= 2
 
 
+@pytest.fixture(scope="module")
+def docs_run(request, tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict[str, dict]]:
+    """The blocks of every page selected for test_page_blocks_run, in one fresh interpreter, in page order:
+    its exit, and the result of every block by name."""
+    selected = {item.callspec.params["page"] for item in request.session.items
+                if getattr(item, "originalname", None) == "test_page_blocks_run" and item.module is request.module}
+    jobs = [job for page, page_jobs in RUNNABLE.items() if page in selected for job in page_jobs]
+    process, results = run_blocks(jobs, tmp_path_factory.mktemp("docs"))
+    return process, {result["name"]: result for result in results}
+
+
 @pytest.mark.parametrize("page", list(RUNNABLE))
-def test_page_blocks_run(page, tmp_path):
-    """A page's blocks in one interpreter, each in its own namespace (as `python -c` runs it); analyze
-    commands in a scratch folder each, so --out lands there and must hold analysis.json."""
-    jobs = RUNNABLE[page]
-    process, results = run_blocks(jobs, tmp_path)
+def test_page_blocks_run(page, docs_run):
+    """A page's blocks, each in its own namespace (as `python -c` runs it), in the interpreter every page
+    shares; analyze commands in a scratch folder each, so --out lands there and must hold analysis.json."""
+    process, results = docs_run
     output = (process.stdout + process.stderr)[-3000:]
-    assert [result["name"] for result in results] == [job["name"] for job in jobs], output  # none skipped, no crash
-    assert [f"{result['name']}: {result['error']}" for result in results if not result["ok"]] == []
-    assert process.returncode == 0, output
-    for job, result in zip(jobs, results):
+    jobs = RUNNABLE[page]
+    assert [job["name"] for job in jobs if job["name"] not in results] == [], output  # the interpreter stopped short
+    failures = [f"{job['name']}: {results[job['name']]['error']}" for job in jobs if not results[job["name"]]["ok"]]
+    assert not failures, "\n".join(failures)
+    assert process.returncode == (0 if all(result["ok"] for result in results.values()) else 1), output
+    for job in jobs:
         if job["kind"] == "command":
-            assert list(Path(result["folder"]).rglob("analysis.json")), job["name"]
+            assert list(Path(results[job["name"]]["folder"]).rglob("analysis.json")), job["name"]
 
 
 def test_a_failing_block_fails_its_page(tmp_path):
-    """Blocks share an interpreter, not names; a raise, a non-zero exit or a thread left running fails
-    the block (and so the page), and the blocks after it still run."""
+    """Blocks share an interpreter, not names; a raise, a non-zero exit or a thread left running (here one
+    that never ends) fails the block (and so its page), the blocks after it still run, and the run ends."""
     jobs = [
         {"name": "defines", "kind": "python", "code": "value = 1\n"},
         {"name": "leans on it", "kind": "python", "code": "print(value)\n"},
@@ -106,13 +118,14 @@ def test_a_failing_block_fails_its_page(tmp_path):
         {"name": "exits 0", "kind": "python", "code": "import sys\nsys.exit(0)\n"},
         {"name": "bad command", "kind": "command", "code": "mimo-pipes analyze --steps 0 --out analysis\n"},
         {"name": "leaves a thread", "kind": "python",
-         "code": "import threading, time\nthreading.Thread(target=time.sleep, args=(2,), name='stray').start()\n"},
+         "code": "import threading\nthreading.Thread(target=threading.Event().wait, name='stray').start()\n"},
+        {"name": "after it", "kind": "python", "code": "print('still runs')\n"},
     ]
     process, results = run_blocks(jobs, tmp_path, "0.2")
     assert process.returncode == 1
     outcome = {result["name"]: result["error"] for result in results}
     assert list(outcome) == [job["name"] for job in jobs]
-    assert outcome["defines"] is None and outcome["exits 0"] is None
+    assert outcome["defines"] is None and outcome["exits 0"] is None and outcome["after it"] is None
     assert "NameError: name 'value' is not defined" in outcome["leans on it"]
     assert outcome["exits 3"] == "exited with status 3"
     assert outcome["bad command"] == "exited with status 2"
