@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from mimo_pipes.config import JobOptions, PipelineConfig, resolve_exchange_transport
 from mimo_pipes.errors import ConfigError
+from mimo_pipes.topology import Topology
 
 
-def validate_job(config: PipelineConfig, options: JobOptions) -> int:
+def validate_job(config: PipelineConfig, options: JobOptions, announce: Callable[[Topology, int], None] | None = None) -> int:
     """All checks that can run before a rank starts; returns the world size. The transport is checked last:
-    it asks torch whether GPUs are here, and a plain mistake should not wait for that import."""
+    it asks torch whether GPUs are here, and a plain mistake should not wait for that import. ``announce``
+    is called with the topology and the micro-batches already consumed as soon as the settings hold."""
     topology = config.validate()
-    validate_consumption(config, options, topology.world_size)
+    consumed = validate_consumption(config, options, topology.world_size)
+    if announce is not None:
+        announce(topology, consumed)
     if config.reorder.intra_microbatch_reorder:
         from mimo_pipes.exchange.world import world_backend
 

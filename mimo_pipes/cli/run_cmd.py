@@ -7,15 +7,19 @@ a bad one ends the command with one line that names it (exit 2), never a traceba
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+from collections.abc import Callable
 from types import ModuleType
 
+from mimo_pipes.cli.headline import headline
 from mimo_pipes.cli.job_args import add_job_arguments, config_from_args
 from mimo_pipes.cli.job_checks import validate_job
 from mimo_pipes.cli.launcher import EXIT_CONFIG, launch, say, under_torchrun
 from mimo_pipes.config import JobOptions, PipelineConfig
 from mimo_pipes.errors import ConfigError
+from mimo_pipes.topology import Topology
 
 COMMAND = "mimo-pipes run"
 
@@ -26,6 +30,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "torchrun, and print a per-module summary of the vision load before and after balancing."
     )
     add_job_arguments(parser)
+
+
+def announcer(config: PipelineConfig, options: JobOptions, command: str) -> Callable[[Topology, int], None]:
+    """The job's first line, as soon as its settings are checked (once: rank 0 under torchrun)."""
+    def announce(topology: Topology, consumed: int) -> None:
+        if os.environ.get("RANK", "0") == "0":
+            stop = options.stop_after if options.stop_after is not None else options.steps
+            say(f"{headline(config, topology, consumed, stop, command)}; {topology.world_size} ranks")
+
+    return announce
 
 
 def prepare(recipe: ModuleType, config: PipelineConfig) -> None:
@@ -46,7 +60,7 @@ def prepare_job(args: argparse.Namespace) -> tuple[PipelineConfig, JobOptions, i
     from mimo_pipes.recipe import load_recipe
 
     config, options = config_from_args(args)
-    world_size = validate_job(config, options)
+    world_size = validate_job(config, options, announce=announcer(config, options, COMMAND))
     recipe = load_recipe(options.recipe)
     if not under_torchrun():
         prepare(recipe, config)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mimo_pipes.checkpoint import read_rank_state, resume_settings
+from mimo_pipes.cli.headline import headline
 from mimo_pipes.cli.metrics_log import attach_metrics
 from mimo_pipes.cli.rank_job import AssignmentDump, StopAtBoundary, consumed_record, progress_bar, save_state, set_up_rank, stop_job
 from mimo_pipes.config import JobOptions, PipelineConfig
@@ -133,23 +134,3 @@ def _print_result(result: RunResult, config: PipelineConfig, options: JobOptions
 def _skipped_rows(everything: list, module: str) -> list[int]:
     """The dataset rows one module skipped (every module skips the same ones)."""
     return sorted(row for per_rank, _ in everything for r in per_rank if r["module"] == module for row in r.get("replaced_rows", []))
-
-
-def headline(config: PipelineConfig, topology: Topology, start: int, end: int, command: str = "mimo-pipes run") -> str:
-    """``end``: the count of micro-batches consumed when the run stopped (start..end-1 were this run's)."""
-    reorder = config.reorder
-    if reorder.intra_microbatch_reorder:
-        mode = (
-            f"reorder on (window {reorder.reorder_window_size}"
-            f"{', across micro-batches' if reorder.reorder_across_microbatches else ''}, "
-            f"overlap {'on' if reorder.overlap_intra_microbatch_reorder else 'off'})"
-        )
-    else:
-        mode = "reorder off (enable with --scalable-dp --intra-microbatch-reorder)"
-    if config.pack_sequences_in_batch:
-        mode += f", sequence packing on (THD, pad multiple {config.pack_pad_multiple})"
-    modules = " + ".join(f"{m.name} dp={m.dp}" for m in topology.modules)
-    return (
-        f"{command}: {modules}, canonical grid {topology.grid_size}, micro-batch {config.micro_batch_size}, "
-        f"{f'micro-batches {start}..{end - 1}' if end > start else 'no micro-batches'}, {mode}"
-    )

@@ -15,7 +15,7 @@ import sys
 from mimo_pipes.cli.job_args import add_job_arguments, config_from_args
 from mimo_pipes.cli.job_checks import validate_job
 from mimo_pipes.cli.launcher import EXIT_CONFIG, launch, under_torchrun
-from mimo_pipes.cli.run_cmd import prepare
+from mimo_pipes.cli.run_cmd import announcer, prepare
 from mimo_pipes.config import PipelineConfig, TrainOptions
 from mimo_pipes.errors import ConfigError
 
@@ -46,7 +46,8 @@ def validate_training(config: PipelineConfig, options: TrainOptions) -> int:
     from mimo_pipes.checkpoint import model_path
     from mimo_pipes.recipe import load_recipe
 
-    world_size = validate_job(config, options)
+    announced: list = []
+    world_size = validate_job(config, options, announce=lambda *facts: announced.append(facts))
     per_iteration = config.microbatches_per_global_batch
     for name, value in (("--steps", options.steps), ("--stop-after", options.stop_after)):
         if value is not None and value % per_iteration:
@@ -66,6 +67,7 @@ def validate_training(config: PipelineConfig, options: TrainOptions) -> int:
         missing = [rank for rank in range(world_size) if not model_path(options.resume, rank).is_file()]
         if missing:
             raise ConfigError("--resume", f"{options.resume} has no model state for rank {missing[0]} (rank{missing[0]}.pt)")
+    announcer(config, options, COMMAND)(*announced[0])  # the first line, once the trainer's checks hold too
     return world_size
 
 

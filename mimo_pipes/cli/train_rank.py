@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from mimo_pipes.checkpoint import read_trainer_state, resume_settings, write_model_state
+from mimo_pipes.cli.headline import headline
 from mimo_pipes.cli.metrics_log import attach_metrics
 from mimo_pipes.cli.rank_job import AssignmentDump, StopAtBoundary, progress_bar, save_state, set_up_rank, stop_job
-from mimo_pipes.cli.run_rank import headline
 from mimo_pipes.config import PipelineConfig, TrainOptions
 from mimo_pipes.exchange.world import gather_from_every_rank, join_world, leave_world, world_rank
 from mimo_pipes.recipe import load_recipe
