@@ -270,6 +270,7 @@ def test_rank_micro_batches_refuses_loader_workers():
         next(iter(DataLoader(RankMicroBatches(lambda: None), batch_size=None, num_workers=1)))
 
 
+@pytest.mark.launch  # starts worker processes
 def test_per_sample_processing_on_worker_processes_gives_the_same_stream(sources):
     from mimo_pipes.config import PipelineConfig
     from mimo_pipes.exchange import RankLayout
