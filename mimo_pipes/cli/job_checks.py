@@ -33,6 +33,9 @@ def validate_job(config: PipelineConfig, options: JobOptions, announce: Callable
 def validate_consumption(config: PipelineConfig, options: JobOptions, world_size: int) -> int:
     """Checks of what the job consumes (also used by ``analyze``); returns the micro-batches already
     consumed (those of ``--resume``, else 0)."""
+    from mimo_pipes.recipe import check_recipe_exists
+
+    check_recipe_exists(options.recipe)
     if options.steps < 1:
         raise ConfigError("--steps", f"must be >= 1, got {options.steps}")
     if config.embedded_samples < config.micro_batch_size and config.dataset is None:
