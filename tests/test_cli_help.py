@@ -57,6 +57,8 @@ def test_every_flag_says_what_it_does_and_its_default(command):
             assert "(default: " in text, f"{name} does not name its default: {text!r}"
         if takes_value and action.default is not None:
             shown = str(action.default).lower() if isinstance(action.default, bool) else str(action.default)
+            if isinstance(action.default, tuple):  # lists are written as they are typed
+                shown = ",".join(map(str, action.default))
             assert f"(default: {shown})" in text, f"{name}: {text!r}"
 
 

@@ -48,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a preset (qwen2-vl-675m, tiny) or a folder with a vision or Qwen2-VL config.json "
                              "(its weights are loaded when present)")
     parser.add_argument("--out", required=True, metavar="PATH", help="the JSON file to write")
-    parser.add_argument("--device", default="cuda", help="where to time, which also picks the sweep's defaults: cuda (default; refused without a GPU) or cpu")
+    parser.add_argument("--device", default="cuda", help="where to time, which also picks the sweep's defaults: cuda (refused without a GPU) or cpu (default: cuda)")
     parser.add_argument("--dtype", default=None, choices=DTYPES, help="the tower's precision (default: bfloat16 on cuda, float32 on cpu)")
     parser.add_argument("--attn-implementation", default="sdpa", help="the tower's attention (default: sdpa)")
     parser.add_argument("--threads", type=int, default=None, metavar="N",
