@@ -164,14 +164,15 @@ def test_passthrough_keys(proc):
     assert out["anything"] is row["anything"]
 
 
-def test_accepts_undecoded_images(proc, tmp_path):
+def test_accepts_undecoded_images(processor_dir, tmp_path):
+    proc = load_processor(processor_dir, 4096, image_folder=str(tmp_path))
     img = _png(120, 90)
     buf = io.BytesIO()
     img.save(buf, format="PNG")
     file = tmp_path / "a.png"
     img.save(file)
     expected = proc(_row([img]))["input_ids"]
-    for form in ({"bytes": buf.getvalue(), "path": None}, buf.getvalue(), str(file), np.asarray(img), img):
+    for form in ({"bytes": buf.getvalue(), "path": None}, buf.getvalue(), str(file), "a.png", np.asarray(img), img):
         assert torch.equal(proc(_row([form]))["input_ids"], expected)
     assert torch.equal(proc(_row(img))["input_ids"], expected)  # a single image, not a list
 

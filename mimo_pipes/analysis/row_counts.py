@@ -21,6 +21,7 @@ import numpy as np
 from mimo_pipes.cost import image_token_count, placeholder_runs, real_token_count
 from mimo_pipes.data.cache import cache_root
 from mimo_pipes.data.conversation import row_images, row_videos
+from mimo_pipes.data.media import resolve
 from mimo_pipes.data.processor import SampleProcessor
 from mimo_pipes.time_model.model import TimeModel
 
@@ -97,8 +98,9 @@ def _resize_rule(image_processor: Any) -> Callable[[int, int], int] | None:
     return tokens
 
 
-def _image_size(item: Any) -> tuple[int, int]:
-    """(height, width) from an encoded image's header, without decoding its pixels."""
+def _image_size(item: Any, image_folder: str | None) -> tuple[int, int]:
+    """(height, width) from an encoded image's header, without decoding its pixels; a path only inside
+    ``image_folder`` (as the processor opens it: :func:`~mimo_pipes.data.media.resolve`)."""
     from PIL import Image
 
     if isinstance(item, Image.Image):
@@ -106,7 +108,7 @@ def _image_size(item: Any) -> tuple[int, int]:
     if isinstance(item, Mapping) and item.get("bytes") is not None:
         source: Any = io.BytesIO(item["bytes"])
     elif isinstance(item, Mapping) and item.get("path"):
-        source = item["path"]
+        source = resolve(item["path"], image_folder, None, "image")
     else:
         raise TypeError(f"unsupported image {type(item).__name__}")
     with Image.open(source) as image:
@@ -131,7 +133,8 @@ class ResizeRuleCounter:
             try:
                 if row_videos(row):
                     raise ValueError("videos are counted by processing")
-                per_image = [self.tokens_for_size(*_image_size(item)) for item in row_images(row)]
+                folder = getattr(self.processor, "image_folder", None)
+                per_image = [self.tokens_for_size(*_image_size(item, folder)) for item in row_images(row)]
             except Exception:  # noqa: BLE001 - the processor counts it, or reports it with the row's name
                 out.append(self.fallback(row))
                 continue

@@ -29,6 +29,17 @@ def data_files(spec: str) -> tuple[str, list[str]]:
     return builders.pop(), files
 
 
+def dataset_folder(spec: str | Path) -> Path:
+    """The folder that holds ``spec``'s rows: a ``save_to_disk`` folder itself, a file's folder, or the
+    deepest folder of a glob above its first wildcard. Image paths in the rows resolve inside it when no
+    ``--image-folder`` is given."""
+    path = Path(spec).expanduser()
+    if glob.has_magic(str(path)):
+        fixed = [part for part in path.parts[: next(k for k, part in enumerate(path.parts) if glob.has_magic(part))]]
+        return Path(*fixed) if fixed else Path(".")
+    return path if path.is_dir() else path.parent
+
+
 def check_source(spec: str | Path) -> None:
     """Fail with ``ConfigError('--dataset', ...)`` unless ``spec`` names a readable source."""
     from mimo_pipes.data.dataset import check_dataset_path
