@@ -242,9 +242,9 @@ class PipelineConfig:
             raise ConfigError("--exchange-timeout", f"must be positive, got {self.exchange_timeout_s}")
         for setting in ("dataset", "processor"):
             path = getattr(self, setting)
-            if path is not None and not os.path.exists(path) and not glob.has_magic(path):
+            if path is not None and not os.path.exists(os.path.expanduser(path)) and not glob.has_magic(path):
                 raise ConfigError(flag(setting), f"{path} does not exist")
-        if self.image_folder is not None and not os.path.isdir(self.image_folder):
+        if self.image_folder is not None and not os.path.isdir(os.path.expanduser(self.image_folder)):
             raise ConfigError(flag("image_folder"), f"{self.image_folder} is not a folder")
         return topology
 

@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from mimo_pipes.cli.argtypes import positive_ints
+from mimo_pipes.cli.argtypes import path, positive_ints
 from mimo_pipes.cli.job_args import add_job_arguments, config_from_args
 from mimo_pipes.cli.job_checks import validate_consumption
 from mimo_pipes.cli.launcher import EXIT_CONFIG, EXIT_FAILED
@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "and critical path per module, what-ifs for other windows, lower bounds) and one PNG per module."
     )
     add_job_arguments(parser)
-    parser.add_argument("--out", required=True, metavar="DIR", help="folder for analysis.json and the PNG plots")
+    parser.add_argument("--out", type=path, required=True, metavar="DIR", help="folder for analysis.json and the PNG plots")
     parser.add_argument("--compare-window-sizes", type=positive_ints, default=(2, 4, 8), metavar="W,W,...",
                         help="across-micro-batch window sizes to report besides the given settings (default: 2,4,8)")
 

@@ -7,7 +7,7 @@ import datetime
 import sys
 from pathlib import Path
 
-from mimo_pipes.cli.argtypes import positive_ints
+from mimo_pipes.cli.argtypes import path, positive_ints
 from mimo_pipes.errors import ConfigError
 
 DTYPES = ("bfloat16", "float16", "float32")
@@ -21,10 +21,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "per-image terms (a + b*patches + c*patches^2, non-negative least squares), print the fit error of every "
         "point and write the JSON that --reorder-cost-model reads."
     )
-    parser.add_argument("--tower", required=True, metavar="SOURCE",
+    parser.add_argument("--tower", type=path, required=True, metavar="SOURCE",
                         help="a preset (qwen2-vl-675m, tiny) or a folder with a vision or Qwen2-VL config.json "
                              "(its weights are loaded when present)")
-    parser.add_argument("--out", required=True, metavar="PATH", help="the JSON file to write")
+    parser.add_argument("--out", type=path, required=True, metavar="PATH", help="the JSON file to write")
     parser.add_argument("--device", default="cuda", help="cuda (default; refused without a GPU) or cpu")
     parser.add_argument("--dtype", default=None, choices=DTYPES, help="default: bfloat16 on cuda, float32 on cpu")
     parser.add_argument("--attn-implementation", default="sdpa", help="the tower's attention (default: sdpa)")

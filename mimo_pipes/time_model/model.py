@@ -129,8 +129,8 @@ def load_time_model(path: str | Path) -> TimeModel:
     A file is read once per process while it stays unchanged (same size and modification time): every
     check and graph of a run shares that one reading."""
     try:
-        stat = Path(path).stat()
-        key = (str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
+        stat = Path(path).expanduser().stat()
+        key = (str(Path(path).expanduser().resolve()), stat.st_size, stat.st_mtime_ns)
         if key not in _LOADED:
             _LOADED.clear()  # one model per run: keep the last only
             _LOADED[key] = _read_time_model(path)
@@ -144,7 +144,7 @@ _LOADED: dict[tuple[str, int, int], TimeModel] = {}
 
 def _read_time_model(path: str | Path) -> TimeModel:
     try:
-        body = json.loads(Path(path).read_text())
+        body = json.loads(Path(path).expanduser().read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise TimeModelError(path, None, f"is not JSON ({error})") from None
     if not isinstance(body, dict):
