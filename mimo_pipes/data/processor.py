@@ -233,8 +233,8 @@ class SampleProcessor:
     """Turns a dataset row into unpadded model tensors. Picklable; safe to call from several threads.
 
     The row holds a conversation (``messages``, ``conversations``, or ``prompt`` and ``response``) and may
-    hold ``images`` / ``image`` (PIL images, ``{"bytes", "path"}`` dicts, bytes, paths relative to
-    ``image_folder``, HWC uint8 arrays) and ``videos`` (frames ``[T, H, W, 3]`` or lists of frames). Every
+    hold ``images`` / ``image`` (PIL images, ``{"bytes", "path"}`` dicts, bytes, paths that resolve inside
+    ``image_folder`` (see :mod:`mimo_pipes.data.media`), HWC uint8 arrays) and ``videos`` (frames ``[T, H, W, 3]`` or lists of frames). Every
     other key (``sample_id``, ``id``, ...) is returned unchanged. A text-only sample carries no vision field.
     """
 
