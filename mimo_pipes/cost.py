@@ -89,12 +89,13 @@ class CostFunction:
         flag when one would leave int64 (an array is never left to wrap around)."""
         if not isinstance(encoder_cost, np.ndarray) and not isinstance(real_tokens, np.ndarray):
             return sample_cost(encoder_cost, real_tokens, *self.weights)
-        encoder, real = np.asarray(encoder_cost, dtype=np.int64), np.asarray(real_tokens, dtype=np.int64)
+        encoder, real = np.asarray(encoder_cost), np.asarray(real_tokens)  # int64, or Python ints (object)
         if encoder.size == 0:
-            return sample_cost(encoder, real, *self.weights)
+            return sample_cost(encoder.astype(np.int64), real.astype(np.int64), *self.weights)
         top_encoder, top_real = int(np.abs(encoder).max()), int(np.abs(real).max())
         if max(self.weights) <= INT64_MAX and sample_cost(top_encoder, top_real, *self.weights) <= INT64_MAX:
-            return sample_cost(encoder, real, *self.weights)  # every term and partial sum fits: exact in int64
+            # every term and partial sum fits: exact in int64
+            return sample_cost(encoder.astype(np.int64), real.astype(np.int64), *self.weights)
         exact = sample_cost(encoder.astype(object), real.astype(object), *self.weights)
         for row in np.flatnonzero(np.abs(exact) > INT64_MAX).tolist()[:1]:
             one_encoder, one_real = int(encoder[row]), int(real[row])

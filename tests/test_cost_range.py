@@ -257,3 +257,13 @@ def test_the_window_planner_refuses_or_plans_exactly_with_any_floor(costs, floor
         return
     assert len(costs) * floor + sum(map(sum, costs)) <= MAX_TOTAL_COST  # every critical path it compared is exact
     _check_plan(plan, costs, 2, floor)
+
+
+def test_analyze_refuses_modelled_times_beyond_int64(tmp_path):
+    model = save_time_model(TimeModel(per_patch_ps=1), tmp_path / "model.json")
+    config = PipelineConfig(micro_batch_size=4, dataloader_type="single",
+                            reorder=ReorderConfig(scalable_dp=True, intra_microbatch_reorder=True, reorder_cost_model=str(model)))
+    topology = config.validate()
+    times = np.array([2**70] * 16, dtype=object)  # what RowCounts.encoder_costs gives for times past int64
+    with pytest.raises(ConfigError, match=r"^--reorder-cost-model: sample 0 costs 1180591620717411303424, more than"):
+        analyze(config, topology, np.ones(16, dtype=np.int64), np.ones(16, dtype=np.int64), start=0, stop=4, encoder_costs=times)

@@ -56,7 +56,8 @@ class RowCounts:
             raise ValueError("a time model needs each row's placeholder runs: count_rows(..., runs=True) without a row_counter")
         ends = np.cumsum(self.runs_per_row).tolist()
         runs = self.run_lengths.tolist()
-        return np.array([model.encoder_time_ns(runs[a:b]) for a, b in zip([0, *ends[:-1]], ends)], dtype=np.int64)
+        times = [model.encoder_time_ns(runs[a:b]) for a, b in zip([0, *ends[:-1]], ends)]
+        return np.array(times, dtype=np.int64 if max(times, default=0) < 2**63 else object)  # analyze refuses what leaves int64
 
 
 def _processed_count(processor: Callable[[Mapping[str, Any]], Mapping[str, Any]], image_token_id: int | Sequence[int],

@@ -61,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config, options = config_from_args(args)
         topology = config.validate()
+        config.check_cost_range(topology, max(config.reorder.reorder_window_size, *args.compare_window_sizes))  # the what-ifs' windows
         start = validate_consumption(config, options, topology.world_size)
         recipe = load_recipe(options.recipe, needs=("prepare", "row_counts"), command="analyze")
         recipe.prepare(config, log=lambda message: print(message, file=sys.stderr, flush=True))
@@ -78,9 +79,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"mimo-pipes analyze: error: {error}", file=sys.stderr)
         return EXIT_FAILED
     image_tokens = counts.image_tokens
-    result = analyze(config, topology, image_tokens, counts.real_tokens, start=start, stop=stop,
-                     encoder_costs=counts.encoder_costs(model) if model is not None else None,
-                     compare_window_sizes=args.compare_window_sizes, progress=progress)
+    try:
+        result = analyze(config, topology, image_tokens, counts.real_tokens, start=start, stop=stop,
+                         encoder_costs=counts.encoder_costs(model) if model is not None else None,
+                         compare_window_sizes=args.compare_window_sizes, progress=progress)
+    except ConfigError as error:  # counts beyond what --seq-length allows (a recipe's own counter)
+        print(f"mimo-pipes analyze: error: {error}", file=sys.stderr)
+        return EXIT_CONFIG
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / RESULT_FILE).write_text(json.dumps(result.figures, indent=1) + "\n")

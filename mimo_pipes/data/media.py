@@ -33,25 +33,28 @@ def open_image(item: Any, image_folder: str | None, row: object, what: str):
 
     try:
         if isinstance(item, Image.Image):
-            img = item
+            source: Any = None
         elif isinstance(item, dict) and item.get("bytes") is not None:
-            img = Image.open(io.BytesIO(item["bytes"]))
+            source = io.BytesIO(item["bytes"])
         elif isinstance(item, dict) and item.get("path"):
-            img = Image.open(resolve(item["path"], image_folder, row, what))
+            source = resolve(item["path"], image_folder, row, what)
         elif isinstance(item, (bytes, bytearray)):
-            img = Image.open(io.BytesIO(bytes(item)))
+            source = io.BytesIO(bytes(item))
         elif isinstance(item, (str, Path)):
-            img = Image.open(resolve(item, image_folder, row, what))
+            source = resolve(item, image_folder, row, what)
         elif isinstance(item, np.ndarray):
-            img = Image.fromarray(item)
+            item = Image.fromarray(item)
+            source = None
         else:
             raise TypeError(f"unsupported image type {type(item).__name__}")
-        img = ImageOps.exif_transpose(img).convert("RGB")  # transformers' load_image, step for step
+        if source is None:
+            return ImageOps.exif_transpose(item).convert("RGB")  # transformers' load_image, step for step
+        with Image.open(source) as img:  # closed once converted (an animation would keep its file open)
+            return ImageOps.exif_transpose(img).convert("RGB")
     except SampleError:
         raise
     except Exception as e:  # noqa: BLE001 - any decode failure names the row
         raise SampleError(row, f"dataset row {row}: {what} cannot be decoded: {e}", field="images") from e
-    return img
 
 
 def resolve(path: str | Path, image_folder: str | Path | None, row: object, what: str) -> Path:

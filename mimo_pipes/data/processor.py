@@ -337,7 +337,7 @@ class SampleProcessor:
         if len(ids) > self.seq_length:
             need = sum(fixed)
             if need + 1 > self.seq_length:
-                placeholders = sum(len(ids) for runs in media.values() for ids in runs)
+                placeholders = sum(len(run) for runs in media.values() for run in runs)
                 raise SampleError(
                     sample_id,
                     f"dataset row {sample_id}: needs {need + 1} tokens for its images ({placeholders} image/video "
