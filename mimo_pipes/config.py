@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+from mimo_pipes.cost_range import check_cost_range
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.time_model.model import TimeModel, TimeModelError, load_time_model
 from mimo_pipes.topology import COMPONENT_FLAG, Topology, build_topology
@@ -62,8 +63,16 @@ def flag(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
 
 
+WEIGHT_DECIMALS = 6
+"""Cost weights are read exactly to this many decimal places (a fraction p/q with q <= 10**6 too)."""
+
+
 def exact_weight(value: float | int | str | Fraction, setting: str) -> Fraction:
-    """A cost weight as an exact fraction: ``0.1`` means 1/10, not the nearest binary float."""
+    """A cost weight as an exact fraction: ``0.1`` means 1/10, not the nearest binary float.
+
+    A weight finer than :data:`WEIGHT_DECIMALS` places (``0.30000000000000004``, what ``0.1 + 0.2`` prints)
+    is refused with its rounding: read exactly, such noise would make integer weights of 17 digits whose
+    costs leave the planners' int64 range."""
     if isinstance(value, bool):
         raise ConfigError(setting, f"must be a number, got {value!r}")
     try:
@@ -72,6 +81,12 @@ def exact_weight(value: float | int | str | Fraction, setting: str) -> Fraction:
         raise ConfigError(setting, f"must be a number, got {value!r}") from None
     if weight < 0:
         raise ConfigError(setting, f"must not be negative, got {value}")
+    scale = 10**WEIGHT_DECIMALS
+    if weight.denominator > scale:
+        whole, part = divmod(round(weight * scale), scale)
+        hint = f"{whole}.{part:0{WEIGHT_DECIMALS}d}".rstrip("0").rstrip(".")
+        raise ConfigError(setting, f"{value}: weights are read exactly with at most {WEIGHT_DECIMALS} decimal places "
+                                   f"(or as p/q with q <= {scale}); did you mean {hint}?")
     return weight
 
 
@@ -217,6 +232,7 @@ class PipelineConfig:
         self.reorder.check_padding(self.pad_to_seq_length)
         if self.seq_length < 1:
             raise ConfigError(flag("seq_length"), f"must be >= 1, got {self.seq_length}")
+        self.check_cost_range(topology)
         if self.num_workers < 0:
             raise ConfigError(flag("num_workers"), f"must be >= 0, got {self.num_workers}")
         if self.exchange_transport not in EXCHANGE_TRANSPORTS:
@@ -226,11 +242,24 @@ class PipelineConfig:
             raise ConfigError("--exchange-timeout", f"must be positive, got {self.exchange_timeout_s}")
         for setting in ("dataset", "processor"):
             path = getattr(self, setting)
-            if path is not None and not os.path.exists(path) and not glob.has_magic(path):
+            if path is not None and not os.path.exists(os.path.expanduser(path)) and not glob.has_magic(path):
                 raise ConfigError(flag(setting), f"{path} does not exist")
-        if self.image_folder is not None and not os.path.isdir(self.image_folder):
+        if self.image_folder is not None and not os.path.isdir(os.path.expanduser(self.image_folder)):
             raise ConfigError(flag("image_folder"), f"{self.image_folder} is not a folder")
         return topology
+
+    def check_cost_range(self, topology: Topology, window_microbatches: int | None = None) -> None:
+        """Every cost a sample of --seq-length tokens can have fits the planners' int64 sums over a window
+        (``window_microbatches``, default the run's own): ConfigError naming the weight, the time model or
+        --seq-length (see :mod:`mimo_pipes.cost_range`)."""
+        reorder = self.reorder
+        model = reorder.load_time_model()
+        window = window_microbatches or (reorder.reorder_window_size if reorder.intra_microbatch_reorder else 1)
+        check_cost_range(
+            (*reorder.integer_cost_weights(), reorder.integer_language_square_weight()), model,
+            max_tokens=self.seq_length, microbatch_size=self.micro_batch_size, window_microbatches=window,
+            floor=planner_settings(topology, reorder, model).floor,
+        )
 
     def _validate_modules(self, topology: Topology) -> None:
         language = topology.language

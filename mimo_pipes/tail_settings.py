@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from mimo_pipes.collate import Collator, FieldSpec
 from mimo_pipes.config import PipelineConfig, PlannerSettings, ReorderConfig, check_pack_pad_multiple, flag, planner_settings
 from mimo_pipes.cost import CostFunction
+from mimo_pipes.cost_range import check_cost_range
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.resume import ResumePoint, reorder_window_size, resume_point
 from mimo_pipes.time_model.model import TimeModel
@@ -120,6 +121,9 @@ def resolve_tail(
     reorder.check_padding(pad_length is not None)
     check_pack_pad_multiple(pack_pad_multiple)
     plan = resolve_plan(reorder, topology, time_model)
+    if pad_length is not None:  # every sample fits --seq-length: its cost is bounded before anything runs
+        check_cost_range(plan.cost.weights, plan.time_model, max_tokens=pad_length, microbatch_size=micro_batch_size,
+                         window_microbatches=plan.window_size, floor=plan.planner.floor)
     ids = (image_token_ids,) if isinstance(image_token_ids, int) else tuple(int(i) for i in image_token_ids)
     if not ids:
         raise ValueError("image_token_ids must name at least one placeholder id")

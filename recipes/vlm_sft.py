@@ -18,7 +18,7 @@ from mimo_pipes.config import PipelineConfig, flag
 from mimo_pipes.data.dataset import default_dataset_path
 from mimo_pipes.data.processor import SampleProcessor, check_processor_path, default_processor_path, load_processor
 from mimo_pipes.data.skipping import SkipBadRows
-from mimo_pipes.data.sources import check_source, open_source
+from mimo_pipes.data.sources import check_source, dataset_folder, open_source
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.loader import GraphLoader
@@ -81,9 +81,15 @@ def processor_path(config: PipelineConfig) -> str:
     return config.processor or str(default_processor_path())
 
 
+def image_folder(config: PipelineConfig) -> str:
+    """Where the data's image and video paths resolve (and must stay): ``--image-folder``, else the
+    dataset's own folder."""
+    return config.image_folder or str(dataset_folder(dataset_path(config)))
+
+
 def open_processor(config: PipelineConfig) -> SampleProcessor:
     """The processor every rank uses, checked against the time model (``--reorder-cost-model``)."""
-    processor = load_processor(processor_path(config), config.seq_length, image_folder=config.image_folder)
+    processor = load_processor(processor_path(config), config.seq_length, image_folder=image_folder(config))
     check_time_model(config, processor)
     return processor
 

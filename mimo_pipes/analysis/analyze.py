@@ -15,6 +15,8 @@ import numpy as np
 
 from mimo_pipes.analysis.replay import GridReplay, Planner, Schedule, critical_path_bound, rank_loads, replay, spread_and_path
 from mimo_pipes.config import PipelineConfig
+from mimo_pipes.cost import CostFunction
+from mimo_pipes.cost_range import window_budget
 from mimo_pipes.summary import summarize
 from mimo_pipes.tail_settings import resolve_plan
 from mimo_pipes.topology import Topology
@@ -79,8 +81,12 @@ def analyze(
     if model is not None and encoder_costs is None:
         raise ValueError("a time model (reorder_cost_model) needs encoder_costs: each row's modelled encoder ns")
     encoder = encoder_costs if model is not None else image_tokens
-    costs = plan.cost.cost(encoder, real_tokens)
     planning = plan.planner
+    widest = max(plan.window_size, *compare_window_sizes)
+    config.check_cost_range(topology, widest)  # the what-ifs plan windows of up to `widest` micro-batches
+    costs = plan.cost.cost(encoder, real_tokens)  # exact int64, or ConfigError
+    _check_rows_fit(plan.cost, costs, encoder, real_tokens, window_budget(config.micro_batch_size * widest, widest, planning.floor),
+                    config.micro_batch_size * widest)
     if planning.encoder_groups and (real_tokens < 0).any():
         raise ValueError("two-level balance needs every row's real tokens, and some were not counted")
     planner = Planner(costs, planning.floor, planning.encoder_groups, encoder, real_tokens)
@@ -123,6 +129,15 @@ def analyze(
         if planning.encoder_groups:
             figures[module.name]["real_tokens"] = _figures(result, real_tokens, module.dp, topology.grid_size)
     return Analysis(figures, result, unreordered)
+
+
+def _check_rows_fit(cost: CostFunction, costs: np.ndarray, encoder: np.ndarray, real_tokens: np.ndarray, budget: int,
+                    samples: int) -> None:
+    """Counts beyond what --seq-length allows (a recipe's own counter) are refused as the graph refuses them."""
+    if encoder.size == 0:
+        return
+    worst = int(np.argmax(np.maximum(costs, encoder)))
+    cost.check_range(worst, int(encoder[worst]), int(real_tokens[worst]), budget, samples)
 
 
 def _figures(result: GridReplay, values: np.ndarray, dp_size: int, grid_size: int, floor: int = 0) -> dict[str, float | int]:

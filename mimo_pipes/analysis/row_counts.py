@@ -21,6 +21,7 @@ import numpy as np
 from mimo_pipes.cost import image_token_count, placeholder_runs, real_token_count
 from mimo_pipes.data.cache import cache_root
 from mimo_pipes.data.conversation import row_images, row_videos
+from mimo_pipes.data.media import resolve
 from mimo_pipes.data.processor import SampleProcessor
 from mimo_pipes.time_model.model import TimeModel
 
@@ -55,7 +56,8 @@ class RowCounts:
             raise ValueError("a time model needs each row's placeholder runs: count_rows(..., runs=True) without a row_counter")
         ends = np.cumsum(self.runs_per_row).tolist()
         runs = self.run_lengths.tolist()
-        return np.array([model.encoder_time_ns(runs[a:b]) for a, b in zip([0, *ends[:-1]], ends)], dtype=np.int64)
+        times = [model.encoder_time_ns(runs[a:b]) for a, b in zip([0, *ends[:-1]], ends)]
+        return np.array(times, dtype=np.int64 if max(times, default=0) < 2**63 else object)  # analyze refuses what leaves int64
 
 
 def _processed_count(processor: Callable[[Mapping[str, Any]], Mapping[str, Any]], image_token_id: int | Sequence[int],
@@ -97,8 +99,9 @@ def _resize_rule(image_processor: Any) -> Callable[[int, int], int] | None:
     return tokens
 
 
-def _image_size(item: Any) -> tuple[int, int]:
-    """(height, width) from an encoded image's header, without decoding its pixels."""
+def _image_size(item: Any, image_folder: str | None) -> tuple[int, int]:
+    """(height, width) from an encoded image's header, without decoding its pixels; a path only inside
+    ``image_folder`` (as the processor opens it: :func:`~mimo_pipes.data.media.resolve`)."""
     from PIL import Image
 
     if isinstance(item, Image.Image):
@@ -106,7 +109,7 @@ def _image_size(item: Any) -> tuple[int, int]:
     if isinstance(item, Mapping) and item.get("bytes") is not None:
         source: Any = io.BytesIO(item["bytes"])
     elif isinstance(item, Mapping) and item.get("path"):
-        source = item["path"]
+        source = resolve(item["path"], image_folder, None, "image")
     else:
         raise TypeError(f"unsupported image {type(item).__name__}")
     with Image.open(source) as image:
@@ -131,7 +134,8 @@ class ResizeRuleCounter:
             try:
                 if row_videos(row):
                     raise ValueError("videos are counted by processing")
-                per_image = [self.tokens_for_size(*_image_size(item)) for item in row_images(row)]
+                folder = getattr(self.processor, "image_folder", None)
+                per_image = [self.tokens_for_size(*_image_size(item, folder)) for item in row_images(row)]
             except Exception:  # noqa: BLE001 - the processor counts it, or reports it with the row's name
                 out.append(self.fallback(row))
                 continue

@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from mimo_pipes.cli.argtypes import positive_ints
+from mimo_pipes.cli.argtypes import path, positive_ints
 from mimo_pipes.cli.job_args import add_job_arguments, config_from_args
 from mimo_pipes.cli.job_checks import validate_consumption
 from mimo_pipes.cli.launcher import EXIT_CONFIG, EXIT_FAILED
@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "and critical path per module, what-ifs for other windows, lower bounds) and one PNG per module."
     )
     add_job_arguments(parser)
-    parser.add_argument("--out", required=True, metavar="DIR", help="folder for analysis.json and the PNG plots")
+    parser.add_argument("--out", type=path, required=True, metavar="DIR", help="folder for analysis.json and the PNG plots")
     parser.add_argument("--compare-window-sizes", type=positive_ints, default=(2, 4, 8), metavar="W,W,...",
                         help="across-micro-batch window sizes to report besides the given settings (default: 2,4,8)")
 
@@ -61,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config, options = config_from_args(args)
         topology = config.validate()
+        config.check_cost_range(topology, max(config.reorder.reorder_window_size, *args.compare_window_sizes))  # the what-ifs' windows
         start = validate_consumption(config, options, topology.world_size)
         recipe = load_recipe(options.recipe, needs=("row_counts",), command="analyze")
         if callable(getattr(recipe, "prepare", None)):
@@ -79,9 +80,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"mimo-pipes analyze: error: {error}", file=sys.stderr)
         return EXIT_FAILED
     image_tokens = counts.image_tokens
-    result = analyze(config, topology, image_tokens, counts.real_tokens, start=start, stop=stop,
-                     encoder_costs=counts.encoder_costs(model) if model is not None else None,
-                     compare_window_sizes=args.compare_window_sizes, progress=progress)
+    try:
+        result = analyze(config, topology, image_tokens, counts.real_tokens, start=start, stop=stop,
+                         encoder_costs=counts.encoder_costs(model) if model is not None else None,
+                         compare_window_sizes=args.compare_window_sizes, progress=progress)
+    except ConfigError as error:  # counts beyond what --seq-length allows (a recipe's own counter)
+        print(f"mimo-pipes analyze: error: {error}", file=sys.stderr)
+        return EXIT_CONFIG
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / RESULT_FILE).write_text(json.dumps(result.figures, indent=1) + "\n")

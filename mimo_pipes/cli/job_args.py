@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from mimo_pipes.cli.argtypes import path
 from mimo_pipes.config import (
     DATALOADER_TYPES,
     DEFAULT_COMPONENTS,
@@ -57,7 +58,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
                         help="micro-batches balanced in one exchange")
     parser.add_argument("--reorder-across-microbatches", action="store_true",
                         help="let samples move between the micro-batches of a window (opt-in)")
-    parser.add_argument("--reorder-cost-model", metavar="PATH", default=None,
+    parser.add_argument("--reorder-cost-model", type=path, metavar="PATH", default=None,
                         help="balance on a vision encoder's modelled time: a JSON file written by "
                              "'mimo-pipes calibrate' (default: none, a cost linear in image tokens)")
     parser.add_argument("--reorder-two-level", action="store_true",
@@ -86,12 +87,12 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=JobOptions.steps,
                         help="global micro-batches to consume (counted from the start of training)")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="seed of the epoch shuffle")
-    parser.add_argument("--dataset", default=None,
+    parser.add_argument("--dataset", type=path, default=None,
                         help="a datasets save_to_disk folder, or .parquet / .json / .jsonl files or a quoted glob of "
                              "them, LLaVA annotation lists included (default: the embedded synthetic data)")
-    parser.add_argument("--processor", default=None,
+    parser.add_argument("--processor", type=path, default=None,
                         help="a saved processor folder (default: the embedded offline processor)")
-    parser.add_argument("--image-folder", default=None, metavar="DIR",
+    parser.add_argument("--image-folder", type=path, default=None, metavar="DIR",
                         help="folder that relative image paths in --dataset are resolved against (default: as given)")
     parser.add_argument("--skip-bad-samples", action="store_true",
                         help="replace a row that cannot be processed (corrupt or missing image, no text, images longer "
@@ -106,21 +107,21 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
                              "auto takes nccl only for an exchange on the training thread of a GPU run")
     parser.add_argument("--exchange-timeout", type=float, default=defaults.exchange_timeout_s,
                         help="seconds before a collective gives up on a silent peer")
-    parser.add_argument("--dump-assignments", metavar="DIR", default=None,
+    parser.add_argument("--dump-assignments", type=path, metavar="DIR", default=None,
                         help="write DIR/rank{N}.jsonl, one line per micro-batch a rank consumes (default: no dump)")
     parser.add_argument("--stop-after", type=int, default=None, metavar="K",
                         help="stop after K micro-batches and save the state to --save-state (default: run to --steps)")
-    parser.add_argument("--save-state", metavar="DIR", default=None,
+    parser.add_argument("--save-state", type=path, metavar="DIR", default=None,
                         help="save a complete state of every rank here when the run ends: after --steps, after "
                              "--stop-after K, or at the next micro-batch boundary after SIGTERM / SIGINT (default: none)")
-    parser.add_argument("--resume", metavar="DIR", default=None,
+    parser.add_argument("--resume", type=path, metavar="DIR", default=None,
                         help="continue from a state saved with --save-state, up to --steps (default: start afresh)")
-    parser.add_argument("--recipe", default=JobOptions.recipe,
+    parser.add_argument("--recipe", type=path, default=JobOptions.recipe,
                         help="recipe that builds each rank's graph: an importable module or a .py file providing "
                              "prepare(config, log) and build(config, layout) (see mimo_pipes.recipe)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar and no metrics lines")
     # Exchange metrics (see docs/metrics.md); they come from the exchange, so they need reordering on.
-    parser.add_argument("--tensorboard", metavar="DIR", default=None,
+    parser.add_argument("--tensorboard", type=path, metavar="DIR", default=None,
                         help="write every window's exchange metrics as TensorBoard scalars to DIR/<module>/ "
                              "(DP rank 0 of each module; needs --intra-microbatch-reorder) (default: off)")
     parser.add_argument("--log-interval", type=int, default=JobOptions.log_interval, metavar="N",

@@ -38,8 +38,9 @@ class RunResult:
     end: int
     summaries: list[ModuleSummary]
     packing: list[PackingSummary] = field(default_factory=list)
-    skipped_rows: list[int] = field(default_factory=list)
-    records: list[dict[str, Any]] = field(default_factory=list)
+    skipped_rows: dict[int, str] = field(default_factory=dict)  # --skip-bad-samples: each bad row, why it was skipped
+    skip_attempts: int = 0  # times a bad row was met (a row met again, in a later epoch or slot, counts again)
+    records: list[dict[str, Any]] = field(default_factory=list)  # every rank's consumed micro-batches
     metrics: dict[str, Any] | None = None
 
 
@@ -79,8 +80,7 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> RunResult | None:
                     break
                 record = consumed_record(batch, position)
                 dump.write(record)
-                replaced = [row for rows in batch.get("replaced_rows") or [] for row in rows]  # --skip-bad-samples
-                records.append({**record, "replaced_rows": replaced})
+                records.append({**record, "replaced_rows": _replaced(batch)})  # --skip-bad-samples
                 if packer is not None:
                     records[-1]["packing"] = packer.last_metrics
                 if progress is not None:
@@ -101,12 +101,14 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> RunResult | None:
         if metrics_log is not None:
             metrics_log.close()
     everything = gather_from_every_rank((records, end), setup.job)
+    skipped, attempts = skipped_rows(everything, setup.topology.modules[0].name)
     result = RunResult(
         start=start,
         end=min(rank_end for _, rank_end in everything),
         summaries=summarize((r for per_rank, _ in everything for r in per_rank), setup.topology.grid_size),
         packing=summarize_packing(r for per_rank, _ in everything for r in per_rank),
-        skipped_rows=_skipped_rows(everything, setup.topology.modules[0].name),
+        skipped_rows=skipped,
+        skip_attempts=attempts,
         records=[r for per_rank, _ in everything for r in per_rank],
         metrics=metrics,
     )
@@ -124,13 +126,42 @@ def _print_result(result: RunResult, config: PipelineConfig, options: JobOptions
     if result.packing:
         print(format_packing_summary(result.packing), flush=True)
     if config.skip_bad_samples:
-        skipped = result.skipped_rows
-        print(f"skipped {len(skipped)} bad dataset row(s) (--skip-bad-samples), each replaced by the next good row "
-              f"of its slot{': rows ' + ', '.join(map(str, skipped[:20])) if skipped else ''}", flush=True)
+        print(format_skip_report(result.skipped_rows, result.skip_attempts), flush=True)
     if options.save_state:
         print(f"saved state after {result.end} micro-batches to {options.save_state}", flush=True)
 
 
-def _skipped_rows(everything: list, module: str) -> list[int]:
-    """The dataset rows one module skipped (every module skips the same ones)."""
-    return sorted(row for per_rank, _ in everything for r in per_rank if r["module"] == module for row in r.get("replaced_rows", []))
+REPORTED_ROWS = 50  # bad rows listed one per line; the count covers them all
+
+
+def _replaced(batch: dict[str, Any]) -> list[tuple[int, str]]:
+    """(row, reason) of every bad row a micro-batch's samples stand in for, in order."""
+    rows, reasons = batch.get("replaced_rows") or [], batch.get("replaced_reasons") or []
+    return [(row, why) for sample_rows, sample_reasons in zip(rows, reasons) for row, why in zip(sample_rows or [], sample_reasons or [])]
+
+
+def skipped_rows(everything: list, module: str) -> tuple[dict[int, str], int]:
+    """Each distinct dataset row ``module`` skipped with its reason (every module skips the same ones), and
+    how many times bad rows were met: once per DP rank's micro-batch (tensor and pipeline peers hold the
+    same one), a row met again (another slot's successor, a later epoch) counting again."""
+    reasons: dict[int, str] = {}
+    attempts = 0
+    for per_rank, _ in everything:
+        for record in per_rank:
+            if record["module"] != module or record.get("tp_rank", 0) or record.get("pp_rank", 0):
+                continue
+            for row, why in record.get("replaced_rows", []):
+                reasons.setdefault(int(row), why)
+                attempts += 1
+    return dict(sorted(reasons.items())), attempts
+
+
+def format_skip_report(rows: dict[int, str], attempts: int) -> str:
+    """The ``--skip-bad-samples`` lines of the run summary: the distinct rows, then each with its reason."""
+    if not rows:
+        return "skipped 0 bad dataset row(s) (--skip-bad-samples)"
+    listed = list(rows.items())[:REPORTED_ROWS]
+    head = (f"skipped {len(rows)} bad dataset row(s) (--skip-bad-samples; {attempts} attempts to read them), each replaced by "
+            f"the next good row of its slot: rows {', '.join(str(row) for row, _ in listed)}"
+            f"{f' and {len(rows) - len(listed)} more' if len(rows) > len(listed) else ''}")
+    return "\n".join([head, *(f"  row {row}: {why}" for row, why in listed)])

@@ -12,6 +12,7 @@ import dataclasses
 import math
 import sys
 
+from mimo_pipes.cli.argtypes import path
 from mimo_pipes.cli.job_args import add_job_arguments, config_from_args
 from mimo_pipes.cli.job_checks import validate_job
 from mimo_pipes.cli.launcher import EXIT_CONFIG, launch, under_torchrun
@@ -32,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = TrainOptions()
     parser.set_defaults(recipe=defaults.recipe)
     parser.add_argument("--lr", type=float, default=defaults.lr, help="SGD learning rate")
-    parser.add_argument("--vision-tower", default=defaults.vision_tower,
+    parser.add_argument("--vision-tower", type=path, default=defaults.vision_tower,
                         help="vision tower preset or config folder, fp32 on the CPU")
 
 

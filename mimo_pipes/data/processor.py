@@ -186,6 +186,46 @@ def load_processor(path: str | Path, seq_length: int, image_folder: str | None =
 
 
 # ----------------------------------------------------------------------------------------------------
+# Fitting a sample to --seq-length
+
+FIRST_PROMPT, FIRST_REPLY, LATER = 0, 1, 2
+"""Where a token lies: before the first assistant reply, in it, or after it (later turns)."""
+
+
+def share_room(prompt: int, reply: int, room: int) -> tuple[int, int]:
+    """(prompt, reply) tokens kept of ``prompt`` and ``reply`` in ``room`` tokens: the longer gives way
+    first, and each keeps at least half of the room (the reply the odd token) when both are long."""
+    if prompt + reply <= room:
+        return prompt, reply
+    half = room // 2
+    if prompt <= half:
+        return prompt, room - prompt
+    if reply <= room - half:
+        return room - reply, reply
+    return half, room - half
+
+
+def fit_to_length(fixed: list[bool], part: list[int], length: int) -> list[int]:
+    """The positions kept of a sample longer than ``length`` (``sum(fixed) < length``), in order.
+
+    ``fixed`` tokens (image and video placeholders with their markers) are all kept. Of the others, the
+    turns after the first reply give way first, cut at their end; when the first exchange still does not
+    fit, its prompt and its reply share the room (:func:`share_room`): the prompt loses its beginning,
+    the reply its end."""
+    room = length - sum(fixed)
+    cuttable: dict[int, list[int]] = {FIRST_PROMPT: [], FIRST_REPLY: [], LATER: []}
+    for t, (is_fixed, where) in enumerate(zip(fixed, part)):
+        if not is_fixed:
+            cuttable[where].append(t)
+    prompt, reply, later = cuttable[FIRST_PROMPT], cuttable[FIRST_REPLY], cuttable[LATER]
+    keep_later = max(0, min(len(later), room - len(prompt) - len(reply)))
+    keep_prompt, keep_reply = share_room(len(prompt), len(reply), room - keep_later)
+    kept = [t for t, is_fixed in enumerate(fixed) if is_fixed]
+    kept += prompt[len(prompt) - keep_prompt :] + reply[:keep_reply] + later[:keep_later]
+    return sorted(kept)
+
+
+# ----------------------------------------------------------------------------------------------------
 # The per-sample processor
 
 
@@ -193,8 +233,8 @@ class SampleProcessor:
     """Turns a dataset row into unpadded model tensors. Picklable; safe to call from several threads.
 
     The row holds a conversation (``messages``, ``conversations``, or ``prompt`` and ``response``) and may
-    hold ``images`` / ``image`` (PIL images, ``{"bytes", "path"}`` dicts, bytes, paths relative to
-    ``image_folder``, HWC uint8 arrays) and ``videos`` (frames ``[T, H, W, 3]`` or lists of frames). Every
+    hold ``images`` / ``image`` (PIL images, ``{"bytes", "path"}`` dicts, bytes, paths that resolve inside
+    ``image_folder`` (see :mod:`mimo_pipes.data.media`), HWC uint8 arrays) and ``videos`` (frames ``[T, H, W, 3]`` or lists of frames). Every
     other key (``sample_id``, ``id``, ...) is returned unchanged. A text-only sample carries no vision field.
     """
 
@@ -263,15 +303,19 @@ class SampleProcessor:
         self, turns: Any, media: dict[str, list[list[int]]], sample_id: object, num_images: int, num_videos: int
     ) -> tuple[list[int], list[bool]]:
         """The sample's token ids and which of them are trained: the chat rendered with each image and video
-        marker replaced by its placeholder run (``media``: pad marker -> runs in order), cut to
-        ``--seq-length`` (never through a placeholder: a row whose placeholders do not fit is an error).
+        marker replaced by its placeholder run (``media``: pad marker -> runs in order), fitted to
+        ``--seq-length`` by :func:`fit_to_length`. A sample left with no token to train on is a SampleError.
         ``mimo-pipes analyze`` calls it with runs computed from image sizes, so its counts are these."""
-        placeholders = sum(len(ids) for runs in media.values() for ids in runs)
-
+        markers = {self.vision_start_id, self.vision_end_id} - {None}
         ids: list[int] = []
         trained: list[bool] = []
+        fixed: list[bool] = []  # placeholder runs and vision markers: never cut, never trained
+        part: list[int] = []  # FIRST_PROMPT, FIRST_REPLY or LATER
         used = {pad: 0 for pad in media}
+        later = False
         for text, is_trained in trained_segments(turns, self._render):
+            where = LATER if later else (FIRST_REPLY if is_trained else FIRST_PROMPT)
+            later = later or is_trained
             for piece in self._pads.split(text):
                 if piece in used:
                     runs = media.get(piece, [])
@@ -279,28 +323,35 @@ class SampleProcessor:
                         raise SampleError(sample_id, f"dataset row {sample_id}: the chat names more {piece} than the row has", field="images")
                     tokens = runs[used[piece]]
                     used[piece] += 1
+                    is_fixed = [True] * len(tokens)
                 else:
                     tokens = self._encode(piece) if piece else []
+                    is_fixed = [token in markers for token in tokens]
                 ids.extend(tokens)
-                trained.extend([is_trained] * len(tokens))
+                fixed.extend(is_fixed)
+                trained.extend(is_trained and not f for f in is_fixed)
+                part.extend([where] * len(tokens))
         if any(used[pad] != len(runs) for pad, runs in media.items()):
             raise SampleError(sample_id, f"dataset row {sample_id}: the chat template did not place every image and video", field="images")
 
         if len(ids) > self.seq_length:
-            placeholder = set(self.placeholder_ids)
-            last = max((t for t, tid in enumerate(ids) if tid in placeholder), default=-1)
-            if last >= self.seq_length:
+            need = sum(fixed)
+            if need + 1 > self.seq_length:
+                placeholders = sum(len(run) for runs in media.values() for run in runs)
                 raise SampleError(
                     sample_id,
-                    f"dataset row {sample_id}: needs {last + 1} tokens up to its last image placeholder ({placeholders} "
-                    f"image/video placeholders in {num_images} images and {num_videos} videos), more than --seq-length "
-                    f"{self.seq_length}",
+                    f"dataset row {sample_id}: needs {need + 1} tokens for its images ({placeholders} image/video "
+                    f"placeholders in {num_images} images and {num_videos} videos, with their markers) and one token "
+                    f"to train on, more than --seq-length {self.seq_length}",
                     field="images",
                 )
-            logger.warning("sample %r: truncated from %d to --seq-length %d tokens; all %d placeholders kept",
-                           sample_id, len(ids), self.seq_length, placeholders)
-            ids, trained = ids[: self.seq_length], trained[: self.seq_length]
-
+            kept = fit_to_length(fixed, part, self.seq_length)
+            logger.warning("sample %r: truncated from %d to --seq-length %d tokens; all %d image and video tokens kept",
+                           sample_id, len(ids), self.seq_length, need)
+            ids, trained = [ids[t] for t in kept], [trained[t] for t in kept]
+        if not any(trained[1:]):  # labels[t] trains token t + 1: a trained token at 0 is no label
+            cut = f" after truncation to --seq-length {self.seq_length}" if len(ids) == self.seq_length else ""
+            raise SampleError(sample_id, f"dataset row {sample_id}: no token to train on{cut}", field="messages")
         return ids, trained
 
     def counts_from_sizes(self, row: dict, tokens_per_image: list[int]) -> tuple[int, int]:

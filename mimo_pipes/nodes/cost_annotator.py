@@ -8,6 +8,7 @@ from typing import Any
 from torchdata.nodes import BaseNode
 
 from mimo_pipes.cost import image_token_count, real_token_count
+from mimo_pipes.cost_range import window_budget
 from mimo_pipes.errors import SampleError
 from mimo_pipes.sample import COST, ENCODER_COST, IMAGE_TOKENS, REAL_TOKENS, SAMPLE_ID, Sample
 from mimo_pipes.tail_settings import TailSettings
@@ -29,6 +30,11 @@ class CostAnnotator(BaseNode[Sample]):
         self.source = source
         self.cost = settings.plan.cost
         self.image_token_ids = settings.image_token_ids
+        # Every cost must fit the planners' int64 sums over the window (the settings' --seq-length check
+        # proves it where a length bounds the samples; a balance_iterator without one relies on this).
+        window = settings.plan.window_size
+        self.window_samples = settings.micro_batch_size * window
+        self.budget = window_budget(self.window_samples, window, settings.plan.planner.floor)
         self.valid_for = valid_for(type(self).__name__, self.cost_function())
 
     def cost_function(self) -> dict[str, Any]:
@@ -50,6 +56,7 @@ class CostAnnotator(BaseNode[Sample]):
         image_tokens = image_token_count(sample["input_ids"], self.image_token_ids)
         real_tokens = real_token_count(sample["attention_mask"])
         encoder_cost = self.cost.encoder_cost(sample["input_ids"], self.image_token_ids, image_tokens)
+        self.cost.check_range(sample.get(SAMPLE_ID), encoder_cost, real_tokens, self.budget, self.window_samples)
         sample[IMAGE_TOKENS] = image_tokens
         sample[REAL_TOKENS] = real_tokens
         sample[ENCODER_COST] = encoder_cost
