@@ -69,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from mimo_pipes.analysis.analyze import analyze, write_plots
     from mimo_pipes.analysis.table import format_analysis
     from mimo_pipes.recipe import load_recipe
+    from mimo_pipes.warning_tally import collected, merge
 
     try:
         config, options = config_from_args(args)
@@ -86,7 +87,9 @@ def run(args: argparse.Namespace) -> int:
     model = reorder.load_time_model()
     try:
         wants_real_tokens = reorder.integer_cost_weights()[1] > 0 or reorder.reorder_two_level  # two levels split on them
-        counts = recipe.row_counts(config, real_tokens=wants_real_tokens, runs=model is not None, progress=progress)
+        with collected() as tally:  # one line per kind below the tables (rows read from the counts' cache say none)
+            counts = recipe.row_counts(config, real_tokens=wants_real_tokens, runs=model is not None, progress=progress)
+            warnings = merge([tally.snapshot()])
     except SampleError as error:
         print(f"mimo-pipes analyze: error: {error}", file=sys.stderr)
         return EXIT_FAILED
@@ -102,5 +105,7 @@ def run(args: argparse.Namespace) -> int:
     write_plots(out, result, topology, f"micro-batch {config.micro_batch_size}, micro-batches {start}..{end - 1}, {mode}")
     print(headline(config, topology, start, end, command="mimo-pipes analyze", mode=mode))
     print(format_analysis(result))
+    for count in warnings:
+        print(count.line())
     print(f"wrote {out / RESULT_FILE} and {len(topology.modules)} plot(s) to {out}")
     return 0
