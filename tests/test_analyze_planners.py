@@ -98,7 +98,8 @@ def test_modelled_encoder_time_is_what_the_run_consumed(runs, processed, name):
     expected = _recomputed(runs[name]["dumps"], "images", dp_size, encoder_ns, MODEL.floor_ns)
     assert {key: figures[key] for key in expected} == pytest.approx(expected, abs=0)
     assert "modelled_encoder_time" not in runs[name]["analysis"]["language"]  # the language ranks run no encoder
-    assert "(ns of modelled encoder time)" in runs[name]["analyze_stdout"]
+    images = next(line.split() for line in runs[name]["analyze_stdout"].splitlines() if line.startswith("images "))
+    assert images[2:4] == ["modelled", "ms"] and images[8:10] == [f"{figures['critical_path_before'] / 1e6:,.1f}", f"{figures['critical_path_after'] / 1e6:,.1f}"]
     if dp_size > 1:
         assert figures["critical_path_after"] < figures["critical_path_before"]
 

@@ -102,10 +102,10 @@ def run(args: argparse.Namespace) -> int:
     (out / RESULT_FILE).write_text(json.dumps(result.figures, indent=1) + "\n")
     end = int(result.replay.steps[-1]) + 1 if len(result.replay.steps) else start
     mode = analysis_mode(config, model is not None)
-    write_plots(out, result, topology, f"micro-batch {config.micro_batch_size}, micro-batches {start}..{end - 1}, {mode}")
+    plots = write_plots(out, result, topology, f"micro-batch {config.micro_batch_size}, micro-batches {start}..{end - 1}, {mode}")
     print(headline(config, topology, start, end, command="mimo-pipes analyze", mode=mode))
     print(format_analysis(result))
     for count in warnings:
         print(count.line())
-    print(f"wrote {out / RESULT_FILE} and {len(topology.modules)} plot(s) to {out}")
+    print(f"wrote {out / RESULT_FILE}, {', '.join(map(str, plots))}")
     return 0
