@@ -149,9 +149,9 @@ def analyze(
     figures: dict[str, dict[str, Any]] = {}
     balanced: dict[str, Quantity] = {}
     tokens = Quantity("image tokens", image_tokens)
+    bound_of = functools.partial(critical_path_bound, schedule, start=start, stop=stop)
     for module in topology.modules:
         summary = summaries.get(module.name)
-        bound_of = functools.partial(critical_path_bound, schedule, start=start, stop=stop)
         what_if, bounds = _what_ifs(what_ifs, variants, tokens, module.dp, bound_of)
         figures[module.name] = {
             "dp_size": module.dp,
