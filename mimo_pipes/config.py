@@ -25,12 +25,14 @@ LANGUAGE_COSTS = ("tokens", "packed")
 DEFAULT_ATTENTION_CROSSOVER = 12 * 4096  # causal decoder, hidden size 4096, 4h MLP (see docs/sequence-packing.md)
 
 
-def resolve_exchange_transport(requested: str, world_backend: str, overlap: bool, device_max_connections: str | None) -> str:
+def resolve_exchange_transport(requested: str, world_backend: str, overlap: bool, device_max_connections: str | None,
+                               warn: bool = True) -> str:
     """The backend of the exchange group: ``gloo`` (CPU bytes) or ``nccl`` (bytes staged through the GPU).
 
     ``auto`` takes NCCL only for an exchange on the training thread of an NCCL run; an overlapped exchange
     goes over Gloo, which cannot contend with the trainer's NCCL kernels (an overlapped NCCL exchange beside
-    a trainer's all-reduce hung once on two H200s, before a fix; see docs/benchmarks.md).
+    a trainer's all-reduce hung once on two H200s, before a fix; see docs/benchmarks.md). ``warn`` False:
+    the risky choice is not logged (a job says it once, before its ranks start).
     """
     single_queue = device_max_connections is not None and device_max_connections.strip() == "1"
     if requested == "auto":
@@ -45,7 +47,7 @@ def resolve_exchange_transport(requested: str, world_backend: str, overlap: bool
             "across ranks, and training deadlocks. Use --exchange-transport gloo (overlap kept, CPU bytes) or "
             "--no-overlap-intra-microbatch-reorder (both collectives on the training thread)",
         )
-    if requested == "nccl" and overlap:
+    if requested == "nccl" and overlap and warn:
         logging.getLogger(__name__).warning(
             "--exchange-transport nccl with overlap: NCCL kernels of the prefetch thread and of the trainer can "
             "be ordered differently on different ranks (a run of this kind hung once, before a fix). "

@@ -25,6 +25,7 @@ from mimo_pipes.data.dataset import check_dataset_path, default_dataset_path, op
 from mimo_pipes.data.processor import (
     IMAGE_PAD,
     SPECIAL_TOKENS,
+    TRUNCATED,
     SampleProcessor,
     build_default_processor,
     check_processor_path,
@@ -33,6 +34,7 @@ from mimo_pipes.data.processor import (
 )
 from mimo_pipes.data.sources import open_source
 from mimo_pipes.errors import ConfigError, SampleError
+from mimo_pipes.warning_tally import collected, counts
 
 N_SMALL = 40
 
@@ -191,20 +193,29 @@ def test_truncation_keeps_image_tokens_and_warns(processor_dir, caplog):
     seq_length = image_tokens + 40
     assert untruncated["input_ids"].shape[0] > seq_length
     short = load_processor(processor_dir, seq_length)
-    with caplog.at_level(logging.WARNING, logger="mimo_pipes.data.processor"):
+    with collected() as tally:
         out = short(row)
     assert out["input_ids"].shape[0] == seq_length
     assert count_image_tokens(out["input_ids"], short.image_token_id) == image_tokens
     assert torch.equal(out["image_grid_thw"], untruncated["image_grid_thw"])
     assert torch.equal(out["pixel_values"], untruncated["pixel_values"])
     assert out["labels"][-1] == -100  # the text past --seq-length is cut at the end
-    assert any("rx-42" in r.getMessage() and "truncated" in r.getMessage() for r in caplog.records)
+    assert tally.snapshot() == {TRUNCATED: ["rx-42"]}  # counted once, said in the job's summary
+    with collected():
+        pass  # a fresh tally, not collected after this block: the first truncation of a process is logged, once
+    with caplog.at_level(logging.WARNING, logger="mimo_pipes"):
+        short(row)
+        short({**row, "sample_id": "rx-43"})
+    assert [r.getMessage().split(";")[0] for r in caplog.records] == [f"dataset row rx-42: truncated from {untruncated['input_ids'].shape[0]} "
+                                                                     f"to --seq-length {seq_length} tokens"]
+    assert [count.line() for count in counts()] == [
+        "warnings: 2 samples truncated to --seq-length (later turns first, then the prompt's start and the reply's end; every image placeholder kept; first: dataset row rx-42)"]
 
 
 def test_no_warning_without_truncation(proc, caplog):
-    with caplog.at_level(logging.WARNING, logger="mimo_pipes.data.processor"):
+    with collected() as tally, caplog.at_level(logging.WARNING, logger="mimo_pipes"):
         proc(_row([_png(60, 60)]))
-    assert not caplog.records
+    assert not caplog.records and tally.snapshot() == {}
 
 
 def test_images_that_cannot_fit_raise_sample_error(processor_dir):

@@ -16,9 +16,11 @@ import sys
 from pathlib import Path
 
 from mimo_pipes.cli.argtypes import path, positive_ints
+from mimo_pipes.cli.headline import headline
 from mimo_pipes.cli.job_args import add_job_arguments, config_from_args
 from mimo_pipes.cli.job_checks import validate_consumption
 from mimo_pipes.cli.launcher import EXIT_CONFIG, EXIT_FAILED
+from mimo_pipes.config import PipelineConfig
 from mimo_pipes.errors import ConfigError, SampleError
 
 RESULT_FILE = "analysis.json"
@@ -54,9 +56,20 @@ def _progress_factory(enabled: bool):
     return make
 
 
+def analysis_mode(config: PipelineConfig, time_model: bool) -> str:
+    """The replayed settings, as the headline and the plots' titles say them (transport and overlap play no part)."""
+    reorder = config.reorder
+    if not reorder.intra_microbatch_reorder:
+        return "reorder off"
+    return (f"reorder on (window {reorder.reorder_window_size}{', across micro-batches' if reorder.reorder_across_microbatches else ''}"
+            f"{', time model' if time_model else ''}{', two-level' if reorder.reorder_two_level else ''})")
+
+
 def run(args: argparse.Namespace) -> int:
-    from mimo_pipes.analysis.analyze import MODELLED_TIME_UNIT, analyze, write_plots
+    from mimo_pipes.analysis.analyze import analyze, write_plots
+    from mimo_pipes.analysis.table import format_analysis
     from mimo_pipes.recipe import load_recipe
+    from mimo_pipes.warning_tally import collected, merge
 
     try:
         config, options = config_from_args(args)
@@ -75,7 +88,9 @@ def run(args: argparse.Namespace) -> int:
     model = reorder.load_time_model()
     try:
         wants_real_tokens = reorder.integer_cost_weights()[1] > 0 or reorder.reorder_two_level  # two levels split on them
-        counts = recipe.row_counts(config, real_tokens=wants_real_tokens, runs=model is not None, progress=progress)
+        with collected() as tally:  # one line per kind below the tables (rows read from the counts' cache say none)
+            counts = recipe.row_counts(config, real_tokens=wants_real_tokens, runs=model is not None, progress=progress)
+            warnings = merge([tally.snapshot()])
     except SampleError as error:
         print(f"mimo-pipes analyze: error: {error}", file=sys.stderr)
         return EXIT_FAILED
@@ -90,18 +105,12 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / RESULT_FILE).write_text(json.dumps(result.figures, indent=1) + "\n")
-    mode = (f"reorder on, window {reorder.reorder_window_size}{', across micro-batches' if reorder.reorder_across_microbatches else ''}"
-            f"{', time model' if model is not None else ''}{', two-level' if reorder.reorder_two_level else ''}"
-            if reorder.intra_microbatch_reorder else "reorder off")
-    write_plots(out, result, image_tokens, topology, f"micro-batch {config.micro_batch_size}, steps {start}..{stop - 1}, {mode}")
-    for name, figures in result.figures.items():
-        print(f"{name:<10} dp={figures['dp_size']} steps={figures['steps']} spread {figures['spread_before']:.1f} -> "
-              f"{figures['spread_after']:.1f}, critical path {figures['critical_path_before']} -> {figures['critical_path_after']} "
-              "(image tokens)")
-        for key, unit in (("modelled_encoder_time", MODELLED_TIME_UNIT), ("real_tokens", "real tokens")):
-            if key in figures:
-                extra = figures[key]
-                print(f"{'':<10} spread {extra['spread_before']:.1f} -> {extra['spread_after']:.1f}, critical path "
-                      f"{extra['critical_path_before']} -> {extra['critical_path_after']} ({unit})")
-    print(f"wrote {out / RESULT_FILE} and {len(topology.modules)} plot(s)")
+    end = int(result.replay.steps[-1]) + 1 if len(result.replay.steps) else start
+    mode = analysis_mode(config, model is not None)
+    plots = write_plots(out, result, topology, f"micro-batch {config.micro_batch_size}, micro-batches {start}..{end - 1}, {mode}")
+    print(headline(config, topology, start, end, command="mimo-pipes analyze", mode=mode))
+    print(format_analysis(result))
+    for count in warnings:
+        print(count.line())
+    print(f"wrote {out / RESULT_FILE}, {', '.join(map(str, plots))}")
     return 0

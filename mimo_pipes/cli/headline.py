@@ -22,10 +22,11 @@ def job_mode(config: PipelineConfig) -> str:
     return mode
 
 
-def headline(config: PipelineConfig, topology: Topology, start: int, end: int, command: str = "mimo-pipes run") -> str:
-    """``end``: the count of micro-batches consumed when the run stopped (start..end-1 were this run's)."""
+def headline(config: PipelineConfig, topology: Topology, start: int, end: int, command: str = "mimo-pipes run", mode: str | None = None) -> str:
+    """``end``: the count of micro-batches consumed when the run stopped (start..end-1 were this run's);
+    ``mode``: the reordering mode as said (default: :func:`job_mode`)."""
     modules = " + ".join(f"{m.name} dp={m.dp}" for m in topology.modules)
     return (
         f"{command}: {modules}, canonical grid {topology.grid_size}, micro-batch {config.micro_batch_size}, "
-        f"{f'micro-batches {start}..{end - 1}' if end > start else 'no micro-batches'}, {job_mode(config)}"
+        f"{f'micro-batches {start}..{end - 1}' if end > start else 'no micro-batches'}, {mode or job_mode(config)}"
     )

@@ -125,8 +125,8 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write every window's exchange metrics as TensorBoard scalars to DIR/<module>/ "
                              "(DP rank 0 of each module; needs --intra-microbatch-reorder) (default: off)")
     parser.add_argument("--log-interval", type=int, default=JobOptions.log_interval, metavar="N",
-                        help="print cumulative exchange metrics on DP rank 0 of each module every N windows "
-                             "and at the end (0: only at the end; none with --quiet)")
+                        help="print cumulative exchange metrics every N windows (rank 0's module, above the progress bar) "
+                             "and at the end (every module) (0: only at the end; none with --quiet)")
 
 
 def config_from_args(args: argparse.Namespace) -> tuple[PipelineConfig, JobOptions]:

@@ -26,6 +26,7 @@ def validate_job(config: PipelineConfig, options: JobOptions, announce: Callable
             world_backend(topology.world_size),
             config.reorder.overlap_intra_microbatch_reorder,
             os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
+            warn=os.environ.get("RANK", "0") == "0",  # under torchrun every rank checks: rank 0 says it
         )
     return topology.world_size
 

@@ -18,6 +18,7 @@ from mimo_pipes.exchange.process_groups import RankGroups, build_rank_groups
 from mimo_pipes.exchange.world import barrier, control_group, current_backend, job_group, largest_over_ranks, world_rank, world_size
 from mimo_pipes.summary import SUMMARY_ONLY_KEYS
 from mimo_pipes.topology import RankPosition, Topology
+from mimo_pipes.warning_tally import Snapshot
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ def set_up_rank(config: PipelineConfig, *, exchange_transport: str | None = None
         current_backend(),
         config.reorder.overlap_intra_microbatch_reorder,
         os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
+        warn=False,  # said once by the job's checks before the ranks started
     )
     groups = build_rank_groups(topology, exchange_backend=transport, timeout_s=config.exchange_timeout_s)
     job, control = job_group(topology.world_size), control_group(topology.world_size)
@@ -62,6 +64,15 @@ def set_up_rank(config: PipelineConfig, *, exchange_transport: str | None = None
     layout = RankLayout(position.dp_rank, position.dp_size, topology.grid_size, groups.exchange_group, device)
     report_phase("joined")
     return RankSetup(topology, groups, layout, job, control)
+
+
+@dataclass(frozen=True)
+class RankReport:
+    """What a rank hands rank 0 at the end besides its records: its warnings tally (merged there into one
+    line per kind) and its module's last exchange metrics line (printed there once the bar is closed)."""
+
+    warnings: Snapshot
+    metrics_line: str | None = None
 
 
 def consumed_record(batch: dict[str, Any], position: RankPosition) -> dict[str, Any]:

@@ -6,13 +6,24 @@ torchrun, or in a pool of test ranks); :func:`run_in_world` joins the group firs
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 from mimo_pipes.checkpoint import read_rank_state, resume_settings
 from mimo_pipes.cli.headline import headline
 from mimo_pipes.cli.metrics_log import attach_metrics
-from mimo_pipes.cli.rank_job import AssignmentDump, StopAtBoundary, consumed_record, progress_bar, save_state, set_up_rank, stop_job
+from mimo_pipes.cli.rank_job import (
+    AssignmentDump,
+    RankReport,
+    RankSetup,
+    StopAtBoundary,
+    consumed_record,
+    progress_bar,
+    save_state,
+    set_up_rank,
+    stop_job,
+)
 from mimo_pipes.config import JobOptions, PipelineConfig
 from mimo_pipes.exchange.world import gather_from_every_rank, join_world, leave_world, world_rank
 from mimo_pipes.loader import graph_nodes
@@ -27,6 +38,7 @@ from mimo_pipes.summary import (
     summarize_packing,
 )
 from mimo_pipes.topology import Topology
+from mimo_pipes.warning_tally import WarningCount, WarningTally, collected, merge
 
 
 @dataclass(frozen=True)
@@ -42,6 +54,8 @@ class RunResult:
     skip_attempts: int = 0  # times a bad row was met (a row met again, in a later epoch or slot, counts again)
     records: list[dict[str, Any]] = field(default_factory=list)  # every rank's consumed micro-batches
     metrics: dict[str, Any] | None = None
+    warnings: list[WarningCount] = field(default_factory=list)  # every rank's, merged
+    metrics_lines: list[str] = field(default_factory=list)  # each module's last exchange metrics line not yet printed
 
 
 def run_in_world(rank: int, world_size: int, config: PipelineConfig, options: JobOptions) -> None:
@@ -59,6 +73,11 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> RunResult | None:
     setup = set_up_rank(config)
     if setup is None:
         return None
+    with collected() as tally:  # said once, in rank 0's summary
+        return _run(setup, config, options, tally)
+
+
+def _run(setup: RankSetup, config: PipelineConfig, options: JobOptions, tally: WarningTally) -> RunResult:
     rank, position = world_rank(), setup.position
     loader = load_recipe(options.recipe).build(config, setup.layout)
     if options.resume:
@@ -66,7 +85,7 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> RunResult | None:
     start = loader.num_yielded
     packer = next((node for node in graph_nodes(loader.root) if isinstance(node, SequencePacker)), None)
     stop = options.stop_after if options.stop_after is not None else options.steps
-    metrics_log = attach_metrics(loader, position, options)
+    metrics_log = attach_metrics(loader, position, options, periodic=rank == 0)
     dump = AssignmentDump(options, rank)
     records: list[dict[str, Any]] = []
     progress = progress_bar(rank == 0 and options.progress, total=options.steps, initial=start)
@@ -91,8 +110,6 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> RunResult | None:
         if signum:
             raise stop_job(signum, options.save_state, end)
         metrics = loader.exchange_metrics()
-        if metrics_log is not None:
-            metrics_log.finish(metrics)
     finally:
         if progress is not None:
             progress.close()
@@ -100,17 +117,21 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> RunResult | None:
         loader.close()
         if metrics_log is not None:
             metrics_log.close()
-    everything = gather_from_every_rank((records, end), setup.job)
+    report = RankReport(tally.snapshot(), metrics_log.final_line(metrics) if metrics_log is not None else None)
+    everything = gather_from_every_rank((records, end, report), setup.job)
+    reports = [rank_report for _, _, rank_report in everything]
     skipped, attempts = skipped_rows(everything, setup.topology.modules[0].name)
     result = RunResult(
         start=start,
-        end=min(rank_end for _, rank_end in everything),
-        summaries=summarize((r for per_rank, _ in everything for r in per_rank), setup.topology.grid_size),
-        packing=summarize_packing(r for per_rank, _ in everything for r in per_rank),
+        end=min(rank_end for _, rank_end, _ in everything),
+        summaries=summarize((r for per_rank, _, _ in everything for r in per_rank), setup.topology.grid_size),
+        packing=summarize_packing(r for per_rank, _, _ in everything for r in per_rank),
         skipped_rows=skipped,
         skip_attempts=attempts,
-        records=[r for per_rank, _ in everything for r in per_rank],
+        records=[r for per_rank, _, _ in everything for r in per_rank],
         metrics=metrics,
+        warnings=merge(rank_report.warnings for rank_report in reports),
+        metrics_lines=[rank_report.metrics_line for rank_report in reports if rank_report.metrics_line],
     )
     if rank == 0:
         _print_result(result, config, options, setup.topology, stop)
@@ -118,6 +139,8 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> RunResult | None:
 
 
 def _print_result(result: RunResult, config: PipelineConfig, options: JobOptions, topology: Topology, stop: int) -> None:
+    for line in result.metrics_lines:
+        print(line, file=sys.stderr, flush=True)
     print(headline(config, topology, result.start, result.end), flush=True)
     if result.end < stop:
         print(f"the data ended after {result.end} micro-batches, before the {stop} asked for "
@@ -127,6 +150,8 @@ def _print_result(result: RunResult, config: PipelineConfig, options: JobOptions
         print(format_packing_summary(result.packing), flush=True)
     if config.skip_bad_samples:
         print(format_skip_report(result.skipped_rows, result.skip_attempts), flush=True)
+    for count in result.warnings:
+        print(count.line(), flush=True)
     if options.save_state:
         print(f"saved state after {result.end} micro-batches to {options.save_state}", flush=True)
 
@@ -146,7 +171,7 @@ def skipped_rows(everything: list, module: str) -> tuple[dict[int, str], int]:
     same one), a row met again (another slot's successor, a later epoch) counting again."""
     reasons: dict[int, str] = {}
     attempts = 0
-    for per_rank, _ in everything:
+    for per_rank, _, _ in everything:
         for record in per_rank:
             if record["module"] != module or record.get("tp_rank", 0) or record.get("pp_rank", 0):
                 continue

@@ -22,7 +22,6 @@ end-of-turn marker), else ``-100``; ``loss_mask[t] = 1.0`` exactly where ``label
 from __future__ import annotations
 
 import json
-import logging
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,8 +38,12 @@ from mimo_pipes.data.media import open_image, open_video
 from mimo_pipes.data.paths import existing_folder
 from mimo_pipes.errors import ConfigError, SampleError
 from mimo_pipes.sample import SAMPLE_ID
+from mimo_pipes.third_party import quiet_transformers
+from mimo_pipes.warning_tally import WarningKind, warn
 
-logger = logging.getLogger(__name__)
+TRUNCATED = WarningKind(
+    "samples truncated to --seq-length", note="later turns first, then the prompt's start and the reply's end; every image placeholder kept"
+)
 
 PROCESSOR_VERSION = "v1"
 """Bumped whenever the built-in processor changes, so a stale cached copy is never reused."""
@@ -165,14 +168,15 @@ def load_processor(path: str | Path, seq_length: int, image_folder: str | None =
     if isinstance(seq_length, bool) or not isinstance(seq_length, (int, np.integer)) or seq_length < 1:
         raise ConfigError("--seq-length", f"must be a positive integer, got {seq_length!r}")
     p = check_processor_path(path)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(p))
-    except Exception as e:  # noqa: BLE001 - any loading failure is a bad --processor
-        raise ConfigError("--processor", f"cannot load a tokenizer from {str(path)!r}: {e}") from e
-    try:
-        image_processor = AutoImageProcessor.from_pretrained(str(p), backend="pil")
-    except Exception as e:  # noqa: BLE001
-        raise ConfigError("--processor", f"cannot load an image processor from {str(path)!r}: {e}") from e
+    with quiet_transformers():  # its advice on processors is no error; errors still raise
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(p))
+        except Exception as e:  # noqa: BLE001 - any loading failure is a bad --processor
+            raise ConfigError("--processor", f"cannot load a tokenizer from {str(path)!r}: {e}") from e
+        try:
+            image_processor = AutoImageProcessor.from_pretrained(str(p), backend="pil")
+        except Exception as e:  # noqa: BLE001
+            raise ConfigError("--processor", f"cannot load an image processor from {str(path)!r}: {e}") from e
     config = json.loads((p / "processor_config.json").read_text()) if (p / "processor_config.json").is_file() else {}
     chat_template = config.get("chat_template")
     if (p / "chat_template.jinja").is_file():
@@ -346,8 +350,8 @@ class SampleProcessor:
                     field="images",
                 )
             kept = fit_to_length(fixed, part, self.seq_length)
-            logger.warning("sample %r: truncated from %d to --seq-length %d tokens; all %d image and video tokens kept",
-                           sample_id, len(ids), self.seq_length, need)
+            warn(TRUNCATED, sample_id, f"dataset row {sample_id}: truncated from {len(ids)} to --seq-length {self.seq_length} tokens; "
+                 f"all {need} image and video tokens kept")
             ids, trained = [ids[t] for t in kept], [trained[t] for t in kept]
         if not any(trained[1:]):  # labels[t] trains token t + 1: a trained token at 0 is no label
             cut = f" after truncation to --seq-length {self.seq_length}" if len(ids) == self.seq_length else ""

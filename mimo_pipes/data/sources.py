@@ -15,6 +15,7 @@ from pathlib import Path
 
 from mimo_pipes.data.cache import cache_root
 from mimo_pipes.errors import ConfigError
+from mimo_pipes.third_party import quiet_datasets
 
 BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json"}
 HINT = "pass a save_to_disk folder, or .parquet / .json / .jsonl files or a glob of them"
@@ -65,7 +66,8 @@ def open_source(spec: str | Path, split: str = "train"):
     else:
         builder, files = data_files(str(spec))
         try:
-            ds = datasets.load_dataset(builder, data_files=files, split="train", cache_dir=str(cache_root() / "datasets"))
+            with quiet_datasets():  # no "Generating train split" bar on every rank
+                ds = datasets.load_dataset(builder, data_files=files, split="train", cache_dir=str(cache_root() / "datasets"))
         except Exception as e:  # noqa: BLE001 - any parsing failure is a bad --dataset
             raise ConfigError("--dataset", f"cannot read {str(spec)!r} as {builder}: {why_unreadable(builder, files, e)}") from e
     columns = set(ds.column_names)
