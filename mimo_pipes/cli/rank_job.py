@@ -59,7 +59,7 @@ def set_up_rank(config: PipelineConfig, *, exchange_transport: str | None = None
 
         device = torch.device("cuda", torch.cuda.current_device())
     position = groups.position
-    layout = RankLayout(position.dp_rank, position.dp_size, topology.grid_size, groups.exchange_group, device)
+    layout = RankLayout(position.dp_rank, position.dp_size, topology.grid_size, groups.exchange_group, device, position.module.name)
     report_phase("joined")
     return RankSetup(topology, groups, layout, job, control)
 
