@@ -336,6 +336,7 @@ class JobOptions:
     # Exchange metrics (mimo_pipes.metrics), written by DP rank 0 of each module.
     tensorboard: str | None = None  # event files under DIR/<module>/
     log_interval: int = 20  # a metrics line every N windows and at the end (0: only at the end)
+    summary_json: str | None = None  # `run` writes its summary here as JSON (rank 0)
 
 
 @dataclass

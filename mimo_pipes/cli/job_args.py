@@ -183,5 +183,6 @@ def config_from_args(args: argparse.Namespace) -> tuple[PipelineConfig, JobOptio
         progress=not args.quiet,
         tensorboard=args.tensorboard,
         log_interval=args.log_interval,
+        summary_json=getattr(args, "summary_json", None),
     )
     return config, options

@@ -6,7 +6,9 @@ torchrun, or in a pool of test ranks); :func:`run_in_world` joins the group firs
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from mimo_pipes.checkpoint import read_rank_state, resume_settings
@@ -15,6 +17,7 @@ from mimo_pipes.cli.rank_job import AssignmentDump, StopAtBoundary, consumed_rec
 from mimo_pipes.config import JobOptions, PipelineConfig
 from mimo_pipes.exchange.world import gather_from_every_rank, join_world, leave_world, world_rank
 from mimo_pipes.loader import graph_nodes
+from mimo_pipes.metrics import MovedPerWindow
 from mimo_pipes.nodes import SequencePacker
 from mimo_pipes.recipe import load_recipe
 from mimo_pipes.summary import (
@@ -24,6 +27,7 @@ from mimo_pipes.summary import (
     format_summary,
     summarize,
     summarize_packing,
+    summary_document,
 )
 from mimo_pipes.topology import Topology
 
@@ -31,7 +35,8 @@ from mimo_pipes.topology import Topology
 @dataclass(frozen=True)
 class RunResult:
     """What a run consumed, as rank 0 prints it: micro-batches ``start .. end-1``, the summaries, every
-    rank's records of its consumed micro-batches, and this rank's last exchange metrics."""
+    rank's records of its consumed micro-batches, this rank's last exchange metrics, and per module the
+    samples and bytes its exchange moved for those micro-batches."""
 
     start: int
     end: int
@@ -40,6 +45,7 @@ class RunResult:
     skipped_rows: list[int] = field(default_factory=list)
     records: list[dict[str, Any]] = field(default_factory=list)
     metrics: dict[str, Any] | None = None
+    moved: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 def run_in_world(rank: int, world_size: int, config: PipelineConfig, options: JobOptions) -> None:
@@ -65,6 +71,10 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> RunResult | None:
     packer = next((node for node in graph_nodes(loader.root) if isinstance(node, SequencePacker)), None)
     stop = options.stop_after if options.stop_after is not None else options.steps
     metrics_log = attach_metrics(loader, position, options)
+    moved = MovedPerWindow()
+    exchange = loader.exchange_node()
+    if exchange is not None:
+        exchange.add_observer(moved)
     dump = AssignmentDump(options, rank)
     records: list[dict[str, Any]] = []
     progress = progress_bar(rank == 0 and options.progress, total=options.steps, initial=start)
@@ -99,19 +109,31 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> RunResult | None:
         loader.close()
         if metrics_log is not None:
             metrics_log.close()
-    everything = gather_from_every_rank((records, end), setup.job)
+    line = (position.module.name, position.dp_rank, position.tp_rank, position.pp_rank)
+    everything = gather_from_every_rank((records, end, line, moved.totals(end)), setup.job)
+    end = min(rank_end for _, rank_end, _, _ in everything)
     result = RunResult(
         start=start,
-        end=min(rank_end for _, rank_end in everything),
-        summaries=summarize((r for per_rank, _ in everything for r in per_rank), setup.topology.grid_size),
-        packing=summarize_packing(r for per_rank, _ in everything for r in per_rank),
+        end=end,
+        summaries=summarize((r for per_rank, *_ in everything for r in per_rank), setup.topology.grid_size),
+        packing=summarize_packing(r for per_rank, *_ in everything for r in per_rank),
         skipped_rows=_skipped_rows(everything, setup.topology.modules[0].name),
-        records=[r for per_rank, _ in everything for r in per_rank],
+        records=[r for per_rank, *_ in everything for r in per_rank],
         metrics=metrics,
+        # Module-wide figures, the same on each of its DP ranks: its first rank's.
+        moved={module: totals for _, _, (module, dp_rank, tp_rank, pp_rank), totals in everything if dp_rank == tp_rank == pp_rank == 0},
     )
     if rank == 0:
         _print_result(result, config, options, setup.topology, stop)
+        if options.summary_json is not None:
+            _write_summary_json(options.summary_json, result)
     return result
+
+
+def _write_summary_json(path: str, result: RunResult) -> None:
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(summary_document(result.summaries, result.moved), indent=1) + "\n")
 
 
 def _print_result(result: RunResult, config: PipelineConfig, options: JobOptions, topology: Topology, stop: int) -> None:
@@ -132,7 +154,7 @@ def _print_result(result: RunResult, config: PipelineConfig, options: JobOptions
 
 def _skipped_rows(everything: list, module: str) -> list[int]:
     """The dataset rows one module skipped (every module skips the same ones)."""
-    return sorted(row for per_rank, _ in everything for r in per_rank if r["module"] == module for row in r.get("replaced_rows", []))
+    return sorted(row for per_rank, *_ in everything for r in per_rank if r["module"] == module for row in r.get("replaced_rows", []))
 
 
 def headline(config: PipelineConfig, topology: Topology, start: int, end: int, command: str = "mimo-pipes run") -> str:

@@ -18,6 +18,7 @@ import numpy as np
 
 from mimo_pipes.data.conversation import row_images, row_videos
 from mimo_pipes.data.media import as_list, resolve
+from mimo_pipes.errors import SampleError
 
 ImageSize = tuple[int, int]
 """(height, width) in pixels."""
@@ -76,33 +77,39 @@ def media_sizes(row: dict, image_folder: str | None, sample_id: object) -> Media
     return MediaSizes(images, videos)
 
 
-def with_image_bytes(row: dict, image_folder: str | None, sample_id: object) -> dict:
-    """``row`` with every image and video frame given by path replaced by ``{"bytes", "path"}`` of the
-    file's bytes, so that the row can be processed where the file cannot be read. Nothing is decoded;
-    the row is copied only where it changes."""
+def encoded_media(row: dict, image_folder: str | None, sample_id: object, *, keep_paths: bool = False) -> dict:
+    """``row`` with its images and video frames as encoded bytes, ready to move to another rank: an image
+    given by path becomes ``{"bytes", "path"}`` of the file's bytes (unless ``keep_paths``: every rank
+    reads the same files), a decoded PIL image its lossless PNG. Nothing is decoded; the row is copied only
+    where it changes. Raises the row's SampleError for a missing file or an image PNG cannot hold."""
     changed = dict(row)
     for key in ("images", "image", "videos", "video"):
         value = row.get(key)
         if value is None:
             continue
         if key.startswith("image"):
-            loaded = _loaded_items(value, image_folder, sample_id, "image")
-        else:  # a video is an array or a list of frames
-            videos = as_list(value)
-            loaded = [v if isinstance(v, np.ndarray) else _loaded_items(v, image_folder, sample_id, f"video {k} frame")
-                      for k, v in enumerate(videos)]
-            loaded = loaded if isinstance(value, (list, tuple)) else loaded[0]
-        changed[key] = loaded
+            changed[key] = _encoded_items(value, image_folder, sample_id, "image", keep_paths)
+            continue
+        videos = as_list(value)  # a video is an array or a list of frames
+        encoded = [v if isinstance(v, np.ndarray) else _encoded_items(v, image_folder, sample_id, f"video {k} frame", keep_paths)
+                   for k, v in enumerate(videos)]
+        changed[key] = encoded if isinstance(value, (list, tuple)) else encoded[0]
     return changed
 
 
-def _loaded_items(value: Any, image_folder: str | None, sample_id: object, what: str) -> Any:
+def _encoded_items(value: Any, image_folder: str | None, sample_id: object, what: str, keep_paths: bool) -> Any:
     items = as_list(value)
-    loaded = [_loaded(item, image_folder, sample_id, f"{what} {k}") for k, item in enumerate(items)]
-    return loaded if isinstance(value, (list, tuple)) else loaded[0]
+    encoded = [_encoded(item, image_folder, sample_id, f"{what} {k}", keep_paths) for k, item in enumerate(items)]
+    return encoded if isinstance(value, (list, tuple)) else encoded[0]
 
 
-def _loaded(item: Any, image_folder: str | None, sample_id: object, what: str) -> Any:
+def _encoded(item: Any, image_folder: str | None, sample_id: object, what: str, keep_paths: bool) -> Any:
+    from PIL import Image
+
+    if isinstance(item, Image.Image):
+        return {"bytes": _png(item, sample_id, what), "path": None}
+    if keep_paths:
+        return item
     if isinstance(item, dict) and item.get("bytes") is None and item.get("path"):
         path = item["path"]
     elif isinstance(item, (str, Path)):
@@ -110,3 +117,15 @@ def _loaded(item: Any, image_folder: str | None, sample_id: object, what: str) -
     else:
         return item
     return {"bytes": resolve(path, image_folder, sample_id, what).read_bytes(), "path": str(path)}
+
+
+def _png(image: Any, sample_id: object, what: str) -> bytes:
+    buffer = io.BytesIO()
+    try:
+        exif = image.getexif()
+        image.save(buffer, format="PNG", **({"exif": exif} if len(exif) else {}))
+    except (OSError, ValueError, KeyError) as error:
+        raise SampleError(sample_id, f"dataset row {sample_id}: {what} is a decoded {image.mode} image, which cannot move "
+                          f"encoded as PNG ({error}); keep the dataset's images encoded, or use --exchange-payload samples",
+                          field="images") from error
+    return buffer.getvalue()

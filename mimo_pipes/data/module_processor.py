@@ -28,7 +28,7 @@ import torch
 
 from mimo_pipes.cost import image_token_count, placeholder_runs
 from mimo_pipes.data.conversation import conversation
-from mimo_pipes.data.media_sizes import media_sizes, with_image_bytes
+from mimo_pipes.data.media_sizes import encoded_media, media_sizes
 from mimo_pipes.data.processor import CONSUMED_KEYS, SampleProcessor, token_fields
 from mimo_pipes.errors import SampleError
 from mimo_pipes.module_fields import ModuleFields
@@ -93,12 +93,12 @@ class ModuleProcessor:
         return self._counted(row, runs)[0]
 
     def count(self, row: dict) -> Sample:
-        """The row as it moves: unless ``image_paths``, its image files' bytes in place of their paths; its
-        counts as metadata (image tokens, real tokens, placeholder runs); and its token layout (token ids,
-        trained flags, layout fields: a few bytes per token), so that the language side builds its fields
-        after the exchange without tokenizing again. Raises the row's SampleError."""
-        if not self.image_paths:
-            row = with_image_bytes(row, self.processor.image_folder, row.get(SAMPLE_ID, row.get("id")))
+        """The row as it moves: its images as encoded bytes (:func:`~mimo_pipes.data.media_sizes.encoded_media`;
+        files stay paths with ``image_paths``); its counts as metadata (image tokens, real tokens,
+        placeholder runs); and its token layout (token ids, trained flags, layout fields: a few bytes per
+        token), so that the language side builds its fields after the exchange without tokenizing again.
+        Raises the row's SampleError."""
+        row = encoded_media(row, self.processor.image_folder, row.get(SAMPLE_ID, row.get("id")), keep_paths=self.image_paths)
         (image_tokens, real_tokens, lengths), layout = self._counted(row, runs=True)
         counted = {**row, IMAGE_TOKENS: image_tokens, REAL_TOKENS: real_tokens, PLACEHOLDER_RUNS: lengths}
         if layout is not None:
