@@ -124,14 +124,28 @@ def test_counted_rows_cross_the_wire_format_with_their_images_encoded(family):
         assert_fields_equal(language(moved), language(row), f"row {row['sample_id']}")
 
 
+def test_each_module_moves_only_what_it_needs_of_a_row(family):
+    _, processor, data = family
+    language, encoder = ModuleProcessor(processor, module_fields("language")), ModuleProcessor(processor, module_fields("images"))
+    for row in data:
+        moved = language.count(row)
+        assert not set(moved) & {"images", "image", "videos", "video", "prompt", "response", "messages"}  # layout only
+        assert TOKEN_LAYOUT in moved and TOKEN_LAYOUT not in encoder.count(row)
+        processed = processor(dict(row))
+        placeholders = image_token_count(processed["input_ids"], processor.placeholder_ids)
+        # one token per placeholder run: a text token's worth per image
+        assert moved[TOKEN_LAYOUT]["input_ids"].shape[0] == processed["input_ids"].shape[0] - placeholders + len(moved[PLACEHOLDER_RUNS])
+        assert moved[TOKEN_LAYOUT]["input_ids"].dtype == torch.int32
+
+
 def test_rows_move_image_bytes_or_paths(family):
     _, processor, data = family
     by_path = next(row for row in data if row.get("image") == "page.png")
-    loaded = ModuleProcessor(processor).count(by_path)
+    loaded = ModuleProcessor(processor, module_fields("images")).count(by_path)
     assert loaded["image"]["path"] == "page.png" and loaded["image"]["bytes"][:8] == b"\x89PNG\r\n\x1a\n"
-    kept = ModuleProcessor(processor, image_paths=True).count(by_path)
+    kept = ModuleProcessor(processor, module_fields("images"), image_paths=True).count(by_path)
     assert kept["image"] == "page.png"
-    assert torch.equal(ModuleProcessor(processor)(loaded)["input_ids"], processor(dict(by_path))["input_ids"])
+    assert torch.equal(ModuleProcessor(processor, module_fields("images"))(loaded)["pixel_values"], processor(dict(by_path))["pixel_values"])
 
 
 def test_a_row_the_processor_refuses_raises_its_error(family):

@@ -93,17 +93,20 @@ class ModuleProcessor:
         return self._counted(row, runs)[0]
 
     def count(self, row: dict) -> Sample:
-        """The row as it moves: its images as encoded bytes (:func:`~mimo_pipes.data.media_sizes.encoded_media`;
-        files stay paths with ``image_paths``); its counts as metadata (image tokens, real tokens,
-        placeholder runs); and its token layout (token ids, trained flags, layout fields: a few bytes per
-        token), so that the language side builds its fields after the exchange without tokenizing again.
+        """The row as this module moves it, with its counts as metadata (image tokens, real tokens,
+        placeholder runs). An encoder module's row keeps its text and its images as encoded bytes
+        (:func:`~mimo_pipes.data.media_sizes.encoded_media`; files stay paths with ``image_paths``); the
+        language module's row is only its token layout (its token ids with each placeholder run as one
+        token, trained flags, layout fields: a few bytes per text token) and the keys the processor passes
+        through, so it builds its fields after the exchange without its images or tokenizing again.
         Raises the row's SampleError."""
-        row = encoded_media(row, self.processor.image_folder, row.get(SAMPLE_ID, row.get("id")), keep_paths=self.image_paths)
+        if self.fields.pixels:
+            row = encoded_media(row, self.processor.image_folder, row.get(SAMPLE_ID, row.get("id")), keep_paths=self.image_paths)
         (image_tokens, real_tokens, lengths), layout = self._counted(row, runs=True)
-        counted = {**row, IMAGE_TOKENS: image_tokens, REAL_TOKENS: real_tokens, PLACEHOLDER_RUNS: lengths}
-        if layout is not None:
-            counted[TOKEN_LAYOUT] = layout
-        return counted
+        counts = {IMAGE_TOKENS: image_tokens, REAL_TOKENS: real_tokens, PLACEHOLDER_RUNS: lengths}
+        if self.fields.pixels or layout is None:  # an encoder processes the row; so does a row without a cheap layout
+            return {**row, **counts}
+        return {**{key: value for key, value in row.items() if key not in CONSUMED_KEYS}, **counts, TOKEN_LAYOUT: layout}
 
     def __call__(self, row: dict) -> Sample:
         """This module's fields of ``row`` (a row :meth:`count` made, or a plain one), and every key the
@@ -115,14 +118,14 @@ class ModuleProcessor:
             return self.fields.select(self.processor(row))
         if layout is None:
             try:
-                layout = _token_layout(*self.layout(row))
+                layout = _token_layout(*self.layout(row), self.processor.placeholder_ids)
             except SampleError:
                 raise
             except Exception:  # noqa: BLE001 - no cheap size: processed, as it was for its cost
                 return self.fields.select(self.processor(row))
         out = {key: value for key, value in row.items() if key not in CONSUMED_KEYS}
-        out.update(token_fields(layout[IDS], layout[TRAINED]))
-        out.update((name, value) for name, value in layout.items() if name not in (IDS, TRAINED))
+        out.update(token_fields(*_expanded(layout)))
+        out.update((name, value) for name, value in layout.items() if name not in (IDS, TRAINED, RUNS))
         return out
 
     def _counted(self, row: dict, runs: bool) -> tuple[RowCount, dict[str, torch.Tensor] | None]:
@@ -138,19 +141,41 @@ class ModuleProcessor:
                            row.get(SAMPLE_ID, row.get("id")), error)
             ids, layout = sample["input_ids"].numpy(), None
         else:
-            layout = _token_layout(ids, trained, fields)
-            ids = layout[IDS].numpy()
+            layout = _token_layout(ids, trained, fields, self.processor.placeholder_ids)
+            ids = np.asarray(ids, dtype=np.int64)
         placeholders = self.processor.placeholder_ids
         lengths = placeholder_runs(ids, placeholders) if runs else []
         return (image_token_count(ids, placeholders), int(ids.shape[0]), lengths), layout
 
 
-IDS, TRAINED = "input_ids", "trained"
+IDS, TRAINED, RUNS = "input_ids", "trained", "placeholder_runs"
 
 
-def _token_layout(ids: list[int], trained: list[bool], fields: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-    """What the language side needs of a row, compact: int32 ids (token ids fit: vocabularies are far below
-    2**31), trained flags, and the layout fields as the processor would make them."""
-    layout = {IDS: torch.from_numpy(np.asarray(ids, dtype=np.int32)), TRAINED: torch.from_numpy(np.asarray(trained, dtype=np.bool_))}
+def _token_layout(ids: list[int], trained: list[bool], fields: dict[str, np.ndarray], placeholder_ids: Any) -> dict[str, torch.Tensor]:
+    """What the language side needs of a row, compact: its int32 token ids (vocabularies are far below
+    2**31) with each placeholder run as one token, the trained flags alike (constant along a run: a run
+    lies inside one chat segment), each run's ``[position, length]``, and the layout fields."""
+    full = np.asarray(ids, dtype=np.int32)
+    inside = np.isin(full, np.asarray(placeholder_ids, dtype=np.int32))
+    if full.shape[0]:
+        starts = inside & np.concatenate(([True], (full[1:] != full[:-1]) | ~inside[:-1]))
+    else:
+        starts = inside
+    kept = ~inside | starts
+    lengths = np.diff(np.append(np.flatnonzero(kept), full.shape[0]))[starts[kept]]
+    positions = np.flatnonzero(starts[kept])
+    layout = {
+        IDS: torch.from_numpy(np.ascontiguousarray(full[kept])),
+        TRAINED: torch.from_numpy(np.asarray(trained, dtype=np.bool_)[kept]),
+        RUNS: torch.from_numpy(np.stack([positions, lengths], axis=1).astype(np.int32).reshape(-1, 2)),
+    }
     layout.update((name, torch.from_numpy(np.ascontiguousarray(value))) for name, value in fields.items())
     return layout
+
+
+def _expanded(layout: dict[str, torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:
+    """The token ids and trained flags a compact layout stands for."""
+    ids, trained, runs = layout[IDS].numpy(), layout[TRAINED].numpy(), layout[RUNS].numpy()
+    repeats = np.ones(ids.shape[0], dtype=np.int64)
+    repeats[runs[:, 0]] = runs[:, 1]
+    return np.repeat(ids, repeats), np.repeat(trained, repeats)
