@@ -114,6 +114,10 @@ class _Prefetcher:
             self.condition.notify_all()
             return item
 
+    def queued_windows(self) -> list[Any]:
+        with self.condition:
+            return [value[0] for kind, value, _ in self.results if kind == "window"]
+
     def fail(self, error: BaseException) -> None:
         with self.condition:
             self.failure = error
@@ -282,6 +286,11 @@ class BalanceExchange(BaseNode[Window]):
         if prefetcher is None:
             return Prefetched(0, 0)
         return Prefetched(len(prefetcher.results), prefetcher.in_flight)
+
+    def prefetched_windows(self) -> list[Window]:
+        """The windows the overlapped exchange holds ahead of the consumer now (exchanged, not delivered)."""
+        prefetcher = self._prefetcher
+        return prefetcher.queued_windows() if prefetcher is not None else []
 
     def _deliver(self, record: ExchangeRecord | None, wait_seconds: float) -> None:
         if record is None:

@@ -91,7 +91,8 @@ class RowProcessor(BaseNode[Window]):
 
     def processed_ahead(self) -> list[Window]:
         """The windows processed and not yet handed out (what this node holds beyond the consumer)."""
-        return [p.window.result() for p in self._pending if p.window.done() and p.window.exception() is None]
+        pending = tuple(self._pending)  # one step under the GIL: safe beside the consumer's thread
+        return [p.window.result() for p in pending if p.window.done() and not p.window.cancelled() and p.window.exception() is None]
 
     def _submit(self, window: Window, state_after: Any) -> _Pending:
         pool, collating = self._executors()
