@@ -229,6 +229,7 @@ def rank_main(rank: int, world_size: int, case: dict[str, Any]) -> dict[str, Any
         "module": setup.position.module.name,
         "dp_rank": setup.position.dp_rank,
         "bytes_sent_per_window": statistics.mean(record.bytes_sent for record in consumed),
+        "window_bytes": statistics.mean(record.window_bytes for record in consumed),
         "prefetched_exchanged": sampler.peak_exchanged,
         "prefetched_processed": sampler.peak_processed,
         "prefetched_total": sampler.peak_total,
@@ -261,6 +262,7 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     tokens = [r["image_tokens"] for r in images]
     return {
         "bytes_per_window": {"language": mean(language, "bytes_sent_per_window"), "images": mean(images, "bytes_sent_per_window")},
+        "window_bytes": {"language": mean(language, "window_bytes"), "images": mean(images, "window_bytes")},
         "prefetched": {module: {key: max(r[f"prefetched_{key}"] for r in rows) for key in ("exchanged", "processed", "total")}
                        for module, rows in (("language", language), ("images", images))},
         "peak_rss": {"language": max(r["peak_rss"] for r in language), "images": max(r["peak_rss"] for r in images)},
@@ -288,20 +290,22 @@ def mb(value: float) -> str:
 
 def render(runs: dict[str, dict[str, dict[str, Any]]], info: dict[str, Any], args: argparse.Namespace, sets: dict[str, str]) -> str:
     lines = _dist.provenance_lines(_dist.command_line(), info)
-    lines += [f"Data: {', '.join(f'{name}: {text}' for name, text in sets.items())}. Layout `{' + '.join(COMPONENTS)}`, "
+    lines += [f"Data: {'; '.join(f'{name}: {text}' for name, text in sets.items())}. Layout `{' + '.join(COMPONENTS)}`, "
               f"micro-batch 4, window 1, overlap on, {args.num_workers} processing threads per rank, {args.steps} "
-              "micro-batches (the realistic set: all of its rows), idle trainer; of {args.rounds} alternating rounds per payload, the "
-              "one of median throughput.", ""]
-    header = ("| data | payload | MB sent per window, language / images rank | prefetched MB (exchanged + processed ahead), "
-              "language / images | peak RSS MB, language / images | processing CPU s, language rank | encoder ranks: CPU s "
-              "max / mean (max/mean; image tokens max/mean) | micro-batches/s (every round) | first micro-batch s |")
-    lines += [header, "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+              "micro-batches (the realistic set: all of its rows), idle trainer; of {args.rounds} alternating rounds per payload, "
+              "the one of median throughput.", ""]
+    header = ("| data | payload | MB sent per window, language / images rank | MB an exchanged window holds, language / images "
+              "| peak MB held ahead (exchanged + processed), language / images | peak RSS MB, language / images | processing "
+              "CPU s, language rank | encoder ranks: CPU s max / mean (max/mean; image tokens max/mean) | micro-batches/s "
+              "(every round) | first micro-batch s |")
+    lines += [header, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, by_payload in runs.items():
         for payload in PAYLOADS:
             s = by_payload[payload]
             pre = s["prefetched"]
             lines.append(
                 f"| {name} | {payload} | {mb(s['bytes_per_window']['language'])} / {mb(s['bytes_per_window']['images'])} | "
+                f"{mb(s['window_bytes']['language'])} / {mb(s['window_bytes']['images'])} | "
                 f"{mb(pre['language']['total'])} ({mb(pre['language']['exchanged'])} + {mb(pre['language']['processed'])}) / "
                 f"{mb(pre['images']['total'])} ({mb(pre['images']['exchanged'])} + {mb(pre['images']['processed'])}) | "
                 f"{s['peak_rss']['language'] / 1e6:.0f} / {s['peak_rss']['images'] / 1e6:.0f} | {s['cpu_language_s']:.2f} | "
@@ -315,7 +319,9 @@ def render(runs: dict[str, dict[str, dict[str, Any]]], info: dict[str, Any], arg
         lines.append(
             f"- {name}: bytes per window {samples['bytes_per_window']['language'] / rows['bytes_per_window']['language']:.0f}x "
             f"(language), {samples['bytes_per_window']['images'] / rows['bytes_per_window']['images']:.0f}x (images); "
-            f"exchanged windows held {_ratio(samples, rows, 'exchanged')}; all windows held ahead {_ratio(samples, rows, 'total')}; "
+            f"an exchanged window {samples['window_bytes']['language'] / rows['window_bytes']['language']:.0f}x (language), "
+            f"{samples['window_bytes']['images'] / rows['window_bytes']['images']:.0f}x (images); peak exchanged windows held "
+            f"{_ratio(samples, rows, 'exchanged')}; peak of all held ahead {_ratio(samples, rows, 'total')}; "
             f"language processing CPU {samples['cpu_language_s'] / rows['cpu_language_s']:.0f}x; throughput rows/samples "
             f"{rows['microbatches_per_s'] / samples['microbatches_per_s']:.2f}x"
         )

@@ -19,7 +19,7 @@ def test_run_with_packing_prints_padding_before_and_after_per_rank(gloo_pool, tm
     # Only the language module carries token fields (mimo_pipes/module_fields.py): only it packs.
     assert sorted((module, int(rank)) for module, rank, *_ in rows) == [("language", 0), ("language", 1)]
     dumps = read_dumps(tmp_path)
-    for module, rank, before, after, per_row in rows:
+    for _, rank, before, after, per_row in rows:
         assert float(after) < float(before)
         # tokens per packed row: the rank's real tokens, each sequence rounded up to a multiple of 4
         records = dumps[int(rank)]

@@ -26,7 +26,7 @@ from mimo_pipes.exchange import (
 )
 from mimo_pipes.metrics import MetricsAccumulator, window_metrics
 from mimo_pipes.observer import ExchangeObserver, ExchangeRecord
-from mimo_pipes.sample import Window
+from mimo_pipes.sample import Window, held_bytes
 from mimo_pipes.tail_settings import TailSettings
 from mimo_pipes.validity import VALID_FOR_KEY, check_valid_for, collation_settings, valid_for
 
@@ -178,6 +178,7 @@ class _WindowExchange:
         if record is not None:
             record.started_at = started
             record.exchange_seconds = time.perf_counter() - started
+            record.window_bytes = held_bytes(result)
             if collect:
                 record.metrics = window_metrics(record)
         return result, record
