@@ -38,7 +38,7 @@ def balanced_tail(
     node = Windower(node, settings=settings)
     if settings.plan.reorder:
         # Collates each window right after moving it (on the prefetch thread with overlap), unless it moves rows.
-        node = BalanceExchange(node, settings=settings, layout=layout, collate=not rows)
+        node = BalanceExchange(node, settings=settings, layout=layout, collate=not rows, confirm_delivery=rows)
     if rows:
         # Rows become this module's samples here, on the rank that trains on them, and are collated.
         assert process_rows is not None

@@ -14,9 +14,9 @@ from mimo_pipes_recipes import vlm_sft
 
 
 def config_for(components, payload: str, *, window: int = 1, dataset: str | None = None, steps_data: int = 48,
-               dataloader_type: str = "cyclic") -> PipelineConfig:
+               dataloader_type: str = "cyclic", micro_batch_size: int = 4) -> PipelineConfig:
     return PipelineConfig(
-        components=tuple(components), micro_batch_size=4, seq_length=2048, embedded_samples=steps_data, dataset=dataset,
+        components=tuple(components), micro_batch_size=micro_batch_size, seq_length=2048, embedded_samples=steps_data, dataset=dataset,
         num_workers=2, exchange_payload=payload, dataloader_type=dataloader_type, seed=3,
         reorder=ReorderConfig(scalable_dp=True, intra_microbatch_reorder=True, reorder_window_size=window),
     )
@@ -30,7 +30,7 @@ def _joined(components):
     return groups.position, dataclasses.replace(layout, module=groups.position.module.name)
 
 
-def payload_streams(components, *, steps: int, window: int, stop_at: int) -> dict | None:
+def payload_streams(components, *, steps: int, window: int, stop_at: int, micro_batch_size: int = 4) -> dict | None:
     """Under each payload: every micro-batch's fingerprint, what the exchange moved, and the stream after a
     state saved at ``stop_at`` (through JSON) is restored into a new graph."""
     joined = _joined(components)
@@ -39,7 +39,7 @@ def payload_streams(components, *, steps: int, window: int, stop_at: int) -> dic
     position, layout = joined
     out: dict = {"module": position.module.name, "dp_rank": position.dp_rank}
     for payload in ("rows", "samples"):
-        config = config_for(components, payload, window=window)
+        config = config_for(components, payload, window=window, micro_batch_size=micro_batch_size)
         loader = vlm_sft.build(config, layout)
         moved = MovedPerWindow()
         loader.exchange_node().add_observer(moved)

@@ -20,9 +20,10 @@ LAYOUTS = {
 SMALL = ["--embedded-samples", "48", "--micro-batch-size", "4", "--steps", "6", "--quiet", "--scalable-dp", "--intra-microbatch-reorder"]
 
 
-@pytest.mark.parametrize(("layout", "window"), [("dp2+2", 1), ("dp4+2", 2)])
-def test_rows_and_samples_give_every_rank_the_same_micro_batches(gloo_pool, layout, window):
-    results = [r for r in gloo_pool.run(payload_streams, LAYOUTS[layout], steps=6, window=window, stop_at=3) if r is not None]
+@pytest.mark.parametrize(("layout", "window", "micro_batch_size"), [("dp2+2", 1, 4), ("dp4+2", 2, 8)])
+def test_rows_and_samples_give_every_rank_the_same_micro_batches(gloo_pool, layout, window, micro_batch_size):
+    results = [r for r in gloo_pool.run(payload_streams, LAYOUTS[layout], steps=6, window=window, stop_at=3,
+                                        micro_batch_size=micro_batch_size) if r is not None]
     assert {r["module"] for r in results} == {"language", "images"}
     for result in results:
         where = f"{result['module']} dp rank {result['dp_rank']}"
@@ -52,8 +53,11 @@ def test_a_row_whose_pixels_do_not_decode_fails_every_rank_of_the_encoder_module
     outcomes = gloo_pool.run_collect(consume_rows, LAYOUTS["dp2+2"], path, steps=10)
     language, images = outcomes[:2], outcomes[2:4]
     assert [status for status, _ in language] == ["ok", "ok"], language  # its fields need no pixel
-    statuses = sorted((status, "SampleError" in value and f"sample {bad}" in value, "PeerError" in value) for status, value in images)
-    assert statuses == [("error", False, True), ("error", True, False)], images
+    assert [status for status, _ in images] == ["error", "error"], images
+    raised = {rank: value.split(": ", 1)[1] for rank, (_, value) in enumerate(images, start=2)}  # "rank r: <error>"
+    failing = next(rank for rank, error in raised.items() if error.startswith(f"SampleError: sample {bad}, field 'images'"))
+    peer = 5 - failing  # the other encoder rank (global ranks 2 and 3)
+    assert raised[peer].startswith(f"PeerError: rank {failing} failed: SampleError: sample {bad}"), raised
 
 
 def test_run_writes_the_summary_as_json(gloo_pool, tmp_path):

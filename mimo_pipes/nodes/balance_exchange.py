@@ -199,7 +199,9 @@ class BalanceExchange(BaseNode[Window]):
     the metrics' running totals (a few counts and sums), so cumulative figures continue across a resume.
 
     Under the ``rows`` payload it moves rows, unpacked as copies (they are small), and leaves them
-    uncollated for :class:`~mimo_pipes.nodes.row_processor.RowProcessor`, which processes them after it;
+    uncollated for :class:`~mimo_pipes.nodes.row_processor.RowProcessor`, which processes them after it
+    and reads a window ahead: with ``confirm_delivery`` a window's record reaches the observers and
+    :meth:`metrics` when that node hands the window on (:meth:`confirm`), so they follow the consumer;
     :meth:`fail` lets that node's failures reach the module's other ranks.
 
     Each delivered window is described by an :class:`~mimo_pipes.observer.ExchangeRecord` handed to
@@ -228,6 +230,7 @@ class BalanceExchange(BaseNode[Window]):
         collate: bool = True,
         collect_metrics: bool = True,
         observers: Sequence[ExchangeObserver] = (),
+        confirm_delivery: bool = False,
     ) -> None:
         super().__init__()
         self.source = source if isinstance(source, BaseNode) else IterableWrapper(source)
@@ -239,6 +242,8 @@ class BalanceExchange(BaseNode[Window]):
         self.observers: list[ExchangeObserver] = list(observers)
         self._accumulator = MetricsAccumulator()
         self._last_metrics: dict[str, Any] | None = None
+        self.confirm_delivery = confirm_delivery
+        self._unconfirmed: collections.deque[ExchangeRecord | None] = collections.deque()
         self.copy_received = settings.processing.rows
         self._sync_exchange = _WindowExchange(ctx, collator, self, self.copy_received)
         self._prefetcher: _Prefetcher | None = None
@@ -271,6 +276,7 @@ class BalanceExchange(BaseNode[Window]):
         # A state saved before the totals were kept (no METRICS_KEY) restores the stream and starts them at zero.
         self._accumulator.load_state(None if initial_state is None else initial_state.get(self.METRICS_KEY))
         self._last_metrics = None
+        self._unconfirmed.clear()
 
     def add_observer(self, observer: ExchangeObserver) -> None:
         """Call ``observer`` with the record of every window delivered from now on."""
@@ -293,12 +299,26 @@ class BalanceExchange(BaseNode[Window]):
         prefetcher = self._prefetcher
         return prefetcher.queued_windows() if prefetcher is not None else []
 
+    def confirm(self) -> None:
+        """With ``confirm_delivery``: the consumer's node handed on the oldest window it read from this node;
+        its metrics become :meth:`metrics` and its record goes to the observers now."""
+        if self._unconfirmed:
+            self._publish(self._unconfirmed.popleft())
+
     def _deliver(self, record: ExchangeRecord | None, wait_seconds: float) -> None:
+        if record is not None:
+            record.wait_seconds = wait_seconds
+            if record.metrics is not None:  # the totals follow delivery, as the state does
+                record.metrics = self._accumulator.add(record.metrics, wait_seconds)
+        if self.confirm_delivery:
+            self._unconfirmed.append(record)
+        else:
+            self._publish(record)
+
+    def _publish(self, record: ExchangeRecord | None) -> None:
         if record is None:
             return
-        record.wait_seconds = wait_seconds
         if record.metrics is not None:
-            record.metrics = self._accumulator.add(record.metrics, wait_seconds)
             self._last_metrics = record.metrics
         for observer in self.observers:
             observer(record)

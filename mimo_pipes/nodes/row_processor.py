@@ -87,6 +87,9 @@ class RowProcessor(BaseNode[Window]):
                 fail(error)
             raise
         self._state_after_delivered = pending.state_after
+        confirm = getattr(self.source, "confirm", None)
+        if callable(confirm):  # the exchange's observers and metrics follow the window handed on, not the read-ahead
+            confirm()
         return window
 
     def processed_ahead(self) -> list[Window]:
