@@ -71,10 +71,7 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> RunResult | None:
     packer = next((node for node in graph_nodes(loader.root) if isinstance(node, SequencePacker)), None)
     stop = options.stop_after if options.stop_after is not None else options.steps
     metrics_log = attach_metrics(loader, position, options)
-    moved = MovedPerWindow()
-    exchange = loader.exchange_node()
-    if exchange is not None:
-        exchange.add_observer(moved)
+    moved = watch_moves(loader)
     dump = AssignmentDump(options, rank)
     records: list[dict[str, Any]] = []
     progress = progress_bar(rank == 0 and options.progress, total=options.steps, initial=start)
@@ -120,20 +117,39 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> RunResult | None:
         skipped_rows=_skipped_rows(everything, setup.topology.modules[0].name),
         records=[r for per_rank, *_ in everything for r in per_rank],
         metrics=metrics,
-        # Module-wide figures, the same on each of its DP ranks: its first rank's.
-        moved={module: totals for _, _, (module, dp_rank, tp_rank, pp_rank), totals in everything if dp_rank == tp_rank == pp_rank == 0},
+        moved=moved_by_module(everything),
     )
     if rank == 0:
         _print_result(result, config, options, setup.topology, stop)
         if options.summary_json is not None:
-            _write_summary_json(options.summary_json, result)
+            write_summary_json(options.summary_json, result.summaries, result.moved)
     return result
 
 
-def _write_summary_json(path: str, result: RunResult) -> None:
+def watch_moves(loader: Any) -> MovedPerWindow:
+    """What the loader's exchange moves, window by window (nothing without an exchange)."""
+    moved = MovedPerWindow()
+    exchange = loader.exchange_node()
+    if exchange is not None:
+        exchange.add_observer(moved)
+    return moved
+
+
+def moved_by_module(everything: list) -> dict[str, tuple[int, int]]:
+    """Each module's (samples, bytes) moved, from what every rank gathered, ``(..., (module, dp_rank,
+    tp_rank, pp_rank), totals)``: module-wide figures, so its first rank's."""
+    moved = {}
+    for *_, (module, dp_rank, tp_rank, pp_rank), totals in everything:
+        if dp_rank == tp_rank == pp_rank == 0:
+            moved[module] = (int(totals[0]), int(totals[1]))
+    return moved
+
+
+def write_summary_json(path: str, summaries: list[ModuleSummary], moved: dict[str, tuple[int, int]]) -> None:
+    """``--summary-json``: the document of :func:`~mimo_pipes.summary.summary_document` (rank 0)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(summary_document(result.summaries, result.moved), indent=1) + "\n")
+    target.write_text(json.dumps(summary_document(summaries, moved), indent=1) + "\n")
 
 
 def _print_result(result: RunResult, config: PipelineConfig, options: JobOptions, topology: Topology, stop: int) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 from mimo_pipes.checkpoint import read_trainer_state, resume_settings, write_model_state
 from mimo_pipes.cli.metrics_log import attach_metrics
 from mimo_pipes.cli.rank_job import AssignmentDump, StopAtBoundary, progress_bar, save_state, set_up_rank, stop_job
-from mimo_pipes.cli.run_rank import headline
+from mimo_pipes.cli.run_rank import headline, moved_by_module, watch_moves, write_summary_json
 from mimo_pipes.config import PipelineConfig, TrainOptions
 from mimo_pipes.exchange.world import gather_from_every_rank, join_world, leave_world, world_rank
 from mimo_pipes.recipe import load_recipe
@@ -55,6 +55,7 @@ def train_rank(config: PipelineConfig, options: TrainOptions) -> TrainResult | N
     start = trainer.iteration
     stop = (options.stop_after if options.stop_after is not None else options.steps) // per_iteration
     metrics_log = attach_metrics(trainer.loader, setup.position, options)  # --tensorboard, --log-interval as for run
+    moved = watch_moves(trainer.loader)
     dump = AssignmentDump(options, rank)
     results = []
     progress = progress_bar(rank == 0 and options.progress, options.steps // per_iteration, start, "iterations", "it")
@@ -84,8 +85,10 @@ def train_rank(config: PipelineConfig, options: TrainOptions) -> TrainResult | N
         trainer.close()
         if metrics_log is not None:
             metrics_log.close()
-    everything = gather_from_every_rank(results, setup.job)
-    flat = [result for per_rank in everything for result in per_rank or []]
+    position = setup.position
+    line = (position.module.name, position.dp_rank, position.tp_rank, position.pp_rank)
+    everything = gather_from_every_rank((results, line, moved.totals(trainer.loader.num_yielded)), setup.job)
+    flat = [result for per_rank, _, _ in everything for result in per_rank or []]
     records = [{**r, "tp_rank": 0, "pp_rank": 0} for result in flat for r in result.records]
     summaries = summarize(records, setup.topology.grid_size)
     if rank == 0:
@@ -94,4 +97,6 @@ def train_rank(config: PipelineConfig, options: TrainOptions) -> TrainResult | N
         print(format_summary(summaries), flush=True)
         if options.save_state:
             print(f"saved model, optimizer and loader state after iteration {stop} to {options.save_state}", flush=True)
+        if options.summary_json is not None:
+            write_summary_json(options.summary_json, summaries, moved_by_module(everything))
     return TrainResult(start, stop, flat, summaries, results, metrics)
