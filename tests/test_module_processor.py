@@ -10,10 +10,12 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from mimo_pipes.cost import image_token_count, placeholder_runs
-from mimo_pipes.data.module_processor import ModuleProcessor
+from mimo_pipes.data.module_processor import ModuleProcessor, _expanded, _token_layout
 from mimo_pipes.data.offline import FAMILIES, build_family_processor
 from mimo_pipes.data.processor import load_processor
 from mimo_pipes.errors import SampleError
@@ -185,3 +187,15 @@ def test_it_pickles_for_worker_processes(family):
     language = ModuleProcessor(processor, module_fields("language"))
     again = pickle.loads(pickle.dumps(language))
     assert torch.equal(again(again.count(data[2]))["labels"], language(language.count(data[2]))["labels"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(tokens=st.lists(st.tuples(st.sampled_from([1, 2, 7, 8]), st.booleans()), max_size=60))
+def test_a_compact_token_layout_stands_for_exactly_its_tokens(tokens):
+    """Placeholder ids 7 and 8: every run of one of them is kept as one token and expanded back exactly,
+    trained flags included (a run whose flags change is kept whole)."""
+    ids, trained = [t for t, _ in tokens], [f for _, f in tokens]
+    layout = _token_layout(ids, trained, {}, (7, 8))
+    got_ids, got_trained = _expanded(layout)
+    assert got_ids.tolist() == ids and got_trained.tolist() == trained
+    assert layout["input_ids"].dtype == torch.int32 and layout["input_ids"].shape[0] <= len(ids)

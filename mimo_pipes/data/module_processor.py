@@ -153,20 +153,22 @@ IDS, TRAINED, RUNS = "input_ids", "trained", "placeholder_runs"
 
 def _token_layout(ids: list[int], trained: list[bool], fields: dict[str, np.ndarray], placeholder_ids: Any) -> dict[str, torch.Tensor]:
     """What the language side needs of a row, compact: its int32 token ids (vocabularies are far below
-    2**31) with each placeholder run as one token, the trained flags alike (constant along a run: a run
-    lies inside one chat segment), each run's ``[position, length]``, and the layout fields."""
-    full = np.asarray(ids, dtype=np.int32)
+    2**31) with each placeholder run as one token, the trained flags alike (constant along a run, which lies
+    inside one chat segment; checked), each run's ``[position, length]``, and the layout fields."""
+    full, flags = np.asarray(ids, dtype=np.int32), np.asarray(trained, dtype=np.bool_)
     inside = np.isin(full, np.asarray(placeholder_ids, dtype=np.int32))
     if full.shape[0]:
         starts = inside & np.concatenate(([True], (full[1:] != full[:-1]) | ~inside[:-1]))
     else:
         starts = inside
+    if np.any(flags[inside] != flags[np.flatnonzero(starts)][np.cumsum(starts)[inside] - 1]):
+        starts = inside = np.zeros_like(inside)  # a run whose flags change (no chat template we know): kept whole
     kept = ~inside | starts
     lengths = np.diff(np.append(np.flatnonzero(kept), full.shape[0]))[starts[kept]]
     positions = np.flatnonzero(starts[kept])
     layout = {
         IDS: torch.from_numpy(np.ascontiguousarray(full[kept])),
-        TRAINED: torch.from_numpy(np.asarray(trained, dtype=np.bool_)[kept]),
+        TRAINED: torch.from_numpy(flags[kept]),
         RUNS: torch.from_numpy(np.stack([positions, lengths], axis=1).astype(np.int32).reshape(-1, 2)),
     }
     layout.update((name, torch.from_numpy(np.ascontiguousarray(value))) for name, value in fields.items())
