@@ -292,7 +292,7 @@ def render(runs: dict[str, dict[str, dict[str, Any]]], info: dict[str, Any], arg
     lines = _dist.provenance_lines(_dist.command_line(), info)
     lines += [f"Data: {'; '.join(f'{name}: {text}' for name, text in sets.items())}. Layout `{' + '.join(COMPONENTS)}`, "
               f"micro-batch 4, window 1, overlap on, {args.num_workers} processing threads per rank, {args.steps} "
-              "micro-batches (the realistic set: all of its rows), idle trainer; of {args.rounds} alternating rounds per payload, "
+              f"micro-batches (the realistic set: all of its rows), idle trainer; of {args.rounds} alternating rounds per payload, "
               "the one of median throughput.", ""]
     header = ("| data | payload | MB sent per window, language / images rank | MB an exchanged window holds, language / images "
               "| peak MB held ahead (exchanged + processed), language / images | peak RSS MB, language / images | processing "
