@@ -41,6 +41,7 @@ OPTION_EXEMPT = {
     "progress": "the progress bar and metrics lines",
     "tensorboard": "where the exchange metrics are written (their totals travel in the state)",
     "log_interval": "how often a metrics line is printed",
+    "summary_json": "where the summary is written",
 }
 # Fields whose flag is not the field name with dashes.
 FLAGS = {

@@ -20,6 +20,8 @@ from mimo_pipes.topology import COMPONENT_FLAG, Topology, build_topology
 
 DATALOADER_TYPES = ("single", "cyclic")
 EXCHANGE_TRANSPORTS = ("auto", "gloo", "nccl")
+EXCHANGE_PAYLOADS = ("rows", "samples")
+"""What the exchange moves: dataset rows (processed after it, on the rank that trains on them) or processed samples."""
 DEFAULT_COMPONENTS = ("language=tp=1,pp=1,dp=2,rank_offset=0", "images=tp=1,dp=2,rank_offset=2")
 LANGUAGE_COSTS = ("tokens", "packed")
 DEFAULT_ATTENTION_CROSSOVER = 12 * 4096  # causal decoder, hidden size 4096, 4h MLP (see docs/sequence-packing.md)
@@ -59,6 +61,11 @@ def resolve_exchange_transport(requested: str, world_backend: str, overlap: bool
 def check_pack_pad_multiple(value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(flag("pack_pad_multiple"), f"must be an integer >= 1, got {value!r}")
+
+
+def check_exchange_payload(value: object) -> None:
+    if value not in EXCHANGE_PAYLOADS:
+        raise ConfigError(flag("exchange_payload"), f"must be one of {', '.join(EXCHANGE_PAYLOADS)}, got {value!r}")
 
 
 def flag(field_name: str) -> str:
@@ -208,6 +215,10 @@ class PipelineConfig:
     # Real data (docs/data.md): image paths relative to this folder; replace unreadable rows.
     image_folder: str | None = None
     skip_bad_samples: bool = False
+    # What the exchange moves (docs/design.md): dataset rows, processed after it on the rank that trains on
+    # them, or processed samples; rows keep their images' paths only when every rank reads the same files.
+    exchange_payload: str = "rows"
+    exchange_image_paths: bool = False
 
     @property
     def microbatches_per_global_batch(self) -> int:
@@ -240,6 +251,9 @@ class PipelineConfig:
         if self.exchange_transport not in EXCHANGE_TRANSPORTS:
             raise ConfigError(flag("exchange_transport"), f"must be one of {', '.join(EXCHANGE_TRANSPORTS)}")
         check_pack_pad_multiple(self.pack_pad_multiple)
+        check_exchange_payload(self.exchange_payload)
+        if self.exchange_image_paths and self.exchange_payload != "rows":
+            raise ConfigError(flag("exchange_image_paths"), "needs --exchange-payload rows: processed samples carry no image files")
         if not self.exchange_timeout_s > 0:
             raise ConfigError("--exchange-timeout", f"must be positive, got {self.exchange_timeout_s}")
         for setting in ("dataset", "processor"):
@@ -353,6 +367,7 @@ class JobOptions:
     # Exchange metrics (mimo_pipes.metrics), written by DP rank 0 of each module.
     tensorboard: str | None = None  # event files under DIR/<module>/
     log_interval: int = 20  # a metrics line every N windows and at the end (0: only at the end)
+    summary_json: str | None = None  # `run` writes its summary here as JSON (rank 0)
 
 
 @dataclass

@@ -78,7 +78,13 @@ class CostFunction:
         (from the placeholder runs of ``image_token_ids`` in ``input_ids``)."""
         if self.time_model is None:
             return image_tokens
-        return self.time_model.encoder_time_ns(placeholder_runs(input_ids, image_token_ids))
+        return self.encoder_cost_of_runs(placeholder_runs(input_ids, image_token_ids), image_tokens)
+
+    def encoder_cost_of_runs(self, runs: Sequence[int], image_tokens: int) -> int:
+        """The encoder term of a sample whose placeholder runs (one per image or video) are ``runs``."""
+        if self.time_model is None:
+            return image_tokens
+        return self.time_model.encoder_time_ns(list(runs))
 
     @property
     def weights(self) -> tuple[int, int, int]:

@@ -114,7 +114,8 @@ def test_analyze_says_truncated_rows_once_with_their_count(tmp_path):
                                            "--steps", "2", "--quiet", "--out", str(tmp_path / "out")])
     assert status == 0, stderr
     warnings = [line for line in stdout.splitlines() if line.startswith("warnings:")]
-    assert warnings == [f"warnings: {len(truncated)} samples truncated to --seq-length (later turns first, then the prompt's start and the reply's end; every image placeholder kept; "
+    assert warnings == [f"warnings: {len(truncated)} samples truncated to --seq-length (later turns first, then the prompt's start and the reply's end; "
+        "every image placeholder kept; "
                         f"first: dataset row {truncated[0]})"]
     assert "truncated" not in stderr
 

@@ -209,7 +209,8 @@ def test_truncation_keeps_image_tokens_and_warns(processor_dir, caplog):
     assert [r.getMessage().split(";")[0] for r in caplog.records] == [f"dataset row rx-42: truncated from {untruncated['input_ids'].shape[0]} "
                                                                      f"to --seq-length {seq_length} tokens"]
     assert [count.line() for count in counts()] == [
-        "warnings: 2 samples truncated to --seq-length (later turns first, then the prompt's start and the reply's end; every image placeholder kept; first: dataset row rx-42)"]
+        "warnings: 2 samples truncated to --seq-length (later turns first, then the prompt's start and the reply's end; "
+        "every image placeholder kept; first: dataset row rx-42)"]
 
 
 def test_no_warning_without_truncation(proc, caplog):

@@ -28,7 +28,8 @@ def test_truncation_is_one_line_for_the_job_and_metrics_keep_the_bar_whole(gloo_
     assert len(truncated) > 3  # every rank truncates some: modules and ranks see the same rows
     rank0 = outcomes[0]
     lines = [line for line in rank0["stdout"].splitlines() if line.startswith("warnings:")]
-    assert lines == [f"warnings: {len(truncated)} samples truncated to --seq-length (later turns first, then the prompt's start and the reply's end; every image placeholder kept; "
+    assert lines == [f"warnings: {len(truncated)} samples truncated to --seq-length (later turns first, then the prompt's start and the reply's end; "
+        "every image placeholder kept; "
                      f"first: dataset row {truncated[0]})"]
     assert all(outcome["result"].warnings[0].count == len(truncated) for outcome in outcomes)  # every rank has the merge
     assert not any("truncated" in outcome["stderr"] for outcome in outcomes)  # nothing per sample, on any rank

@@ -8,6 +8,7 @@ from mimo_pipes.cli.argtypes import path
 from mimo_pipes.config import (
     DATALOADER_TYPES,
     DEFAULT_COMPONENTS,
+    EXCHANGE_PAYLOADS,
     EXCHANGE_TRANSPORTS,
     LANGUAGE_COSTS,
     JobOptions,
@@ -105,6 +106,13 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--exchange-transport", default=defaults.exchange_transport,
                         help=f"{', '.join(EXCHANGE_TRANSPORTS)}: gloo moves bytes on the CPU, nccl through the GPU; "
                              "auto takes nccl only for an exchange on the training thread of a GPU run")
+    parser.add_argument("--exchange-payload", choices=EXCHANGE_PAYLOADS, default=defaults.exchange_payload,
+                        help="what the exchange moves: rows = dataset rows (text, images as encoded bytes), processed "
+                             "after it on the rank that trains on them, each module making only its own fields; "
+                             "samples = samples processed where they were read (the micro-batches are the same)")
+    parser.add_argument("--exchange-image-paths", action="store_true",
+                        help="with --exchange-payload rows, rows move their images' paths, not the files' bytes "
+                             "(every rank must read the same files, under the same --image-folder)")
     parser.add_argument("--exchange-timeout", type=float, default=defaults.exchange_timeout_s,
                         help="seconds before a collective gives up on a silent peer")
     parser.add_argument("--dump-assignments", type=path, metavar="DIR", default=None,
@@ -163,6 +171,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[PipelineConfig, JobOptio
         pack_pad_multiple=args.pack_pad_multiple,
         image_folder=args.image_folder,
         skip_bad_samples=args.skip_bad_samples,
+        exchange_payload=args.exchange_payload,
+        exchange_image_paths=args.exchange_image_paths,
     )
     options = JobOptions(
         steps=args.steps,
@@ -174,5 +184,6 @@ def config_from_args(args: argparse.Namespace) -> tuple[PipelineConfig, JobOptio
         progress=not args.quiet,
         tensorboard=args.tensorboard,
         log_interval=args.log_interval,
+        summary_json=getattr(args, "summary_json", None),
     )
     return config, options

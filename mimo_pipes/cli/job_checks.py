@@ -48,6 +48,8 @@ def validate_consumption(config: PipelineConfig, options: JobOptions, world_size
     if options.tensorboard is not None and not config.reorder.intra_microbatch_reorder:
         raise ConfigError("--tensorboard", "exchange metrics need --scalable-dp --intra-microbatch-reorder (without "
                           "reordering every rank's load is its reader's: see the run summary's 'before')")
+    if options.summary_json is not None and os.path.isdir(options.summary_json):
+        raise ConfigError("--summary-json", f"{options.summary_json} is a folder; give the path of the JSON file to write")
     if options.log_interval < 0:
         raise ConfigError("--log-interval", f"must be >= 0, got {options.log_interval}")
     consumed = 0

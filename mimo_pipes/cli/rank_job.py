@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -16,7 +17,8 @@ from mimo_pipes.config import JobOptions, PipelineConfig, resolve_exchange_trans
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.exchange.process_groups import RankGroups, build_rank_groups
 from mimo_pipes.exchange.world import barrier, control_group, current_backend, job_group, largest_over_ranks, world_rank, world_size
-from mimo_pipes.summary import SUMMARY_ONLY_KEYS
+from mimo_pipes.metrics import MovedPerWindow
+from mimo_pipes.summary import SUMMARY_ONLY_KEYS, ModuleSummary, summary_document
 from mimo_pipes.topology import RankPosition, Topology
 from mimo_pipes.warning_tally import Snapshot
 
@@ -61,7 +63,7 @@ def set_up_rank(config: PipelineConfig, *, exchange_transport: str | None = None
 
         device = torch.device("cuda", torch.cuda.current_device())
     position = groups.position
-    layout = RankLayout(position.dp_rank, position.dp_size, topology.grid_size, groups.exchange_group, device)
+    layout = RankLayout(position.dp_rank, position.dp_size, topology.grid_size, groups.exchange_group, device, position.module.name)
     report_phase("joined")
     return RankSetup(topology, groups, layout, job, control)
 
@@ -69,10 +71,36 @@ def set_up_rank(config: PipelineConfig, *, exchange_transport: str | None = None
 @dataclass(frozen=True)
 class RankReport:
     """What a rank hands rank 0 at the end besides its records: its warnings tally (merged there into one
-    line per kind) and its module's last exchange metrics line (printed there once the bar is closed)."""
+    line per kind), its module's last exchange metrics line (printed there once the bar is closed), where
+    it sits, and the samples and bytes its exchange moved for the micro-batches consumed."""
 
     warnings: Snapshot
     metrics_line: str | None = None
+    position: tuple[str, int, int, int] = ("", 0, 0, 0)  # module, dp rank, tp rank, pp rank
+    moved: tuple[int, int] = (0, 0)
+
+
+def moved_by_module(reports: Iterable[RankReport]) -> dict[str, tuple[int, int]]:
+    """Each module's (samples, bytes) moved: module-wide figures, so its first rank's."""
+    return {report.position[0]: report.moved for report in reports if report.position[1:] == (0, 0, 0)}
+
+
+def watch_moves(loader: Any) -> MovedPerWindow:
+    """What the loader's exchange moves, window by window (nothing without an exchange)."""
+    moved = MovedPerWindow()
+    exchange = loader.exchange_node() if hasattr(loader, "exchange_node") else None
+    if exchange is not None:
+        exchange.add_observer(moved)
+    return moved
+
+
+def write_summary_json(path: str, summaries: list[ModuleSummary], moved: dict[str, tuple[int, int]]) -> None:
+    """``--summary-json``: the document of :func:`~mimo_pipes.summary.summary_document` (rank 0)."""
+    import json
+
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(summary_document(summaries, moved), indent=1) + "\n")
 
 
 def consumed_record(batch: dict[str, Any], position: RankPosition) -> dict[str, Any]:

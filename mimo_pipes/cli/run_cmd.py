@@ -30,6 +30,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "torchrun, and print a per-module summary of the vision load before and after balancing."
     )
     add_job_arguments(parser)
+    add_summary_json_argument(parser)
+
+
+def add_summary_json_argument(parser: argparse.ArgumentParser) -> None:
+    """``--summary-json`` (run and train)."""
+    parser.add_argument("--summary-json", metavar="PATH", default=None,
+                        help="also write the summary as JSON to PATH: per module the printed figures plus the samples "
+                             "and bytes the exchange moved (format in docs/design.md) (default: none)")
 
 
 def announcer(config: PipelineConfig, options: JobOptions, command: str) -> Callable[[Topology, int], None]:

@@ -19,10 +19,13 @@ from mimo_pipes.cli.rank_job import (
     RankSetup,
     StopAtBoundary,
     consumed_record,
+    moved_by_module,
     progress_bar,
     save_state,
     set_up_rank,
     stop_job,
+    watch_moves,
+    write_summary_json,
 )
 from mimo_pipes.config import JobOptions, PipelineConfig
 from mimo_pipes.exchange.world import gather_from_every_rank, join_world, leave_world, world_rank
@@ -44,7 +47,8 @@ from mimo_pipes.warning_tally import WarningCount, WarningTally, collected, merg
 @dataclass(frozen=True)
 class RunResult:
     """What a run consumed, as rank 0 prints it: micro-batches ``start .. end-1``, the summaries, every
-    rank's records of its consumed micro-batches, and this rank's last exchange metrics."""
+    rank's records of its consumed micro-batches, this rank's last exchange metrics, and per module the
+    samples and bytes its exchange moved for those micro-batches."""
 
     start: int
     end: int
@@ -56,6 +60,7 @@ class RunResult:
     metrics: dict[str, Any] | None = None
     warnings: list[WarningCount] = field(default_factory=list)  # every rank's, merged
     metrics_lines: list[str] = field(default_factory=list)  # each module's last exchange metrics line not yet printed
+    moved: dict[str, tuple[int, int]] = field(default_factory=dict)  # per module: samples and bytes its exchange moved
 
 
 def run_in_world(rank: int, world_size: int, config: PipelineConfig, options: JobOptions) -> None:
@@ -86,6 +91,7 @@ def _run(setup: RankSetup, config: PipelineConfig, options: JobOptions, tally: W
     packer = next((node for node in graph_nodes(loader.root) if isinstance(node, SequencePacker)), None)
     stop = options.stop_after if options.stop_after is not None else options.steps
     metrics_log = attach_metrics(loader, position, options, periodic=rank == 0)
+    moved = watch_moves(loader)
     dump = AssignmentDump(options, rank)
     records: list[dict[str, Any]] = []
     progress = progress_bar(rank == 0 and options.progress, total=options.steps, initial=start)
@@ -117,7 +123,8 @@ def _run(setup: RankSetup, config: PipelineConfig, options: JobOptions, tally: W
         loader.close()
         if metrics_log is not None:
             metrics_log.close()
-    report = RankReport(tally.snapshot(), metrics_log.final_line(metrics) if metrics_log is not None else None)
+    report = RankReport(tally.snapshot(), metrics_log.final_line(metrics) if metrics_log is not None else None,
+                        (position.module.name, position.dp_rank, position.tp_rank, position.pp_rank), moved.totals(end))
     everything = gather_from_every_rank((records, end, report), setup.job)
     reports = [rank_report for _, _, rank_report in everything]
     skipped, attempts = skipped_rows(everything, setup.topology.modules[0].name)
@@ -132,9 +139,12 @@ def _run(setup: RankSetup, config: PipelineConfig, options: JobOptions, tally: W
         metrics=metrics,
         warnings=merge(rank_report.warnings for rank_report in reports),
         metrics_lines=[rank_report.metrics_line for rank_report in reports if rank_report.metrics_line],
+        moved=moved_by_module(reports),
     )
     if rank == 0:
         _print_result(result, config, options, setup.topology, stop)
+        if options.summary_json is not None:
+            write_summary_json(options.summary_json, result.summaries, result.moved)
     return result
 
 

@@ -16,7 +16,7 @@ from mimo_pipes.cli.argtypes import path
 from mimo_pipes.cli.job_args import add_job_arguments, config_from_args
 from mimo_pipes.cli.job_checks import validate_job
 from mimo_pipes.cli.launcher import EXIT_CONFIG, launch, under_torchrun
-from mimo_pipes.cli.run_cmd import announcer, prepare
+from mimo_pipes.cli.run_cmd import add_summary_json_argument, announcer, prepare
 from mimo_pipes.config import PipelineConfig, TrainOptions
 from mimo_pipes.errors import ConfigError
 
@@ -30,6 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "loss normalised over each global batch. Takes run's flags; --steps counts global micro-batches."
     )
     add_job_arguments(parser)
+    add_summary_json_argument(parser)
     defaults = TrainOptions()
     parser.set_defaults(recipe=defaults.recipe)
     parser.add_argument("--lr", type=float, default=defaults.lr, help="SGD learning rate")

@@ -10,7 +10,19 @@ from typing import Any
 from mimo_pipes.checkpoint import read_trainer_state, resume_settings, write_model_state
 from mimo_pipes.cli.headline import headline
 from mimo_pipes.cli.metrics_log import attach_metrics
-from mimo_pipes.cli.rank_job import AssignmentDump, RankReport, RankSetup, StopAtBoundary, progress_bar, save_state, set_up_rank, stop_job
+from mimo_pipes.cli.rank_job import (
+    AssignmentDump,
+    RankReport,
+    RankSetup,
+    StopAtBoundary,
+    moved_by_module,
+    progress_bar,
+    save_state,
+    set_up_rank,
+    stop_job,
+    watch_moves,
+    write_summary_json,
+)
 from mimo_pipes.config import PipelineConfig, TrainOptions
 from mimo_pipes.exchange.world import gather_from_every_rank, join_world, leave_world, world_rank
 from mimo_pipes.recipe import load_recipe
@@ -63,6 +75,7 @@ def _train(setup: RankSetup, config: PipelineConfig, options: TrainOptions, tall
     start = trainer.iteration
     stop = (options.stop_after if options.stop_after is not None else options.steps) // per_iteration
     metrics_log = attach_metrics(trainer.loader, setup.position, options, periodic=rank == 0)  # --tensorboard, --log-interval as for run
+    moved = watch_moves(trainer.loader)
     dump = AssignmentDump(options, rank)
     results = []
     progress = progress_bar(rank == 0 and options.progress, options.steps // per_iteration, start, "iterations", "it")
@@ -90,7 +103,9 @@ def _train(setup: RankSetup, config: PipelineConfig, options: TrainOptions, tall
         trainer.close()
         if metrics_log is not None:
             metrics_log.close()
-    report = RankReport(tally.snapshot(), metrics_log.final_line(metrics) if metrics_log is not None else None)
+    position = setup.position
+    report = RankReport(tally.snapshot(), metrics_log.final_line(metrics) if metrics_log is not None else None,
+                        (position.module.name, position.dp_rank, position.tp_rank, position.pp_rank), moved.totals(trainer.loader.num_yielded))
     everything = gather_from_every_rank((results, report), setup.job)
     flat = [result for per_rank, _ in everything for result in per_rank or []]
     reports = [rank_report for _, rank_report in everything]
@@ -108,4 +123,6 @@ def _train(setup: RankSetup, config: PipelineConfig, options: TrainOptions, tall
             print(count.line(), flush=True)
         if options.save_state:
             print(f"saved model, optimizer and loader state after iteration {stop} to {options.save_state}", flush=True)
+        if options.summary_json is not None:
+            write_summary_json(options.summary_json, summaries, moved_by_module(reports))
     return TrainResult(start, stop, flat, summaries, results, metrics, warnings)

@@ -309,7 +309,8 @@ class SampleProcessor:
         """The sample's token ids and which of them are trained: the chat rendered with each image and video
         marker replaced by its placeholder run (``media``: pad marker -> runs in order), fitted to
         ``--seq-length`` by :func:`fit_to_length`. A sample left with no token to train on is a SampleError.
-        ``mimo-pipes analyze`` calls it with runs computed from image sizes, so its counts are these."""
+        The cost annotator and ``mimo-pipes analyze`` call it with runs computed from image sizes
+        (:mod:`mimo_pipes.data.module_processor`), so their counts are these."""
         markers = {self.vision_start_id, self.vision_end_id} - {None}
         ids: list[int] = []
         trained: list[bool] = []
@@ -358,20 +359,6 @@ class SampleProcessor:
             raise SampleError(sample_id, f"dataset row {sample_id}: no token to train on{cut}", field="messages")
         return ids, trained
 
-    def counts_from_sizes(self, row: dict, tokens_per_image: list[int]) -> tuple[int, int]:
-        """(placeholders, real tokens) of an image-and-text row exactly as :meth:`__call__` makes them, given
-        each image's placeholder count (from its size and the resize rule): no pixel is decoded. For patch
-        families, whose image run is one placeholder per merged patch; raises what ``__call__`` raises."""
-        return sum(tokens_per_image), len(self.input_ids_from_sizes(row, tokens_per_image))
-
-    def input_ids_from_sizes(self, row: dict, tokens_per_image: list[int]) -> list[int]:
-        """The ``input_ids`` :meth:`__call__` makes of an image-and-text row, from each image's placeholder
-        count alone (see :meth:`counts_from_sizes`)."""
-        sample_id = row.get(SAMPLE_ID, row.get("id"))
-        media = {self.family.image_pad: [[self.image_token_id] * n for n in tokens_per_image]}
-        ids, _ = self.token_layout(conversation(row, sample_id), media, sample_id, len(tokens_per_image), 0)
-        return ids
-
     def __call__(self, row: dict) -> dict:
         sample_id = row.get(SAMPLE_ID, row.get("id"))
         turns = conversation(row, sample_id)
@@ -386,20 +373,31 @@ class SampleProcessor:
             feats, media[self.family.video_pad] = self.family.videos(videos, sample_id)
             fields.update(feats)
         ids, trained = self.token_layout(turns, media, sample_id, len(images), len(videos))
-        input_ids = torch.tensor(ids, dtype=torch.int64)
-        length = input_ids.shape[0]
-        trained_mask = torch.tensor(trained, dtype=torch.bool)
-        labels = torch.full((length,), -100, dtype=torch.int64)
-        labels[:-1] = torch.where(trained_mask[1:], input_ids[1:], labels[:-1])
-
         out = {k: v for k, v in row.items() if k not in CONSUMED_KEYS}
-        out.update(
-            input_ids=input_ids,
-            attention_mask=torch.ones(length, dtype=torch.int64),
-            labels=labels,
-            loss_mask=(labels != -100).to(torch.float32),
-            position_ids=torch.arange(length, dtype=torch.int64),
-        )
+        out.update(token_fields(ids, trained))
         for name, value in fields.items():
             out[name] = torch.from_numpy(np.ascontiguousarray(value))
         return out
+
+
+def token_fields(ids: Any, trained: Any) -> dict[str, torch.Tensor]:
+    """The token fields of a sample from its token ids and which of them are trained (lists or 1-d
+    tensors; see the module doc)."""
+    input_ids = _as_tensor(ids, np.int64, torch.int64)
+    length = input_ids.shape[0]
+    trained_mask = _as_tensor(trained, np.bool_, torch.bool)
+    labels = torch.full((length,), -100, dtype=torch.int64)
+    labels[:-1] = torch.where(trained_mask[1:], input_ids[1:], labels[:-1])
+    return {
+        "input_ids": input_ids,
+        "attention_mask": torch.ones(length, dtype=torch.int64),
+        "labels": labels,
+        "loss_mask": (labels != -100).to(torch.float32),
+        "position_ids": torch.arange(length, dtype=torch.int64),
+    }
+
+
+def _as_tensor(values: Any, np_dtype: Any, dtype: torch.dtype) -> torch.Tensor:
+    if isinstance(values, torch.Tensor):
+        return values.to(dtype)
+    return torch.from_numpy(np.asarray(values, dtype=np_dtype))  # several times faster than torch.tensor(list)

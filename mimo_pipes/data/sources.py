@@ -105,14 +105,19 @@ def _images_undecoded(ds):
 
 
 def _undecoded(feature):
+    """``feature`` with every image inside it (lists of images, lists of lists: video frames) left
+    encoded; None when it holds no image to decode."""
+    import dataclasses
+
     import datasets
 
     if isinstance(feature, datasets.Image):
         return datasets.Image(decode=False) if feature.decode else None
     inner = getattr(feature, "feature", None)
-    if isinstance(inner, datasets.Image) and inner.decode:
-        return type(feature)(datasets.Image(decode=False))
-    return None
+    undecoded = _undecoded(inner) if inner is not None else None
+    if undecoded is None:
+        return None
+    return dataclasses.replace(feature, feature=undecoded) if dataclasses.is_dataclass(feature) else type(feature)(undecoded)
 
 
 # ----------------------------------------------------------------------------------------------------
