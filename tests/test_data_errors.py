@@ -128,7 +128,7 @@ def test_the_skip_report_lists_each_bad_row_once_with_its_reason_and_counts_atte
         _record("language", 0, 6, [(1, bad[1])]),  # the next epoch
         _record("images", 0, 0, [(1, bad[1]), (5, bad[5])]),  # every module skips the same rows
     ]
-    rows, attempts = skipped_rows([(records, 7)], "language")
+    rows, attempts = skipped_rows(records, "language")
     assert rows == bad and attempts == 5
     report = format_skip_report(rows, attempts)
     lines = report.splitlines()

@@ -48,6 +48,12 @@ def rows(folder, videos: bool) -> list[dict]:
     out.append({"prompt": "a drawing", "response": "lines", "images": [Image.fromarray(np.full((70, 40, 3), 9, np.uint8))]})
     out.append({"prompt": "an array", "response": "noise", "images": [np.random.default_rng(3).integers(0, 255, (45, 66, 3), dtype=np.uint8)]})
     out.append({"prompt": "no picture here", "response": "only text"})
+    # A portrait phone photo: stored landscape, turned by its EXIF orientation (decoding turns it too).
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    photo = io.BytesIO()
+    Image.fromarray(np.random.default_rng(5).integers(0, 255, (300, 460, 3), dtype=np.uint8)).save(photo, format="JPEG", exif=exif)
+    out.append({"prompt": "a portrait", "response": "a face", "images": [photo.getvalue()]})
     if videos:
         frames = np.random.default_rng(4).integers(0, 255, (3, 50, 70, 3), dtype=np.uint8)
         out.append({"prompt": "what happens?", "response": "it moves", "videos": [frames]})

@@ -7,6 +7,7 @@ torchrun, or in a pool of test ranks); :func:`run_in_world` joins the group firs
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,15 +128,16 @@ def _run(setup: RankSetup, config: PipelineConfig, options: JobOptions, tally: W
                         (position.module.name, position.dp_rank, position.tp_rank, position.pp_rank), moved.totals(end))
     everything = gather_from_every_rank((records, end, report), setup.job)
     reports = [rank_report for _, _, rank_report in everything]
-    skipped, attempts = skipped_rows(everything, setup.topology.modules[0].name)
+    every_record = [r for per_rank, _, _ in everything for r in per_rank]
+    skipped, attempts = skipped_rows(every_record, setup.topology.modules[0].name)
     result = RunResult(
         start=start,
         end=min(rank_end for _, rank_end, _ in everything),
-        summaries=summarize((r for per_rank, _, _ in everything for r in per_rank), setup.topology.grid_size),
-        packing=summarize_packing(r for per_rank, _, _ in everything for r in per_rank),
+        summaries=summarize(every_record, setup.topology.grid_size),
+        packing=summarize_packing(every_record),
         skipped_rows=skipped,
         skip_attempts=attempts,
-        records=[r for per_rank, _, _ in everything for r in per_rank],
+        records=every_record,
         metrics=metrics,
         warnings=merge(rank_report.warnings for rank_report in reports),
         metrics_lines=[rank_report.metrics_line for rank_report in reports if rank_report.metrics_line],
@@ -175,19 +177,18 @@ def _replaced(batch: dict[str, Any]) -> list[tuple[int, str]]:
     return [(row, why) for sample_rows, sample_reasons in zip(rows, reasons) for row, why in zip(sample_rows or [], sample_reasons or [])]
 
 
-def skipped_rows(everything: list, module: str) -> tuple[dict[int, str], int]:
+def skipped_rows(records: Iterable[dict[str, Any]], module: str) -> tuple[dict[int, str], int]:
     """Each distinct dataset row ``module`` skipped with its reason (every module skips the same ones), and
     how many times bad rows were met: once per DP rank's micro-batch (tensor and pipeline peers hold the
     same one), a row met again (another slot's successor, a later epoch) counting again."""
     reasons: dict[int, str] = {}
     attempts = 0
-    for per_rank, _, _ in everything:
-        for record in per_rank:
-            if record["module"] != module or record.get("tp_rank", 0) or record.get("pp_rank", 0):
-                continue
-            for row, why in record.get("replaced_rows", []):
-                reasons.setdefault(int(row), why)
-                attempts += 1
+    for record in records:
+        if record["module"] != module or record.get("tp_rank", 0) or record.get("pp_rank", 0):
+            continue
+        for row, why in record.get("replaced_rows", []):
+            reasons.setdefault(int(row), why)
+            attempts += 1
     return dict(sorted(reasons.items())), attempts
 
 

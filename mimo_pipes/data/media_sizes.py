@@ -62,9 +62,23 @@ ROTATED = (5, 6, 7, 8)  # EXIF orientations that turn the image by a quarter: wi
 
 def _oriented(image: Any) -> ImageSize:
     """(height, width) as :func:`~mimo_pipes.data.media.open_image` decodes it: turned by its EXIF
-    orientation (read from the header, as transformers' ``load_image`` turns it)."""
-    orientation = image.getexif().get(0x0112, 1)
-    return (image.width, image.height) if orientation in ROTATED else (image.height, image.width)
+    orientation (as transformers' ``load_image`` turns it), read from the header."""
+    return (image.width, image.height) if _orientation(image) in ROTATED else (image.height, image.width)
+
+
+def _orientation(image: Any) -> int:
+    from PIL import Image
+
+    if image.format == "PNG":
+        # PIL reads a PNG's EXIF chunk with the pixels unless it comes before them: only that one is read
+        # here (an orientation written after the pixels, rare, is not seen without decoding them).
+        raw = image.info.get("exif")
+        if not raw:
+            return 1
+        exif = Image.Exif()
+        exif.load(raw)
+        return int(exif.get(0x0112, 1))
+    return int(image.getexif().get(0x0112, 1))
 
 
 def video_size(item: Any, image_folder: str | None, row: object, index: int) -> VideoSize:
