@@ -206,9 +206,10 @@ def command_line() -> str:
 SECTION = "## Exchange"
 
 
-def write_results(marker: str, body: str, path: str = DOCS) -> None:
-    """Replace the block between ``<!-- marker: begin -->`` and ``<!-- marker: end -->`` in the Exchange
-    section of the benchmarks page (created at the end of the page if missing); other text is kept."""
+def write_results(marker: str, body: str, path: str = DOCS, section: str = SECTION) -> None:
+    """Replace the block between ``<!-- marker: begin -->`` and ``<!-- marker: end -->`` in ``section`` of
+    the benchmarks page (the Exchange section by default; created at the end of the page if missing);
+    other text is kept."""
     begin, end = f"<!-- {marker}: begin -->", f"<!-- {marker}: end -->"
     block = f"{begin}\n{body.rstrip()}\n{end}"
     text = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
@@ -217,10 +218,10 @@ def write_results(marker: str, body: str, path: str = DOCS) -> None:
         text = head + block + rest.split(end, 1)[1]
     else:
         lines = text.split("\n")
-        if SECTION not in lines:
-            text = text.rstrip("\n") + f"\n\n{SECTION}\n\n{block}\n"
+        if section not in lines:
+            text = text.rstrip("\n") + f"\n\n{section}\n\n{block}\n"
         else:
-            start = lines.index(SECTION)
+            start = lines.index(section)
             stop = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
             while stop > start + 1 and not lines[stop - 1].strip():
                 stop -= 1

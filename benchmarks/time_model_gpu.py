@@ -50,7 +50,7 @@ from mimo_pipes.time_model.model import TimeModel, load_time_model, save_time_mo
 from mimo_pipes.time_model.sweep import SWEEPS  # noqa: E402
 from mimo_pipes.topology import build_topology  # noqa: E402
 
-LAYOUTS = ((2, 8), (4, 8), (4, 16))  # (vision dp, micro-batch size), the table
+LAYOUTS = ((2, 8), (4, 8), (4, 16))  # (vision dp, micro-batch size): the layouts docs/benchmarks.md reports
 COSTS = ("linear", "calibrated", "calibrated, no floor")
 
 

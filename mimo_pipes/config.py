@@ -13,23 +13,28 @@ import os
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+from mimo_pipes.cost_range import check_cost_range
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.time_model.model import TimeModel, TimeModelError, load_time_model
 from mimo_pipes.topology import COMPONENT_FLAG, Topology, build_topology
 
 DATALOADER_TYPES = ("single", "cyclic")
 EXCHANGE_TRANSPORTS = ("auto", "gloo", "nccl")
+EXCHANGE_PAYLOADS = ("rows", "samples")
+"""What the exchange moves: dataset rows (processed after it, on the rank that trains on them) or processed samples."""
 DEFAULT_COMPONENTS = ("language=tp=1,pp=1,dp=2,rank_offset=0", "images=tp=1,dp=2,rank_offset=2")
 LANGUAGE_COSTS = ("tokens", "packed")
 DEFAULT_ATTENTION_CROSSOVER = 12 * 4096  # causal decoder, hidden size 4096, 4h MLP (see docs/sequence-packing.md)
 
 
-def resolve_exchange_transport(requested: str, world_backend: str, overlap: bool, device_max_connections: str | None) -> str:
+def resolve_exchange_transport(requested: str, world_backend: str, overlap: bool, device_max_connections: str | None,
+                               warn: bool = True) -> str:
     """The backend of the exchange group: ``gloo`` (CPU bytes) or ``nccl`` (bytes staged through the GPU).
 
     ``auto`` takes NCCL only for an exchange on the training thread of an NCCL run; an overlapped exchange
     goes over Gloo, which cannot contend with the trainer's NCCL kernels (an overlapped NCCL exchange beside
-    a trainer's all-reduce hung once on two H200s, before a fix; see docs/benchmarks.md).
+    a trainer's all-reduce hung once on two H200s, before a fix; see docs/benchmarks.md). ``warn`` False:
+    the risky choice is not logged (a job says it once, before its ranks start).
     """
     single_queue = device_max_connections is not None and device_max_connections.strip() == "1"
     if requested == "auto":
@@ -44,7 +49,7 @@ def resolve_exchange_transport(requested: str, world_backend: str, overlap: bool
             "across ranks, and training deadlocks. Use --exchange-transport gloo (overlap kept, CPU bytes) or "
             "--no-overlap-intra-microbatch-reorder (both collectives on the training thread)",
         )
-    if requested == "nccl" and overlap:
+    if requested == "nccl" and overlap and warn:
         logging.getLogger(__name__).warning(
             "--exchange-transport nccl with overlap: NCCL kernels of the prefetch thread and of the trainer can "
             "be ordered differently on different ranks (a run of this kind hung once, before a fix). "
@@ -58,12 +63,25 @@ def check_pack_pad_multiple(value: object) -> None:
         raise ConfigError(flag("pack_pad_multiple"), f"must be an integer >= 1, got {value!r}")
 
 
+def check_exchange_payload(value: object) -> None:
+    if value not in EXCHANGE_PAYLOADS:
+        raise ConfigError(flag("exchange_payload"), f"must be one of {', '.join(EXCHANGE_PAYLOADS)}, got {value!r}")
+
+
 def flag(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
 
 
+WEIGHT_DECIMALS = 6
+"""Cost weights are read exactly to this many decimal places (a fraction p/q with q <= 10**6 too)."""
+
+
 def exact_weight(value: float | int | str | Fraction, setting: str) -> Fraction:
-    """A cost weight as an exact fraction: ``0.1`` means 1/10, not the nearest binary float."""
+    """A cost weight as an exact fraction: ``0.1`` means 1/10, not the nearest binary float.
+
+    A weight finer than :data:`WEIGHT_DECIMALS` places (``0.30000000000000004``, what ``0.1 + 0.2`` prints)
+    is refused with its rounding: read exactly, such noise would make integer weights of 17 digits whose
+    costs leave the planners' int64 range."""
     if isinstance(value, bool):
         raise ConfigError(setting, f"must be a number, got {value!r}")
     try:
@@ -72,6 +90,12 @@ def exact_weight(value: float | int | str | Fraction, setting: str) -> Fraction:
         raise ConfigError(setting, f"must be a number, got {value!r}") from None
     if weight < 0:
         raise ConfigError(setting, f"must not be negative, got {value}")
+    scale = 10**WEIGHT_DECIMALS
+    if weight.denominator > scale:
+        whole, part = divmod(round(weight * scale), scale)
+        hint = f"{whole}.{part:0{WEIGHT_DECIMALS}d}".rstrip("0").rstrip(".")
+        raise ConfigError(setting, f"{value}: weights are read exactly with at most {WEIGHT_DECIMALS} decimal places "
+                                   f"(or as p/q with q <= {scale}); did you mean {hint}?")
     return weight
 
 
@@ -191,6 +215,10 @@ class PipelineConfig:
     # Real data (docs/data.md): image paths relative to this folder; replace unreadable rows.
     image_folder: str | None = None
     skip_bad_samples: bool = False
+    # What the exchange moves (docs/design.md): dataset rows, processed after it on the rank that trains on
+    # them, or processed samples; rows keep their images' paths only when every rank reads the same files.
+    exchange_payload: str = "rows"
+    exchange_image_paths: bool = False
 
     @property
     def microbatches_per_global_batch(self) -> int:
@@ -217,20 +245,37 @@ class PipelineConfig:
         self.reorder.check_padding(self.pad_to_seq_length)
         if self.seq_length < 1:
             raise ConfigError(flag("seq_length"), f"must be >= 1, got {self.seq_length}")
+        self.check_cost_range(topology)
         if self.num_workers < 0:
             raise ConfigError(flag("num_workers"), f"must be >= 0, got {self.num_workers}")
         if self.exchange_transport not in EXCHANGE_TRANSPORTS:
             raise ConfigError(flag("exchange_transport"), f"must be one of {', '.join(EXCHANGE_TRANSPORTS)}")
         check_pack_pad_multiple(self.pack_pad_multiple)
+        check_exchange_payload(self.exchange_payload)
+        if self.exchange_image_paths and self.exchange_payload != "rows":
+            raise ConfigError(flag("exchange_image_paths"), "needs --exchange-payload rows: processed samples carry no image files")
         if not self.exchange_timeout_s > 0:
             raise ConfigError("--exchange-timeout", f"must be positive, got {self.exchange_timeout_s}")
         for setting in ("dataset", "processor"):
             path = getattr(self, setting)
-            if path is not None and not os.path.exists(path) and not glob.has_magic(path):
+            if path is not None and not os.path.exists(os.path.expanduser(path)) and not glob.has_magic(path):
                 raise ConfigError(flag(setting), f"{path} does not exist")
-        if self.image_folder is not None and not os.path.isdir(self.image_folder):
+        if self.image_folder is not None and not os.path.isdir(os.path.expanduser(self.image_folder)):
             raise ConfigError(flag("image_folder"), f"{self.image_folder} is not a folder")
         return topology
+
+    def check_cost_range(self, topology: Topology, window_microbatches: int | None = None) -> None:
+        """Every cost a sample of --seq-length tokens can have fits the planners' int64 sums over a window
+        (``window_microbatches``, default the run's own): ConfigError naming the weight, the time model or
+        --seq-length (see :mod:`mimo_pipes.cost_range`)."""
+        reorder = self.reorder
+        model = reorder.load_time_model()
+        window = window_microbatches or (reorder.reorder_window_size if reorder.intra_microbatch_reorder else 1)
+        check_cost_range(
+            (*reorder.integer_cost_weights(), reorder.integer_language_square_weight()), model,
+            max_tokens=self.seq_length, microbatch_size=self.micro_batch_size, window_microbatches=window,
+            floor=planner_settings(topology, reorder, model).floor,
+        )
 
     def _validate_modules(self, topology: Topology) -> None:
         language = topology.language
@@ -322,6 +367,7 @@ class JobOptions:
     # Exchange metrics (mimo_pipes.metrics), written by DP rank 0 of each module.
     tensorboard: str | None = None  # event files under DIR/<module>/
     log_interval: int = 20  # a metrics line every N windows and at the end (0: only at the end)
+    summary_json: str | None = None  # `run` writes its summary here as JSON (rank 0)
 
 
 @dataclass

@@ -9,7 +9,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from mimo_pipes.cost_range import check_sample_cost
 from mimo_pipes.time_model.model import TimeModel
+
+INT64_MAX = 2**63 - 1
 
 
 def image_token_count(input_ids: Any, image_token_id: int | Iterable[int]) -> int:
@@ -75,11 +78,44 @@ class CostFunction:
         (from the placeholder runs of ``image_token_ids`` in ``input_ids``)."""
         if self.time_model is None:
             return image_tokens
-        return self.time_model.encoder_time_ns(placeholder_runs(input_ids, image_token_ids))
+        return self.encoder_cost_of_runs(placeholder_runs(input_ids, image_token_ids), image_tokens)
+
+    def encoder_cost_of_runs(self, runs: Sequence[int], image_tokens: int) -> int:
+        """The encoder term of a sample whose placeholder runs (one per image or video) are ``runs``."""
+        if self.time_model is None:
+            return image_tokens
+        return self.time_model.encoder_time_ns(list(runs))
+
+    @property
+    def weights(self) -> tuple[int, int, int]:
+        return self.encoder_weight, self.language_weight, self.language_square_weight
 
     def cost(self, encoder_cost: Any, real_tokens: Any) -> Any:
-        """The sample's cost (ints, or int64 arrays of many samples)."""
-        return sample_cost(encoder_cost, real_tokens, self.encoder_weight, self.language_weight, self.language_square_weight)
+        """The sample's cost (ints), or of many samples (int64 arrays): exact, or ConfigError naming the
+        flag when one would leave int64 (an array is never left to wrap around)."""
+        if not isinstance(encoder_cost, np.ndarray) and not isinstance(real_tokens, np.ndarray):
+            return sample_cost(encoder_cost, real_tokens, *self.weights)
+        encoder, real = np.asarray(encoder_cost), np.asarray(real_tokens)  # int64, or Python ints (object)
+        if encoder.size == 0:
+            return sample_cost(encoder.astype(np.int64), real.astype(np.int64), *self.weights)
+        top_encoder, top_real = int(np.abs(encoder).max()), int(np.abs(real).max())
+        if max(self.weights) <= INT64_MAX and sample_cost(top_encoder, top_real, *self.weights) <= INT64_MAX:
+            # every term and partial sum fits: exact in int64
+            return sample_cost(encoder.astype(np.int64), real.astype(np.int64), *self.weights)
+        exact = sample_cost(encoder.astype(object), real.astype(object), *self.weights)
+        for row in np.flatnonzero(np.abs(exact) > INT64_MAX).tolist()[:1]:
+            one_encoder, one_real = int(encoder[row]), int(real[row])
+            check_sample_cost(self.time_model, row, one_encoder, *self.terms(one_encoder, one_real), budget=INT64_MAX, samples=1)
+        return exact.astype(np.int64)
+
+    def terms(self, encoder_cost: int, real_tokens: int) -> tuple[int, int]:
+        """(weighted encoder term, weighted language term) of one sample: its cost is their sum."""
+        return self.encoder_weight * encoder_cost, self.language_weight * real_tokens + self.language_square_weight * real_tokens**2
+
+    def check_range(self, sample_id: object, encoder_cost: int, real_tokens: int, budget: int, samples: int) -> None:
+        """ConfigError naming the flag when the sample's cost or encoder cost is beyond ``budget``
+        (:func:`~mimo_pipes.cost_range.window_budget` of a window of ``samples`` samples)."""
+        check_sample_cost(self.time_model, sample_id, encoder_cost, *self.terms(encoder_cost, real_tokens), budget=budget, samples=samples)
 
     def describe(self) -> dict[str, Any]:
         """Everything in the weights and model that decides a cost, as plain values (a saved state is valid

@@ -81,6 +81,7 @@ class SampleError(ValueError):
             sample_id, field, message = _parse_sample_message(line) or (None, None, line)
         self.sample_id = sample_id
         self.field = field
+        self.reason = message  # the message without where it happened
         where = f"sample {sample_id!r}" + (f", field {field!r}" if field else "")
         super().__init__(f"{where}: {message}")
 

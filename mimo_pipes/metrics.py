@@ -210,6 +210,24 @@ class MetricsAccumulator:
         return out
 
 
+class MovedPerWindow:
+    """An exchange observer: what the exchange moved in each window it delivered, module-wide, as
+    ``(first_step, microbatches, samples, bytes)`` (see :func:`moves`)."""
+
+    def __init__(self) -> None:
+        self.windows: list[tuple[int, int, int, int]] = []
+
+    def __call__(self, record: ExchangeRecord) -> None:
+        samples, nbytes = moves(record)
+        self.windows.append((record.first_step, len(record.costs), samples, nbytes))
+
+    def totals(self, end: int) -> tuple[int, int]:
+        """(samples, bytes) moved in the windows that hold micro-batches before ``end`` (a window partly
+        consumed counts whole; windows exchanged ahead of the consumer do not count)."""
+        kept = [(samples, nbytes) for first_step, _, samples, nbytes in self.windows if first_step < end]
+        return sum(samples for samples, _ in kept), sum(nbytes for _, nbytes in kept)
+
+
 def scalars(metrics: dict[str, Any]) -> dict[str, float]:
     """The dict flattened for a scalar logger: lists become one entry per rank (``.../per_rank/3``)."""
     flat: dict[str, float] = {}

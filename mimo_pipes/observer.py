@@ -45,6 +45,7 @@ class ExchangeRecord:
     bytes_received: int = 0
     samples_sent: int = 0
     samples_received: int = 0
+    window_bytes: int = 0  # data the delivered window holds (rows, samples or collated micro-batches): what prefetching it costs
     on_training_thread: bool = True  # False when a background thread exchanged it (overlap)
     wait_seconds: float = 0.0  # the training thread's wait for this window in next() (set on delivery)
     metrics: dict[str, Any] | None = None  # the node's metrics for this window, when it collects them

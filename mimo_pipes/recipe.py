@@ -33,9 +33,31 @@ TRAINING_RECIPE = "mimo_pipes_recipes.tiny_mimo_train"
 REQUIRED = ("build",)
 
 
+def _is_file_spec(spec: str) -> bool:
+    return spec.endswith(".py") or "/" in spec or os.sep in spec
+
+
+def check_recipe_exists(spec: str) -> None:
+    """That ``--recipe`` names a file or a module that exists, without importing it (cheap: run before a
+    job says anything); what it provides is checked when it is loaded."""
+    if _is_file_spec(spec):
+        path = Path(spec).expanduser()
+        if not path.is_file():
+            raise ConfigError(RECIPE_FLAG, f"{spec} is not a file")
+        if path.suffix != ".py":
+            raise ConfigError(RECIPE_FLAG, f"{spec} is not a .py file")
+        return
+    try:
+        found = importlib.util.find_spec(spec)
+    except (ImportError, ValueError):
+        found = None
+    if found is None:
+        raise ConfigError(RECIPE_FLAG, f"no module named {spec!r} (give an importable module or a .py file)")
+
+
 def load_recipe(spec: str, *, needs: tuple[str, ...] = REQUIRED, command: str = "run") -> ModuleType:
     """The recipe module ``spec`` names, checked to provide ``needs``; ConfigError naming ``--recipe``."""
-    if spec.endswith(".py") or "/" in spec or os.sep in spec:
+    if _is_file_spec(spec):
         module = _load_file(spec)
     else:
         try:
@@ -51,11 +73,8 @@ def load_recipe(spec: str, *, needs: tuple[str, ...] = REQUIRED, command: str = 
 
 
 def _load_file(spec: str) -> ModuleType:
+    check_recipe_exists(spec)
     path = Path(spec).expanduser().resolve()
-    if not path.is_file():
-        raise ConfigError(RECIPE_FLAG, f"{spec} is not a file")
-    if path.suffix != ".py":
-        raise ConfigError(RECIPE_FLAG, f"{spec} is not a .py file")
     # One stable name per file, so every rank (and pickled objects of the recipe) resolve the same module.
     name = f"mimo_pipes_recipe_{path.stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:12]}"
     if name in sys.modules:

@@ -1,8 +1,10 @@
 """What flows between the graph's nodes: samples (plain dicts, with the metadata keys below) and windows.
 
 A sample is a plain ``dict``: model fields (``input_ids``, ``pixel_values``, ...) as tensors without a
-batch dimension, plus the metadata below. Metadata is set by the reader and the cost annotator and is
-identical on every module for the same sample.
+batch dimension, plus the metadata below. Metadata is set by the reader and the cost annotator (or, for a
+row that moves before it is processed, by the counting before the exchange) and is identical on every
+module for the same sample. A window holds samples, or rows (the dataset's rows with their metadata)
+until they are processed after the exchange.
 """
 
 from __future__ import annotations
@@ -19,8 +21,11 @@ IMAGE_TOKENS = "image_tokens"  # int: image placeholder tokens in input_ids
 REAL_TOKENS = "real_tokens"  # int: attention_mask sum
 ENCODER_COST = "encoder_cost"  # int: image_tokens, or modelled encoder ns with a time model (time_model.py)
 COST = "cost"  # int: w_enc * encoder_cost + w_lang * real_tokens, in fixed point
+# Set on a row counted before it is processed (rows payload, mimo_pipes/data/module_processor.py):
+PLACEHOLDER_RUNS = "placeholder_runs"  # list[int]: its placeholder runs, for the cost (dropped once priced)
+TOKEN_LAYOUT = "token_layout"  # dict: its token ids, trained flags and layout fields (the language side's, moved)
 
-METADATA_KEYS = (SAMPLE_ID, STEP, SLOT, IMAGE_TOKENS, REAL_TOKENS, COST, ENCODER_COST)
+METADATA_KEYS = (SAMPLE_ID, STEP, SLOT, IMAGE_TOKENS, REAL_TOKENS, COST, ENCODER_COST, PLACEHOLDER_RUNS, TOKEN_LAYOUT)
 
 
 @dataclass
@@ -39,3 +44,24 @@ class Window:
     microbatches: list[list[Sample]] | list[dict[str, Any]]
     collated: bool = False
     composition: list[list[int]] | None = None
+
+
+def held_bytes(value: Any) -> int:
+    """Bytes of the data ``value`` holds: tensors, arrays, bytes and strings, in dicts, lists, tuples and
+    windows (for measuring what prefetched windows hold; Python object overheads not counted)."""
+    import numpy as np
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, np.ndarray):
+        return int(value.nbytes)
+    if isinstance(value, (bytes, bytearray, str)):
+        return len(value)
+    if isinstance(value, Window):
+        return held_bytes(value.microbatches)
+    if isinstance(value, dict):
+        return sum(held_bytes(item) for item in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(held_bytes(item) for item in value)
+    return 0

@@ -4,7 +4,8 @@ Every entry point (the recipes, ``balance_iterator``, the DataLoader adapter, ``
 resolves its reordering settings here: :func:`resolve_plan` into the :class:`BalancePlan` every module
 of a run shares (integer weights, the loaded time model, the planner's floor and two-level grouping,
 window), and :func:`resolve_tail` into one rank's frozen :class:`TailSettings` (the plan plus B/d, the
-resume point and collation), which the tail's nodes take by keyword. Nothing else derives them.
+resume point, collation, the module's fields and where rows are processed), which the tail's nodes take
+by keyword. Nothing else derives them.
 """
 
 from __future__ import annotations
@@ -13,12 +14,25 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from mimo_pipes.collate import Collator, FieldSpec
-from mimo_pipes.config import PipelineConfig, PlannerSettings, ReorderConfig, check_pack_pad_multiple, flag, planner_settings
+from mimo_pipes.config import (
+    PipelineConfig,
+    PlannerSettings,
+    ReorderConfig,
+    check_exchange_payload,
+    check_pack_pad_multiple,
+    flag,
+    planner_settings,
+)
 from mimo_pipes.cost import CostFunction
+from mimo_pipes.cost_range import check_cost_range
 from mimo_pipes.errors import ConfigError
+from mimo_pipes.module_fields import ModuleFields, module_fields
 from mimo_pipes.resume import ResumePoint, reorder_window_size, resume_point
 from mimo_pipes.time_model.model import TimeModel
 from mimo_pipes.topology import COMPONENT_FLAG, Topology, build_topology
+
+ROWS, SAMPLES = "rows", "samples"
+PROCESSING_METHODS = ("thread", "process")
 
 LOAD = object()
 """``time_model=LOAD``: load the file ``reorder_cost_model`` names (read once per process)."""
@@ -44,10 +58,26 @@ class BalancePlan:
 
 
 @dataclass(frozen=True)
+class Processing:
+    """Where a rank's rows become samples. ``payload`` ``samples``: before the tail (the exchange moves
+    processed samples); ``rows``: after the exchange, on the rank that trains on them (RowProcessor), on
+    ``workers`` threads or worker processes (``method``)."""
+
+    payload: str = SAMPLES
+    workers: int = 1
+    method: str = "thread"
+
+    @property
+    def rows(self) -> bool:
+        return self.payload == ROWS
+
+
+@dataclass(frozen=True)
 class TailSettings:
     """What the tail's nodes of one module rank need: the run's :class:`BalancePlan`, the global micro-batch
     size B and this module's B/d, where the graph restarts (``resume``), the placeholder ids the cost
-    counts, collation, and sequence packing."""
+    counts, collation, sequence packing, the fields the module's micro-batches carry and where its rows
+    are processed."""
 
     plan: BalancePlan
     micro_batch_size: int
@@ -57,6 +87,8 @@ class TailSettings:
     collator: Collator
     pack_sequences: bool = False
     pack_pad_multiple: int = 1
+    fields: ModuleFields = ModuleFields()
+    processing: Processing = Processing()
 
 
 def resolve_plan(reorder: ReorderConfig, topology: Topology | None, time_model: TimeModel | None | object = LOAD) -> BalancePlan:
@@ -104,10 +136,16 @@ def resolve_tail(
     pack_sequences: bool = False,
     pack_pad_multiple: int = 1,
     time_model: TimeModel | None | object = LOAD,
+    module: str | None = None,
+    payload: str = SAMPLES,
+    workers: int = 1,
+    method: str = "thread",
 ) -> TailSettings:
     """One module rank's tail settings (see :func:`resolve_plan` for ``topology`` and ``time_model``).
 
-    ``pad_length`` None pads each micro-batch to its longest sample. Raises ConfigError naming the flag."""
+    ``pad_length`` None pads each micro-batch to its longest sample. ``module``: the module's name, which
+    decides the fields its micro-batches carry (:mod:`mimo_pipes.module_fields`; None: all of them).
+    ``payload``, ``workers``, ``method``: see :class:`Processing`. Raises ConfigError naming the flag."""
     if micro_batch_size < 1 or micro_batch_size % grid_size or grid_size % dp_size:
         raise ConfigError(
             flag("micro_batch_size"),
@@ -120,18 +158,28 @@ def resolve_tail(
     reorder.check_padding(pad_length is not None)
     check_pack_pad_multiple(pack_pad_multiple)
     plan = resolve_plan(reorder, topology, time_model)
+    if pad_length is not None:  # every sample fits --seq-length: its cost is bounded before anything runs
+        check_cost_range(plan.cost.weights, plan.time_model, max_tokens=pad_length, microbatch_size=micro_batch_size,
+                         window_microbatches=plan.window_size, floor=plan.planner.floor)
     ids = (image_token_ids,) if isinstance(image_token_ids, int) else tuple(int(i) for i in image_token_ids)
     if not ids:
         raise ValueError("image_token_ids must name at least one placeholder id")
+    check_exchange_payload(payload)
+    if method not in PROCESSING_METHODS:
+        raise ValueError(f"method must be one of {', '.join(PROCESSING_METHODS)}, got {method!r}")
+    fields = module_fields(module)
+    carried = {name: spec for name, spec in (vision_fields or {}).items() if fields.carries(name)}
     return TailSettings(
         plan=plan,
         micro_batch_size=micro_batch_size,
         samples_per_rank=micro_batch_size // dp_size,
         resume=resume_point(consumed_microbatches, plan.window_size),
         image_token_ids=ids,
-        collator=Collator(pad_length, dict(pad_values), dict(vision_fields or {})),
+        collator=Collator(pad_length, dict(pad_values), carried),
         pack_sequences=pack_sequences,
         pack_pad_multiple=pack_pad_multiple,
+        fields=fields,
+        processing=Processing(payload, max(int(workers), 1), method),
     )
 
 
@@ -144,9 +192,12 @@ def resolve_pipeline_tail(
     vision_fields: Mapping[str, FieldSpec] | None = None,
     consumed_microbatches: int = 0,
     time_model: TimeModel | None | object = LOAD,
+    module: str | None = None,
+    method: str = "thread",
+    payload: str | None = None,
 ) -> TailSettings:
-    """:func:`resolve_tail` for a recipe's :class:`PipelineConfig`: the topology, pad length and packing
-    come from the config."""
+    """:func:`resolve_tail` for a recipe's :class:`PipelineConfig`: the topology, pad length, packing,
+    processing workers and (unless ``payload`` is given) the payload come from the config."""
     topology = build_topology(config.components)
     return resolve_tail(
         config.reorder,
@@ -162,4 +213,8 @@ def resolve_pipeline_tail(
         pack_sequences=config.pack_sequences_in_batch,
         pack_pad_multiple=config.pack_pad_multiple,
         time_model=time_model,
+        module=module,
+        payload=config.exchange_payload if payload is None else payload,
+        workers=config.num_workers,
+        method=method,
     )

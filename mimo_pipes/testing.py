@@ -95,15 +95,21 @@ def tail_settings(
     encoder_groups: int = 0,
     pack_pad_multiple: int = 1,
     collator: Any = None,
+    module: str | None = None,
+    payload: str = "samples",
+    workers: int = 1,
+    method: str = "thread",
 ) -> Any:
     """Tail settings given term by term, for tests and benchmarks of single nodes (graphs resolve theirs
     with :func:`mimo_pipes.tail_settings.resolve_tail`). ``collator`` replaces ``pad_length`` and
-    ``pad_values`` when given."""
+    ``pad_values`` when given; ``module`` names the module (its fields), ``payload``, ``workers`` and
+    ``method`` say where rows are processed."""
     from mimo_pipes.collate import DEFAULT_PAD_VALUES, Collator
     from mimo_pipes.config import PlannerSettings
     from mimo_pipes.cost import CostFunction
+    from mimo_pipes.module_fields import module_fields
     from mimo_pipes.resume import resume_point
-    from mimo_pipes.tail_settings import BalancePlan, TailSettings
+    from mimo_pipes.tail_settings import BalancePlan, Processing, TailSettings
 
     plan = BalancePlan(
         cost=CostFunction(encoder_weight, language_weight, language_square_weight, time_model),
@@ -122,4 +128,6 @@ def tail_settings(
         image_token_ids=ids,
         collator=collator if collator is not None else Collator(pad_length, dict(DEFAULT_PAD_VALUES if pad_values is None else pad_values)),
         pack_pad_multiple=pack_pad_multiple,
+        fields=module_fields(module),
+        processing=Processing(payload, workers, method),
     )

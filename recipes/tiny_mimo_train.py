@@ -31,6 +31,7 @@ from mimo_pipes.exchange.bridge import recv_embeddings, recv_gradients, send_emb
 from mimo_pipes.exchange.process_groups import RankGroups
 from mimo_pipes.exchange.reduce import sum_gradients, sum_over
 from mimo_pipes.loader import GraphLoader
+from mimo_pipes.third_party import quiet_transformers
 from mimo_pipes.topology import COMPONENT_FLAG, Topology, fanout_targets
 from mimo_pipes_recipes import vlm_sft
 
@@ -77,7 +78,8 @@ def language_model(vocab_size: int, width: int, max_positions: int, seed: int) -
 def vocabulary_size(config: PipelineConfig) -> int:
     from transformers import AutoTokenizer
 
-    return len(AutoTokenizer.from_pretrained(vlm_sft.processor_path(config)))
+    with quiet_transformers():
+        return len(AutoTokenizer.from_pretrained(vlm_sft.processor_path(config)))
 
 
 class Trainer:

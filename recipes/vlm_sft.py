@@ -16,12 +16,14 @@ from torchdata.nodes import BaseNode, ParallelMapper
 from mimo_pipes.collate import FieldSpec
 from mimo_pipes.config import PipelineConfig, flag
 from mimo_pipes.data.dataset import default_dataset_path
+from mimo_pipes.data.module_processor import ModuleProcessor
 from mimo_pipes.data.processor import SampleProcessor, check_processor_path, default_processor_path, load_processor
 from mimo_pipes.data.skipping import SkipBadRows
-from mimo_pipes.data.sources import check_source, open_source
+from mimo_pipes.data.sources import check_source, dataset_folder, open_source
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.loader import GraphLoader
+from mimo_pipes.module_fields import module_fields
 from mimo_pipes.nodes import CanonicalShardReader, SnapshotGuard
 from mimo_pipes.nodes.canonical_shard_reader import MapStyleDataset
 from mimo_pipes.sample import Sample
@@ -41,16 +43,22 @@ def pipeline(
     vision_fields: Mapping[str, FieldSpec] | None = None,
     consumed_microbatches: int = 0,
     processing: str = "thread",
+    process_rows: Callable[[Sample], Sample] | None = None,
 ) -> GraphLoader:
-    """This rank's loader over ``dataset`` (rows that ``map_fn`` turns into samples of unpadded tensors).
+    """This rank's loader over ``dataset``.
 
+    With ``process_rows`` the exchange moves rows (``--exchange-payload rows``): ``map_fn`` counts each
+    row before it (its cost from the text and the image headers), ``process_rows`` makes it this module's
+    sample after it, on the rank that trains on it. Without, ``map_fn`` turns rows into processed samples
+    of unpadded tensors (None: the dataset holds them already) and those move.
     ``consumed_microbatches`` resumes from a Megatron-style count alone: the same stream as restoring
     the loader's full state. ``image_token_id``: the placeholder ids the cost counts (image and video);
     ``vision_fields``: the vision fields every micro-batch carries, empty when no sample has them.
-    ``processing``: ``thread`` or ``process`` (``map_fn`` on worker processes; it must pickle)."""
+    ``processing``: ``thread`` or ``process`` (processing on worker processes; it must pickle)."""
     tail = resolve_pipeline_tail(
         config, layout.dp_size, image_token_ids=image_token_id, pad_values=pad_values, vision_fields=vision_fields,
-        consumed_microbatches=consumed_microbatches,
+        consumed_microbatches=consumed_microbatches, module=layout.module, method=processing,
+        payload="rows" if process_rows is not None else "samples",
     )
     # This rank's B/d samples of every global micro-batch, from the window that holds the next one.
     node: BaseNode[Any] = CanonicalShardReader(
@@ -64,13 +72,15 @@ def pipeline(
         start_step=tail.resume.first_step,
     )
     if map_fn is not None:
-        # ParallelMapper keeps its source's state as snapshots without copying: SnapshotGuard hands it copies.
+        # Processing, or with rows the counting (cheap: on threads). ParallelMapper keeps its source's state
+        # as snapshots without copying: SnapshotGuard hands it copies.
+        method = "thread" if tail.processing.rows else processing
         node = ParallelMapper(
-            SnapshotGuard(node), map_fn, num_workers=max(config.num_workers, 1), in_order=True, method=processing,
-            multiprocessing_context="spawn" if processing == "process" else None,
+            SnapshotGuard(node), map_fn, num_workers=max(config.num_workers, 1), in_order=True, method=method,
+            multiprocessing_context="spawn" if method == "process" else None,
         )
-    # CostAnnotator -> Windower -> BalanceExchange -> MicroBatchAssembler (-> SequencePacker).
-    return GraphLoader(balanced_tail(node, settings=tail, layout=layout), start_count=tail.resume.consumed)
+    # CostAnnotator -> Windower -> BalanceExchange -> (RowProcessor ->) MicroBatchAssembler (-> SequencePacker).
+    return GraphLoader(balanced_tail(node, settings=tail, layout=layout, process_rows=process_rows), start_count=tail.resume.consumed)
 
 
 def dataset_path(config: PipelineConfig) -> str:
@@ -81,9 +91,15 @@ def processor_path(config: PipelineConfig) -> str:
     return config.processor or str(default_processor_path())
 
 
+def image_folder(config: PipelineConfig) -> str:
+    """Where the data's image and video paths resolve (and must stay): ``--image-folder``, else the
+    dataset's own folder."""
+    return config.image_folder or str(dataset_folder(dataset_path(config)))
+
+
 def open_processor(config: PipelineConfig) -> SampleProcessor:
     """The processor every rank uses, checked against the time model (``--reorder-cost-model``)."""
-    processor = load_processor(processor_path(config), config.seq_length, image_folder=config.image_folder)
+    processor = load_processor(processor_path(config), config.seq_length, image_folder=image_folder(config))
     check_time_model(config, processor)
     return processor
 
@@ -126,9 +142,14 @@ def build(
     per-sample processing on ``thread``s or worker ``process``es."""
     processor = open_processor(config)
     dataset = open_source(dataset_path(config))
+    rows: ModuleProcessor | None = None
     map_fn: Callable[[Sample], Sample] = processor
+    if config.exchange_payload == "rows":
+        # Rows move, counted from their text and image headers; each module processes its own fields after the exchange.
+        rows = ModuleProcessor(processor, module_fields(layout.module), image_paths=config.exchange_image_paths)
+        map_fn = rows.count
     if config.skip_bad_samples:
-        map_fn = SkipBadRows(processor, dataset, microbatch_size=config.micro_batch_size, seed=config.seed,
+        map_fn = SkipBadRows(map_fn, dataset, microbatch_size=config.micro_batch_size, seed=config.seed,
                              dataloader_type=config.dataloader_type)
     return pipeline(
         dataset,
@@ -140,6 +161,7 @@ def build(
         vision_fields=processor.vision_fields,
         consumed_microbatches=consumed_microbatches,
         processing=processing,
+        process_rows=rows,
     )
 
 

@@ -1,4 +1,4 @@
-"""Checks of the DESIGN.md invariants over the per-rank records a multi-rank run returns."""
+"""Checks of the invariants of docs/design.md over the per-rank records a multi-rank run returns."""
 
 from __future__ import annotations
 

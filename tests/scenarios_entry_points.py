@@ -62,7 +62,9 @@ def entry_point_assignments(argv: list[str]) -> dict | None:
                                                                            reorder_across_microbatches=False, reorder_two_level=False))
 
     def unbalanced(start: int):
-        graph = vlm_sft.build(plain_config, layout, consumed_microbatches=start)
+        # What a plain loader of processed samples hands this rank: every field (a layout naming no module),
+        # so that balance_iterator prices the micro-batches from input_ids on every module.
+        graph = vlm_sft.build(plain_config, dataclasses.replace(layout, module=None), consumed_microbatches=start)
         yield from ({k: v for k, v in batch.items() if k not in ("slots", "read_steps", "image_tokens", "real_tokens", "costs")}
                     for batch in graph)
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torchdata.nodes import IterableWrapper
 
-from mimo_pipes.analysis.replay import Planner, Schedule, rank_loads, replay, spread_and_path
+from mimo_pipes.analysis.replay import Planner, Schedule, critical_path_bound, critical_path_bounds, rank_loads, replay, spread_and_path
 from mimo_pipes.nodes import Windower
 from mimo_pipes.resume import resume_point
 from mimo_pipes.sample import STEP
@@ -68,3 +68,29 @@ def test_replay_reads_the_canonical_rows_and_conserves_each_window(schedule, win
         assert (spread_on == spread_off == 0.0) if dp == 1 else spread_on >= 0
         if not across and window == 1:
             assert path_on <= path_off  # balancing each micro-batch never makes its heaviest rank heavier
+
+
+@settings(max_examples=60, deadline=None)
+@given(schedules(), st.integers(1, 4), st.booleans(), st.integers(0, 6), st.integers(1, 9), st.integers(0, 3000), st.data())
+def test_critical_path_bounds_hold_for_any_balancing_with_a_floor(schedule, window, across, start, length, floor, data):
+    """Each bound (per step, or per whole window when samples may move) is at most the heaviest floored rank
+    load of what the planner and the readers' shards give over the same steps; the total is their sum."""
+    if not schedule.cyclic and start >= schedule.per_epoch:
+        return
+    costs = np.array(data.draw(st.lists(st.integers(0, 2000), min_size=schedule.dataset_size, max_size=schedule.dataset_size)), dtype=np.int64)
+    stop, dp = start + length, schedule.grid_size
+    bounds = critical_path_bounds(schedule, costs, dp, start=start, stop=stop, window_size=window, across_microbatches=across, floor=floor)
+    total = critical_path_bound(schedule, costs, dp, start=start, stop=stop, window_size=window, across_microbatches=across, floor=floor)
+    if bounds is None:
+        assert across and total is None
+        return
+    assert total == sum(bound for _, bound in bounds)
+    result = replay(schedule, Planner(costs, floor), start=start, stop=stop, reorder=True, window_size=window, across_microbatches=across)
+    for rows in (result.after, result.before):
+        heaviest = np.maximum(rank_loads(rows, costs, dp), floor).max(axis=1)
+        covered = 0
+        for last, bound in bounds:
+            through = int(np.searchsorted(result.steps, last, side="right"))
+            assert bound <= int(heaviest[covered:through].sum())
+            covered = through
+        assert covered == len(result.steps)

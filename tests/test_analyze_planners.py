@@ -98,7 +98,9 @@ def test_modelled_encoder_time_is_what_the_run_consumed(runs, processed, name):
     expected = _recomputed(runs[name]["dumps"], "images", dp_size, encoder_ns, MODEL.floor_ns)
     assert {key: figures[key] for key in expected} == pytest.approx(expected, abs=0)
     assert "modelled_encoder_time" not in runs[name]["analysis"]["language"]  # the language ranks run no encoder
-    assert "(ns of modelled encoder time)" in runs[name]["analyze_stdout"]
+    images = next(line.split() for line in runs[name]["analyze_stdout"].splitlines() if line.startswith("images "))
+    assert images[2:4] == ["modelled", "ms"]  # the table shows the encoder in modelled ms
+    assert images[8:10] == [f"{figures['critical_path_before'] / 1e6:,.1f}", f"{figures['critical_path_after'] / 1e6:,.1f}"]
     if dp_size > 1:
         assert figures["critical_path_after"] < figures["critical_path_before"]
 
@@ -109,7 +111,13 @@ def test_two_level_reports_both_modules_in_real_tokens(runs, processed, name):
     analysis = runs[name]["analysis"]
     for module, figures in analysis.items():
         expected = _recomputed(runs[name]["dumps"], module, figures["dp_size"], real_tokens)
-        assert figures["real_tokens"] == pytest.approx(expected, abs=0), module
+        block = figures["real_tokens"]
+        assert {key: block[key] for key in expected} == pytest.approx(expected, abs=0), module
+        # Its what-ifs: the readers' shards as before, the given window's replay as after, bounds below both.
+        assert block["what_if"]["no_reorder"] == {"spread": block["spread_before"], "critical_path": block["critical_path_before"]}
+        given = "per_microbatch" if "window1" in name else "across_window_2"
+        assert block["what_if"][given]["critical_path"] == block["critical_path_after"]
+        assert all(bound <= block["what_if"][key]["critical_path"] for key, bound in block["critical_path_lower_bound"].items())
     language = analysis["language"]["real_tokens"]
     assert language["spread_after"] < language["spread_before"]  # the second level splits each group on real tokens
 

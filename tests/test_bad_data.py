@@ -19,7 +19,7 @@ from test_cli_run import read_dumps
 from mimo_pipes.sharding import global_microbatch_indices
 
 SIZE, BATCH, STEPS, SEED = 24, 4, 6, 11  # 6 steps of 4 read the whole epoch: every bad row is met
-BAD = {1: "cannot be decoded", 2: "does not exist", 5: "no assistant text", 9: "more than --seq-length"}
+BAD = {1: "cannot be decoded", 2: "does not exist", 5: "no assistant text", 9: "more than --seq-length", 13: "outside the image folder"}
 COMMON = ["--micro-batch-size", str(BATCH), "--seq-length", "256", "--seed", str(SEED), "--quiet", "--exchange-timeout", "30",
           "--scalable-dp", "--intra-microbatch-reorder", "--reorder-window-size", "2"]
 
@@ -33,6 +33,7 @@ def bad_dataset(tmp_path_factory):
     rows[5]["messages"] = [m for m in rows[5]["messages"] if m["role"] == "user"]
     Image.fromarray(np.zeros((600, 600, 3), dtype=np.uint8)).save(images / "page.png")  # ~460 tokens > 256
     rows[9]["images"] = ["page.png"] * len(rows[9]["images"])
+    rows[13]["images"] = ["../rows.jsonl"]  # a file beside the image folder: never opened
     with open(spec, "w") as out:
         out.writelines(json.dumps(row) + "\n" for row in rows)
     return ["--dataset", spec, "--image-folder", str(images)]
@@ -59,6 +60,12 @@ def test_skip_bad_samples_replaces_each_bad_row_alike_on_every_module(skipped_ru
     outcome, dumps = skipped_run
     assert f"skipped {len(BAD)} bad dataset row(s)" in outcome["stdout"]
     assert "rows " + ", ".join(map(str, sorted(BAD))) in outcome["stdout"]
+    listed = re.findall(r"^  row (\d+): (.*)$", outcome["stdout"], flags=re.MULTILINE)
+    assert [int(row) for row, _ in listed] == sorted(BAD)  # each bad row once, with its reason
+    for row, why in listed:
+        assert BAD[int(row)] in why
+    attempts = int(re.search(r"; (\d+) attempts to read them\)", outcome["stdout"]).group(1))
+    assert attempts >= len(BAD)
     for step in range(STEPS):
         assert dumps[0][step]["sample_ids"] == dumps[2][step]["sample_ids"]  # language and images agree
         assert dumps[1][step]["sample_ids"] == dumps[3][step]["sample_ids"]

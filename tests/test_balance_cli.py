@@ -1,4 +1,4 @@
-"""``mimo-pipes balance`` as a filter: the JSON-lines contract of DESIGN.md, through a real process."""
+"""``mimo-pipes balance`` as a filter: the JSON-lines contract of docs/design.md, through a real process."""
 
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ def subparser(command: str):
     return action.choices[command]
 
 
-@pytest.mark.parametrize("command", ["run", "balance"])
+@pytest.mark.parametrize("command", ["run", "analyze", "train", "balance", "calibrate"])
 def test_every_flag_says_what_it_does_and_its_default(command):
     entries = option_entries(help_text(command))
     actions = [a for a in subparser(command)._actions if a.option_strings]
@@ -51,13 +51,48 @@ def test_every_flag_says_what_it_does_and_its_default(command):
         text = entries[name]
         assert len(text) > 10, f"{name} has no help"
         takes_value = action.nargs != 0
-        if takes_value:
+        if action.required:
+            assert text.endswith("(required)"), f"{name} is required and does not say so: {text!r}"
+        elif takes_value:
             assert "(default: " in text, f"{name} does not name its default: {text!r}"
         if takes_value and action.default is not None:
             shown = str(action.default).lower() if isinstance(action.default, bool) else str(action.default)
+            if isinstance(action.default, tuple):  # lists are written as they are typed
+                shown = ",".join(map(str, action.default))
             assert f"(default: {shown})" in text, f"{name}: {text!r}"
 
 
 def test_run_help_names_the_default_layout():
     entries = option_entries(help_text("run"))
     assert "(default: language=dp=2 + images=dp=2,rank_offset=2)" in entries["--component"]
+
+
+def test_the_top_level_help_lists_every_command_in_plain_text():
+    from mimo_pipes.cli.main import COMMANDS
+
+    result = subprocess.run([sys.executable, "-m", "mimo_pipes.cli.main", "--help"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.startswith("usage: mimo-pipes [-h] COMMAND ...")
+    for name, (_, summary) in COMMANDS.items():
+        assert f"  {name:<10} {summary}" in result.stdout.splitlines()
+    assert "`" not in result.stdout
+
+
+@pytest.mark.parametrize("command, words", [("analyze", "Offline, in one process"), ("train", "Train a tiny non-colocated MIMO model")])
+def test_each_command_describes_itself(command, words):
+    text = help_text(command)
+    assert words in text and "Run the balanced MIMO input pipeline" not in text
+
+
+def test_drop_last_offers_only_the_value_it_accepts():
+    assert "--drop-last {true}" in help_text("run")
+
+
+@pytest.mark.parametrize("argv, suggestion", [(["run", "--reorder-windw-size", "2"], "did you mean --reorder-window-size?"),
+                                               (["anlyze"], "did you mean analyze?"),
+                                               (["analyze", "--out", "x", "--compare-window-size", "2"], "did you mean --compare-window-sizes?")])
+def test_a_mistyped_command_or_flag_gets_a_suggestion(argv, suggestion, capsys):
+    from mimo_pipes.cli.main import main
+
+    with pytest.raises(SystemExit) as raised:
+        main(argv)
+    assert raised.value.code == 2 and capsys.readouterr().err.strip().endswith(suggestion)

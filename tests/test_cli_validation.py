@@ -32,6 +32,8 @@ CASES = {
     "gap in ranks": (["--component", "language=dp=2", "--component", "images=dp=2,rank_offset=3"], "--component", "rank 2 belongs to no module"),
     "stop-after without save": (["--stop-after", "2"], "--stop-after", "needs --save-state DIR"),
     "missing resume": (["--resume", "/nonexistent/state"], "--resume", "no saved state"),
+    "image paths with samples": (["--exchange-payload", "samples", "--exchange-image-paths"], "--exchange-image-paths", "needs --exchange-payload rows"),
+    "summary json a folder": (["--summary-json", "/"], "--summary-json", "is a folder"),
 }
 
 
@@ -73,3 +75,18 @@ def test_overlapped_nccl_exchange_refused_under_single_hardware_queue():
     assert resolve_exchange_transport("auto", "nccl", overlap=True, device_max_connections=None) == "gloo"
     assert resolve_exchange_transport("auto", "nccl", overlap=False, device_max_connections=None) == "nccl"
     assert resolve_exchange_transport("auto", "gloo", overlap=True, device_max_connections=None) == "gloo"
+
+
+def test_an_unknown_payload_is_refused_by_the_parser(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["run", "--exchange-payload", "pixels"])
+    assert exited.value.code == 2
+    assert "argument --exchange-payload: invalid choice: 'pixels' (choose from 'rows', 'samples')" in capsys.readouterr().err
+
+
+def test_a_payload_set_in_code_is_checked_by_name():
+    from mimo_pipes.config import PipelineConfig
+    from mimo_pipes.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^--exchange-payload: must be one of rows, samples, got 'pixels'$"):
+        PipelineConfig(exchange_payload="pixels").validate()

@@ -25,6 +25,7 @@ from mimo_pipes.data.dataset import check_dataset_path, default_dataset_path, op
 from mimo_pipes.data.processor import (
     IMAGE_PAD,
     SPECIAL_TOKENS,
+    TRUNCATED,
     SampleProcessor,
     build_default_processor,
     check_processor_path,
@@ -33,6 +34,7 @@ from mimo_pipes.data.processor import (
 )
 from mimo_pipes.data.sources import open_source
 from mimo_pipes.errors import ConfigError, SampleError
+from mimo_pipes.warning_tally import collected, counts
 
 N_SMALL = 40
 
@@ -164,14 +166,15 @@ def test_passthrough_keys(proc):
     assert out["anything"] is row["anything"]
 
 
-def test_accepts_undecoded_images(proc, tmp_path):
+def test_accepts_undecoded_images(processor_dir, tmp_path):
+    proc = load_processor(processor_dir, 4096, image_folder=str(tmp_path))
     img = _png(120, 90)
     buf = io.BytesIO()
     img.save(buf, format="PNG")
     file = tmp_path / "a.png"
     img.save(file)
     expected = proc(_row([img]))["input_ids"]
-    for form in ({"bytes": buf.getvalue(), "path": None}, buf.getvalue(), str(file), np.asarray(img), img):
+    for form in ({"bytes": buf.getvalue(), "path": None}, buf.getvalue(), str(file), "a.png", np.asarray(img), img):
         assert torch.equal(proc(_row([form]))["input_ids"], expected)
     assert torch.equal(proc(_row(img))["input_ids"], expected)  # a single image, not a list
 
@@ -190,20 +193,30 @@ def test_truncation_keeps_image_tokens_and_warns(processor_dir, caplog):
     seq_length = image_tokens + 40
     assert untruncated["input_ids"].shape[0] > seq_length
     short = load_processor(processor_dir, seq_length)
-    with caplog.at_level(logging.WARNING, logger="mimo_pipes.data.processor"):
+    with collected() as tally:
         out = short(row)
     assert out["input_ids"].shape[0] == seq_length
     assert count_image_tokens(out["input_ids"], short.image_token_id) == image_tokens
     assert torch.equal(out["image_grid_thw"], untruncated["image_grid_thw"])
     assert torch.equal(out["pixel_values"], untruncated["pixel_values"])
     assert out["labels"][-1] == -100  # the text past --seq-length is cut at the end
-    assert any("rx-42" in r.getMessage() and "truncated" in r.getMessage() for r in caplog.records)
+    assert tally.snapshot() == {TRUNCATED: ["rx-42"]}  # counted once, said in the job's summary
+    with collected():
+        pass  # a fresh tally, not collected after this block: the first truncation of a process is logged, once
+    with caplog.at_level(logging.WARNING, logger="mimo_pipes"):
+        short(row)
+        short({**row, "sample_id": "rx-43"})
+    assert [r.getMessage().split(";")[0] for r in caplog.records] == [f"dataset row rx-42: truncated from {untruncated['input_ids'].shape[0]} "
+                                                                     f"to --seq-length {seq_length} tokens"]
+    assert [count.line() for count in counts()] == [
+        "warnings: 2 samples truncated to --seq-length (later turns first, then the prompt's start and the reply's end; "
+        "every image placeholder kept; first: dataset row rx-42)"]
 
 
 def test_no_warning_without_truncation(proc, caplog):
-    with caplog.at_level(logging.WARNING, logger="mimo_pipes.data.processor"):
+    with collected() as tally, caplog.at_level(logging.WARNING, logger="mimo_pipes"):
         proc(_row([_png(60, 60)]))
-    assert not caplog.records
+    assert not caplog.records and tally.snapshot() == {}
 
 
 def test_images_that_cannot_fit_raise_sample_error(processor_dir):
@@ -214,11 +227,82 @@ def test_images_that_cannot_fit_raise_sample_error(processor_dir):
     err = info.value
     assert err.sample_id == 1234 and err.field == "images"
     assert "1234" in str(err) and "--seq-length 300" in str(err)
-    last = proc.image_token_id
-    needed = max(t for t, tid in enumerate(load_processor(processor_dir, 4096)(row)["input_ids"].tolist()) if tid == last) + 1
+    needed = 400 + 2 + 1  # placeholders, vision start and end, and one token to train on
     assert f"needs {needed} tokens" in str(err) and "dataset row 1234" in str(err)
-    # Exactly up to the last placeholder fits: no error, the text after it cut.
-    assert load_processor(processor_dir, needed)(row)["input_ids"].shape[0] == needed
+    # Exactly that fits: the images whole, one reply token trained, the prompt's text given way.
+    out = load_processor(processor_dir, needed)(row)
+    assert out["input_ids"].shape[0] == needed and int((out["labels"] != -100).sum()) == 1
+    assert count_image_tokens(out["input_ids"], proc.image_token_id) == 400
+    with pytest.raises(SampleError, match="needs 403 tokens"):
+        load_processor(processor_dir, needed - 1)(row)
+
+
+LONG = " ".join(["total amount paid by card"] * 60)
+IMAGE_AND_MARKERS = 4 + 2  # a 56 x 56 picture: 4 placeholders between vision start and end
+
+
+def _parts(out, proc):
+    """(fixed, prompt, reply) tokens of a processed sample: images and their markers, untrained text, trained text."""
+    ids = out["input_ids"].tolist()
+    fixed = {proc.image_token_id, proc.vision_start_id, proc.vision_end_id}
+    reply = [t for t, label in zip(ids[1:], out["labels"].tolist()) if label != -100]
+    prompt = [t for t in ids if t not in fixed]
+    return [t for t in ids if t in fixed], prompt[: len(prompt) - len(reply)], reply
+
+
+@pytest.mark.parametrize("seq_length", [60, 200])
+def test_a_long_prompt_gives_way_to_a_short_reply(processor_dir, seq_length):
+    row = _row([_png(56, 56)], prompt=LONG, response="A picture of a tree.")
+    full = load_processor(processor_dir, 4096)(row)
+    proc = load_processor(processor_dir, seq_length)
+    out = proc(row)
+    fixed, prompt, reply = _parts(out, proc)
+    full_fixed, full_prompt, full_reply = _parts(full, proc)
+    assert out["input_ids"].shape[0] == seq_length
+    assert fixed == full_fixed and reply == full_reply  # images whole, the reply whole and trained
+    assert prompt == full_prompt[len(full_prompt) - len(prompt):]  # the prompt lost its beginning
+    assert out["input_ids"][IMAGE_AND_MARKERS:].tolist() == full["input_ids"][-(seq_length - IMAGE_AND_MARKERS):].tolist()
+
+
+def test_a_short_prompt_is_kept_and_a_long_reply_cut_at_its_end(processor_dir):
+    row = _row([_png(56, 56)], prompt="Describe this.", response=LONG)
+    full = load_processor(processor_dir, 4096)(row)
+    out = load_processor(processor_dir, 80)(row)
+    assert out["input_ids"].tolist() == full["input_ids"][:80].tolist()
+    assert out["labels"][:-1].tolist() == full["labels"][:79].tolist()
+
+
+@pytest.mark.parametrize("room", [100, 101])
+def test_a_long_prompt_and_a_long_reply_keep_half_of_the_room_each(processor_dir, room):
+    row = _row([_png(56, 56)], prompt=LONG, response=LONG)
+    proc = load_processor(processor_dir, IMAGE_AND_MARKERS + room)
+    fixed, prompt, reply = _parts(proc(row), proc)
+    assert len(fixed) == IMAGE_AND_MARKERS
+    assert (len(prompt), len(reply)) == (room // 2, room - room // 2)
+
+
+def test_later_turns_give_way_before_the_first_exchange(processor_dir):
+    turns = [{"role": "user", "content": LONG}, {"role": "assistant", "content": "First answer."},
+             {"role": "user", "content": "And then?"}, {"role": "assistant", "content": "Second answer."}]
+    row = {"sample_id": 8, "images": [_png(56, 56)], "messages": turns}
+    proc = load_processor(processor_dir, 120)
+    first = load_processor(processor_dir, 4096)({**row, "messages": turns[:2]})
+    _, prompt, reply = _parts(proc(row), proc)
+    _, first_prompt, first_reply = _parts(first, proc)
+    assert reply == first_reply  # the first reply whole; nothing of the second turn left
+    assert prompt == first_prompt[len(first_prompt) - len(prompt):]
+    assert proc(row)["input_ids"].shape[0] == 120
+
+
+def test_a_sample_left_with_no_trained_token_is_a_bad_sample(processor_dir):
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    tokenizer, images = AutoTokenizer.from_pretrained(str(processor_dir)), AutoImageProcessor.from_pretrained(str(processor_dir))
+    drops_replies = "{% for m in messages %}{% if m.role != 'assistant' %}<|im_start|>{{ m.content }}<|im_end|>{% endif %}{% endfor %}"
+    proc = SampleProcessor(tokenizer, images, 256, chat_template=drops_replies)
+    with pytest.raises(SampleError, match="dataset row 7: no token to train on") as info:
+        proc(_row([]))
+    assert info.value.sample_id == 7
 
 
 def test_bad_rows_raise_sample_error(proc):

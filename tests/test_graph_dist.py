@@ -1,4 +1,4 @@
-"""Module graphs over real Gloo process groups, for every layout DESIGN.md names: scalable reading
+"""Module graphs over real Gloo process groups, for every layout docs/design.md names: scalable reading
 without reordering, then the balance exchange."""
 
 from __future__ import annotations

@@ -92,3 +92,35 @@ def test_saved_state_is_a_true_snapshot_behind_a_prefetcher(make_loader):
     restored.load_state_dict(saved)
     got = [item_ids(item) for item in take(iter(restored), 4)]
     assert got == expected, f"restore after {first} resumed at the wrong item"
+
+
+def copied(sample: dict) -> dict:
+    """A per-sample step for worker processes: fresh tensors, which travel back as shared memory."""
+    return {key: value.clone() if hasattr(value, "clone") else value for key, value in sample.items()}
+
+
+@pytest.mark.launch  # starts worker processes
+def test_closing_a_graph_with_worker_processes_leaves_no_thread_failing():
+    """torchdata 0.11 stops process workers before its sort thread: a result in flight then fails in the
+    resource sharer (FileNotFoundError) on a thread that outlived them. Closing right after the first
+    micro-batch, with results in flight, must end every thread cleanly."""
+    import threading
+
+    from mimo_pipes.config import PipelineConfig
+    from mimo_pipes.exchange import RankLayout
+    from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
+    from mimo_pipes_recipes.vlm_sft import pipeline
+
+    failures: list[BaseException] = []
+    previous = threading.excepthook
+    threading.excepthook = lambda args: failures.append(args.exc_value)
+    try:
+        config = PipelineConfig(components=("language=dp=1",), micro_batch_size=4, seq_length=4096, num_workers=2)
+        for _ in range(1):
+            loader = pipeline(SyntheticProcessedDataset(64), config, RankLayout(0, 1, 1), map_fn=copied,
+                              image_token_id=IMAGE_TOKEN_ID, pad_values={}, processing="process")
+            next(iter(loader))
+            loader.close()
+    finally:
+        threading.excepthook = previous
+    assert failures == []

@@ -4,9 +4,14 @@ rules (ids, images, padding, errors) are tested in test_plugin_dist.py beside th
 from __future__ import annotations
 
 import pytest
+import torch
 from node_checks import assert_same, check_refused, check_save_load_everywhere, saved_after
 
+from mimo_pipes.adapters.microbatch_iterator import balance_iterator
 from mimo_pipes.collate import collate_microbatch
+from mimo_pipes.config import ReorderConfig
+from mimo_pipes.errors import SampleError
+from mimo_pipes.exchange import RankLayout
 from mimo_pipes.nodes import Uncollate
 from mimo_pipes.sample import SAMPLE_ID, STEP
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
@@ -61,3 +66,37 @@ def test_read_steps_are_carried_by_collation_and_not_taken_back():
     rows = list(Uncollate([batch], image_token_id=IMAGE_TOKEN_ID, rows_per_batch=4, start_step=9))
     assert [row[STEP] for row in rows] == [9] * 4
     assert [row["slot"] for row in rows] == [0, 0, 1, 1] and all("read_steps" not in row for row in rows)
+
+
+PER_TOKEN_FIELDS = ("labels", "attention_mask", "loss_mask", "position_ids")
+
+
+def _with_field_cut(field: str) -> list[dict]:
+    """The batches with ``field`` one token shorter than ``input_ids`` in the second micro-batch."""
+    out = batches()
+    if field == "loss_mask":
+        out[1][field] = (out[1]["labels"] != -100).float()
+    if field == "position_ids":
+        out[1][field] = torch.arange(out[1]["input_ids"].shape[1]).repeat(4, 1)
+    out[1][field] = out[1][field][:, :-1]
+    return out
+
+
+@pytest.mark.parametrize("field", PER_TOKEN_FIELDS)
+def test_a_per_token_field_of_another_length_than_input_ids_is_refused(field):
+    node = Uncollate(_with_field_cut(field), image_token_id=IMAGE_TOKEN_ID, rows_per_batch=4, dp_rank=0, dp_size=1)
+    node.reset()
+    assert [next(node)[SAMPLE_ID] for _ in range(4)] == [0, 1, 2, 3]
+    with pytest.raises(SampleError, match=f"micro-batch 1, row 0: {field} has 1599 tokens but input_ids has 1600") as info:
+        next(node)
+    assert info.value.field == field and info.value.sample_id == 4
+
+
+def test_balance_iterator_refuses_labels_one_token_short():
+    source = _with_field_cut("labels")
+    wrapped = balance_iterator(source, config=ReorderConfig(), layout=RankLayout(dp_rank=0, dp_size=1, grid_size=1),
+                               micro_batch_size=4, image_token_id=IMAGE_TOKEN_ID, pad_values={"labels": -100}, seq_length=1600)
+    with wrapped:
+        next(wrapped)
+        with pytest.raises(SampleError, match="labels has 1599 tokens but input_ids has 1600"):
+            next(wrapped)

@@ -103,7 +103,7 @@ def test_bad_sources_are_refused_naming_the_flag(tmp_path, sources):
 def test_bad_rows_name_the_dataset_row_and_cause(tmp_path, sources):
     spec, folder = sources["jsonl"]
     processor = load_processor(default_processor_path(), 1024, image_folder=str(folder))
-    broken = tmp_path / "broken.png"
+    broken = folder / "broken.png"
     broken.write_bytes(b"not a png")
     cases = {
         "cannot be decoded": {"images": [str(broken)], "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]},
@@ -270,6 +270,7 @@ def test_rank_micro_batches_refuses_loader_workers():
         next(iter(DataLoader(RankMicroBatches(lambda: None), batch_size=None, num_workers=1)))
 
 
+@pytest.mark.launch  # starts worker processes
 def test_per_sample_processing_on_worker_processes_gives_the_same_stream(sources):
     from mimo_pipes.config import PipelineConfig
     from mimo_pipes.exchange import RankLayout

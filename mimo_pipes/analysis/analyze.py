@@ -4,33 +4,87 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import multiprocessing
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mimo_pipes.analysis.replay import GridReplay, Planner, Schedule, critical_path_bound, rank_loads, replay, spread_and_path
+from mimo_pipes.analysis.replay import (
+    GridReplay,
+    Planner,
+    Schedule,
+    critical_path_bound,
+    critical_path_bounds,
+    rank_loads,
+    replay,
+    spread_and_path,
+)
 from mimo_pipes.config import PipelineConfig
+from mimo_pipes.cost import CostFunction
+from mimo_pipes.cost_range import window_budget
 from mimo_pipes.summary import summarize
 from mimo_pipes.tail_settings import resolve_plan
-from mimo_pipes.topology import Topology
+from mimo_pipes.topology import ModuleSpec, Topology
+
+if TYPE_CHECKING:
+    from mimo_pipes.analysis.plot import ModulePlot
 
 PARALLEL_FROM_MICROBATCHES = 4096  # below this, starting worker processes costs more than it saves
 MODELLED_TIME_UNIT = "ns of modelled encoder time"
+NO_REORDER = "no_reorder"
+PER_MICROBATCH = "per_microbatch"
+Setting = tuple[bool, int, bool]  # (reorder, window size, across micro-batches)
 
 Progress = Callable[[str, int], Callable[[int], None]]
 """(description, total) -> callback taking the units just done."""
 
 
 @dataclass(frozen=True)
+class Quantity:
+    """A per-row quantity a module's figures are given in: ``values`` per dataset row, a rank's load per
+    micro-batch counting at least ``floor``; ``unit`` and ``scale`` (raw / scale) say how to show it, and
+    ``block`` is the analysis.json key holding its figures (None: the top level, image tokens)."""
+
+    unit: str
+    values: np.ndarray
+    floor: int = 0
+    scale: float = 1.0
+    block: str | None = None
+
+    @property
+    def integer(self) -> bool:
+        """Shown as whole numbers (counts of tokens), not as a scaled time."""
+        return self.scale == 1.0
+
+
+@dataclass(frozen=True)
 class Analysis:
+    """The figures (analysis.json), the replays behind them and, per module, the quantity its ranks were
+    balanced on (``balanced``: modelled encoder time on encoder modules with a time model, real tokens on
+    language modules with two-level balance, else image tokens)."""
+
     figures: dict[str, dict[str, Any]]  # per module name
     replay: GridReplay  # the configuration as given
     unreordered: GridReplay
+    what_ifs: dict[str, GridReplay]  # per what-if name (no_reorder, per_microbatch, across_window_W)
+    given: Setting
+    balanced: dict[str, Quantity]
+    schedule: Schedule
+    start: int
+    stop: int
+
+    def given_what_if(self) -> str | None:
+        """The what-if name that replays the settings given (None: a window not among the compared ones)."""
+        on, window, across = self.given
+        if not on:
+            return NO_REORDER
+        name = f"across_window_{window}" if across else PER_MICROBATCH
+        return name if name in self.what_ifs else None
 
 
 def _no_progress(_description: str, _total: int) -> Callable[[int], None]:
@@ -79,31 +133,32 @@ def analyze(
     if model is not None and encoder_costs is None:
         raise ValueError("a time model (reorder_cost_model) needs encoder_costs: each row's modelled encoder ns")
     encoder = encoder_costs if model is not None else image_tokens
-    costs = plan.cost.cost(encoder, real_tokens)
     planning = plan.planner
+    widest = max(plan.window_size, *compare_window_sizes)
+    config.check_cost_range(topology, widest)  # the what-ifs plan windows of up to `widest` micro-batches
+    costs = plan.cost.cost(encoder, real_tokens)  # exact int64, or ConfigError
+    _check_rows_fit(plan.cost, costs, encoder, real_tokens, window_budget(config.micro_batch_size * widest, widest, planning.floor),
+                    config.micro_batch_size * widest)
     if planning.encoder_groups and (real_tokens < 0).any():
         raise ValueError("two-level balance needs every row's real tokens, and some were not counted")
     planner = Planner(costs, planning.floor, planning.encoder_groups, encoder, real_tokens)
     schedule = Schedule(len(image_tokens), config.micro_batch_size, topology.grid_size, config.seed, config.dataloader_type == "cyclic")
     consumed = max(schedule.end(stop) - start, 0)
-    variants = {"per_microbatch": (True, 1, False), **{f"across_window_{w}": (True, w, True) for w in compare_window_sizes}}
-    given = (reorder.intra_microbatch_reorder, reorder.reorder_window_size, reorder.reorder_across_microbatches)
-    settings = [given, (False, 1, False), *(v for v in variants.values() if v not in (given, (False, 1, False)))]
-    replays = _replay_all(schedule, planner, list(dict.fromkeys(settings)), start, stop, progress("replay", consumed * len(set(settings))))
-    result, unreordered = replays[given], replays[(False, 1, False)]
+    variants: dict[str, Setting] = {PER_MICROBATCH: (True, 1, False), **{f"across_window_{w}": (True, w, True) for w in compare_window_sizes}}
+    off: Setting = (False, 1, False)
+    given: Setting = (True, reorder.reorder_window_size, reorder.reorder_across_microbatches) if reorder.intra_microbatch_reorder else off
+    settings = list(dict.fromkeys([given, off, *variants.values()]))
+    replays = _replay_all(schedule, planner, settings, start, stop, progress("replay", consumed * len(settings)))
+    result, unreordered = replays[given], replays[off]
+    what_ifs = {NO_REORDER: unreordered, **{name: replays[setting] for name, setting in variants.items()}}
     summaries = {s.module: s for s in summarize(run_records(result, image_tokens, topology), topology.grid_size)}
     figures: dict[str, dict[str, Any]] = {}
+    balanced: dict[str, Quantity] = {}
+    tokens = Quantity("image tokens", image_tokens)
+    bound_of = functools.partial(critical_path_bound, schedule, start=start, stop=stop)
     for module in topology.modules:
         summary = summaries.get(module.name)
-        base_spread, base_path = spread_and_path(rank_loads(unreordered.before, image_tokens, module.dp))
-        what_if = {"no_reorder": {"spread": base_spread, "critical_path": base_path}}
-        bounds: dict[str, int | None] = {}
-        for name, setting in variants.items():
-            spread, path = spread_and_path(rank_loads(replays[setting].after, image_tokens, module.dp))
-            what_if[name] = {"spread": spread, "critical_path": path}
-            bounds[name] = critical_path_bound(
-                schedule, image_tokens, module.dp, start=start, stop=stop, window_size=setting[1], across_microbatches=setting[2]
-            )
+        what_if, bounds = _what_ifs(what_ifs, variants, tokens, module.dp, bound_of)
         figures[module.name] = {
             "dp_size": module.dp,
             "steps": summary.steps if summary else 0,
@@ -116,13 +171,48 @@ def analyze(
             "what_if": what_if,
             "critical_path_lower_bound": bounds,
         }
+        balanced[module.name] = tokens
+        extra = []
         if model is not None and module in topology.encoders:
-            figures[module.name]["modelled_encoder_time"] = {
-                "unit": MODELLED_TIME_UNIT, "floor": model.floor_ns, **_figures(result, encoder, module.dp, topology.grid_size, model.floor_ns)
-            }
+            time = Quantity("modelled ms", encoder, model.floor_ns, 1e6, "modelled_encoder_time")
+            extra.append(time)
+            balanced[module.name] = time
         if planning.encoder_groups:
-            figures[module.name]["real_tokens"] = _figures(result, real_tokens, module.dp, topology.grid_size)
-    return Analysis(figures, result, unreordered)
+            real = Quantity("real tokens", real_tokens, block="real_tokens")
+            extra.append(real)
+            if module.is_language:
+                balanced[module.name] = real
+        for quantity in extra:
+            block = {"unit": MODELLED_TIME_UNIT, "floor": quantity.floor} if quantity.block == "modelled_encoder_time" else {}
+            what_if, bounds = _what_ifs(what_ifs, variants, quantity, module.dp, bound_of)
+            figures[module.name][str(quantity.block)] = {
+                **block, **_figures(result, quantity.values, module.dp, topology.grid_size, quantity.floor),
+                "what_if": what_if, "critical_path_lower_bound": bounds,
+            }
+    return Analysis(figures, result, unreordered, what_ifs, given, balanced, schedule, start, stop)
+
+
+def _what_ifs(what_ifs: dict[str, GridReplay], variants: dict[str, Setting], quantity: Quantity, dp_size: int,
+              bound_of: Callable[..., int | None]) -> tuple[dict[str, dict[str, float | int]], dict[str, int | None]]:
+    """Spread and critical path of every what-if in ``quantity`` (no_reorder: the readers' shards), and the
+    lower bound of each balancing setting."""
+    figures = {}
+    for name, replayed in what_ifs.items():
+        rows = replayed.before if name == NO_REORDER else replayed.after
+        spread, path = spread_and_path(np.maximum(rank_loads(rows, quantity.values, dp_size), quantity.floor))
+        figures[name] = {"spread": spread, "critical_path": path}
+    bounds = {name: bound_of(quantity.values, dp_size, window_size=window, across_microbatches=across, floor=quantity.floor)
+              for name, (_, window, across) in variants.items()}
+    return figures, bounds
+
+
+def _check_rows_fit(cost: CostFunction, costs: np.ndarray, encoder: np.ndarray, real_tokens: np.ndarray, budget: int,
+                    samples: int) -> None:
+    """Counts beyond what --seq-length allows (a recipe's own counter) are refused as the graph refuses them."""
+    if encoder.size == 0:
+        return
+    worst = int(np.argmax(np.maximum(costs, encoder)))
+    cost.check_range(worst, int(encoder[worst]), int(real_tokens[worst]), budget, samples)
 
 
 def _figures(result: GridReplay, values: np.ndarray, dp_size: int, grid_size: int, floor: int = 0) -> dict[str, float | int]:
@@ -137,14 +227,14 @@ def _figures(result: GridReplay, values: np.ndarray, dp_size: int, grid_size: in
     return {"spread_before": spread_before, "spread_after": spread_after, "critical_path_before": path_before, "critical_path_after": path_after}
 
 
-def _replay_one(schedule: Schedule, planner: Planner, setting: tuple[bool, int, bool], start: int, stop: int,
+def _replay_one(schedule: Schedule, planner: Planner, setting: Setting, start: int, stop: int,
                 progress: Callable[[int], None] | None = None) -> GridReplay:
     on, window, across = setting
     return replay(schedule, planner, start=start, stop=stop, reorder=on, window_size=window, across_microbatches=across, progress=progress)
 
 
-def _replay_all(schedule: Schedule, planner: Planner, settings: list[tuple[bool, int, bool]], start: int, stop: int,
-                tick: Callable[[int], None]) -> dict[tuple[bool, int, bool], GridReplay]:
+def _replay_all(schedule: Schedule, planner: Planner, settings: list[Setting], start: int, stop: int,
+                tick: Callable[[int], None]) -> dict[Setting, GridReplay]:
     """Each setting's replay; large ones in worker processes, one per core (they are independent)."""
     consumed = max(schedule.end(stop) - start, 0)
     workers = min(len(settings), os.cpu_count() or 1)
@@ -159,13 +249,58 @@ def _replay_all(schedule: Schedule, planner: Planner, settings: list[tuple[bool,
         return {setting: future.result() for setting, future in futures.items()}
 
 
-def write_plots(out: Path, analysis: Analysis, image_tokens: np.ndarray, topology: Topology, title: str) -> list[Path]:
+WHAT_IF_LABELS = {NO_REORDER: "no reorder", PER_MICROBATCH: "per micro-batch"}
+
+
+def what_if_label(name: str) -> str:
+    """How the table and the plots name a what-if: ``across_window_4`` is "across 4"."""
+    return WHAT_IF_LABELS.get(name, name.replace("across_window_", "across "))
+
+
+def module_plot(analysis: Analysis, module: ModuleSpec, title: str) -> ModulePlot:
+    """What ``module``'s PNG shows, in the quantity its ranks were balanced on."""
+    from mimo_pipes.analysis.plot import ModulePlot, WhatIf
+
+    quantity = analysis.balanced[module.name]
+    block = analysis.figures[module.name] if quantity.block is None else analysis.figures[module.name][quantity.block]
+
+    def loads(rows: np.ndarray) -> np.ndarray:
+        return np.maximum(rank_loads(rows, quantity.values, module.dp), quantity.floor) / quantity.scale
+
+    given = analysis.given_what_if()
+    what_ifs = [
+        WhatIf(what_if_label(name), figures["critical_path"] / quantity.scale, _scaled(block["critical_path_lower_bound"].get(name), quantity),
+               name == given)
+        for name, figures in block["what_if"].items()
+    ]
+    on, window, across = analysis.given
+    bound_window, bound_across = (window, across) if on else (1, False)  # reordering off: what per micro-batch balancing could reach
+    bounds = critical_path_bounds(analysis.schedule, quantity.values, module.dp, start=analysis.start, stop=analysis.stop,
+                                  window_size=bound_window, across_microbatches=bound_across, floor=quantity.floor)
+    if given is None:
+        what_ifs.append(WhatIf(f"given (window {window})", block["critical_path_after"] / quantity.scale,
+                               None if bounds is None else sum(b for _, b in bounds) / quantity.scale, True))
+    bound_name = f"across {window}" if on and across else "per micro-batch"
+    return ModulePlot(
+        title=f"{module.name} dp={module.dp}: {title}",
+        unit=quantity.unit,
+        integer=quantity.integer,
+        steps=analysis.replay.steps,
+        before=loads(analysis.unreordered.before),
+        after=loads(analysis.replay.after),
+        bound_steps=None if bounds is None else np.array([step for step, _ in bounds], dtype=np.int64),
+        bound_path=None if bounds is None else np.cumsum([bound for _, bound in bounds]) / quantity.scale,
+        bound_label=f"lower bound ({bound_name})" if bounds is not None else f"lower bound ({bound_name}): none, a window is cut by the steps",
+        what_ifs=what_ifs,
+    )
+
+
+def _scaled(value: int | None, quantity: Quantity) -> float | None:
+    return None if value is None else value / quantity.scale
+
+
+def write_plots(out: Path, analysis: Analysis, topology: Topology, title: str) -> list[Path]:
     """One PNG per module: ``out/<module>.png``."""
     from mimo_pipes.analysis.plot import plot_module
 
-    paths = []
-    for module in topology.modules:
-        before = rank_loads(analysis.unreordered.before, image_tokens, module.dp)
-        after = rank_loads(analysis.replay.after, image_tokens, module.dp)
-        paths.append(plot_module(out / f"{module.name}.png", module.name, analysis.replay.steps, before, after, f"{module.name} dp={module.dp}: {title}"))
-    return paths
+    return [plot_module(out / f"{module.name}.png", module_plot(analysis, module, title)) for module in topology.modules]

@@ -155,18 +155,36 @@ def spread_and_path(loads: np.ndarray) -> tuple[float, int]:
     return float((loads.max(axis=1) - loads.min(axis=1)).mean()), int(loads.max(axis=1).sum())
 
 
-def critical_path_bound(
-    schedule: Schedule, tokens: np.ndarray, dp_size: int, *, start: int, stop: int, window_size: int, across_microbatches: bool
-) -> int | None:
-    """A lower bound on the critical path (image tokens of the heaviest rank, summed over the consumed
-    steps) of any equal-count balancing with these windows; None where a consumed window is cut by
-    ``start`` or ``stop`` (its samples could have moved to steps outside the range)."""
-    total = 0
+def critical_path_bounds(
+    schedule: Schedule, values: np.ndarray, dp_size: int, *, start: int, stop: int, window_size: int, across_microbatches: bool,
+    floor: int = 0,
+) -> list[tuple[int, int]] | None:
+    """Lower bounds on the critical path (``values`` of the heaviest rank, summed over the consumed steps)
+    of any equal-count balancing with these windows, as (last step covered, bound) in step order: one per
+    consumed step, or per window when samples may move across micro-batches. A rank's load per micro-batch
+    counts at least ``floor``. None where a consumed window is cut by ``start`` or ``stop`` (its samples
+    could have moved to steps outside the range)."""
+    bounds = []
     for first, last in schedule.windows(start, stop, window_size):
         if across_microbatches and (first < start or last > schedule.end(stop)):
             return None
         rows = schedule.rows(range(first, last))
-        if not across_microbatches:
-            rows = rows[[m for m in range(last - first) if start <= first + m < stop]]
-        total += window_lower_bound(tokens[rows].tolist(), dp_size, across_microbatches=across_microbatches)
-    return total
+        if across_microbatches:
+            # Each micro-batch's heaviest rank carries at least the floor: the window's path is at least W floors.
+            bounds.append((last - 1, max(window_lower_bound(values[rows].tolist(), dp_size, across_microbatches=True), (last - first) * floor)))
+            continue
+        for m in range(last - first):
+            if start <= first + m < stop:
+                bounds.append((first + m, max(window_lower_bound([values[rows[m]].tolist()], dp_size, across_microbatches=False), floor)))
+    return bounds
+
+
+def critical_path_bound(
+    schedule: Schedule, values: np.ndarray, dp_size: int, *, start: int, stop: int, window_size: int, across_microbatches: bool,
+    floor: int = 0,
+) -> int | None:
+    """The sum of :func:`critical_path_bounds`: a lower bound on the whole critical path (None where a
+    window is cut)."""
+    bounds = critical_path_bounds(schedule, values, dp_size, start=start, stop=stop, window_size=window_size,
+                                  across_microbatches=across_microbatches, floor=floor)
+    return None if bounds is None else sum(bound for _, bound in bounds)

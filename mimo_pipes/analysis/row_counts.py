@@ -1,16 +1,16 @@
 """Per-sample (image tokens, real tokens, placeholder runs) of a whole dataset, cheaply, and cached.
 
-Where the processor is Qwen2-VL-style and the rows hold encoded images, the counts come from image
-headers and the resize rule (``smart_resize`` -> patch grid -> placeholders) plus the tokenizer on the
-text, which is far cheaper than decoding and patchifying every image. Anything else runs the processor
-on each row and counts what it produced, as the graph's CostAnnotator does. Tests check both agree.
+With a :class:`~mimo_pipes.data.processor.SampleProcessor` (every family), rows are counted as the graph
+counts them before its exchange (:meth:`~mimo_pipes.data.module_processor.ModuleProcessor.counts`): image
+and video headers through the family's resize rule, the text through the tokenizer, far cheaper than
+decoding and patchifying every image. Another processor (or a ``row_counter``) runs on each row and its
+output is counted, as the graph's CostAnnotator counts processed samples. Tests check both agree.
 The placeholder runs (one per image or video) are what a time model (``--reorder-cost-model``) prices.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -20,7 +20,7 @@ import numpy as np
 
 from mimo_pipes.cost import image_token_count, placeholder_runs, real_token_count
 from mimo_pipes.data.cache import cache_root
-from mimo_pipes.data.conversation import row_images, row_videos
+from mimo_pipes.data.module_processor import ModuleProcessor, RowCount
 from mimo_pipes.data.processor import SampleProcessor
 from mimo_pipes.time_model.model import TimeModel
 
@@ -35,8 +35,6 @@ TokenCounts = tuple[np.ndarray, np.ndarray]
 RowCounter = Callable[[Mapping[str, Any]], tuple[int, int]]
 """One dataset row -> (image tokens, real tokens)."""
 
-RowCount = tuple[int, int, list[int]]
-"""(image tokens, real tokens, placeholder run lengths) of one row."""
 
 
 @dataclass(frozen=True)
@@ -55,7 +53,8 @@ class RowCounts:
             raise ValueError("a time model needs each row's placeholder runs: count_rows(..., runs=True) without a row_counter")
         ends = np.cumsum(self.runs_per_row).tolist()
         runs = self.run_lengths.tolist()
-        return np.array([model.encoder_time_ns(runs[a:b]) for a, b in zip([0, *ends[:-1]], ends)], dtype=np.int64)
+        times = [model.encoder_time_ns(runs[a:b]) for a, b in zip([0, *ends[:-1]], ends)]
+        return np.array(times, dtype=np.int64 if max(times, default=0) < 2**63 else object)  # analyze refuses what leaves int64
 
 
 def _processed_count(processor: Callable[[Mapping[str, Any]], Mapping[str, Any]], image_token_id: int | Sequence[int],
@@ -73,72 +72,6 @@ def processed_counter(processor: Callable[[Mapping[str, Any]], Mapping[str, Any]
     """Counts from a fully processed row: exactly what the graph's CostAnnotator counts."""
     count = _processed_count(processor, image_token_id)
     return lambda row: count(row)[:2]
-
-
-def _resize_rule(image_processor: Any) -> Callable[[int, int], int] | None:
-    """(height, width) -> image placeholder tokens for a Qwen2-VL-style image processor, else None."""
-    try:
-        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
-    except ImportError:  # pragma: no cover - older transformers
-        return None
-    if not type(image_processor).__name__.startswith("Qwen2VLImageProcessor"):
-        return None
-    size = image_processor.size
-    min_pixels = size.get("shortest_edge") if isinstance(size, Mapping) else getattr(size, "shortest_edge", None)
-    max_pixels = size.get("longest_edge") if isinstance(size, Mapping) else getattr(size, "longest_edge", None)
-    patch, merge = image_processor.patch_size, image_processor.merge_size
-    if not (min_pixels and max_pixels and getattr(image_processor, "do_resize", True)):
-        return None
-
-    def tokens(height: int, width: int) -> int:
-        resized_height, resized_width = smart_resize(height, width, factor=patch * merge, min_pixels=min_pixels, max_pixels=max_pixels)
-        return (resized_height // patch) * (resized_width // patch) // merge**2
-
-    return tokens
-
-
-def _image_size(item: Any) -> tuple[int, int]:
-    """(height, width) from an encoded image's header, without decoding its pixels."""
-    from PIL import Image
-
-    if isinstance(item, Image.Image):
-        return item.height, item.width
-    if isinstance(item, Mapping) and item.get("bytes") is not None:
-        source: Any = io.BytesIO(item["bytes"])
-    elif isinstance(item, Mapping) and item.get("path"):
-        source = item["path"]
-    else:
-        raise TypeError(f"unsupported image {type(item).__name__}")
-    with Image.open(source) as image:
-        return image.height, image.width
-
-
-class ResizeRuleCounter:
-    """Counts of the built-in ``SampleProcessor``'s output from image sizes (headers only) and the chat's
-    text, laid out by the processor's own :meth:`~mimo_pipes.data.processor.SampleProcessor.counts_from_sizes`."""
-
-    def __init__(self, processor: Any, tokens_for_size: Callable[[int, int], int], fallback: Callable[[Mapping[str, Any]], RowCount],
-                 real_tokens: bool = True, runs: bool = False) -> None:
-        self.processor = processor
-        self.real_tokens = real_tokens
-        self.runs = runs  # placeholder runs cost a pass over every row's ids: only when a time model needs them
-        self.tokens_for_size = tokens_for_size
-        self.fallback = fallback
-
-    def count_rows(self, rows: Sequence[Mapping[str, Any]]) -> list[RowCount]:
-        out = []
-        for row in rows:
-            try:
-                if row_videos(row):
-                    raise ValueError("videos are counted by processing")
-                per_image = [self.tokens_for_size(*_image_size(item)) for item in row_images(row)]
-            except Exception:  # noqa: BLE001 - the processor counts it, or reports it with the row's name
-                out.append(self.fallback(row))
-                continue
-            ids = self.processor.input_ids_from_sizes(dict(row), per_image)
-            runs = placeholder_runs(ids, self.processor.placeholder_ids) if self.runs else []
-            out.append((sum(per_image), len(ids) if self.real_tokens else UNCOUNTED, runs))
-        return out
 
 
 def _rows(dataset: Any, start: int, stop: int, encoded_images: bool) -> list[Mapping[str, Any]]:
@@ -228,6 +161,25 @@ def count_rows(
     return counts
 
 
+class _SizeCounter:
+    """Counts a row from its sizes, as the graph counts it before moving it (the built-in processor class)."""
+
+    def __init__(self, processor: SampleProcessor, runs: bool) -> None:
+        self.sized = ModuleProcessor(processor)
+        self.runs = runs
+
+    def __call__(self, row: Mapping[str, Any]) -> RowCount:
+        return self.sized.counts(dict(row), runs=self.runs)
+
+
+def _row_counter(processor: Any, row_counter: RowCounter | None, runs: bool) -> Callable[[Mapping[str, Any]], RowCount]:
+    if row_counter is not None:
+        return _without_runs(row_counter)
+    if type(processor) is SampleProcessor:
+        return _SizeCounter(processor, runs)
+    return _processed_count(processor, getattr(processor, "placeholder_ids", processor.image_token_id), runs)
+
+
 def _without_runs(row_counter: RowCounter) -> Callable[[Mapping[str, Any]], RowCount]:
     """A custom counter gives no placeholder runs: an empty list each (dropped from the result)."""
     return lambda row: (*row_counter(row), [])
@@ -240,24 +192,16 @@ def _count_all(dataset: Any, processor: Any, row_counter: RowCounter | None, rea
     real_tokens = np.zeros(size, dtype=np.int64)
     runs_per_row = np.zeros(size, dtype=np.int64)
     run_lengths: list[int] = []
-    fallback = _processed_count(processor, getattr(processor, "placeholder_ids", processor.image_token_id), runs)
-    family = getattr(processor, "family", None)
-    rule = _resize_rule(getattr(family, "image_processor", None)) if row_counter is None else None
-    # Only the built-in processor's layout of patch families (one placeholder per merged patch) is laid out
-    # from sizes here; any other processor is run as is.
-    patches = type(processor) is SampleProcessor and type(family).__name__ == "PatchFamily"
-    fast = ResizeRuleCounter(processor, rule, fallback, real, runs) if rule is not None and patches else None
-    encoded = fast is not None and _is_hf_dataset(dataset)
-    if fast is not None and not encoded:
-        fast = None  # plain map-style rows: nothing cheaper than processing them
-    counter = fallback if row_counter is None else _without_runs(row_counter)
+    counter = _row_counter(processor, row_counter, runs)
+    # Rows counted from their sizes are read a chunk at a time from a Hugging Face dataset, images left encoded.
+    encoded = isinstance(counter, _SizeCounter) and _is_hf_dataset(dataset)
     for start in range(0, size, CHUNK_ROWS):
         stop = min(start + CHUNK_ROWS, size)
         rows = _rows(dataset, start, stop, encoded)
         for offset, row in enumerate(rows):
             if isinstance(row, dict):  # so a bad row's error names its index, as in the graph
                 row.setdefault("sample_id", start + offset)
-        counts = fast.count_rows(rows) if fast is not None else [counter(row) for row in rows]
+        counts = [counter(row) for row in rows]
         for offset, (images, text_and_images, lengths) in enumerate(counts):
             image_tokens[start + offset] = images
             real_tokens[start + offset] = text_and_images if real else UNCOUNTED

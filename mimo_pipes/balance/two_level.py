@@ -1,7 +1,7 @@
 """Two-level balance: encoder replicas by encoder cost, then each replica's language replicas by language cost.
 
 When the language module's DP is k > 1 times an encoder's DP (G = language dp, the encoder's d_enc = G/k),
-encoder replica i feeds language replicas [i*k, (i+1)*k) (DESIGN.md). A one-level plan balances the G
+encoder replica i feeds language replicas [i*k, (i+1)*k) (docs/design.md). A one-level plan balances the G
 slots on one cost, so the encoder, which sees k slots as one forward, and the language model, which sees
 one slot, are balanced on the same quantity. Here the window is first split into d_enc groups of k slots
 on the encoder cost (each group is one encoder forward: the floor applies to it), then each group is split

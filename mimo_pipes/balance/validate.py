@@ -34,13 +34,17 @@ def check_num_slots(num_slots: object) -> int:
     return value
 
 
-def check_floor(floor: object) -> int:
-    """Return the per-forward ``floor`` as an int, or raise ValueError if it is not an integer >= 0."""
+def check_floor(floor: object, window: np.ndarray | None = None) -> int:
+    """Return the per-forward ``floor`` as an int, or raise ValueError if it is not an integer >= 0, or if
+    it is too large: alone, or with a validated (W, B) ``window`` (a critical path sums W loads of at least
+    the floor, so W * floor plus the window's costs must stay within ``MAX_TOTAL_COST``)."""
     if not _is_int(floor) or operator.index(floor) < 0:  # type: ignore[arg-type]
         raise ValueError(f"floor must be an integer >= 0, got {floor!r}")
     value = operator.index(floor)  # type: ignore[arg-type]
     if value > MAX_TOTAL_COST:
         raise ValueError(f"floor {value} is too large (limit {MAX_TOTAL_COST})")
+    if window is not None and window.shape[0] * value + int(window.sum(dtype=object)) > MAX_TOTAL_COST:
+        raise ValueError(f"floor {value} over {window.shape[0]} micro-batches with their costs is too large (limit {MAX_TOTAL_COST})")
     return value
 
 

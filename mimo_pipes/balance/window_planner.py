@@ -272,12 +272,13 @@ def balance_window(
     ``floor`` (an int >= 0, in cost units) is the least a forward costs however light its slot: the
     critical path is then the sum of max(floor, heaviest slot), and with ``across_microbatches`` False a
     micro-batch whose slots all stay below it does not move.
-    Raises ValueError on invalid costs, micro-batches of different sizes, an empty window, or a size
-    not divisible by ``num_slots``.
+    Raises ValueError on invalid costs, micro-batches of different sizes, an empty window, a size not
+    divisible by ``num_slots``, or a floor that, W times over with the window's costs, leaves the exact
+    range (``MAX_TOTAL_COST``).
     """
     window = check_window(costs, num_slots)
     num_slots = int(num_slots)
-    floor = check_floor(floor)
+    floor = check_floor(floor, window)
     if not across_microbatches:
         plans, _ = _independent(window, num_slots, anchor=False, floor=floor)
         return [_canonical_microbatch(plan) for plan in plans]

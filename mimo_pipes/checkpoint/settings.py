@@ -32,6 +32,7 @@ OPTION_EXEMPT = {
     "progress": "the progress bar and metrics lines",
     "tensorboard": "where the exchange metrics are written (their totals travel in the state)",
     "log_interval": "how often a metrics line is printed",
+    "summary_json": "where the summary is written",
 }
 # Why a setting must match: each shapes the global stream (which samples form every global micro-batch and
 # window) or what the saved state holds; said with the refusal.

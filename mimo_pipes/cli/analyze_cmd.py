@@ -15,11 +15,13 @@ import json
 import sys
 from pathlib import Path
 
-from mimo_pipes.cli.argtypes import positive_ints
+from mimo_pipes.cli.argtypes import path, positive_ints
+from mimo_pipes.cli.headline import headline
 from mimo_pipes.cli.job_args import add_job_arguments, config_from_args
 from mimo_pipes.cli.job_checks import validate_consumption
 from mimo_pipes.cli.launcher import EXIT_CONFIG, EXIT_FAILED
 from mimo_pipes.cli.output_paths import check_output_folder
+from mimo_pipes.config import PipelineConfig
 from mimo_pipes.errors import ConfigError, SampleError
 
 RESULT_FILE = "analysis.json"
@@ -32,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "and critical path per module, what-ifs for other windows, lower bounds) and one PNG per module."
     )
     add_job_arguments(parser)
-    parser.add_argument("--out", required=True, metavar="DIR", help="folder for analysis.json and the PNG plots")
+    parser.add_argument("--out", type=path, required=True, metavar="DIR", help="folder for analysis.json and the PNG plots")
     parser.add_argument("--compare-window-sizes", type=positive_ints, default=(2, 4, 8), metavar="W,W,...",
                         help="across-micro-batch window sizes to report besides the given settings (default: 2,4,8)")
 
@@ -55,13 +57,25 @@ def _progress_factory(enabled: bool):
     return make
 
 
+def analysis_mode(config: PipelineConfig, time_model: bool) -> str:
+    """The replayed settings, as the headline and the plots' titles say them (transport and overlap play no part)."""
+    reorder = config.reorder
+    if not reorder.intra_microbatch_reorder:
+        return "reorder off"
+    return (f"reorder on (window {reorder.reorder_window_size}{', across micro-batches' if reorder.reorder_across_microbatches else ''}"
+            f"{', time model' if time_model else ''}{', two-level' if reorder.reorder_two_level else ''})")
+
+
 def run(args: argparse.Namespace) -> int:
-    from mimo_pipes.analysis.analyze import MODELLED_TIME_UNIT, analyze, write_plots
+    from mimo_pipes.analysis.analyze import analyze, write_plots
+    from mimo_pipes.analysis.table import format_analysis
     from mimo_pipes.recipe import load_recipe
+    from mimo_pipes.warning_tally import collected, merge
 
     try:
         config, options = config_from_args(args)
         topology = config.validate()
+        config.check_cost_range(topology, max(config.reorder.reorder_window_size, *args.compare_window_sizes))  # the what-ifs' windows
         start = validate_consumption(config, options, topology.world_size)
         check_output_folder(args.out, "--out")
         recipe = load_recipe(options.recipe, needs=("row_counts",), command="analyze")
@@ -76,29 +90,29 @@ def run(args: argparse.Namespace) -> int:
     model = reorder.load_time_model()
     try:
         wants_real_tokens = reorder.integer_cost_weights()[1] > 0 or reorder.reorder_two_level  # two levels split on them
-        counts = recipe.row_counts(config, real_tokens=wants_real_tokens, runs=model is not None, progress=progress)
+        with collected() as tally:  # one line per kind below the tables (rows read from the counts' cache say none)
+            counts = recipe.row_counts(config, real_tokens=wants_real_tokens, runs=model is not None, progress=progress)
+            warnings = merge([tally.snapshot()])
     except SampleError as error:
         print(f"mimo-pipes analyze: error: {error}", file=sys.stderr)
         return EXIT_FAILED
     image_tokens = counts.image_tokens
-    result = analyze(config, topology, image_tokens, counts.real_tokens, start=start, stop=stop,
-                     encoder_costs=counts.encoder_costs(model) if model is not None else None,
-                     compare_window_sizes=args.compare_window_sizes, progress=progress)
+    try:
+        result = analyze(config, topology, image_tokens, counts.real_tokens, start=start, stop=stop,
+                         encoder_costs=counts.encoder_costs(model) if model is not None else None,
+                         compare_window_sizes=args.compare_window_sizes, progress=progress)
+    except ConfigError as error:  # counts beyond what --seq-length allows (a recipe's own counter)
+        print(f"mimo-pipes analyze: error: {error}", file=sys.stderr)
+        return EXIT_CONFIG
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / RESULT_FILE).write_text(json.dumps(result.figures, indent=1) + "\n")
-    mode = (f"reorder on, window {reorder.reorder_window_size}{', across micro-batches' if reorder.reorder_across_microbatches else ''}"
-            f"{', time model' if model is not None else ''}{', two-level' if reorder.reorder_two_level else ''}"
-            if reorder.intra_microbatch_reorder else "reorder off")
-    write_plots(out, result, image_tokens, topology, f"micro-batch {config.micro_batch_size}, steps {start}..{stop - 1}, {mode}")
-    for name, figures in result.figures.items():
-        print(f"{name:<10} dp={figures['dp_size']} steps={figures['steps']} spread {figures['spread_before']:.1f} -> "
-              f"{figures['spread_after']:.1f}, critical path {figures['critical_path_before']} -> {figures['critical_path_after']} "
-              "(image tokens)")
-        for key, unit in (("modelled_encoder_time", MODELLED_TIME_UNIT), ("real_tokens", "real tokens")):
-            if key in figures:
-                extra = figures[key]
-                print(f"{'':<10} spread {extra['spread_before']:.1f} -> {extra['spread_after']:.1f}, critical path "
-                      f"{extra['critical_path_before']} -> {extra['critical_path_after']} ({unit})")
-    print(f"wrote {out / RESULT_FILE} and {len(topology.modules)} plot(s)")
+    end = int(result.replay.steps[-1]) + 1 if len(result.replay.steps) else start
+    mode = analysis_mode(config, model is not None)
+    plots = write_plots(out, result, topology, f"micro-batch {config.micro_batch_size}, micro-batches {start}..{end - 1}, {mode}")
+    print(headline(config, topology, start, end, command="mimo-pipes analyze", mode=mode))
+    print(format_analysis(result))
+    for count in warnings:
+        print(count.line())
+    print(f"wrote {out / RESULT_FILE}, {', '.join(map(str, plots))}")
     return 0

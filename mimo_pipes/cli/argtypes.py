@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 
 def positive_ints(text: str) -> tuple[int, ...]:
@@ -14,3 +15,8 @@ def positive_ints(text: str) -> tuple[int, ...]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
     return values
+
+
+def path(text: str) -> str:
+    """A path flag's value with ``~`` expanded (a quoted ``~`` or ``--flag=~/x`` reaches us unexpanded)."""
+    return os.path.expanduser(text)

@@ -1,4 +1,4 @@
-"""``mimo-pipes balance``: JSON lines in, balanced slots out (contract in DESIGN.md).
+"""``mimo-pipes balance``: JSON lines in, balanced slots out (contract in docs/design.md).
 
 One JSON object per input line, one JSON line per input line on stdout, flushed as it is written.
 

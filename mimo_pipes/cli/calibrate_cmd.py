@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mimo_pipes.cli.argtypes import positive_ints
+from mimo_pipes.cli.argtypes import path, positive_ints
 from mimo_pipes.cli.output_paths import check_output_file
 from mimo_pipes.errors import ConfigError
 
@@ -45,11 +45,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"A fit whose worst point is off by more than {POOR_FIT_THRESHOLD:.0%} is refused (exit 1, nothing written) "
         "unless --accept-poor-fit is given."
     )
-    parser.add_argument("--tower", required=True, metavar="SOURCE",
+    parser.add_argument("--tower", type=path, required=True, metavar="SOURCE",
                         help="a preset (qwen2-vl-675m, tiny) or a folder with a vision or Qwen2-VL config.json "
                              "(its weights are loaded when present)")
-    parser.add_argument("--out", required=True, metavar="PATH", help="the JSON file to write")
-    parser.add_argument("--device", default="cuda", help="where to time, which also picks the sweep's defaults: cuda (default; refused without a GPU) or cpu")
+    parser.add_argument("--out", type=path, required=True, metavar="PATH", help="the JSON file to write")
+    parser.add_argument("--device", default="cuda",
+                        help="where to time, which also picks the sweep's defaults: cuda (refused without a GPU) or cpu (default: cuda)")
     parser.add_argument("--dtype", default=None, choices=DTYPES, help="the tower's precision (default: bfloat16 on cuda, float32 on cpu)")
     parser.add_argument("--attn-implementation", default="sdpa", help="the tower's attention (default: sdpa)")
     parser.add_argument("--threads", type=int, default=None, metavar="N",

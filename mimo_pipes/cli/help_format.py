@@ -3,7 +3,8 @@
 The convention: every ``add_argument`` gets a ``help`` that says what the flag does. The default is
 appended by :class:`HelpFormatter` as ``(default: VALUE)``; a flag whose default is ``None`` says in its
 help what happens without it, ending with ``(default: ...)`` written out (e.g. ``(default: the embedded
-data)``). On/off flags (``store_true``) need no default: they are off unless given.
+data)``). On/off flags (``store_true``) need no default: they are off unless given; a required flag
+says ``(required)``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ class HelpFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
+        if action.required and action.option_strings:
+            return f"{text} (required)"
         if (
             "default" in text
             or action.default in (None, argparse.SUPPRESS)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 
+from mimo_pipes.cli.argtypes import path
 from mimo_pipes.config import (
     DATALOADER_TYPES,
     DEFAULT_COMPONENTS,
+    EXCHANGE_PAYLOADS,
     EXCHANGE_TRANSPORTS,
     LANGUAGE_COSTS,
     JobOptions,
@@ -57,7 +59,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
                         help="micro-batches balanced in one exchange")
     parser.add_argument("--reorder-across-microbatches", action="store_true",
                         help="let samples move between the micro-batches of a window (opt-in)")
-    parser.add_argument("--reorder-cost-model", metavar="PATH", default=None,
+    parser.add_argument("--reorder-cost-model", type=path, metavar="PATH", default=None,
                         help="balance on a vision encoder's modelled time: a JSON file written by "
                              "'mimo-pipes calibrate' (default: none, a cost linear in image tokens)")
     parser.add_argument("--reorder-two-level", action="store_true",
@@ -86,12 +88,12 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=JobOptions.steps,
                         help="global micro-batches to consume (counted from the start of training)")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="seed of the epoch shuffle")
-    parser.add_argument("--dataset", default=None,
+    parser.add_argument("--dataset", type=path, default=None,
                         help="a datasets save_to_disk folder, or .parquet / .json / .jsonl files or a quoted glob of "
                              "them, LLaVA annotation lists included (default: the embedded synthetic data)")
-    parser.add_argument("--processor", default=None,
+    parser.add_argument("--processor", type=path, default=None,
                         help="a saved processor folder (default: the embedded offline processor)")
-    parser.add_argument("--image-folder", default=None, metavar="DIR",
+    parser.add_argument("--image-folder", type=path, default=None, metavar="DIR",
                         help="folder that relative image paths in --dataset are resolved against (default: as given)")
     parser.add_argument("--skip-bad-samples", action="store_true",
                         help="replace a row that cannot be processed (corrupt or missing image, no text, images longer "
@@ -104,28 +106,35 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--exchange-transport", default=defaults.exchange_transport,
                         help=f"{', '.join(EXCHANGE_TRANSPORTS)}: gloo moves bytes on the CPU, nccl through the GPU; "
                              "auto takes nccl only for an exchange on the training thread of a GPU run")
+    parser.add_argument("--exchange-payload", choices=EXCHANGE_PAYLOADS, default=defaults.exchange_payload,
+                        help="what the exchange moves: rows = dataset rows (text, images as encoded bytes), processed "
+                             "after it on the rank that trains on them, each module making only its own fields; "
+                             "samples = samples processed where they were read (the micro-batches are the same)")
+    parser.add_argument("--exchange-image-paths", action="store_true",
+                        help="with --exchange-payload rows, rows move their images' paths, not the files' bytes "
+                             "(every rank must read the same files, under the same --image-folder)")
     parser.add_argument("--exchange-timeout", type=float, default=defaults.exchange_timeout_s,
                         help="seconds before a collective gives up on a silent peer")
-    parser.add_argument("--dump-assignments", metavar="DIR", default=None,
+    parser.add_argument("--dump-assignments", type=path, metavar="DIR", default=None,
                         help="write DIR/rank{N}.jsonl, one line per micro-batch a rank consumes (default: no dump)")
     parser.add_argument("--stop-after", type=int, default=None, metavar="K",
                         help="stop after K micro-batches and save the state to --save-state (default: run to --steps)")
-    parser.add_argument("--save-state", metavar="DIR", default=None,
+    parser.add_argument("--save-state", type=path, metavar="DIR", default=None,
                         help="save a complete state of every rank here when the run ends: after --steps, after "
                              "--stop-after K, or at the next micro-batch boundary after SIGTERM / SIGINT (default: none)")
-    parser.add_argument("--resume", metavar="DIR", default=None,
+    parser.add_argument("--resume", type=path, metavar="DIR", default=None,
                         help="continue from a state saved with --save-state, up to --steps (default: start afresh)")
-    parser.add_argument("--recipe", default=JobOptions.recipe,
+    parser.add_argument("--recipe", type=path, default=JobOptions.recipe,
                         help="recipe that builds each rank's graph: an importable module or a .py file providing "
                              "prepare(config, log) and build(config, layout) (see mimo_pipes.recipe)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar and no metrics lines")
     # Exchange metrics (see docs/metrics.md); they come from the exchange, so they need reordering on.
-    parser.add_argument("--tensorboard", metavar="DIR", default=None,
+    parser.add_argument("--tensorboard", type=path, metavar="DIR", default=None,
                         help="write every window's exchange metrics as TensorBoard scalars to DIR/<module>/ "
                              "(DP rank 0 of each module; needs --intra-microbatch-reorder) (default: off)")
     parser.add_argument("--log-interval", type=int, default=JobOptions.log_interval, metavar="N",
-                        help="print cumulative exchange metrics on DP rank 0 of each module every N windows "
-                             "and at the end (0: only at the end; none with --quiet)")
+                        help="print cumulative exchange metrics every N windows (rank 0's module, above the progress bar) "
+                             "and at the end (every module) (0: only at the end; none with --quiet)")
 
 
 def config_from_args(args: argparse.Namespace) -> tuple[PipelineConfig, JobOptions]:
@@ -162,6 +171,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[PipelineConfig, JobOptio
         pack_pad_multiple=args.pack_pad_multiple,
         image_folder=args.image_folder,
         skip_bad_samples=args.skip_bad_samples,
+        exchange_payload=args.exchange_payload,
+        exchange_image_paths=args.exchange_image_paths,
     )
     options = JobOptions(
         steps=args.steps,
@@ -173,5 +184,6 @@ def config_from_args(args: argparse.Namespace) -> tuple[PipelineConfig, JobOptio
         progress=not args.quiet,
         tensorboard=args.tensorboard,
         log_interval=args.log_interval,
+        summary_json=getattr(args, "summary_json", None),
     )
     return config, options

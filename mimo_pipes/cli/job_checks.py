@@ -3,23 +3,28 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from mimo_pipes.checkpoint import SaveLock, acquire_save_lock, current_job_id
 from mimo_pipes.cli.output_paths import check_output_folder
 from mimo_pipes.config import JobOptions, PipelineConfig, resolve_exchange_transport
 from mimo_pipes.errors import ConfigError
+from mimo_pipes.topology import Topology
 
 OUTPUT_FOLDERS = {"--save-state": "save_state", "--dump-assignments": "dump_assignments", "--tensorboard": "tensorboard"}
 
 
-def validate_job(config: PipelineConfig, options: JobOptions) -> int:
+def validate_job(config: PipelineConfig, options: JobOptions, announce: Callable[[Topology, int], None] | None = None) -> int:
     """All checks that can run before a rank starts; returns the world size. The transport is checked last:
-    it asks torch whether GPUs are here, and a plain mistake should not wait for that import."""
+    it asks torch whether GPUs are here, and a plain mistake should not wait for that import. ``announce``
+    is called with the topology and the micro-batches already consumed as soon as the settings hold."""
     topology = config.validate()
-    validate_consumption(config, options, topology.world_size)
+    consumed = validate_consumption(config, options, topology.world_size)
     for setting, name in OUTPUT_FOLDERS.items():
         if getattr(options, name) is not None:
             check_output_folder(getattr(options, name), setting)
+    if announce is not None:
+        announce(topology, consumed)
     if config.reorder.intra_microbatch_reorder:
         from mimo_pipes.exchange.world import world_backend
 
@@ -28,6 +33,7 @@ def validate_job(config: PipelineConfig, options: JobOptions) -> int:
             world_backend(topology.world_size),
             config.reorder.overlap_intra_microbatch_reorder,
             os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
+            warn=os.environ.get("RANK", "0") == "0",  # under torchrun every rank checks: rank 0 says it
         )
     return topology.world_size
 
@@ -35,6 +41,9 @@ def validate_job(config: PipelineConfig, options: JobOptions) -> int:
 def validate_consumption(config: PipelineConfig, options: JobOptions, world_size: int) -> int:
     """Checks of what the job consumes (also used by ``analyze``); returns the micro-batches already
     consumed (those of ``--resume``, else 0)."""
+    from mimo_pipes.recipe import check_recipe_exists
+
+    check_recipe_exists(options.recipe)
     if options.steps < 1:
         raise ConfigError("--steps", f"must be >= 1, got {options.steps}")
     if config.embedded_samples < config.micro_batch_size and config.dataset is None:
@@ -46,6 +55,8 @@ def validate_consumption(config: PipelineConfig, options: JobOptions, world_size
     if options.tensorboard is not None and not config.reorder.intra_microbatch_reorder:
         raise ConfigError("--tensorboard", "exchange metrics need --scalable-dp --intra-microbatch-reorder (without "
                           "reordering every rank's load is its reader's: see the run summary's 'before')")
+    if options.summary_json is not None and os.path.isdir(options.summary_json):
+        raise ConfigError("--summary-json", f"{options.summary_json} is a folder; give the path of the JSON file to write")
     if options.log_interval < 0:
         raise ConfigError("--log-interval", f"must be >= 0, got {options.log_interval}")
     consumed = 0

@@ -26,7 +26,7 @@ STOP_GRACE_S = 4.0  # after a stop signal, how long ranks get to reach a boundar
 
 RankMain = Callable[[int, int, Any, Any], None]
 
-_reports: Any = None  # in a spawned rank: the queue its phases go to
+_reports: Any = None  # in a spawned rank: the pipe its phases go to
 
 
 def under_torchrun() -> bool:
@@ -41,7 +41,7 @@ def say(message: str) -> None:
 def report_phase(phase: str, value: Any = None) -> None:
     """From a rank: tell the launcher a phase was reached (``joined``, ``saved``); nothing elsewhere."""
     if _reports is not None:
-        _reports.put((int(os.environ.get("RANK", -1)), phase, value))
+        _reports.send((phase, value))
 
 
 def launch(rank_main: RankMain, config: Any, options: Any, world_size: int, command: str) -> int:
@@ -51,7 +51,7 @@ def launch(rank_main: RankMain, config: Any, options: Any, world_size: int, comm
         if int(os.environ["WORLD_SIZE"]) != world_size:
             say(f"{command}: error: --component: modules cover {world_size} ranks but torchrun started {os.environ['WORLD_SIZE']}")
             return EXIT_CONFIG
-        return rank_entry(rank_main, int(os.environ["RANK"]), world_size, None, config, options, command)
+        exit_now(rank_entry(rank_main, int(os.environ["RANK"]), world_size, None, config, options, command))
     return _spawn(rank_main, config, options, world_size, command)
 
 
@@ -96,7 +96,22 @@ def _spawned(rank_main: RankMain, rank: int, world_size: int, port: int, config:
     _die_with_parent()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     _reports = reports
-    sys.exit(rank_entry(rank_main, rank, world_size, port, config, options, command))
+    status = rank_entry(rank_main, rank, world_size, port, config, options, command)
+    reports.close()
+    exit_now(status)
+
+
+def exit_now(status: int) -> None:
+    """End a rank's process without the interpreter's teardown: freeing torch, datasets and tokenizers
+    object by object took seconds per rank, after the job was done. Everything the job writes is closed
+    by then; multiprocessing's own exit work (its finalizers: semaphores of torchdata's mappers) still
+    runs, and the standard streams are flushed."""
+    import multiprocessing.util
+
+    multiprocessing.util._exit_function()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def free_port() -> int:
@@ -132,35 +147,41 @@ class _Stop:
 
 def _spawn(rank_main: RankMain, config: Any, options: Any, world_size: int, command: str) -> int:
     import multiprocessing
+    from multiprocessing.connection import wait
 
     from mimo_pipes.cli.stop_signal import exit_status, signal_name
 
     context = multiprocessing.get_context("spawn")
-    reports = context.Queue()
     port = free_port()
     started = time.monotonic()
     say(f"starting {world_size} ranks")
+    pipes = [context.Pipe(duplex=False) for _ in range(world_size)]  # (the launcher's end, the rank's end)
     processes = [
-        context.Process(target=_spawned, args=(rank_main, rank, world_size, port, config, options, command, reports), name=f"rank{rank}")
+        context.Process(target=_spawned, args=(rank_main, rank, world_size, port, config, options, command, pipes[rank][1]), name=f"rank{rank}")
         for rank in range(world_size)
     ]
+    reports = {pipes[rank][0]: rank for rank in range(world_size)}
     stop = _Stop(processes)
     try:
-        for process in processes:
+        for process, (_, rank_end) in zip(processes, pipes):
             process.start()
+            rank_end.close()  # the rank holds it now: a rank that ends closes the launcher's end too
         joined: set[int] = set()
         saved: int | None = None
         failed_at: float | None = None
         while any(process.is_alive() for process in processes):
-            while not reports.empty():
-                rank, phase, value = reports.get_nowait()
+            for connection in wait(list(reports), timeout=0.05):
+                try:
+                    phase, value = connection.recv()
+                except EOFError:
+                    del reports[connection]
+                    continue
                 if phase == "joined":
-                    joined.add(rank)
+                    joined.add(reports[connection])
                     if len(joined) == world_size:
                         say(f"all {world_size} ranks joined the job after {time.monotonic() - started:.1f}s; building their graphs")
                 elif phase == "saved":
                     saved = value
-            time.sleep(0.05)
             if failed_at is None and any(process.exitcode not in (None, 0) for process in processes):
                 failed_at = time.monotonic()
             # A failed rank makes its peers fail within the exchange timeout; past that, or past the grace
@@ -172,9 +193,13 @@ def _spawn(rank_main: RankMain, config: Any, options: Any, world_size: int, comm
                         process.kill()
         for process in processes:
             process.join()
-        while not reports.empty():
-            rank, phase, value = reports.get_nowait()
-            saved = value if phase == "saved" else saved
+        for connection in list(reports):
+            while connection.poll():
+                try:
+                    phase, value = connection.recv()
+                except EOFError:
+                    break
+                saved = value if phase == "saved" else saved
     finally:
         stop.restore()
         for process in processes:

@@ -21,7 +21,12 @@ DESCRIPTION = "Balanced, checkpointable input pipelines for non-colocated multim
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, with "did you mean" for a mistyped command or flag."""
+    """argparse, with "did you mean" for a mistyped command or flag, and no abbreviated flags (a prefix of
+    a flag is refused with a suggestion, never taken silently for the flag)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
 
     def error(self, message: str) -> None:  # type: ignore[override]
         suggestion = _suggestion(self, message)
@@ -60,8 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from mimo_pipes.cli.help_format import HelpFormatter
 
-    parser = Parser(prog="mimo-pipes", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
+    parser = Parser(prog="mimo-pipes", usage="mimo-pipes [-h] COMMAND ...", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser, help=argparse.SUPPRESS)
     for name, (module, summary) in COMMANDS.items():
         importlib.import_module(f"mimo_pipes.cli.{module}").add_arguments(
             commands.add_parser(name, help=summary, description=summary, formatter_class=HelpFormatter)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -33,8 +34,10 @@ from mimo_pipes.exchange.world import (
     world_rank,
     world_size,
 )
-from mimo_pipes.summary import SUMMARY_ONLY_KEYS
+from mimo_pipes.metrics import MovedPerWindow
+from mimo_pipes.summary import SUMMARY_ONLY_KEYS, ModuleSummary, summary_document
 from mimo_pipes.topology import RankPosition, Topology
+from mimo_pipes.warning_tally import Snapshot
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,7 @@ def set_up_rank(config: PipelineConfig, *, exchange_transport: str | None = None
         current_backend(),
         config.reorder.overlap_intra_microbatch_reorder,
         os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
+        warn=False,  # said once by the job's checks before the ranks started
     )
     groups = build_rank_groups(topology, exchange_backend=transport, timeout_s=config.exchange_timeout_s)
     job, control = job_group(topology.world_size), control_group(topology.world_size)
@@ -76,9 +80,44 @@ def set_up_rank(config: PipelineConfig, *, exchange_transport: str | None = None
 
         device = torch.device("cuda", torch.cuda.current_device())
     position = groups.position
-    layout = RankLayout(position.dp_rank, position.dp_size, topology.grid_size, groups.exchange_group, device)
+    layout = RankLayout(position.dp_rank, position.dp_size, topology.grid_size, groups.exchange_group, device, position.module.name)
     report_phase("joined")
     return RankSetup(topology, groups, layout, job, control)
+
+
+@dataclass(frozen=True)
+class RankReport:
+    """What a rank hands rank 0 at the end besides its records: its warnings tally (merged there into one
+    line per kind), its module's last exchange metrics line (printed there once the bar is closed), where
+    it sits, and the samples and bytes its exchange moved for the micro-batches consumed."""
+
+    warnings: Snapshot
+    metrics_line: str | None = None
+    position: tuple[str, int, int, int] = ("", 0, 0, 0)  # module, dp rank, tp rank, pp rank
+    moved: tuple[int, int] = (0, 0)
+
+
+def moved_by_module(reports: Iterable[RankReport]) -> dict[str, tuple[int, int]]:
+    """Each module's (samples, bytes) moved: module-wide figures, so its first rank's."""
+    return {report.position[0]: report.moved for report in reports if report.position[1:] == (0, 0, 0)}
+
+
+def watch_moves(loader: Any) -> MovedPerWindow:
+    """What the loader's exchange moves, window by window (nothing without an exchange)."""
+    moved = MovedPerWindow()
+    exchange = loader.exchange_node() if hasattr(loader, "exchange_node") else None
+    if exchange is not None:
+        exchange.add_observer(moved)
+    return moved
+
+
+def write_summary_json(path: str, summaries: list[ModuleSummary], moved: dict[str, tuple[int, int]]) -> None:
+    """``--summary-json``: the document of :func:`~mimo_pipes.summary.summary_document` (rank 0)."""
+    import json
+
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(summary_document(summaries, moved), indent=1) + "\n")
 
 
 def consumed_record(batch: dict[str, Any], position: RankPosition) -> dict[str, Any]:

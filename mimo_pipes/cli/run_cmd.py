@@ -7,15 +7,19 @@ a bad one ends the command with one line that names it (exit 2), never a traceba
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+from collections.abc import Callable
 from types import ModuleType
 
+from mimo_pipes.cli.headline import headline
 from mimo_pipes.cli.job_args import add_job_arguments, config_from_args
 from mimo_pipes.cli.job_checks import hold_save_lock, validate_job
 from mimo_pipes.cli.launcher import EXIT_CONFIG, launch, say, under_torchrun
 from mimo_pipes.config import JobOptions, PipelineConfig
 from mimo_pipes.errors import ConfigError
+from mimo_pipes.topology import Topology
 
 COMMAND = "mimo-pipes run"
 
@@ -26,6 +30,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "torchrun, and print a per-module summary of the vision load before and after balancing."
     )
     add_job_arguments(parser)
+    add_summary_json_argument(parser)
+
+
+def add_summary_json_argument(parser: argparse.ArgumentParser) -> None:
+    """``--summary-json`` (run and train)."""
+    parser.add_argument("--summary-json", metavar="PATH", default=None,
+                        help="also write the summary as JSON to PATH: per module the printed figures plus the samples "
+                             "and bytes the exchange moved (format in docs/design.md) (default: none)")
+
+
+def announcer(config: PipelineConfig, options: JobOptions, command: str) -> Callable[[Topology, int], None]:
+    """The job's first line, as soon as its settings are checked (once: rank 0 under torchrun)."""
+    def announce(topology: Topology, consumed: int) -> None:
+        if os.environ.get("RANK", "0") == "0":
+            stop = options.stop_after if options.stop_after is not None else options.steps
+            say(f"{headline(config, topology, consumed, stop, command)}; {topology.world_size} ranks")
+
+    return announce
 
 
 def prepare(recipe: ModuleType, config: PipelineConfig) -> None:
@@ -40,12 +62,12 @@ def prepare(recipe: ModuleType, config: PipelineConfig) -> None:
 
 
 def checked_job(args: argparse.Namespace) -> tuple[PipelineConfig, JobOptions, int]:
-    """Every setting of ``run`` checked (the recipe found); returns the config, the options and the world
-    size; raises ConfigError naming the flag."""
+    """Every setting of ``run`` checked (the recipe found), the job's first line said; returns the config,
+    the options and the world size; raises ConfigError naming the flag."""
     from mimo_pipes.recipe import load_recipe
 
     config, options = config_from_args(args)
-    world_size = validate_job(config, options)
+    world_size = validate_job(config, options, announce=announcer(config, options, COMMAND))
     load_recipe(options.recipe)
     return config, options, world_size
 

@@ -6,12 +6,28 @@ torchrun, or in a pool of test ranks); :func:`run_in_world` joins the group firs
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from mimo_pipes.checkpoint import read_rank_state, resume_settings
+from mimo_pipes.cli.headline import headline
 from mimo_pipes.cli.metrics_log import attach_metrics
-from mimo_pipes.cli.rank_job import AssignmentDump, StopAtBoundary, consumed_record, progress_bar, save_state, set_up_rank, stop_job
+from mimo_pipes.cli.rank_job import (
+    AssignmentDump,
+    RankReport,
+    RankSetup,
+    StopAtBoundary,
+    consumed_record,
+    moved_by_module,
+    progress_bar,
+    save_state,
+    set_up_rank,
+    stop_job,
+    watch_moves,
+    write_summary_json,
+)
 from mimo_pipes.config import JobOptions, PipelineConfig
 from mimo_pipes.exchange.world import check_same_position, gather_from_every_rank, join_world, leave_world, world_rank
 from mimo_pipes.loader import graph_nodes
@@ -26,20 +42,26 @@ from mimo_pipes.summary import (
     summarize_packing,
 )
 from mimo_pipes.topology import Topology
+from mimo_pipes.warning_tally import WarningCount, WarningTally, collected, merge
 
 
 @dataclass(frozen=True)
 class RunResult:
     """What a run consumed, as rank 0 prints it: micro-batches ``start .. end-1``, the summaries, every
-    rank's records of its consumed micro-batches, and this rank's last exchange metrics."""
+    rank's records of its consumed micro-batches, this rank's last exchange metrics, and per module the
+    samples and bytes its exchange moved for those micro-batches."""
 
     start: int
     end: int
     summaries: list[ModuleSummary]
     packing: list[PackingSummary] = field(default_factory=list)
-    skipped_rows: list[int] = field(default_factory=list)
-    records: list[dict[str, Any]] = field(default_factory=list)
+    skipped_rows: dict[int, str] = field(default_factory=dict)  # --skip-bad-samples: each bad row, why it was skipped
+    skip_attempts: int = 0  # times a bad row was met (a row met again, in a later epoch or slot, counts again)
+    records: list[dict[str, Any]] = field(default_factory=list)  # every rank's consumed micro-batches
     metrics: dict[str, Any] | None = None
+    warnings: list[WarningCount] = field(default_factory=list)  # every rank's, merged
+    metrics_lines: list[str] = field(default_factory=list)  # each module's last exchange metrics line not yet printed
+    moved: dict[str, tuple[int, int]] = field(default_factory=dict)  # per module: samples and bytes its exchange moved
 
 
 def run_in_world(rank: int, world_size: int, config: PipelineConfig, options: JobOptions) -> None:
@@ -57,6 +79,11 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> RunResult | None:
     setup = set_up_rank(config)
     if setup is None:
         return None
+    with collected() as tally:  # said once, in rank 0's summary
+        return _run(setup, config, options, tally)
+
+
+def _run(setup: RankSetup, config: PipelineConfig, options: JobOptions, tally: WarningTally) -> RunResult:
     rank, position = world_rank(), setup.position
     loader = load_recipe(options.recipe).build(config, setup.layout)
     if options.resume:
@@ -65,7 +92,8 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> RunResult | None:
     check_same_position(start, setup.control)  # every module restored the same micro-batch
     packer = next((node for node in graph_nodes(loader.root) if isinstance(node, SequencePacker)), None)
     stop = options.stop_after if options.stop_after is not None else options.steps
-    metrics_log = attach_metrics(loader, position, options)
+    metrics_log = attach_metrics(loader, position, options, periodic=rank == 0)
+    moved = watch_moves(loader)
     dump = AssignmentDump(options, rank)
     records: list[dict[str, Any]] = []
     progress = progress_bar(rank == 0 and options.progress, total=options.steps, initial=start)
@@ -79,8 +107,7 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> RunResult | None:
                     break
                 record = consumed_record(batch, position)
                 dump.write(record)
-                replaced = [row for rows in batch.get("replaced_rows") or [] for row in rows]  # --skip-bad-samples
-                records.append({**record, "replaced_rows": replaced})
+                records.append({**record, "replaced_rows": _replaced(batch)})  # --skip-bad-samples
                 if packer is not None:
                     records[-1]["packing"] = packer.last_metrics
                 if progress is not None:
@@ -91,8 +118,6 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> RunResult | None:
         if signum:
             raise stop_job(signum, options.save_state, end)
         metrics = loader.exchange_metrics()
-        if metrics_log is not None:
-            metrics_log.finish(metrics)
     finally:
         if progress is not None:
             progress.close()
@@ -100,22 +125,35 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> RunResult | None:
         loader.close()
         if metrics_log is not None:
             metrics_log.close()
-    everything = gather_from_every_rank((records, end), setup.job)
+    report = RankReport(tally.snapshot(), metrics_log.final_line(metrics) if metrics_log is not None else None,
+                        (position.module.name, position.dp_rank, position.tp_rank, position.pp_rank), moved.totals(end))
+    everything = gather_from_every_rank((records, end, report), setup.job)
+    reports = [rank_report for _, _, rank_report in everything]
+    every_record = [r for per_rank, _, _ in everything for r in per_rank]
+    skipped, attempts = skipped_rows(every_record, setup.topology.modules[0].name)
     result = RunResult(
         start=start,
-        end=min(rank_end for _, rank_end in everything),
-        summaries=summarize((r for per_rank, _ in everything for r in per_rank), setup.topology.grid_size),
-        packing=summarize_packing(r for per_rank, _ in everything for r in per_rank),
-        skipped_rows=_skipped_rows(everything, setup.topology.modules[0].name),
-        records=[r for per_rank, _ in everything for r in per_rank],
+        end=min(rank_end for _, rank_end, _ in everything),
+        summaries=summarize(every_record, setup.topology.grid_size),
+        packing=summarize_packing(every_record),
+        skipped_rows=skipped,
+        skip_attempts=attempts,
+        records=every_record,
         metrics=metrics,
+        warnings=merge(rank_report.warnings for rank_report in reports),
+        metrics_lines=[rank_report.metrics_line for rank_report in reports if rank_report.metrics_line],
+        moved=moved_by_module(reports),
     )
     if rank == 0:
         _print_result(result, config, options, setup.topology, stop)
+        if options.summary_json is not None:
+            write_summary_json(options.summary_json, result.summaries, result.moved)
     return result
 
 
 def _print_result(result: RunResult, config: PipelineConfig, options: JobOptions, topology: Topology, stop: int) -> None:
+    for line in result.metrics_lines:
+        print(line, file=sys.stderr, flush=True)
     print(headline(config, topology, result.start, result.end), flush=True)
     if result.end < stop:
         print(f"the data ended after {result.end} micro-batches, before the {stop} asked for "
@@ -124,33 +162,43 @@ def _print_result(result: RunResult, config: PipelineConfig, options: JobOptions
     if result.packing:
         print(format_packing_summary(result.packing), flush=True)
     if config.skip_bad_samples:
-        skipped = result.skipped_rows
-        print(f"skipped {len(skipped)} bad dataset row(s) (--skip-bad-samples), each replaced by the next good row "
-              f"of the global order{': rows ' + ', '.join(map(str, skipped[:20])) if skipped else ''}", flush=True)
+        print(format_skip_report(result.skipped_rows, result.skip_attempts), flush=True)
+    for count in result.warnings:
+        print(count.line(), flush=True)
     if options.save_state:
         print(f"saved state after {result.end} micro-batches to {options.save_state}", flush=True)
 
 
-def _skipped_rows(everything: list, module: str) -> list[int]:
-    """The dataset rows one module skipped (every module skips the same ones)."""
-    return sorted(row for per_rank, _ in everything for r in per_rank if r["module"] == module for row in r.get("replaced_rows", []))
+REPORTED_ROWS = 50  # bad rows listed one per line; the count covers them all
 
 
-def headline(config: PipelineConfig, topology: Topology, start: int, end: int, command: str = "mimo-pipes run") -> str:
-    """``end``: the count of micro-batches consumed when the run stopped (start..end-1 were this run's)."""
-    reorder = config.reorder
-    if reorder.intra_microbatch_reorder:
-        mode = (
-            f"reorder on (window {reorder.reorder_window_size}"
-            f"{', across micro-batches' if reorder.reorder_across_microbatches else ''}, "
-            f"overlap {'on' if reorder.overlap_intra_microbatch_reorder else 'off'})"
-        )
-    else:
-        mode = "reorder off (enable with --scalable-dp --intra-microbatch-reorder)"
-    if config.pack_sequences_in_batch:
-        mode += f", sequence packing on (THD, pad multiple {config.pack_pad_multiple})"
-    modules = " + ".join(f"{m.name} dp={m.dp}" for m in topology.modules)
-    return (
-        f"{command}: {modules}, canonical grid {topology.grid_size}, micro-batch {config.micro_batch_size}, "
-        f"{f'micro-batches {start}..{end - 1}' if end > start else 'no micro-batches'}, {mode}"
-    )
+def _replaced(batch: dict[str, Any]) -> list[tuple[int, str]]:
+    """(row, reason) of every bad row a micro-batch's samples stand in for, in order."""
+    rows, reasons = batch.get("replaced_rows") or [], batch.get("replaced_reasons") or []
+    return [(row, why) for sample_rows, sample_reasons in zip(rows, reasons) for row, why in zip(sample_rows or [], sample_reasons or [])]
+
+
+def skipped_rows(records: Iterable[dict[str, Any]], module: str) -> tuple[dict[int, str], int]:
+    """Each distinct dataset row ``module`` skipped with its reason (every module skips the same ones), and
+    how many times bad rows were met: once per DP rank's micro-batch (tensor and pipeline peers hold the
+    same one), a row met again (another slot's successor, a later epoch) counting again."""
+    reasons: dict[int, str] = {}
+    attempts = 0
+    for record in records:
+        if record["module"] != module or record.get("tp_rank", 0) or record.get("pp_rank", 0):
+            continue
+        for row, why in record.get("replaced_rows", []):
+            reasons.setdefault(int(row), why)
+            attempts += 1
+    return dict(sorted(reasons.items())), attempts
+
+
+def format_skip_report(rows: dict[int, str], attempts: int) -> str:
+    """The ``--skip-bad-samples`` lines of the run summary: the distinct rows, then each with its reason."""
+    if not rows:
+        return "skipped 0 bad dataset row(s) (--skip-bad-samples)"
+    listed = list(rows.items())[:REPORTED_ROWS]
+    head = (f"skipped {len(rows)} bad dataset row(s) (--skip-bad-samples; {attempts} attempts to read them), each replaced by "
+            f"the next good row of the global order: rows {', '.join(str(row) for row, _ in listed)}"
+            f"{f' and {len(rows) - len(listed)} more' if len(rows) > len(listed) else ''}")
+    return "\n".join([head, *(f"  row {row}: {why}" for row, why in listed)])

@@ -12,10 +12,11 @@ import dataclasses
 import math
 import sys
 
+from mimo_pipes.cli.argtypes import path
 from mimo_pipes.cli.job_args import add_job_arguments, config_from_args
 from mimo_pipes.cli.job_checks import hold_save_lock, validate_job
 from mimo_pipes.cli.launcher import EXIT_CONFIG, launch
-from mimo_pipes.cli.run_cmd import prepare_recipe
+from mimo_pipes.cli.run_cmd import add_summary_json_argument, announcer, prepare_recipe
 from mimo_pipes.config import PipelineConfig, TrainOptions
 from mimo_pipes.errors import ConfigError
 
@@ -29,10 +30,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "loss normalised over each global batch. Takes run's flags; --steps counts global micro-batches."
     )
     add_job_arguments(parser)
+    add_summary_json_argument(parser)
     defaults = TrainOptions()
     parser.set_defaults(recipe=defaults.recipe)
     parser.add_argument("--lr", type=float, default=defaults.lr, help="SGD learning rate")
-    parser.add_argument("--vision-tower", default=defaults.vision_tower,
+    parser.add_argument("--vision-tower", type=path, default=defaults.vision_tower,
                         help="vision tower preset or config folder, fp32 on the CPU")
 
 
@@ -46,7 +48,8 @@ def validate_training(config: PipelineConfig, options: TrainOptions) -> int:
     from mimo_pipes.checkpoint import model_file, open_generation
     from mimo_pipes.recipe import load_recipe
 
-    world_size = validate_job(config, options)
+    announced: list = []
+    world_size = validate_job(config, options, announce=lambda *facts: announced.append(facts))
     per_iteration = config.microbatches_per_global_batch
     for name, value in (("--steps", options.steps), ("--stop-after", options.stop_after)):
         if value is not None and value % per_iteration:
@@ -68,6 +71,7 @@ def validate_training(config: PipelineConfig, options: TrainOptions) -> int:
         if missing:
             raise ConfigError("--resume", f"{options.resume} has no model state for rank {missing[0]} ({model_file(missing[0])}): "
                                           "it was saved by mimo-pipes run, not train")
+    announcer(config, options, COMMAND)(*announced[0])  # the first line, once the trainer's checks hold too
     return world_size
 
 

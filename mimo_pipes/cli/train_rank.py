@@ -3,17 +3,31 @@ the recipe's loader, a checkpoint of model, optimizer and loader, and a per-iter
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
 from typing import Any
 
 from mimo_pipes.checkpoint import encode_model_state, model_file, read_trainer_state, resume_settings
+from mimo_pipes.cli.headline import headline
 from mimo_pipes.cli.metrics_log import attach_metrics
-from mimo_pipes.cli.rank_job import AssignmentDump, StopAtBoundary, progress_bar, save_state, set_up_rank, stop_job
-from mimo_pipes.cli.run_rank import headline
+from mimo_pipes.cli.rank_job import (
+    AssignmentDump,
+    RankReport,
+    RankSetup,
+    StopAtBoundary,
+    moved_by_module,
+    progress_bar,
+    save_state,
+    set_up_rank,
+    stop_job,
+    watch_moves,
+    write_summary_json,
+)
 from mimo_pipes.config import PipelineConfig, TrainOptions
 from mimo_pipes.exchange.world import check_same_position, gather_from_every_rank, join_world, leave_world, world_rank
 from mimo_pipes.recipe import load_recipe
 from mimo_pipes.summary import ModuleSummary, format_summary, summarize
+from mimo_pipes.warning_tally import WarningCount, WarningTally, collected, merge
 
 
 @dataclass(frozen=True)
@@ -27,6 +41,7 @@ class TrainResult:
     summaries: list[ModuleSummary]
     mine: list[Any]  # this rank's StepResults
     metrics: dict[str, Any] | None = None
+    warnings: list[WarningCount] = field(default_factory=list)  # every rank's, merged
 
 
 def train_in_world(rank: int, world_size: int, config: PipelineConfig, options: TrainOptions) -> None:
@@ -41,11 +56,16 @@ def train_in_world(rank: int, world_size: int, config: PipelineConfig, options: 
 def train_rank(config: PipelineConfig, options: TrainOptions) -> TrainResult | None:
     """Body of one training rank: iterations of the recipe's Trainer, checkpoint, summary on rank 0; every
     rank of the job returns the result (None on ranks of the world beyond the job's)."""
-    from mimo_pipes.cli.train_report import format_training
-
     setup = set_up_rank(config, exchange_transport="gloo")
     if setup is None:
         return None
+    with collected() as tally:  # said once, in rank 0's summary
+        return _train(setup, config, options, tally)
+
+
+def _train(setup: RankSetup, config: PipelineConfig, options: TrainOptions, tally: WarningTally) -> TrainResult:
+    from mimo_pipes.cli.train_report import format_training
+
     rank = world_rank()
     recipe = load_recipe(options.recipe, needs=("build", "Trainer"), command="train")
     trainer = recipe.Trainer(config, options, setup.groups, setup.topology, recipe.build(config, setup.layout))
@@ -55,7 +75,8 @@ def train_rank(config: PipelineConfig, options: TrainOptions) -> TrainResult | N
     per_iteration = config.microbatches_per_global_batch
     start = trainer.iteration
     stop = (options.stop_after if options.stop_after is not None else options.steps) // per_iteration
-    metrics_log = attach_metrics(trainer.loader, setup.position, options)  # --tensorboard, --log-interval as for run
+    metrics_log = attach_metrics(trainer.loader, setup.position, options, periodic=rank == 0)  # --tensorboard, --log-interval as for run
+    moved = watch_moves(trainer.loader)
     dump = AssignmentDump(options, rank)
     results = []
     progress = progress_bar(rank == 0 and options.progress, options.steps // per_iteration, start, "iterations", "it")
@@ -76,8 +97,6 @@ def train_rank(config: PipelineConfig, options: TrainOptions) -> TrainResult | N
         if signum:
             raise stop_job(signum, options.save_state, trainer.loader.num_yielded)
         metrics = trainer.loader.exchange_metrics()
-        if metrics_log is not None:
-            metrics_log.finish(metrics)
     finally:
         if progress is not None:
             progress.close()
@@ -85,14 +104,26 @@ def train_rank(config: PipelineConfig, options: TrainOptions) -> TrainResult | N
         trainer.close()
         if metrics_log is not None:
             metrics_log.close()
-    everything = gather_from_every_rank(results, setup.job)
-    flat = [result for per_rank in everything for result in per_rank or []]
+    position = setup.position
+    report = RankReport(tally.snapshot(), metrics_log.final_line(metrics) if metrics_log is not None else None,
+                        (position.module.name, position.dp_rank, position.tp_rank, position.pp_rank), moved.totals(trainer.loader.num_yielded))
+    everything = gather_from_every_rank((results, report), setup.job)
+    flat = [result for per_rank, _ in everything for result in per_rank or []]
+    reports = [rank_report for _, rank_report in everything]
+    warnings = merge(rank_report.warnings for rank_report in reports)
     records = [{**r, "tp_rank": 0, "pp_rank": 0} for result in flat for r in result.records]
     summaries = summarize(records, setup.topology.grid_size)
     if rank == 0:
+        for rank_report in reports:
+            if rank_report.metrics_line:
+                print(rank_report.metrics_line, file=sys.stderr, flush=True)
         print(headline(config, setup.topology, start * per_iteration, stop * per_iteration, command="mimo-pipes train"), flush=True)
         print(format_training(flat), flush=True)
         print(format_summary(summaries), flush=True)
+        for count in warnings:
+            print(count.line(), flush=True)
         if options.save_state:
             print(f"saved model, optimizer and loader state after iteration {stop} to {options.save_state}", flush=True)
-    return TrainResult(start, stop, flat, summaries, results, metrics)
+        if options.summary_json is not None:
+            write_summary_json(options.summary_json, summaries, moved_by_module(reports))
+    return TrainResult(start, stop, flat, summaries, results, metrics, warnings)

@@ -43,9 +43,9 @@ def row_videos(row: dict) -> list:
 def conversation(row: dict, sample: object) -> list[Turn]:
     """The row's turns; SampleError naming the dataset row when it holds no usable conversation."""
     if row.get("messages") is not None:
-        turns = [_message_turn(m, sample) for m in row["messages"]]
+        turns = [_message_turn(k, m, sample) for k, m in enumerate(_turn_list(row, "messages", sample))]
     elif row.get("conversations") is not None:
-        turns = [_llava_turn(m, sample) for m in row["conversations"]]
+        turns = [_llava_turn(m, sample) for m in _turn_list(row, "conversations", sample)]
     elif row.get("prompt") is not None or row.get("response") is not None:
         prompt, response = row.get("prompt") or "", row.get("response") or ""
         if not isinstance(prompt, str) or not isinstance(response, str):
@@ -62,17 +62,31 @@ def _text(turn: Turn) -> str:
     return "".join(value for kind, value in turn.parts if kind == "text")
 
 
-def _message_turn(message: Any, sample: object) -> Turn:
+def _turn_list(row: dict, column: str, sample: object) -> list:
+    turns = row[column]
+    if not isinstance(turns, (list, tuple)):
+        raise SampleError(sample, f"dataset row {sample}: {column} must be a list of turns, got {type(turns).__name__} {turns!r:.40}", field=column)
+    return list(turns)
+
+
+def _message_turn(index: int, message: Any, sample: object) -> Turn:
     if not isinstance(message, dict) or message.get("role") not in ROLES:
         raise SampleError(sample, f"dataset row {sample}: a message needs a role of {sorted(set(ROLES))}, got {message!r:.80}", field="messages")
     content = message.get("content")
     if content is None or isinstance(content, str):
         return Turn(ROLES[message["role"]], _split_markers(content or ""))
+    if not isinstance(content, (list, tuple)):
+        raise SampleError(sample, f"dataset row {sample}: message {index}: content must be a string or a list of parts, got "
+                                  f"{type(content).__name__} {content!r:.40}", field="messages")
     parts = []
     for part in content:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "text":
-            parts.append(("text", str(part.get("text") or "")))
+            text = part.get("text")
+            if text is not None and not isinstance(text, str):
+                raise SampleError(sample, f"dataset row {sample}: message {index}: text must be a string, got "
+                                          f"{type(text).__name__} {text!r:.40}", field="messages")
+            parts.append(("text", text or ""))
         elif kind in ("image", "video"):
             parts.append((kind, ""))
         else:

@@ -7,6 +7,7 @@ from pathlib import Path
 from mimo_pipes.data.cache import build_atomically, cache_root
 from mimo_pipes.data.paths import existing_folder
 from mimo_pipes.errors import ConfigError
+from mimo_pipes.third_party import quiet_datasets
 
 DATASET_VERSION = "v1"
 """Bumped whenever the synthetic generator changes, so a stale cached copy is never reused."""
@@ -44,7 +45,8 @@ def open_dataset(path: str | Path, split: str = "train"):
 
     p = check_dataset_path(path)
     try:
-        ds = datasets.load_from_disk(str(p))
+        with quiet_datasets():
+            ds = datasets.load_from_disk(str(p))
     except Exception as e:  # noqa: BLE001 - any loading failure is a bad --dataset
         raise ConfigError("--dataset", f"cannot load {str(path)!r}: {e}") from e
     if isinstance(ds, datasets.DatasetDict):

@@ -12,6 +12,8 @@ and how many placeholder tokens each one takes in ``input_ids``.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -77,12 +79,48 @@ class PatchFamily:
         pixels, grid = np.concatenate(patches), np.asarray(grids, dtype=np.int64)
         return {"pixel_values_videos": pixels, "video_grid_thw": grid}, self._tokens(grid, pixels, self.video_token_id, sample, "videos")
 
+    def image_layout(self, sizes: Sequence[tuple[int, int]], sample: object) -> Features:
+        """What :meth:`images` makes of images of these (height, width) sizes, without their pixels: the
+        grid field and the placeholder runs, through the image processor's own resize rule."""
+        grid = np.asarray([self.image_grid(height, width) for height, width in sizes], dtype=np.int64).reshape(-1, 3)
+        return {"image_grid_thw": grid}, self._runs(grid, self.image_token_id)
+
+    def video_layout(self, sizes: Sequence[tuple[int, int, int]], sample: object) -> Features:
+        """What :meth:`videos` makes of videos of these (frames, height, width) sizes, without their pixels."""
+        if self.video_token_id is None:
+            raise SampleError(sample, f"dataset row {sample}: has videos but the tokenizer has no {self.video_pad}", field="videos")
+        grid = np.asarray([self.video_grid(*size) for size in sizes], dtype=np.int64).reshape(-1, 3)
+        return {"video_grid_thw": grid}, self._runs(grid, self.video_token_id)
+
+    def image_grid(self, height: int, width: int) -> list[int]:
+        """``image_grid_thw`` of one image: the image processor's ``smart_resize`` (its own module's, with
+        its min and max pixels) to multiples of patch x merge, in patches; one temporal step."""
+        ip = self.image_processor
+        if getattr(ip, "do_resize", True):
+            rule = getattr(sys.modules.get(type(ip).__module__), "smart_resize", None)
+            if rule is None:
+                from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize as rule
+            size = ip.size
+            height, width = rule(height, width, factor=self.patch_size * self.merge_size,
+                                 min_pixels=size["shortest_edge"], max_pixels=size["longest_edge"])
+        elif height % self.patch_size or width % self.patch_size:
+            raise ValueError(f"{height} x {width} is not a multiple of the patch size {self.patch_size}")
+        return [1, height // self.patch_size, width // self.patch_size]
+
+    def video_grid(self, frames: int, height: int, width: int) -> list[int]:
+        """``video_grid_thw`` of one video, as :meth:`_patchify` lays it out."""
+        height, width = self._resized(height, width, self.patch_size * self.merge_size)
+        return [-(-frames // self.temporal_patch_size), height // self.patch_size, width // self.patch_size]
+
+    def _runs(self, grid: np.ndarray, token: int) -> list[list[int]]:
+        return [[token] * int(n // self.merge_size**2) for n in grid.prod(axis=1)]
+
     def _tokens(self, grid: np.ndarray, pixels: np.ndarray, token: int, sample: object, field: str) -> list[list[int]]:
         patches = grid.prod(axis=1)
         merge2 = self.merge_size**2
         if pixels.shape[0] != int(patches.sum()) or np.any(patches % merge2):
             raise SampleError(sample, f"dataset row {sample}: {pixels.shape[0]} patch rows do not match grids {grid.tolist()}", field=field)
-        return [[token] * int(n // merge2) for n in patches]
+        return self._runs(grid, token)
 
     def _patchify(self, frames: np.ndarray) -> tuple[np.ndarray, list[int]]:
         """Frames ``[T, H, W, 3]`` as the image processor treats an image, with time as the temporal axis."""
@@ -147,11 +185,22 @@ class TileFamily:
         tiles = np.asarray(feats["num_patches"], dtype=np.int64).reshape(-1)
         if pixels.shape[0] != int(tiles.sum()):
             raise SampleError(sample, f"dataset row {sample}: {pixels.shape[0]} tiles, but num_patches {tiles.tolist()}", field="images")
-        tokens = [[self.start_id] + [self.image_token_id] * (self.image_seq_length * int(n)) + [self.end_id] for n in tiles]
-        return {"pixel_values": pixels, "image_num_tiles": tiles}, tokens
+        return {"pixel_values": pixels, "image_num_tiles": tiles}, self._runs(tiles)
 
     def videos(self, videos: list[np.ndarray], sample: object) -> Features:
         raise SampleError(sample, f"dataset row {sample}: videos are not supported by the {self.name} family", field="videos")
+
+    def image_layout(self, sizes: Sequence[tuple[int, int]], sample: object) -> Features:
+        """What :meth:`images` makes of images of these (height, width) sizes, without their pixels: tiles
+        per image from the image processor's own tiling rule (``get_number_of_image_patches``)."""
+        tiles = np.asarray([self.image_processor.get_number_of_image_patches(h, w) for h, w in sizes], dtype=np.int64).reshape(-1)
+        return {"image_num_tiles": tiles}, self._runs(tiles)
+
+    def video_layout(self, sizes: Sequence[tuple[int, int, int]], sample: object) -> Features:
+        return self.videos([], sample)
+
+    def _runs(self, tiles: np.ndarray) -> list[list[int]]:
+        return [[self.start_id] + [self.image_token_id] * (self.image_seq_length * int(n)) + [self.end_id] for n in tiles]
 
 
 def family_for(tokenizer: Any, image_processor: Any, source: str | None, processor_config: dict) -> PatchFamily | TileFamily:

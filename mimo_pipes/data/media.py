@@ -1,5 +1,11 @@
-"""Decoding a row's images and videos: paths (relative to an image folder), bytes, ``datasets.Image``
-values, PIL images or arrays. Every failure is a :class:`SampleError` naming the dataset row."""
+"""Decoding a row's images and videos: paths (inside an image folder), bytes, ``datasets.Image`` values,
+PIL images or arrays. Every failure is a :class:`SampleError` naming the dataset row.
+
+A path from the data resolves, symlinks followed, inside the image folder, or the row is bad and the file
+is never opened. An image is then what transformers' ``load_image`` makes of it: turned by its EXIF
+orientation and converted to RGB (CMYK, grayscale, palette, 16-bit; alpha and palette transparency
+dropped; the first frame of an animation), so the family's image processor sees what it sees in
+transformers."""
 
 from __future__ import annotations
 
@@ -22,41 +28,48 @@ def as_list(value: Any) -> list:
 
 
 def open_image(item: Any, image_folder: str | None, row: object, what: str):
-    """One image as a loaded RGB-or-gray PIL image."""
-    from PIL import Image
+    """One image as a loaded RGB PIL image, as ``transformers.image_utils.load_image`` loads it."""
+    from PIL import Image, ImageOps
 
     try:
         if isinstance(item, Image.Image):
-            img = item
+            source: Any = None
         elif isinstance(item, dict) and item.get("bytes") is not None:
-            img = Image.open(io.BytesIO(item["bytes"]))
+            source = io.BytesIO(item["bytes"])
         elif isinstance(item, dict) and item.get("path"):
-            img = Image.open(resolve(item["path"], image_folder, row, what))
+            source = resolve(item["path"], image_folder, row, what)
         elif isinstance(item, (bytes, bytearray)):
-            img = Image.open(io.BytesIO(bytes(item)))
+            source = io.BytesIO(bytes(item))
         elif isinstance(item, (str, Path)):
-            img = Image.open(resolve(item, image_folder, row, what))
+            source = resolve(item, image_folder, row, what)
         elif isinstance(item, np.ndarray):
-            img = Image.fromarray(item)
+            item = Image.fromarray(item)
+            source = None
         else:
             raise TypeError(f"unsupported image type {type(item).__name__}")
-        img.load()
+        if source is None:
+            return ImageOps.exif_transpose(item).convert("RGB")  # transformers' load_image, step for step
+        with Image.open(source) as img:  # closed once converted (an animation would keep its file open)
+            return ImageOps.exif_transpose(img).convert("RGB")
     except SampleError:
         raise
     except Exception as e:  # noqa: BLE001 - any decode failure names the row
         raise SampleError(row, f"dataset row {row}: {what} cannot be decoded: {e}", field="images") from e
-    return img
 
 
-def resolve(path: str | Path, image_folder: str | None, row: object, what: str) -> Path:
-    """``path`` under ``image_folder`` when relative; a missing file is the row's fault."""
-    p = Path(path)
-    if not p.is_absolute() and image_folder is not None:
-        p = Path(image_folder) / p
-    if not p.is_file():
-        where = f" (under --image-folder {image_folder})" if image_folder is not None and not Path(path).is_absolute() else ""
-        raise SampleError(row, f"dataset row {row}: {what} {str(path)!r} does not exist{where}", field="images")
-    return p
+def resolve(path: str | Path, image_folder: str | Path | None, row: object, what: str) -> Path:
+    """The file ``path`` (relative to ``image_folder``, or absolute) names, symlinks resolved; SampleError
+    when it lies outside the folder (the resolved path is not printed), is missing, or there is no folder."""
+    if image_folder is None:
+        raise SampleError(row, f"dataset row {row}: {what} {str(path)!r} is a path, but no image folder is set (--image-folder)", field="images")
+    root = Path(image_folder).expanduser().resolve()
+    real = (root / Path(path)).resolve()
+    if not real.is_relative_to(root):
+        raise SampleError(row, f"dataset row {row}: {what} {str(path)!r} is outside the image folder", field="images")
+    if not real.is_file():
+        raise SampleError(row, f"dataset row {row}: {what} {str(path)!r} does not exist (under the image folder {image_folder})",
+                          field="images")
+    return real
 
 
 def open_video(item: Any, image_folder: str | None, row: object, index: int) -> np.ndarray:
@@ -68,7 +81,7 @@ def open_video(item: Any, image_folder: str | None, row: object, index: int) -> 
         if not decoded:
             raise SampleError(row, f"dataset row {row}: video {index} has no frames", field="videos")
         size = decoded[0].size
-        frames = np.stack([np.asarray(f.convert("RGB").resize(size)) for f in decoded])
+        frames = np.stack([np.asarray(f.resize(size)) for f in decoded])
     if frames.ndim != 4 or frames.shape[-1] != 3 or frames.shape[0] == 0:
         raise SampleError(row, f"dataset row {row}: video {index} must be frames [T, H, W, 3], got {frames.shape}", field="videos")
     return np.ascontiguousarray(frames, dtype=np.uint8)

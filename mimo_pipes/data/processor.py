@@ -22,7 +22,6 @@ end-of-turn marker), else ``-100``; ``loss_mask[t] = 1.0`` exactly where ``label
 from __future__ import annotations
 
 import json
-import logging
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,8 +38,12 @@ from mimo_pipes.data.media import open_image, open_video
 from mimo_pipes.data.paths import existing_folder
 from mimo_pipes.errors import ConfigError, SampleError
 from mimo_pipes.sample import SAMPLE_ID
+from mimo_pipes.third_party import quiet_transformers
+from mimo_pipes.warning_tally import WarningKind, warn
 
-logger = logging.getLogger(__name__)
+TRUNCATED = WarningKind(
+    "samples truncated to --seq-length", note="later turns first, then the prompt's start and the reply's end; every image placeholder kept"
+)
 
 PROCESSOR_VERSION = "v1"
 """Bumped whenever the built-in processor changes, so a stale cached copy is never reused."""
@@ -165,14 +168,15 @@ def load_processor(path: str | Path, seq_length: int, image_folder: str | None =
     if isinstance(seq_length, bool) or not isinstance(seq_length, (int, np.integer)) or seq_length < 1:
         raise ConfigError("--seq-length", f"must be a positive integer, got {seq_length!r}")
     p = check_processor_path(path)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(p))
-    except Exception as e:  # noqa: BLE001 - any loading failure is a bad --processor
-        raise ConfigError("--processor", f"cannot load a tokenizer from {str(path)!r}: {e}") from e
-    try:
-        image_processor = AutoImageProcessor.from_pretrained(str(p), backend="pil")
-    except Exception as e:  # noqa: BLE001
-        raise ConfigError("--processor", f"cannot load an image processor from {str(path)!r}: {e}") from e
+    with quiet_transformers():  # its advice on processors is no error; errors still raise
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(p))
+        except Exception as e:  # noqa: BLE001 - any loading failure is a bad --processor
+            raise ConfigError("--processor", f"cannot load a tokenizer from {str(path)!r}: {e}") from e
+        try:
+            image_processor = AutoImageProcessor.from_pretrained(str(p), backend="pil")
+        except Exception as e:  # noqa: BLE001
+            raise ConfigError("--processor", f"cannot load an image processor from {str(path)!r}: {e}") from e
     config = json.loads((p / "processor_config.json").read_text()) if (p / "processor_config.json").is_file() else {}
     chat_template = config.get("chat_template")
     if (p / "chat_template.jinja").is_file():
@@ -186,6 +190,46 @@ def load_processor(path: str | Path, seq_length: int, image_folder: str | None =
 
 
 # ----------------------------------------------------------------------------------------------------
+# Fitting a sample to --seq-length
+
+FIRST_PROMPT, FIRST_REPLY, LATER = 0, 1, 2
+"""Where a token lies: before the first assistant reply, in it, or after it (later turns)."""
+
+
+def share_room(prompt: int, reply: int, room: int) -> tuple[int, int]:
+    """(prompt, reply) tokens kept of ``prompt`` and ``reply`` in ``room`` tokens: the longer gives way
+    first, and each keeps at least half of the room (the reply the odd token) when both are long."""
+    if prompt + reply <= room:
+        return prompt, reply
+    half = room // 2
+    if prompt <= half:
+        return prompt, room - prompt
+    if reply <= room - half:
+        return room - reply, reply
+    return half, room - half
+
+
+def fit_to_length(fixed: list[bool], part: list[int], length: int) -> list[int]:
+    """The positions kept of a sample longer than ``length`` (``sum(fixed) < length``), in order.
+
+    ``fixed`` tokens (image and video placeholders with their markers) are all kept. Of the others, the
+    turns after the first reply give way first, cut at their end; when the first exchange still does not
+    fit, its prompt and its reply share the room (:func:`share_room`): the prompt loses its beginning,
+    the reply its end."""
+    room = length - sum(fixed)
+    cuttable: dict[int, list[int]] = {FIRST_PROMPT: [], FIRST_REPLY: [], LATER: []}
+    for t, (is_fixed, where) in enumerate(zip(fixed, part)):
+        if not is_fixed:
+            cuttable[where].append(t)
+    prompt, reply, later = cuttable[FIRST_PROMPT], cuttable[FIRST_REPLY], cuttable[LATER]
+    keep_later = max(0, min(len(later), room - len(prompt) - len(reply)))
+    keep_prompt, keep_reply = share_room(len(prompt), len(reply), room - keep_later)
+    kept = [t for t, is_fixed in enumerate(fixed) if is_fixed]
+    kept += prompt[len(prompt) - keep_prompt :] + reply[:keep_reply] + later[:keep_later]
+    return sorted(kept)
+
+
+# ----------------------------------------------------------------------------------------------------
 # The per-sample processor
 
 
@@ -193,8 +237,8 @@ class SampleProcessor:
     """Turns a dataset row into unpadded model tensors. Picklable; safe to call from several threads.
 
     The row holds a conversation (``messages``, ``conversations``, or ``prompt`` and ``response``) and may
-    hold ``images`` / ``image`` (PIL images, ``{"bytes", "path"}`` dicts, bytes, paths relative to
-    ``image_folder``, HWC uint8 arrays) and ``videos`` (frames ``[T, H, W, 3]`` or lists of frames). Every
+    hold ``images`` / ``image`` (PIL images, ``{"bytes", "path"}`` dicts, bytes, paths that resolve inside
+    ``image_folder`` (see :mod:`mimo_pipes.data.media`), HWC uint8 arrays) and ``videos`` (frames ``[T, H, W, 3]`` or lists of frames). Every
     other key (``sample_id``, ``id``, ...) is returned unchanged. A text-only sample carries no vision field.
     """
 
@@ -263,15 +307,20 @@ class SampleProcessor:
         self, turns: Any, media: dict[str, list[list[int]]], sample_id: object, num_images: int, num_videos: int
     ) -> tuple[list[int], list[bool]]:
         """The sample's token ids and which of them are trained: the chat rendered with each image and video
-        marker replaced by its placeholder run (``media``: pad marker -> runs in order), cut to
-        ``--seq-length`` (never through a placeholder: a row whose placeholders do not fit is an error).
-        ``mimo-pipes analyze`` calls it with runs computed from image sizes, so its counts are these."""
-        placeholders = sum(len(ids) for runs in media.values() for ids in runs)
-
+        marker replaced by its placeholder run (``media``: pad marker -> runs in order), fitted to
+        ``--seq-length`` by :func:`fit_to_length`. A sample left with no token to train on is a SampleError.
+        The cost annotator and ``mimo-pipes analyze`` call it with runs computed from image sizes
+        (:mod:`mimo_pipes.data.module_processor`), so their counts are these."""
+        markers = {self.vision_start_id, self.vision_end_id} - {None}
         ids: list[int] = []
         trained: list[bool] = []
+        fixed: list[bool] = []  # placeholder runs and vision markers: never cut, never trained
+        part: list[int] = []  # FIRST_PROMPT, FIRST_REPLY or LATER
         used = {pad: 0 for pad in media}
+        later = False
         for text, is_trained in trained_segments(turns, self._render):
+            where = LATER if later else (FIRST_REPLY if is_trained else FIRST_PROMPT)
+            later = later or is_trained
             for piece in self._pads.split(text):
                 if piece in used:
                     runs = media.get(piece, [])
@@ -279,43 +328,36 @@ class SampleProcessor:
                         raise SampleError(sample_id, f"dataset row {sample_id}: the chat names more {piece} than the row has", field="images")
                     tokens = runs[used[piece]]
                     used[piece] += 1
+                    is_fixed = [True] * len(tokens)
                 else:
                     tokens = self._encode(piece) if piece else []
+                    is_fixed = [token in markers for token in tokens]
                 ids.extend(tokens)
-                trained.extend([is_trained] * len(tokens))
+                fixed.extend(is_fixed)
+                trained.extend(is_trained and not f for f in is_fixed)
+                part.extend([where] * len(tokens))
         if any(used[pad] != len(runs) for pad, runs in media.items()):
             raise SampleError(sample_id, f"dataset row {sample_id}: the chat template did not place every image and video", field="images")
 
         if len(ids) > self.seq_length:
-            placeholder = set(self.placeholder_ids)
-            last = max((t for t, tid in enumerate(ids) if tid in placeholder), default=-1)
-            if last >= self.seq_length:
+            need = sum(fixed)
+            if need + 1 > self.seq_length:
+                placeholders = sum(len(run) for runs in media.values() for run in runs)
                 raise SampleError(
                     sample_id,
-                    f"dataset row {sample_id}: needs {last + 1} tokens up to its last image placeholder ({placeholders} "
-                    f"image/video placeholders in {num_images} images and {num_videos} videos), more than --seq-length "
-                    f"{self.seq_length}",
+                    f"dataset row {sample_id}: needs {need + 1} tokens for its images ({placeholders} image/video "
+                    f"placeholders in {num_images} images and {num_videos} videos, with their markers) and one token "
+                    f"to train on, more than --seq-length {self.seq_length}",
                     field="images",
                 )
-            logger.warning("sample %r: truncated from %d to --seq-length %d tokens; all %d placeholders kept",
-                           sample_id, len(ids), self.seq_length, placeholders)
-            ids, trained = ids[: self.seq_length], trained[: self.seq_length]
-
+            kept = fit_to_length(fixed, part, self.seq_length)
+            warn(TRUNCATED, sample_id, f"dataset row {sample_id}: truncated from {len(ids)} to --seq-length {self.seq_length} tokens; "
+                 f"all {need} image and video tokens kept")
+            ids, trained = [ids[t] for t in kept], [trained[t] for t in kept]
+        if not any(trained[1:]):  # labels[t] trains token t + 1: a trained token at 0 is no label
+            cut = f" after truncation to --seq-length {self.seq_length}" if len(ids) == self.seq_length else ""
+            raise SampleError(sample_id, f"dataset row {sample_id}: no token to train on{cut}", field="messages")
         return ids, trained
-
-    def counts_from_sizes(self, row: dict, tokens_per_image: list[int]) -> tuple[int, int]:
-        """(placeholders, real tokens) of an image-and-text row exactly as :meth:`__call__` makes them, given
-        each image's placeholder count (from its size and the resize rule): no pixel is decoded. For patch
-        families, whose image run is one placeholder per merged patch; raises what ``__call__`` raises."""
-        return sum(tokens_per_image), len(self.input_ids_from_sizes(row, tokens_per_image))
-
-    def input_ids_from_sizes(self, row: dict, tokens_per_image: list[int]) -> list[int]:
-        """The ``input_ids`` :meth:`__call__` makes of an image-and-text row, from each image's placeholder
-        count alone (see :meth:`counts_from_sizes`)."""
-        sample_id = row.get(SAMPLE_ID, row.get("id"))
-        media = {self.family.image_pad: [[self.image_token_id] * n for n in tokens_per_image]}
-        ids, _ = self.token_layout(conversation(row, sample_id), media, sample_id, len(tokens_per_image), 0)
-        return ids
 
     def __call__(self, row: dict) -> dict:
         sample_id = row.get(SAMPLE_ID, row.get("id"))
@@ -331,20 +373,31 @@ class SampleProcessor:
             feats, media[self.family.video_pad] = self.family.videos(videos, sample_id)
             fields.update(feats)
         ids, trained = self.token_layout(turns, media, sample_id, len(images), len(videos))
-        input_ids = torch.tensor(ids, dtype=torch.int64)
-        length = input_ids.shape[0]
-        trained_mask = torch.tensor(trained, dtype=torch.bool)
-        labels = torch.full((length,), -100, dtype=torch.int64)
-        labels[:-1] = torch.where(trained_mask[1:], input_ids[1:], labels[:-1])
-
         out = {k: v for k, v in row.items() if k not in CONSUMED_KEYS}
-        out.update(
-            input_ids=input_ids,
-            attention_mask=torch.ones(length, dtype=torch.int64),
-            labels=labels,
-            loss_mask=(labels != -100).to(torch.float32),
-            position_ids=torch.arange(length, dtype=torch.int64),
-        )
+        out.update(token_fields(ids, trained))
         for name, value in fields.items():
             out[name] = torch.from_numpy(np.ascontiguousarray(value))
         return out
+
+
+def token_fields(ids: Any, trained: Any) -> dict[str, torch.Tensor]:
+    """The token fields of a sample from its token ids and which of them are trained (lists or 1-d
+    tensors; see the module doc)."""
+    input_ids = _as_tensor(ids, np.int64, torch.int64)
+    length = input_ids.shape[0]
+    trained_mask = _as_tensor(trained, np.bool_, torch.bool)
+    labels = torch.full((length,), -100, dtype=torch.int64)
+    labels[:-1] = torch.where(trained_mask[1:], input_ids[1:], labels[:-1])
+    return {
+        "input_ids": input_ids,
+        "attention_mask": torch.ones(length, dtype=torch.int64),
+        "labels": labels,
+        "loss_mask": (labels != -100).to(torch.float32),
+        "position_ids": torch.arange(length, dtype=torch.int64),
+    }
+
+
+def _as_tensor(values: Any, np_dtype: Any, dtype: torch.dtype) -> torch.Tensor:
+    if isinstance(values, torch.Tensor):
+        return values.to(dtype)
+    return torch.from_numpy(np.asarray(values, dtype=np_dtype))  # several times faster than torch.tensor(list)

@@ -19,13 +19,25 @@ from mimo_pipes.sharding import global_microbatch_indices, microbatches_per_epoc
 
 REPLACED_ROWS = "replaced_rows"
 """Sample key: the dataset rows this sample stands in for (empty when it is its own row)."""
+REPLACED_REASONS = "replaced_reasons"
+"""Sample key: why each of ``replaced_rows`` could not be processed (its SampleError, one line)."""
 MAX_TRIES = 64
+MAX_REASON = 300  # characters of a reason kept: a report line, not a traceback
+
+
+def reason(error: SampleError) -> str:
+    """What was wrong with a row, without the "sample ..., field ...: dataset row N:" that says where."""
+    text = " ".join(str(error.reason if error.reason is not None else error).split())
+    prefix = f"dataset row {error.sample_id}: "
+    text = text.removeprefix(prefix)
+    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."
 
 
 class SkipBadRows:
     """Wraps a per-sample ``process`` (a map function): on :class:`SampleError`, processes the rows that follow
     the sample in the global order until one succeeds. The result keeps the step and slot, takes the good row's
-    ``sample_id``, and lists the skipped rows under ``replaced_rows``."""
+    ``sample_id``, lists the skipped rows under ``replaced_rows`` and why each failed under
+    ``replaced_reasons`` (the same on every module: processing a row fails alike everywhere)."""
 
     def __init__(
         self,
@@ -53,6 +65,7 @@ class SkipBadRows:
             sample = self._replace(row, error)
         else:
             sample[REPLACED_ROWS] = []
+            sample[REPLACED_REASONS] = []
         return sample
 
     def _indices(self, step: int):
@@ -71,7 +84,7 @@ class SkipBadRows:
 
     def _replace(self, row: dict, error: SampleError) -> Sample:
         step, slot, index = int(row[STEP]), int(row[SLOT]), int(row[SAMPLE_ID])
-        skipped = [index]
+        skipped, reasons = [index], [reason(error)]
         for tries, candidate in enumerate(self._successors(step, index)):
             if tries >= self.max_tries:
                 break
@@ -79,9 +92,11 @@ class SkipBadRows:
             attempt.update({SAMPLE_ID: candidate, STEP: step, SLOT: slot})
             try:
                 sample = self.process(attempt)
-            except SampleError:
+            except SampleError as failed:
                 skipped.append(candidate)
+                reasons.append(reason(failed))
                 continue
             sample[REPLACED_ROWS] = skipped
+            sample[REPLACED_REASONS] = reasons
             return sample
         raise SampleError(index, f"{error} (and the {self.max_tries} rows after it failed too)") from error

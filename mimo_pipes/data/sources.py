@@ -8,17 +8,22 @@ processor decodes them, on its worker threads, and names the row when one is bro
 from __future__ import annotations
 
 import glob
+import json
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from mimo_pipes.data.cache import cache_root
 from mimo_pipes.errors import ConfigError
+from mimo_pipes.third_party import quiet_datasets
 
 BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json"}
 HINT = "pass a save_to_disk folder, or .parquet / .json / .jsonl files or a glob of them"
 
 
 def data_files(spec: str) -> tuple[str, list[str]]:
-    """The ``datasets`` builder and the sorted files a file path or glob names."""
+    """The ``datasets`` builder and the sorted files a file path or glob names (``~`` expanded)."""
+    spec = os.path.expanduser(spec)
     files = sorted(glob.glob(spec)) if glob.has_magic(spec) else ([spec] if Path(spec).is_file() else [])
     if not files:
         raise ConfigError("--dataset", f"{spec!r} matches no file; {HINT}")
@@ -27,6 +32,17 @@ def data_files(spec: str) -> tuple[str, list[str]]:
     if None in builders or len(builders) != 1:
         raise ConfigError("--dataset", f"{spec!r} holds files of kind {sorted(kinds)}; {HINT} (one kind at a time)")
     return builders.pop(), files
+
+
+def dataset_folder(spec: str | Path) -> Path:
+    """The folder that holds ``spec``'s rows: a ``save_to_disk`` folder itself, a file's folder, or the
+    deepest folder of a glob above its first wildcard. Image paths in the rows resolve inside it when no
+    ``--image-folder`` is given."""
+    path = Path(spec).expanduser()
+    if glob.has_magic(str(path)):
+        fixed = [part for part in path.parts[: next(k for k, part in enumerate(path.parts) if glob.has_magic(part))]]
+        return Path(*fixed) if fixed else Path(".")
+    return path if path.is_dir() else path.parent
 
 
 def check_source(spec: str | Path) -> None:
@@ -50,9 +66,10 @@ def open_source(spec: str | Path, split: str = "train"):
     else:
         builder, files = data_files(str(spec))
         try:
-            ds = datasets.load_dataset(builder, data_files=files, split="train", cache_dir=str(cache_root() / "datasets"))
+            with quiet_datasets():  # no "Generating train split" bar on every rank
+                ds = datasets.load_dataset(builder, data_files=files, split="train", cache_dir=str(cache_root() / "datasets"))
         except Exception as e:  # noqa: BLE001 - any parsing failure is a bad --dataset
-            raise ConfigError("--dataset", f"cannot read {str(spec)!r} as {builder}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+            raise ConfigError("--dataset", f"cannot read {str(spec)!r} as {builder}: {why_unreadable(builder, files, e)}") from e
     columns = set(ds.column_names)
     if not (columns & {"messages", "conversations"} or {"prompt", "response"} <= columns):
         raise ConfigError(
@@ -88,11 +105,85 @@ def _images_undecoded(ds):
 
 
 def _undecoded(feature):
+    """``feature`` with every image inside it (lists of images, lists of lists: video frames) left
+    encoded; None when it holds no image to decode."""
+    import dataclasses
+
     import datasets
 
     if isinstance(feature, datasets.Image):
         return datasets.Image(decode=False) if feature.decode else None
     inner = getattr(feature, "feature", None)
-    if isinstance(inner, datasets.Image) and inner.decode:
-        return type(feature)(datasets.Image(decode=False))
-    return None
+    undecoded = _undecoded(inner) if inner is not None else None
+    if undecoded is None:
+        return None
+    return dataclasses.replace(feature, feature=undecoded) if dataclasses.is_dataclass(feature) else type(feature)(undecoded)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Why files could not be read: found only after ``datasets`` failed, so a good source is read once
+
+
+def why_unreadable(builder: str, files: list[str], error: BaseException) -> str:
+    """The first thing wrong with ``files``, with its place (file and line, or both files and the column),
+    else the innermost cause of ``error`` (``datasets`` hides it behind a generic message)."""
+    for problem in (_json_problems(files) if builder == "json" else _parquet_problems(files)):
+        return problem
+    while error.__cause__ is not None or error.__context__ is not None:
+        error = error.__cause__ or error.__context__  # type: ignore[assignment]
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _json_problems(files: list[str]) -> Iterator[str]:
+    """An empty file, or the first malformed line (a ``.json`` file read whole first, as one value)."""
+    for name in files:
+        with open(name, "rb") as handle:
+            if not any(line.strip() for line in handle):
+                yield f"{name} holds no rows (the file is empty)"
+                return
+        if name.lower().endswith(".json"):
+            try:
+                with open(name, encoding="utf-8") as handle:
+                    json.load(handle)
+                continue
+            except json.JSONDecodeError as e:
+                if e.msg != "Extra data":  # more than one value: JSON lines in a .json file
+                    yield f"{name} line {e.lineno}: invalid JSON: {e.msg} (column {e.colno})"
+                    return
+            except UnicodeDecodeError as e:
+                yield f"{name}: not UTF-8 text ({e.reason} at byte {e.start})"
+                return
+        with open(name, "rb") as handle:
+            for number, raw in enumerate(handle, start=1):
+                if not raw.strip():
+                    continue
+                try:
+                    json.loads(raw)
+                except UnicodeDecodeError:
+                    yield f"{name} line {number}: not UTF-8 text"
+                    return
+                except json.JSONDecodeError as e:
+                    yield f"{name} line {number}: invalid JSON: {e.msg} (column {e.colno})"
+                    return
+
+
+def _parquet_problems(files: list[str]) -> Iterator[str]:
+    """A file that is not Parquet, or a column typed differently in two files (schemas only: no data read)."""
+    import pyarrow.parquet as pq
+
+    first: tuple[str, dict] | None = None
+    for name in files:
+        try:
+            schema = pq.read_schema(name)
+        except Exception as e:  # noqa: BLE001 - an unreadable part names itself
+            yield f"{name} cannot be read as Parquet: {' '.join(str(e).split())}"
+            return
+        types = {field.name: field.type for field in schema}
+        if first is None:
+            first = (name, types)
+            continue
+        for column, kind in types.items():
+            if column in first[1] and first[1][column] != kind:
+                yield f"column {column!r} is {kind} in {name} but {first[1][column]} in {first[0]}: every part needs the same column types"
+                return

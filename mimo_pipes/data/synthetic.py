@@ -32,6 +32,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
+from mimo_pipes.third_party import quiet_datasets
+
 KIND_MIX: dict[str, float] = {
     "receipt": 0.15,
     "document": 0.15,
@@ -400,12 +402,6 @@ def generate_synthetic_dataset(path: str | Path | None, num_samples: int, seed: 
     columns = {key: [r[key] for r in rows] for key in ("id", "images", "prompt", "response", "kind")}
     ds = datasets.Dataset.from_dict(columns, features=dataset_features())
     if path is not None:
-        quiet = not datasets.utils.are_progress_bars_disabled()
-        if quiet:
-            datasets.utils.disable_progress_bars()
-        try:
+        with quiet_datasets():
             ds.save_to_disk(str(path))
-        finally:
-            if quiet:
-                datasets.utils.enable_progress_bars()
     return ds

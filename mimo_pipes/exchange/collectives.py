@@ -158,12 +158,14 @@ def exchange_window(
     record: ExchangeRecord | None = None,
     position: int = -1,
     composition: list[list[int]] | None = None,
+    copy: bool = False,
 ) -> Window:
     """Balance one window over the module's DP ranks and return this rank's samples in canonical order.
 
     With ``buffers`` the byte buffers are reused: the caller must copy the result out (collate it)
-    before its next exchange. ``validate`` checks this rank's samples before anything is sent (what
-    the caller's work on the result needs), so a bad sample fails on every rank at once. With ``record`` (see
+    before its next exchange, or pass ``copy`` (received samples get storage of their own). ``validate``
+    checks this rank's samples before anything is sent (what the caller's work on the result needs), so a
+    bad sample fails on every rank at once. With ``record`` (see
     :mod:`mimo_pipes.observer`) the exchange fills in what it did: the window's gathered figures, its
     assignment, phase times and bytes moved. ``position``: the micro-batch this rank's loader started or
     restored at (see :data:`POSITION_AT`; -1: not known). ``composition``: which samples form each output
@@ -200,7 +202,7 @@ def exchange_window(
     plan, chosen = _plan(ctx, canonical, record, composition)
     clock.lap("plan")
     sizes = canonical[:, :, PACKED_BYTES_AT].reshape(-1).tolist()
-    by_flat = _move(ctx, plan, local_samples, layouts, sizes, buffers, clock)
+    by_flat = _move(ctx, plan, local_samples, layouts, sizes, buffers, clock, copy)
     result = Window(window.first_step, permute_local(by_flat, plan), composition=chosen)
     clock.lap("unpack")
     return result
@@ -266,6 +268,7 @@ def _move(
     sizes: list[int],
     buffers: ExchangeBuffers | None,
     clock: _Clock,
+    copy: bool = False,
 ) -> dict[int, Sample]:
     """The one ragged all_to_all: only samples that change rank are packed and sent."""
     flat = [_flat_index(ctx, position) for position in range(len(local_samples))]
@@ -299,8 +302,8 @@ def _move(
             dist.all_to_all_single(recv_device, send_device, recv_splits, send_splits, group=ctx.group)
         clock.lap("all_to_all")
         recv_buffer.copy_(recv_device)
-    # Received tensors are views of recv_buffer (no copy); the buffer lives as long as its samples.
-    incoming = unpack_samples(recv_buffer, sizes=plan.recv_sizes(sizes))
+    # Received tensors are views of recv_buffer (no copy) unless ``copy``; the buffer lives as long as its samples.
+    incoming = unpack_samples(recv_buffer, sizes=plan.recv_sizes(sizes), copy=copy)
     kept = {index: by_flat[index] for index in plan.keep_indices}
     kept.update(zip(plan.recv_order(), incoming))
     return kept

@@ -1,6 +1,6 @@
 """Pure arithmetic of one exchange: given a window's balanced assignment, who sends what to whom.
 
-Layout (DESIGN.md, canonical grid): a window has W micro-batches of B samples, G canonical slots of
+Layout (docs/design.md, canonical grid): a window has W micro-batches of B samples, G canonical slots of
 B/G samples each. Samples are named by their flat window index ``m * B + j`` (micro-batch m, position
 j in the global micro-batch). A module has d DP ranks, d | G, G | B:
 

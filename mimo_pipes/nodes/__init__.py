@@ -1,9 +1,11 @@
-"""The graph's torchdata.nodes, one per module: reader, costs, windows, exchange, assembly, sequence packing."""
+"""The graph's torchdata.nodes, one per module: reader, costs, windows, exchange, processing after it, assembly,
+sequence packing."""
 
 from mimo_pipes.nodes.balance_exchange import BalanceExchange
 from mimo_pipes.nodes.canonical_shard_reader import CanonicalShardReader
 from mimo_pipes.nodes.cost_annotator import CostAnnotator
 from mimo_pipes.nodes.microbatch_assembler import MicroBatchAssembler
+from mimo_pipes.nodes.row_processor import RowProcessor
 from mimo_pipes.nodes.sequence_packer import SequencePacker
 from mimo_pipes.nodes.snapshot_guard import SnapshotGuard
 from mimo_pipes.nodes.uncollate import Uncollate
@@ -14,6 +16,7 @@ __all__ = [
     "CanonicalShardReader",
     "CostAnnotator",
     "MicroBatchAssembler",
+    "RowProcessor",
     "SequencePacker",
     "SnapshotGuard",
     "Uncollate",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import threading
 import time
@@ -26,7 +27,7 @@ from mimo_pipes.exchange import (
 from mimo_pipes.metrics import MetricsAccumulator, window_metrics
 from mimo_pipes.observer import ExchangeObserver, ExchangeRecord
 from mimo_pipes.resume import ResumePoint
-from mimo_pipes.sample import Window
+from mimo_pipes.sample import Window, held_bytes
 from mimo_pipes.tail_settings import TailSettings
 from mimo_pipes.validity import VALID_FOR_KEY, check_valid_for, collation_settings, valid_for
 
@@ -55,6 +56,7 @@ class _Prefetcher:
         self.delivered = 0
         self.first_sequence = first_sequence
         self.stopping = False
+        self.failure: BaseException | None = None  # a failure after delivery: announced in place of the next exchange
         self.in_flight = 0
         self.thread = threading.Thread(target=self._run, name="mimo-pipes-exchange", daemon=True)
         self.thread.start()
@@ -65,11 +67,16 @@ class _Prefetcher:
             torch.cuda.set_device(device)  # the current CUDA device is per thread
         while True:
             with self.condition:
-                while not self.stopping and self.produced >= self.delivered + PREFETCH_DEPTH:
+                while not self.stopping and self.failure is None and self.produced >= self.delivered + PREFETCH_DEPTH:
                     self.condition.wait()
-                if self.produced >= self.delivered + PREFETCH_DEPTH:
+                failure = self.failure
+                if failure is None and self.produced >= self.delivered + PREFETCH_DEPTH:
                     return
             sequence = self.first_sequence + self.produced
+            if failure is not None:
+                with contextlib.suppress(BaseException):  # raises the failure itself, here already known
+                    announce_failure(self.exchange.ctx, sequence, failure)
+                return
             try:
                 try:
                     window = next(self.source)
@@ -108,6 +115,15 @@ class _Prefetcher:
             self.condition.notify_all()
             return item
 
+    def queued_windows(self) -> list[Any]:
+        with self.condition:
+            return [value[0] for kind, value, _ in self.results if kind == "window"]
+
+    def fail(self, error: BaseException) -> None:
+        with self.condition:
+            self.failure = error
+            self.condition.notify_all()
+
     def stop(self, join_timeout: float | None) -> None:
         with self.condition:
             self.stopping = True
@@ -126,13 +142,15 @@ class _WindowExchange:
     Records what it did when the node collects metrics or has observers (the window's metrics are
     computed here, on the exchanging thread, off the training thread when overlapped)."""
 
-    def __init__(self, ctx: ExchangeContext, collator: Collator | None, node: BalanceExchange) -> None:
+    def __init__(self, ctx: ExchangeContext, collator: Collator | None, node: BalanceExchange, copy_received: bool = False) -> None:
         self.ctx = ctx
         self.collator = collator
+        self.copy_received = copy_received
         # Weak: a strong reference from the prefetch thread would keep the node, and so its thread, alive.
         self.node = weakref.ref(node)
-        # Buffers can be reused only when collation copies the received samples out right away.
-        self.buffers = ExchangeBuffers() if collator is not None else None
+        # Buffers can be reused only when nothing received keeps a view of them: collation copies the
+        # samples out right away, or they are unpacked as copies.
+        self.buffers = ExchangeBuffers() if collator is not None or copy_received else None
 
     def __call__(self, window: Window, sequence: int, on_training_thread: bool) -> tuple[Window, ExchangeRecord | None]:
         node = self.node()
@@ -149,7 +167,7 @@ class _WindowExchange:
         started = time.perf_counter()
         if self.collator is None:
             result = exchange_window(self.ctx, window, sequence, self.buffers, record=record, position=position,
-                                     composition=composition)
+                                     composition=composition, copy=self.copy_received)
         else:
             # What collation needs is checked before the exchange; what still fails is agreed on after it.
             result = exchange_window(self.ctx, window, sequence, self.buffers, validate=self.collator.check, record=record,
@@ -166,6 +184,7 @@ class _WindowExchange:
         if record is not None:
             record.started_at = started
             record.exchange_seconds = time.perf_counter() - started
+            record.window_bytes = held_bytes(result)
             if collect:
                 record.metrics = window_metrics(record)
         return result, record
@@ -184,6 +203,12 @@ class BalanceExchange(BaseNode[Window]):
     a collation failure on any rank an exception on every rank.
     The state is the source's state after the last delivered window: plain counters, never samples, and
     the metrics' running totals (a few counts and sums), so cumulative figures continue across a resume.
+
+    Under the ``rows`` payload it moves rows, unpacked as copies (they are small), and leaves them
+    uncollated for :class:`~mimo_pipes.nodes.row_processor.RowProcessor`, which processes them after it
+    and reads a window ahead: with ``confirm_delivery`` a window's record reaches the observers and
+    :meth:`metrics` when that node hands the window on (:meth:`confirm`), so they follow the consumer;
+    :meth:`fail` lets that node's failures reach the module's other ranks.
 
     Each delivered window is described by an :class:`~mimo_pipes.observer.ExchangeRecord` handed to
     ``observers`` (on the training thread, in order). With ``collect_metrics`` (default) the node also
@@ -211,6 +236,7 @@ class BalanceExchange(BaseNode[Window]):
         collate: bool = True,
         collect_metrics: bool = True,
         observers: Sequence[ExchangeObserver] = (),
+        confirm_delivery: bool = False,
     ) -> None:
         super().__init__()
         self.source = source if isinstance(source, BaseNode) else IterableWrapper(source)
@@ -222,7 +248,10 @@ class BalanceExchange(BaseNode[Window]):
         self.observers: list[ExchangeObserver] = list(observers)
         self._accumulator = MetricsAccumulator()
         self._last_metrics: dict[str, Any] | None = None
-        self._sync_exchange = _WindowExchange(ctx, collator, self)
+        self.confirm_delivery = confirm_delivery
+        self._unconfirmed: collections.deque[ExchangeRecord | None] = collections.deque()
+        self.copy_received = settings.processing.rows
+        self._sync_exchange = _WindowExchange(ctx, collator, self, self.copy_received)
         self._prefetcher: _Prefetcher | None = None
         self._finalizer: weakref.finalize | None = None
         # The micro-batch the loader over this node started or restored at (GraphLoader sets it; -1: not
@@ -232,6 +261,7 @@ class BalanceExchange(BaseNode[Window]):
         self.pinned: tuple[int, list[list[int]]] | None = None
         self._start_sequence = 0  # where a fresh start (reset(None)) begins; start_at() moves it
         self._start_totals: dict[str, Any] | None = None
+        self._failed = False
         self.valid_for = valid_for(type(self).__name__, {
             "dp rank": ctx.dp_rank,
             "dp size": ctx.dp_size,
@@ -263,6 +293,7 @@ class BalanceExchange(BaseNode[Window]):
             check_valid_for(initial_state, self.valid_for)
         super().reset(initial_state)
         self.close()
+        self._failed = False
         if initial_state is None:
             self.source.reset(None)
             self._sequence = self._start_sequence
@@ -274,6 +305,7 @@ class BalanceExchange(BaseNode[Window]):
         # A state saved before the totals were kept (no METRICS_KEY) restores the stream and starts them at zero.
         self._accumulator.load_state(self._start_totals if initial_state is None else initial_state.get(self.METRICS_KEY))
         self._last_metrics = None
+        self._unconfirmed.clear()
 
     def add_observer(self, observer: ExchangeObserver) -> None:
         """Call ``observer`` with the record of every window delivered from now on."""
@@ -291,12 +323,31 @@ class BalanceExchange(BaseNode[Window]):
             return Prefetched(0, 0)
         return Prefetched(len(prefetcher.results), prefetcher.in_flight)
 
+    def prefetched_windows(self) -> list[Window]:
+        """The windows the overlapped exchange holds ahead of the consumer now (exchanged, not delivered)."""
+        prefetcher = self._prefetcher
+        return prefetcher.queued_windows() if prefetcher is not None else []
+
+    def confirm(self) -> None:
+        """With ``confirm_delivery``: the consumer's node handed on the oldest window it read from this node;
+        its metrics become :meth:`metrics` and its record goes to the observers now."""
+        if self._unconfirmed:
+            self._publish(self._unconfirmed.popleft())
+
     def _deliver(self, record: ExchangeRecord | None, wait_seconds: float) -> None:
+        if record is not None:
+            record.wait_seconds = wait_seconds
+            if record.metrics is not None:  # the totals follow delivery, as the state does
+                record.metrics = self._accumulator.add(record.metrics, wait_seconds)
+        if self.confirm_delivery:
+            self._unconfirmed.append(record)
+        else:
+            self._publish(record)
+
+    def _publish(self, record: ExchangeRecord | None) -> None:
         if record is None:
             return
-        record.wait_seconds = wait_seconds
         if record.metrics is not None:
-            record.metrics = self._accumulator.add(record.metrics, wait_seconds)
             self._last_metrics = record.metrics
         for observer in self.observers:
             observer(record)
@@ -307,7 +358,7 @@ class BalanceExchange(BaseNode[Window]):
         if not self.overlap:
             return self._next_synchronous()
         if self._prefetcher is None:
-            self._prefetcher = _Prefetcher(self.source, _WindowExchange(self.ctx, self.collator, self), self._sequence)
+            self._prefetcher = _Prefetcher(self.source, _WindowExchange(self.ctx, self.collator, self, self.copy_received), self._sequence)
             self._finalizer = weakref.finalize(self, _stop_prefetcher, self._prefetcher, 0)
         waiting = time.perf_counter()
         kind, value, state_after = self._prefetcher.take()
@@ -343,13 +394,28 @@ class BalanceExchange(BaseNode[Window]):
         self._deliver(record, record.exchange_seconds if record is not None else 0.0)
         return result
 
+    def fail(self, error: BaseException) -> None:
+        """A failure with a window this node delivered (processing it after the exchange) becomes an exception
+        on every rank of the module: the rank announces it in place of its next exchange, so its peers raise
+        PeerError there (within the windows already prefetched) instead of waiting in that exchange. The
+        caller raises ``error`` itself; this node delivers nothing more."""
+        self._ended = True
+        self._failed = True
+        if self._prefetcher is not None:
+            self._prefetcher.fail(error)
+        else:
+            with contextlib.suppress(BaseException):  # raises ``error`` itself
+                announce_failure(self.ctx, self._sequence, error)
+
     def close(self, join_timeout: float | None = None) -> None:
         """Stop the prefetch thread after the exchanges peers may depend on; joins it (None: no limit)."""
         if self._finalizer is not None:
             self._finalizer.detach()
             self._finalizer = None
         if self._prefetcher is not None:
-            self._prefetcher.stop(join_timeout)
+            # After a failure the thread's last collective is the announcement, which ends once the peers
+            # reach it (or the group times out): not waited for.
+            self._prefetcher.stop(0 if self._failed else join_timeout)
             self._prefetcher = None
 
     def get_state(self) -> dict[str, Any]:

@@ -28,6 +28,7 @@ class Uncollate(BaseNode[Sample]):
     * Padding is on the right: a row's length is one past its last non-zero ``attention_mask`` entry,
       and the per-token fields (``input_ids``, ``attention_mask``, ``labels``, ``loss_mask``,
       ``position_ids``; each ``[rows, L]``, or ``[rows, 3, L]`` for M-RoPE position ids) are cut to it.
+      Every per-token field must have the length L of ``input_ids`` (else SampleError naming it).
     * Vision fields (``pixel_values``, ``image_grid_thw``, video and tile fields): a row owns the next
       ``vision_rows[field][row]`` rows when the batch has ``vision_rows`` (every batch collated by this
       library does). Otherwise, for images only: a row owns the next ``n`` rows of ``image_grid_thw``, where ``n`` is the row's entry of
@@ -142,6 +143,7 @@ class Uncollate(BaseNode[Sample]):
             first = step * rows * self.dp_size + self.dp_rank * rows
             ids = list(range(first, first + rows))
         samples: list[Sample] = [{SAMPLE_ID: int(ids[row]), STEP: step} for row in range(rows)]
+        _check_token_lengths(batch, samples, step)
         lengths = _row_lengths(batch["attention_mask"], samples)
         images = self._image_spans(batch, samples, lengths)
         for name, value in batch.items():
@@ -235,6 +237,17 @@ class Uncollate(BaseNode[Sample]):
             per_row.append(count)
             image += count
         return per_row
+
+
+def _check_token_lengths(batch: Mapping[str, Any], samples: list[Sample], step: int) -> None:
+    """Every per-token field has the length of ``input_ids``: a shorter ``labels`` or ``attention_mask``
+    would shift the labels or cut the sample without a word. Names the field and the first row."""
+    width = batch["input_ids"].shape[-1]
+    for name in SEQUENCE_FIELDS:
+        value = batch.get(name)
+        if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[-1] != width:
+            raise SampleError(samples[0][SAMPLE_ID], f"micro-batch {step}, row 0: {name} has {value.shape[-1]} tokens but "
+                              f"input_ids has {width}; every per-token field needs one entry per token", field=name)
 
 
 def _row_lengths(attention_mask: torch.Tensor, samples: list[Sample]) -> list[int]:

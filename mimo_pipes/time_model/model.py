@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from mimo_pipes.balance.validate import MAX_TOTAL_COST
+
 FORMAT = "mimo-pipes-cost-model"
 VERSION = 1
 PS_PER_NS = 1000
@@ -59,6 +61,8 @@ class TimeModel:
                 raise TimeModelError(None, name, f"must be an integer, got {value!r}")
             if value < 0:
                 raise TimeModelError(None, name, f"must not be negative, got {value}")
+            if value > MAX_TOTAL_COST:
+                raise TimeModelError(None, name, f"{value} is beyond the int64 range the planners use (at most {MAX_TOTAL_COST})")
         for name in GEOMETRY:
             if getattr(self, name) < 1:
                 raise TimeModelError(None, name, f"must be >= 1, got {getattr(self, name)}")
@@ -73,6 +77,17 @@ class TimeModel:
         """A sample's encoder cost: the marginal time of its images, from their placeholder runs."""
         merge = self.merge_size * self.merge_size
         return sum(self.image_time_ps(int(tokens) * merge) for tokens in runs) // PS_PER_NS
+
+    def max_encoder_time_ns(self, tokens: int) -> int:
+        """The largest :meth:`encoder_time_ns` of a sample with at most ``tokens`` placeholders: the image
+        terms are convex in how the placeholders are split, so one image of all of them or one image per
+        placeholder costs the most."""
+        if tokens <= 0:
+            return 0
+        merge = self.merge_size * self.merge_size
+        one = self.image_time_ps(tokens * merge)
+        each = tokens * self.image_time_ps(merge)
+        return max(one, each) // PS_PER_NS
 
     @property
     def floor_ns(self) -> int:
@@ -114,8 +129,8 @@ def load_time_model(path: str | Path) -> TimeModel:
     A file is read once per process while it stays unchanged (same size and modification time): every
     check and graph of a run shares that one reading."""
     try:
-        stat = Path(path).stat()
-        key = (str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
+        stat = Path(path).expanduser().stat()
+        key = (str(Path(path).expanduser().resolve()), stat.st_size, stat.st_mtime_ns)
         if key not in _LOADED:
             _LOADED.clear()  # one model per run: keep the last only
             _LOADED[key] = _read_time_model(path)
@@ -129,7 +144,7 @@ _LOADED: dict[tuple[str, int, int], TimeModel] = {}
 
 def _read_time_model(path: str | Path) -> TimeModel:
     try:
-        body = json.loads(Path(path).read_text())
+        body = json.loads(Path(path).expanduser().read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise TimeModelError(path, None, f"is not JSON ({error})") from None
     if not isinstance(body, dict):

@@ -1,0 +1,183 @@
+"""A dataset row counted from its text and image headers, and processed into one module's fields only.
+
+With ``--exchange-payload rows`` the exchange moves dataset rows, not processed samples. Every module
+counts each row it reads before the exchange (:meth:`ModuleProcessor.count`): the chat through the
+tokenizer and each image's and video's header size through the family's own resize rule
+(:meth:`~mimo_pipes.data.families.PatchFamily.image_layout`), laid out by
+:meth:`~mimo_pipes.data.processor.SampleProcessor.token_layout`, so no pixel is decoded and the counts
+are the processed ones. The rank that trains on the row then processes it after the exchange
+(:meth:`ModuleProcessor.__call__`) into its module's fields (:mod:`mimo_pipes.module_fields`): the
+language module from the text and the image sizes alone, an encoder module by processing the row. Either
+way the result is, field for field and bit for bit, what :class:`~mimo_pipes.data.processor.SampleProcessor`
+makes of the row with the module's other fields dropped (a test holds every family to it).
+
+A row whose sizes cannot be read from headers (an item kind this module does not know, a size the resize
+rule refuses) is processed for its cost instead, and counted in :attr:`ModuleProcessor.processed_for_cost`;
+a row the processor would refuse raises the processor's own :class:`~mimo_pipes.errors.SampleError`.
+``mimo-pipes analyze`` counts rows with the same :meth:`ModuleProcessor.counts`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import numpy as np
+import torch
+
+from mimo_pipes.cost import image_token_count, placeholder_runs
+from mimo_pipes.data.conversation import conversation
+from mimo_pipes.data.media_sizes import encoded_media, media_sizes
+from mimo_pipes.data.processor import CONSUMED_KEYS, SampleProcessor, token_fields
+from mimo_pipes.errors import SampleError
+from mimo_pipes.module_fields import ModuleFields
+from mimo_pipes.sample import IMAGE_TOKENS, PLACEHOLDER_RUNS, REAL_TOKENS, SAMPLE_ID, TOKEN_LAYOUT, Sample
+
+logger = logging.getLogger(__name__)
+
+RowCount = tuple[int, int, list[int]]
+"""(image tokens, real tokens, placeholder run lengths) of one row."""
+
+
+class ModuleProcessor:
+    """Counts rows before the exchange and makes ``fields``' part of them after it (see the module doc).
+
+    ``image_paths``: rows keep their images' paths when they move (every rank reads the same files);
+    otherwise :meth:`count` reads each image file given by path into the row as encoded bytes. Picklable
+    (for worker processes); safe to call from several threads."""
+
+    def __init__(self, processor: SampleProcessor, fields: ModuleFields | None = None, *, image_paths: bool = False) -> None:
+        self.processor = processor
+        self.fields = fields or ModuleFields()
+        self.image_paths = image_paths
+        self._lock = threading.Lock()
+        self._processed_for_cost = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    @property
+    def processed_for_cost(self) -> int:
+        """Rows counted by processing them, since sizes could not be read from their headers."""
+        return self._processed_for_cost
+
+    def layout(self, row: dict) -> tuple[list[int], list[bool], dict[str, np.ndarray]]:
+        """The row's token ids, which of them are trained, and its layout fields (``image_grid_thw``, ...),
+        from its text and its media's header sizes. Raises the row's SampleError, or another exception
+        when a size cannot be read from a header."""
+        processor, family = self.processor, self.processor.family
+        sample_id = row.get(SAMPLE_ID, row.get("id"))
+        turns = conversation(row, sample_id)
+        sizes = media_sizes(row, processor.image_folder, sample_id)
+        fields: dict[str, np.ndarray] = {}
+        media: dict[str, list[list[int]]] = {family.image_pad: []}
+        if sizes.images:
+            layout, media[family.image_pad] = family.image_layout(sizes.images, sample_id)
+            fields.update(layout)
+        if sizes.videos:
+            layout, media[family.video_pad] = family.video_layout(sizes.videos, sample_id)
+            fields.update(layout)
+        ids, trained = processor.token_layout(turns, media, sample_id, len(sizes.images), len(sizes.videos))
+        return ids, trained, fields
+
+    def counts(self, row: dict, *, runs: bool = True) -> RowCount:
+        """(image tokens, real tokens, placeholder runs) of ``row`` as processing it would give them;
+        ``runs`` False leaves the runs empty (they cost a pass over the ids)."""
+        return self._counted(row, runs)[0]
+
+    def count(self, row: dict) -> Sample:
+        """The row as this module moves it, with its counts as metadata (image tokens, real tokens,
+        placeholder runs). An encoder module's row keeps its text and its images as encoded bytes
+        (:func:`~mimo_pipes.data.media_sizes.encoded_media`; files stay paths with ``image_paths``); the
+        language module's row is only its token layout (its token ids with each placeholder run as one
+        token, trained flags, layout fields: a few bytes per text token) and the keys the processor passes
+        through, so it builds its fields after the exchange without its images or tokenizing again.
+        Raises the row's SampleError."""
+        if self.fields.pixels:
+            row = encoded_media(row, self.processor.image_folder, row.get(SAMPLE_ID, row.get("id")), keep_paths=self.image_paths)
+        (image_tokens, real_tokens, lengths), layout = self._counted(row, runs=True)
+        counts = {IMAGE_TOKENS: image_tokens, REAL_TOKENS: real_tokens, PLACEHOLDER_RUNS: lengths}
+        if self.fields.pixels or layout is None:  # an encoder processes the row; so does a row without a cheap layout
+            return {**row, **counts}
+        return {**{key: value for key, value in row.items() if key not in CONSUMED_KEYS}, **counts, TOKEN_LAYOUT: layout}
+
+    def __call__(self, row: dict) -> Sample:
+        """This module's fields of ``row`` (a row :meth:`count` made, or a plain one), and every key the
+        processor passes through."""
+        layout = row.get(TOKEN_LAYOUT)
+        if TOKEN_LAYOUT in row or PLACEHOLDER_RUNS in row:
+            row = {key: value for key, value in row.items() if key not in (TOKEN_LAYOUT, PLACEHOLDER_RUNS)}
+        if self.fields.pixels:
+            return self.fields.select(self.processor(row))
+        if layout is None:
+            try:
+                layout = _token_layout(*self.layout(row), self.processor.placeholder_ids)
+            except SampleError:
+                raise
+            except Exception:  # noqa: BLE001 - no cheap size: processed, as it was for its cost
+                return self.fields.select(self.processor(row))
+        out = {key: value for key, value in row.items() if key not in CONSUMED_KEYS}
+        out.update(token_fields(*_expanded(layout)))
+        out.update((name, value) for name, value in layout.items() if name not in (IDS, TRAINED, RUNS))
+        return out
+
+    def _counted(self, row: dict, runs: bool) -> tuple[RowCount, dict[str, torch.Tensor] | None]:
+        try:
+            ids, trained, fields = self.layout(row)
+        except SampleError:
+            raise
+        except Exception as error:  # noqa: BLE001 - no cheap size: the processor counts it, or names the row's fault
+            sample = self.processor(dict(row))
+            with self._lock:
+                self._processed_for_cost += 1
+            logger.warning("sample %r: sizes not readable from headers (%s); processed for its cost",
+                           row.get(SAMPLE_ID, row.get("id")), error)
+            ids, layout = sample["input_ids"].numpy(), None
+        else:
+            layout = _token_layout(ids, trained, fields, self.processor.placeholder_ids)
+            ids = np.asarray(ids, dtype=np.int64)
+        placeholders = self.processor.placeholder_ids
+        lengths = placeholder_runs(ids, placeholders) if runs else []
+        return (image_token_count(ids, placeholders), int(ids.shape[0]), lengths), layout
+
+
+IDS, TRAINED, RUNS = "input_ids", "trained", "placeholder_runs"
+
+
+def _token_layout(ids: list[int], trained: list[bool], fields: dict[str, np.ndarray], placeholder_ids: Any) -> dict[str, torch.Tensor]:
+    """What the language side needs of a row, compact: its int32 token ids (vocabularies are far below
+    2**31) with each placeholder run as one token, the trained flags alike (constant along a run, which lies
+    inside one chat segment; checked), each run's ``[position, length]``, and the layout fields."""
+    full, flags = np.asarray(ids, dtype=np.int32), np.asarray(trained, dtype=np.bool_)
+    inside = np.isin(full, np.asarray(placeholder_ids, dtype=np.int32))
+    if full.shape[0]:
+        starts = inside & np.concatenate(([True], (full[1:] != full[:-1]) | ~inside[:-1]))
+    else:
+        starts = inside
+    if np.any(flags[inside] != flags[np.flatnonzero(starts)][np.cumsum(starts)[inside] - 1]):
+        starts = inside = np.zeros_like(inside)  # a run whose flags change (no chat template we know): kept whole
+    kept = ~inside | starts
+    lengths = np.diff(np.append(np.flatnonzero(kept), full.shape[0]))[starts[kept]]
+    positions = np.flatnonzero(starts[kept])
+    layout = {
+        IDS: torch.from_numpy(np.ascontiguousarray(full[kept])),
+        TRAINED: torch.from_numpy(flags[kept]),
+        RUNS: torch.from_numpy(np.stack([positions, lengths], axis=1).astype(np.int32).reshape(-1, 2)),
+    }
+    layout.update((name, torch.from_numpy(np.ascontiguousarray(value))) for name, value in fields.items())
+    return layout
+
+
+def _expanded(layout: dict[str, torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:
+    """The token ids and trained flags a compact layout stands for."""
+    ids, trained, runs = layout[IDS].numpy(), layout[TRAINED].numpy(), layout[RUNS].numpy()
+    repeats = np.ones(ids.shape[0], dtype=np.int64)
+    repeats[runs[:, 0]] = runs[:, 1]
+    return np.repeat(ids, repeats), np.repeat(trained, repeats)
