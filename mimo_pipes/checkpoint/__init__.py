@@ -19,7 +19,7 @@ from mimo_pipes.checkpoint.generation import (
     read_trainer_state,
     write_rank_files,
 )
-from mimo_pipes.checkpoint.lock import LOCK_FILE, SaveLock, acquire_save_lock, current_job_id
+from mimo_pipes.checkpoint.lock import LOCK_FILE, SaveLock, acquire_save_lock, check_save_lock_free, current_job_id
 from mimo_pipes.checkpoint.settings import (
     FLAGS,
     OPTION_EXEMPT,
@@ -41,6 +41,7 @@ __all__ = [
     "Generation",
     "SaveLock",
     "acquire_save_lock",
+    "check_save_lock_free",
     "check_resume_dir",
     "commit_generation",
     "current_job_id",

@@ -64,13 +64,7 @@ def acquire_save_lock(directory: str | Path, job: str, flag: str = SAVE_FLAG) ->
                 holder = _holder(path)
             if holder.get("job") == job:
                 return SaveLock(path, job, owner=False)
-            if holder and not _gone(holder):
-                raise ConfigError(
-                    flag,
-                    f"{directory} is locked by another job saving there (process {holder.get('pid')} on "
-                    f"{holder.get('host')}, since {holder.get('since')}): two jobs saving into one folder replace each "
-                    f"other's states. Save elsewhere, or delete {path} if that job is not running",
-                ) from None
+            _refuse_a_live_holder(holder, directory, flag)
             path.unlink(missing_ok=True)  # its job is gone (or the file is empty): take it over
             continue
         except OSError as error:
@@ -79,6 +73,24 @@ def acquire_save_lock(directory: str | Path, job: str, flag: str = SAVE_FLAG) ->
             file.write(record)
         return SaveLock(path, job, owner=True)
     raise ConfigError(flag, f"{path} keeps changing: another job is taking the lock")
+
+
+def check_save_lock_free(directory: str | Path, flag: str = SAVE_FLAG) -> None:
+    """Refuse (ConfigError naming ``flag``) when another live job holds ``directory``'s lock; takes nothing:
+    a check that can run with the other settings, before the job says anything (it takes the lock later)."""
+    holder = _holder(Path(directory) / LOCK_FILE)
+    if holder.get("job") != current_job_id():
+        _refuse_a_live_holder(holder, Path(directory), flag)
+
+
+def _refuse_a_live_holder(holder: dict, directory: Path, flag: str) -> None:
+    if holder and not _gone(holder):
+        raise ConfigError(
+            flag,
+            f"{directory} is locked by another job saving there (process {holder.get('pid')} on "
+            f"{holder.get('host')}, since {holder.get('since')}): two jobs saving into one folder replace each "
+            f"other's states. Save elsewhere, or delete {directory / LOCK_FILE} if that job is not running",
+        ) from None
 
 
 def _holder(path: Path) -> dict:

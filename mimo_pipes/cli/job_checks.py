@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from mimo_pipes.checkpoint import SaveLock, acquire_save_lock, current_job_id
+from mimo_pipes.checkpoint import SaveLock, acquire_save_lock, check_save_lock_free, current_job_id
 from mimo_pipes.cli.output_paths import check_output_folder
 from mimo_pipes.config import JobOptions, PipelineConfig, resolve_exchange_transport
 from mimo_pipes.errors import ConfigError
@@ -23,6 +23,8 @@ def validate_job(config: PipelineConfig, options: JobOptions, announce: Callable
     for setting, name in OUTPUT_FOLDERS.items():
         if getattr(options, name) is not None:
             check_output_folder(getattr(options, name), setting)
+    if options.save_state is not None:
+        check_save_lock_free(options.save_state)  # taken for real once the job starts (hold_save_lock)
     if announce is not None:
         announce(topology, consumed)
     if config.reorder.intra_microbatch_reorder:
