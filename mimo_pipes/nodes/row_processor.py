@@ -101,7 +101,7 @@ class RowProcessor(BaseNode[Window]):
         pool, collating = self._executors()
         task = self.process if self.method == "thread" else _process_installed
         rows = [[pool.submit(task, row) for row in microbatch] for microbatch in window.microbatches]
-        collated = collating.submit(_collate, self.collator, window.first_step, rows)
+        collated = collating.submit(_collate, self.collator, window, rows)
         return _Pending(collated, [future for microbatch in rows for future in microbatch], state_after)
 
     def _executors(self) -> tuple[Executor, ThreadPoolExecutor]:
@@ -135,8 +135,10 @@ class RowProcessor(BaseNode[Window]):
         return {self.VALID_FOR_KEY: copy.deepcopy(self.valid_for), self.SOURCE_KEY: copy.deepcopy(self._state_after_delivered)}
 
 
-def _collate(collator: Collator, first_step: int, rows: list[list[Future[Sample]]]) -> Window:
-    return collator.window(Window(first_step, [[future.result() for future in microbatch] for microbatch in rows]))
+def _collate(collator: Collator, window: Window, rows: list[list[Future[Sample]]]) -> Window:
+    """The window's processed rows, collated; its composition (who holds which micro-batch) kept."""
+    processed = [[future.result() for future in microbatch] for microbatch in rows]
+    return collator.window(Window(window.first_step, processed, composition=window.composition))
 
 
 def _shut_down(pool: Executor, collating: ThreadPoolExecutor) -> None:
