@@ -12,11 +12,12 @@ import sys
 import time
 from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 from mimo_pipes.cli.headline import headline
 from mimo_pipes.cli.job_args import add_job_arguments, config_from_args
 from mimo_pipes.cli.job_checks import hold_save_lock, validate_job
-from mimo_pipes.cli.launcher import EXIT_CONFIG, launch, say, under_torchrun
+from mimo_pipes.cli.launcher import EXIT_CONFIG, RankMain, launch, say, under_torchrun
 from mimo_pipes.config import JobOptions, PipelineConfig
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.topology import Topology
@@ -87,21 +88,33 @@ def prepare_job(args: argparse.Namespace) -> tuple[PipelineConfig, JobOptions, i
     return config, options, world_size
 
 
-def run(args: argparse.Namespace) -> int:
+def start_job(args: argparse.Namespace, *, command: str, checked: Callable[[argparse.Namespace], tuple[Any, Any, int]],
+              rank_main: Callable[[], RankMain]) -> int:
+    """A job from its command line: its settings checked, its save lock taken (before the preparation: a
+    second job saving there is refused at once), the recipe prepared, its ranks launched (``rank_main``
+    gives the per-rank function, imported only then). Bad configuration: one line, exit 2."""
     try:
-        config, options, world_size = checked_job(args)
-        lock = hold_save_lock(options)  # before the preparation: a second job saving there is refused at once
+        config, options, world_size = checked(args)
+        lock = hold_save_lock(options)
     except ConfigError as error:
-        print(f"{COMMAND}: error: {error}", file=sys.stderr)
+        print(f"{command}: error: {error}", file=sys.stderr)
         return EXIT_CONFIG
-    from mimo_pipes.cli.run_rank import run_in_world
-
     try:
         prepare_recipe(config, options)
-        return launch(run_in_world, config, options, world_size, COMMAND)
+        return launch(rank_main(), config, options, world_size, command)
     except ConfigError as error:
-        print(f"{COMMAND}: error: {error}", file=sys.stderr)
+        print(f"{command}: error: {error}", file=sys.stderr)
         return EXIT_CONFIG
     finally:
         if lock is not None:
             lock.release()
+
+
+def _run_in_world() -> RankMain:
+    from mimo_pipes.cli.run_rank import run_in_world
+
+    return run_in_world
+
+
+def run(args: argparse.Namespace) -> int:
+    return start_job(args, command=COMMAND, checked=checked_job, rank_main=_run_in_world)

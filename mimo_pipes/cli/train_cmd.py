@@ -10,13 +10,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import sys
 
 from mimo_pipes.cli.argtypes import path
 from mimo_pipes.cli.job_args import add_job_arguments, config_from_args
-from mimo_pipes.cli.job_checks import hold_save_lock, validate_job
-from mimo_pipes.cli.launcher import EXIT_CONFIG, launch
-from mimo_pipes.cli.run_cmd import add_summary_json_argument, announcer, prepare_recipe
+from mimo_pipes.cli.job_checks import validate_job
+from mimo_pipes.cli.launcher import RankMain
+from mimo_pipes.cli.run_cmd import add_summary_json_argument, announcer, prepare_recipe, start_job
 from mimo_pipes.config import PipelineConfig, TrainOptions
 from mimo_pipes.errors import ConfigError
 
@@ -88,21 +87,11 @@ def prepare_job(args: argparse.Namespace) -> tuple[PipelineConfig, TrainOptions,
     return config, options, world_size
 
 
-def run(args: argparse.Namespace) -> int:
-    try:
-        config, options, world_size = checked_job(args)
-        lock = hold_save_lock(options)  # before the preparation: a second job saving there is refused at once
-    except ConfigError as error:
-        print(f"{COMMAND}: error: {error}", file=sys.stderr)
-        return EXIT_CONFIG
+def _train_in_world() -> RankMain:
     from mimo_pipes.cli.train_rank import train_in_world
 
-    try:
-        prepare_recipe(config, options)
-        return launch(train_in_world, config, options, world_size, COMMAND)
-    except ConfigError as error:
-        print(f"{COMMAND}: error: {error}", file=sys.stderr)
-        return EXIT_CONFIG
-    finally:
-        if lock is not None:
-            lock.release()
+    return train_in_world
+
+
+def run(args: argparse.Namespace) -> int:
+    return start_job(args, command=COMMAND, checked=checked_job, rank_main=_train_in_world)
