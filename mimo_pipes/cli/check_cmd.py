@@ -25,6 +25,7 @@ from mimo_pipes.errors import ConfigError
 BATCH_ROWS = 64  # rows a worker checks at a time: small enough to keep both cores busy on small files
 IN_FLIGHT_PER_WORKER = 4  # batches submitted ahead of the one awaited: memory bounded by the input's batches
 MAX_ID = 60  # characters of a row's id in its line
+EXIT_INTERRUPTED = 130  # as a shell reports SIGINT
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,11 +79,15 @@ def run(args: argparse.Namespace) -> int:
     report = Report(source.findings)
     checker = RowChecker(processor, decode=args.decode)
     batches = max(1, -(-source.total // BATCH_ROWS))
-    with _progress(source.total, not args.quiet) as bar:
-        bar.update(sum(finding.row for finding in source.findings))
-        for batch, verdicts in _verdicts(source.batches(BATCH_ROWS), checker, min(workers, batches)):
-            report.add(batch, verdicts)
-            bar.update(len(batch))
+    try:
+        with _progress(source.total, not args.quiet) as bar:
+            bar.update(sum(finding.row for finding in source.findings))
+            for batch, verdicts in _verdicts(source.batches(BATCH_ROWS), checker, min(workers, batches)):
+                report.add(batch, verdicts)
+                bar.update(len(batch))
+    except KeyboardInterrupt:
+        print(f"mimo-pipes check: interrupted after {report.checked} of {source.total} rows", file=sys.stderr)
+        return EXIT_INTERRUPTED
     for line in report.lines(source, args.seq_length):
         print(line)
     return EXIT_FAILED if report.bad else 0

@@ -75,7 +75,7 @@ class SourceRows:
             for place, row, _ in _json_entries(self.files):
                 if row in wanted:
                     found[row] = place
-        elif self.files is not None and len(self.files) > 1:
+        elif self.files is not None:
             import pyarrow.parquet as pq
 
             start = 0
@@ -84,8 +84,7 @@ class SourceRows:
                 for row in sorted(r for r in wanted if start <= r < start + count):
                     found[row] = Place((index, row - start), f"{name} row {row - start} (dataset row {row})")
                 start += count
-        where = f"{self.files[0]} " if self.files is not None and len(self.files) == 1 else ""
-        return {row: found.get(row) or Place((0, row), f"{where}(dataset row {row})") for row in wanted}
+        return {row: found.get(row) or Place((0, row), f"dataset row {row}") for row in wanted}
 
 
 def open_rows(spec: str) -> SourceRows:
