@@ -73,15 +73,18 @@ class StateMismatchError(ConfigError):
 
 
 class SampleError(ValueError):
-    """One sample cannot be processed, packed or exchanged. Names the sample and, if known, the field."""
+    """One sample cannot be processed, packed or exchanged. Names the sample and, if known, the field;
+    ``kind`` says what is wrong with the dataset row, as :mod:`mimo_pipes.data.bad_rows` names it (None when
+    unnamed, and after a hop through a worker, which rebuilds the error from its message)."""
 
-    def __init__(self, sample_id: object, message: str | None = None, field: str | None = None) -> None:
+    def __init__(self, sample_id: object, message: str | None = None, field: str | None = None, *, kind: str | None = None) -> None:
         if message is None and isinstance(sample_id, str):  # rebuilt from the message alone
             line = _own_line(type(self), sample_id)
             sample_id, field, message = _parse_sample_message(line) or (None, None, line)
         self.sample_id = sample_id
         self.field = field
         self.reason = message  # the message without where it happened
+        self.kind = kind
         where = f"sample {sample_id!r}" + (f", field {field!r}" if field else "")
         super().__init__(f"{where}: {message}")
 

@@ -41,7 +41,7 @@ def subparser(command: str):
     return action.choices[command]
 
 
-@pytest.mark.parametrize("command", ["run", "analyze", "train", "balance", "calibrate"])
+@pytest.mark.parametrize("command", ["run", "analyze", "check", "train", "balance", "calibrate"])
 def test_every_flag_says_what_it_does_and_its_default(command):
     entries = option_entries(help_text(command))
     actions = [a for a in subparser(command)._actions if a.option_strings]
@@ -77,10 +77,16 @@ def test_the_top_level_help_lists_every_command_in_plain_text():
     assert "`" not in result.stdout
 
 
-@pytest.mark.parametrize("command, words", [("analyze", "Offline, in one process"), ("train", "Train a tiny non-colocated MIMO model")])
+@pytest.mark.parametrize("command, words", [("analyze", "Offline, in one process"), ("train", "Train a tiny non-colocated MIMO model"),
+                                            ("check", "Check every row of a dataset as a run would process it")])
 def test_each_command_describes_itself(command, words):
     text = help_text(command)
     assert words in text and "Run the balanced MIMO input pipeline" not in text
+
+
+def test_check_takes_only_the_flags_it_uses():
+    assert set(option_entries(help_text("check"))) == {"--help", "--dataset", "--processor", "--image-folder", "--seq-length", "--decode",
+                                                       "--num-workers", "--quiet"}
 
 
 def test_drop_last_offers_only_the_value_it_accepts():

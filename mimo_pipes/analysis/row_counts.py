@@ -3,8 +3,11 @@
 With a :class:`~mimo_pipes.data.processor.SampleProcessor` (every family), rows are counted as the graph
 counts them before its exchange (:meth:`~mimo_pipes.data.module_processor.ModuleProcessor.counts`): image
 and video headers through the family's resize rule, the text through the tokenizer, far cheaper than
-decoding and patchifying every image. Another processor (or a ``row_counter``) runs on each row and its
-output is counted, as the graph's CostAnnotator counts processed samples. Tests check both agree.
+decoding and patchifying every image. Every image form is counted so (bytes, paths, ``{"bytes", "path"}``
+values of ``datasets.Image`` columns, which are read undecoded whatever the features say, PIL images,
+arrays); a row whose sizes no header gives is processed, and :class:`RowCounts` says how many were and why.
+Another processor (or a ``row_counter``) runs on each row and its output is counted, as the graph's
+CostAnnotator counts processed samples. Tests check both agree.
 The placeholder runs (one per image or video) are what a time model (``--reorder-cost-model``) prices.
 """
 
@@ -13,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -22,9 +25,10 @@ from mimo_pipes.cost import image_token_count, placeholder_runs, real_token_coun
 from mimo_pipes.data.cache import cache_root
 from mimo_pipes.data.module_processor import ModuleProcessor, RowCount
 from mimo_pipes.data.processor import SampleProcessor
+from mimo_pipes.data.sources import read_rows
 from mimo_pipes.time_model.model import TimeModel
 
-CACHE_VERSION = "v2"  # v2: placeholder runs kept when asked for
+CACHE_VERSION = "v3"  # v2: placeholder runs kept when asked for; v3: rows processed for their cost, and why
 CHUNK_ROWS = 2048  # rows read from the dataset at a time: memory bounded by one chunk of encoded images
 
 UNCOUNTED = -1  # real tokens of a row when they were not asked for
@@ -40,12 +44,16 @@ RowCounter = Callable[[Mapping[str, Any]], tuple[int, int]]
 @dataclass(frozen=True)
 class RowCounts:
     """Per dataset row: image tokens, real tokens, and its placeholder runs (``run_lengths`` flat, row i
-    owning ``runs_per_row[i]`` of them in order; None where they were not counted)."""
+    owning ``runs_per_row[i]`` of them in order; None where they were not counted). ``processed_for_cost``:
+    how many rows were processed to count them, since no header gave their sizes, with each distinct reason
+    and its rows in ``processed_reasons`` (None: counted by a processor or ``row_counter`` of the caller's)."""
 
     image_tokens: np.ndarray
     real_tokens: np.ndarray
     run_lengths: np.ndarray | None = None
     runs_per_row: np.ndarray | None = None
+    processed_for_cost: int | None = None
+    processed_reasons: Mapping[str, int] = field(default_factory=dict)
 
     def encoder_costs(self, model: TimeModel) -> np.ndarray:
         """Each row's modelled encoder time in ns, exactly as the graph's CostAnnotator prices it."""
@@ -72,20 +80,6 @@ def processed_counter(processor: Callable[[Mapping[str, Any]], Mapping[str, Any]
     """Counts from a fully processed row: exactly what the graph's CostAnnotator counts."""
     count = _processed_count(processor, image_token_id)
     return lambda row: count(row)[:2]
-
-
-def _rows(dataset: Any, start: int, stop: int, encoded_images: bool) -> list[Mapping[str, Any]]:
-    """Rows start..stop-1 as the graph's reader gets them (every column decoded by its feature, e.g. a LLaVA
-    ``image`` column stored as JSON), read as one batch from a Hugging Face dataset when ``encoded_images``
-    (its images are left encoded: bytes/path dicts)."""
-    if encoded_images:
-        columns = dataset.with_format(None)[start:stop]
-        return [dict(zip(columns, values)) for values in zip(*columns.values())]
-    return [dataset[index] for index in range(start, stop)]
-
-
-def _is_hf_dataset(dataset: Any) -> bool:
-    return hasattr(dataset, "with_format") and hasattr(dataset, "features")
 
 
 def fingerprint(dataset: Any, processor: Any, real_tokens: bool = True, runs: bool = False) -> str | None:
@@ -147,7 +141,9 @@ def count_rows(
     path = cache_root() / "analyze" / f"tokens-{key}.npz" if key else None
     if path is not None and path.is_file():
         with np.load(path) as cached:
-            counts = RowCounts(cached["image_tokens"], cached["real_tokens"], *(cached[name] for name in ("run_lengths", "runs_per_row") if runs))
+            counts = RowCounts(cached["image_tokens"], cached["real_tokens"], *(cached[name] for name in ("run_lengths", "runs_per_row") if runs),
+                               processed_for_cost=int(cached["processed_for_cost"]),
+                               processed_reasons=json.loads(str(cached["processed_reasons"])))
         if progress is not None:
             progress(len(dataset))
         return counts
@@ -156,7 +152,8 @@ def count_rows(
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{np.random.default_rng().integers(1 << 30)}.tmp.npz")
         kept = {"run_lengths": counts.run_lengths, "runs_per_row": counts.runs_per_row} if runs else {}
-        np.savez(partial, image_tokens=counts.image_tokens, real_tokens=counts.real_tokens, **kept)
+        np.savez(partial, image_tokens=counts.image_tokens, real_tokens=counts.real_tokens, **kept,
+                 processed_for_cost=np.int64(counts.processed_for_cost), processed_reasons=np.str_(json.dumps(counts.processed_reasons)))
         partial.replace(path)
     return counts
 
@@ -193,11 +190,11 @@ def _count_all(dataset: Any, processor: Any, row_counter: RowCounter | None, rea
     runs_per_row = np.zeros(size, dtype=np.int64)
     run_lengths: list[int] = []
     counter = _row_counter(processor, row_counter, runs)
-    # Rows counted from their sizes are read a chunk at a time from a Hugging Face dataset, images left encoded.
-    encoded = isinstance(counter, _SizeCounter) and _is_hf_dataset(dataset)
+    sized = isinstance(counter, _SizeCounter)
     for start in range(0, size, CHUNK_ROWS):
         stop = min(start + CHUNK_ROWS, size)
-        rows = _rows(dataset, start, stop, encoded)
+        # Rows counted from their sizes are read a chunk at a time, images left encoded; a processor gets them as indexed.
+        rows = read_rows(dataset, start, stop) if sized else [dataset[index] for index in range(start, stop)]
         for offset, row in enumerate(rows):
             if isinstance(row, dict):  # so a bad row's error names its index, as in the graph
                 row.setdefault("sample_id", start + offset)
@@ -209,6 +206,11 @@ def _count_all(dataset: Any, processor: Any, row_counter: RowCounter | None, rea
             run_lengths.extend(lengths)
         if progress is not None:
             progress(stop - start)
-    if not runs:
-        return RowCounts(image_tokens, real_tokens)
-    return RowCounts(image_tokens, real_tokens, np.array(run_lengths, dtype=np.int64), runs_per_row)
+    counts = RowCounts(image_tokens, real_tokens)
+    if runs:
+        counts = RowCounts(image_tokens, real_tokens, np.array(run_lengths, dtype=np.int64), runs_per_row)
+    if sized:
+        counts = replace(counts, processed_for_cost=counter.sized.processed_for_cost, processed_reasons=counter.sized.processed_for_cost_reasons)
+    elif row_counter is None:  # a processor of the caller's: every row processed
+        counts = replace(counts, processed_for_cost=size, processed_reasons={f"{type(processor).__name__} counts no header": size})
+    return counts

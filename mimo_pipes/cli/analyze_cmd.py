@@ -4,7 +4,8 @@ Takes ``mimo-pipes run``'s flags (so ``run`` can be swapped for ``analyze`` on o
 ``--out DIR``. Flags that change what a run consumes are honoured (data, image folder, recipe, layout,
 batch, seed, dataloader type, window, cost weights and time model, two-level balance, --steps,
 --stop-after, --resume); the others (transport, overlap, workers, --dump-assignments, --save-state) are
-accepted and ignored. Rows are counted by the recipe (``row_counts``), as its graph would count them.
+accepted and ignored. Rows are counted by the recipe (``row_counts``), as its graph would count them, and
+a line says how many had to be processed to be counted (no header gave their sizes) and why.
 Writes ``DIR/analysis.json`` and one PNG per module.
 """
 
@@ -114,5 +115,10 @@ def run(args: argparse.Namespace) -> int:
     print(format_analysis(result))
     for count in warnings:
         print(count.line())
+    processed = getattr(counts, "processed_for_cost", None)  # a recipe's own counts may not say
+    if processed is not None:
+        from mimo_pipes.data.module_processor import cost_line
+
+        print(cost_line(processed, len(image_tokens), counts.processed_reasons))
     print(f"wrote {out / RESULT_FILE}, {', '.join(map(str, plots))}")
     return 0

@@ -26,6 +26,27 @@ def _bool(value: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
 
 
+def add_seq_length_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--seq-length", type=int, default=PipelineConfig.seq_length,
+                        help="tokens per sample: the processor truncates to it, and micro-batches are padded to it")
+
+
+def add_data_arguments(parser: argparse.ArgumentParser, *, dataset_required: bool = False) -> None:
+    """``--dataset``, ``--processor``, ``--image-folder``: where the rows come from and how they are read."""
+    sources = ("a datasets save_to_disk folder, or .parquet / .json / .jsonl files or a quoted glob of them, LLaVA "
+               "annotation lists included")
+    if dataset_required:
+        parser.add_argument("--dataset", type=path, required=True, help=sources)
+    else:
+        parser.add_argument("--dataset", type=path, default=None, help=f"{sources} (default: the embedded synthetic data)")
+    parser.add_argument("--processor", type=path, default=None,
+                        help="a saved processor folder: its tokenizer, image processor and chat template make the samples "
+                             "(default: the embedded offline processor)")
+    parser.add_argument("--image-folder", type=path, default=None, metavar="DIR",
+                        help="folder that the data's image and video paths resolve inside; a path outside it is a bad row "
+                             "(default: the dataset's own folder)")
+
+
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of a job: data, layout, batching, reordering, what to consume, checkpoints, output.
     Every flag says what it does; the formatter appends its default (see cli/help_format.py)."""
@@ -40,8 +61,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--global-batch-size", type=int, default=None,
                         help="samples per global batch; with --reorder-across-microbatches a window never crosses "
                              "one (default: one window of micro-batches)")
-    parser.add_argument("--seq-length", type=int, default=defaults.seq_length,
-                        help="tokens per sample: the processor truncates to it, and micro-batches are padded to it")
+    add_seq_length_argument(parser)
     parser.add_argument("--pad-to-seq-length", type=_bool, default=True, metavar="{true,false}",
                         help="pad every micro-batch to --seq-length; false pads to its longest sample")
     parser.add_argument("--scalable-dp", action="store_true",
@@ -88,13 +108,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=JobOptions.steps,
                         help="global micro-batches to consume (counted from the start of training)")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="seed of the epoch shuffle")
-    parser.add_argument("--dataset", type=path, default=None,
-                        help="a datasets save_to_disk folder, or .parquet / .json / .jsonl files or a quoted glob of "
-                             "them, LLaVA annotation lists included (default: the embedded synthetic data)")
-    parser.add_argument("--processor", type=path, default=None,
-                        help="a saved processor folder (default: the embedded offline processor)")
-    parser.add_argument("--image-folder", type=path, default=None, metavar="DIR",
-                        help="folder that relative image paths in --dataset are resolved against (default: as given)")
+    add_data_arguments(parser)
     parser.add_argument("--skip-bad-samples", action="store_true",
                         help="replace a row that cannot be processed (corrupt or missing image, no text, images longer "
                              "than --seq-length) by the next good row of the global order, count and report it; without it such "

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 COMMANDS = {
     "run": ("run_cmd", "run the balanced MIMO input pipeline on local ranks or under torchrun, and summarise it"),
     "analyze": ("analyze_cmd", "offline, in one process: what reordering would do for run's flags (JSON and plots)"),
+    "check": ("check_cmd", "check every row of a dataset as a run would process it, without training"),
     "train": ("train_cmd", "train a tiny non-colocated MIMO model on the pipeline (CPU, Gloo)"),
     "balance": ("balance_cmd", "read cost windows as JSON lines, write the balanced slots"),
     "calibrate": ("calibrate_cmd", "time a vision encoder and write the time model --reorder-cost-model reads"),

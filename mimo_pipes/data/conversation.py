@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from mimo_pipes.data import bad_rows
 from mimo_pipes.data.media import as_list
 from mimo_pipes.errors import SampleError
 
@@ -33,11 +34,12 @@ class Turn:
 
 
 def row_images(row: dict) -> list:
-    return as_list(row.get("images", row.get("image")))
+    """The row's ``images``, else its ``image`` (a column a row lacks reads as None from a dataset that has it)."""
+    return as_list(row["images"] if row.get("images") is not None else row.get("image"))
 
 
 def row_videos(row: dict) -> list:
-    return as_list(row.get("videos", row.get("video")))
+    return as_list(row["videos"] if row.get("videos") is not None else row.get("video"))
 
 
 def conversation(row: dict, sample: object) -> list[Turn]:
@@ -49,12 +51,14 @@ def conversation(row: dict, sample: object) -> list[Turn]:
     elif row.get("prompt") is not None or row.get("response") is not None:
         prompt, response = row.get("prompt") or "", row.get("response") or ""
         if not isinstance(prompt, str) or not isinstance(response, str):
-            raise SampleError(sample, f"dataset row {sample}: prompt and response must be strings", field="prompt")
+            raise SampleError(sample, f"dataset row {sample}: prompt and response must be strings", field="prompt",
+                              kind=bad_rows.MALFORMED_CONVERSATION)
         turns = [Turn("user", (("text", prompt),)), Turn("assistant", (("text", response),))]
     else:
-        raise SampleError(sample, f"dataset row {sample}: no text (needs messages, conversations, or prompt and response)", field="messages")
+        raise SampleError(sample, f"dataset row {sample}: no text (needs messages, conversations, or prompt and response)", field="messages",
+                          kind=bad_rows.NO_CONVERSATION)
     if not any(turn.role == "assistant" and _text(turn) for turn in turns):
-        raise SampleError(sample, f"dataset row {sample}: no assistant text to train on", field="messages")
+        raise SampleError(sample, f"dataset row {sample}: no assistant text to train on", field="messages", kind=bad_rows.NO_REPLY)
     return _place_media(turns, len(row_images(row)), len(row_videos(row)), sample)
 
 
@@ -65,19 +69,21 @@ def _text(turn: Turn) -> str:
 def _turn_list(row: dict, column: str, sample: object) -> list:
     turns = row[column]
     if not isinstance(turns, (list, tuple)):
-        raise SampleError(sample, f"dataset row {sample}: {column} must be a list of turns, got {type(turns).__name__} {turns!r:.40}", field=column)
+        raise SampleError(sample, f"dataset row {sample}: {column} must be a list of turns, got {type(turns).__name__} {turns!r:.40}", field=column,
+                          kind=bad_rows.MALFORMED_CONVERSATION)
     return list(turns)
 
 
 def _message_turn(index: int, message: Any, sample: object) -> Turn:
     if not isinstance(message, dict) or message.get("role") not in ROLES:
-        raise SampleError(sample, f"dataset row {sample}: a message needs a role of {sorted(set(ROLES))}, got {message!r:.80}", field="messages")
+        raise SampleError(sample, f"dataset row {sample}: a message needs a role of {sorted(set(ROLES))}, got {message!r:.80}", field="messages",
+                          kind=bad_rows.MALFORMED_CONVERSATION)
     content = message.get("content")
     if content is None or isinstance(content, str):
         return Turn(ROLES[message["role"]], _split_markers(content or ""))
     if not isinstance(content, (list, tuple)):
         raise SampleError(sample, f"dataset row {sample}: message {index}: content must be a string or a list of parts, got "
-                                  f"{type(content).__name__} {content!r:.40}", field="messages")
+                                  f"{type(content).__name__} {content!r:.40}", field="messages", kind=bad_rows.MALFORMED_CONVERSATION)
     parts = []
     for part in content:
         kind = part.get("type") if isinstance(part, dict) else None
@@ -85,18 +91,20 @@ def _message_turn(index: int, message: Any, sample: object) -> Turn:
             text = part.get("text")
             if text is not None and not isinstance(text, str):
                 raise SampleError(sample, f"dataset row {sample}: message {index}: text must be a string, got "
-                                          f"{type(text).__name__} {text!r:.40}", field="messages")
+                                          f"{type(text).__name__} {text!r:.40}", field="messages", kind=bad_rows.MALFORMED_CONVERSATION)
             parts.append(("text", text or ""))
         elif kind in ("image", "video"):
             parts.append((kind, ""))
         else:
-            raise SampleError(sample, f"dataset row {sample}: content part {part!r:.80} is not text, image or video", field="messages")
+            raise SampleError(sample, f"dataset row {sample}: content part {part!r:.80} is not text, image or video", field="messages",
+                              kind=bad_rows.MALFORMED_CONVERSATION)
     return Turn(ROLES[message["role"]], tuple(parts))
 
 
 def _llava_turn(message: Any, sample: object) -> Turn:
     if not isinstance(message, dict) or message.get("from") not in ROLES or not isinstance(message.get("value"), str):
-        raise SampleError(sample, f"dataset row {sample}: a conversation turn needs 'from' and a string 'value', got {message!r:.80}", field="conversations")
+        raise SampleError(sample, f"dataset row {sample}: a conversation turn needs 'from' and a string 'value', got {message!r:.80}",
+                          field="conversations", kind=bad_rows.MALFORMED_CONVERSATION)
     return Turn(ROLES[message["from"]], _split_markers(message["value"]))
 
 
@@ -118,11 +126,13 @@ def _place_media(turns: list[Turn], images: int, videos: int, sample: object) ->
         if named == 0 and have:
             first = next((i for i, t in enumerate(turns) if t.role == "user"), None)
             if first is None:
-                raise SampleError(sample, f"dataset row {sample}: {have} {kind}s but no user turn to hold them", field=f"{kind}s")
+                raise SampleError(sample, f"dataset row {sample}: {have} {kind}s but no user turn to hold them", field=f"{kind}s",
+                                  kind=bad_rows.IMAGE_COUNT)
             turn = turns[first]
             turns[first] = Turn(turn.role, ((kind, ""),) * have + turn.parts)
         elif named != have:
-            raise SampleError(sample, f"dataset row {sample}: the conversation names {named} {kind}s but the row has {have}", field=f"{kind}s")
+            raise SampleError(sample, f"dataset row {sample}: the conversation names {named} {kind}s but the row has {have}", field=f"{kind}s",
+                              kind=bad_rows.IMAGE_COUNT)
     return turns
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mimo_pipes.data import bad_rows
 from mimo_pipes.errors import ConfigError, SampleError
 
 Features = tuple[dict[str, np.ndarray], list[list[int]]]
@@ -67,14 +68,16 @@ class PatchFamily:
         try:
             feats = self.image_processor(images=images, return_tensors="np")
         except Exception as e:  # noqa: BLE001 - any failure is the row's
-            raise SampleError(sample, f"dataset row {sample}: the image processor failed: {e}", field="images") from e
+            raise SampleError(sample, f"dataset row {sample}: the image processor failed: {e}", field="images",
+                              kind=bad_rows.REFUSED_MEDIA) from e
         pixels = np.ascontiguousarray(feats["pixel_values"], dtype=np.float32)
         grid = np.asarray(feats["image_grid_thw"], dtype=np.int64).reshape(-1, 3)
         return {"pixel_values": pixels, "image_grid_thw": grid}, self._tokens(grid, pixels, self.image_token_id, sample, "images")
 
     def videos(self, videos: list[np.ndarray], sample: object) -> Features:
         if self.video_token_id is None:
-            raise SampleError(sample, f"dataset row {sample}: has videos but the tokenizer has no {self.video_pad}", field="videos")
+            raise SampleError(sample, f"dataset row {sample}: has videos but the tokenizer has no {self.video_pad}", field="videos",
+                              kind=bad_rows.REFUSED_MEDIA)
         patches, grids = zip(*(self._patchify(frames) for frames in videos))
         pixels, grid = np.concatenate(patches), np.asarray(grids, dtype=np.int64)
         return {"pixel_values_videos": pixels, "video_grid_thw": grid}, self._tokens(grid, pixels, self.video_token_id, sample, "videos")
@@ -88,7 +91,8 @@ class PatchFamily:
     def video_layout(self, sizes: Sequence[tuple[int, int, int]], sample: object) -> Features:
         """What :meth:`videos` makes of videos of these (frames, height, width) sizes, without their pixels."""
         if self.video_token_id is None:
-            raise SampleError(sample, f"dataset row {sample}: has videos but the tokenizer has no {self.video_pad}", field="videos")
+            raise SampleError(sample, f"dataset row {sample}: has videos but the tokenizer has no {self.video_pad}", field="videos",
+                              kind=bad_rows.REFUSED_MEDIA)
         grid = np.asarray([self.video_grid(*size) for size in sizes], dtype=np.int64).reshape(-1, 3)
         return {"video_grid_thw": grid}, self._runs(grid, self.video_token_id)
 
@@ -180,7 +184,8 @@ class TileFamily:
         try:
             feats = self.image_processor(images=images, return_tensors="np")
         except Exception as e:  # noqa: BLE001
-            raise SampleError(sample, f"dataset row {sample}: the image processor failed: {e}", field="images") from e
+            raise SampleError(sample, f"dataset row {sample}: the image processor failed: {e}", field="images",
+                              kind=bad_rows.REFUSED_MEDIA) from e
         pixels = np.ascontiguousarray(feats["pixel_values"], dtype=np.float32)
         tiles = np.asarray(feats["num_patches"], dtype=np.int64).reshape(-1)
         if pixels.shape[0] != int(tiles.sum()):
@@ -188,7 +193,7 @@ class TileFamily:
         return {"pixel_values": pixels, "image_num_tiles": tiles}, self._runs(tiles)
 
     def videos(self, videos: list[np.ndarray], sample: object) -> Features:
-        raise SampleError(sample, f"dataset row {sample}: videos are not supported by the {self.name} family", field="videos")
+        raise SampleError(sample, f"dataset row {sample}: videos are not supported by the {self.name} family", field="videos", kind=bad_rows.REFUSED_MEDIA)
 
     def image_layout(self, sizes: Sequence[tuple[int, int]], sample: object) -> Features:
         """What :meth:`images` makes of images of these (height, width) sizes, without their pixels: tiles

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from mimo_pipes.data import bad_rows
 from mimo_pipes.errors import SampleError
 
 
@@ -54,21 +55,25 @@ def open_image(item: Any, image_folder: str | None, row: object, what: str):
     except SampleError:
         raise
     except Exception as e:  # noqa: BLE001 - any decode failure names the row
-        raise SampleError(row, f"dataset row {row}: {what} cannot be decoded: {e}", field="images") from e
+        raise SampleError(row, f"dataset row {row}: {what} cannot be decoded: {e}", field="images", kind=bad_rows.UNREADABLE_IMAGE) from e
 
 
 def resolve(path: str | Path, image_folder: str | Path | None, row: object, what: str) -> Path:
     """The file ``path`` (relative to ``image_folder``, or absolute) names, symlinks resolved; SampleError
-    when it lies outside the folder (the resolved path is not printed), is missing, or there is no folder."""
+    when it lies outside the folder (the resolved path is not printed), is missing, or there is no folder.
+    A missing file's error says which flag sets the folder: a relative path is most often missing because
+    the folder is not the one the data's paths are relative to."""
     if image_folder is None:
-        raise SampleError(row, f"dataset row {row}: {what} {str(path)!r} is a path, but no image folder is set (--image-folder)", field="images")
+        raise SampleError(row, f"dataset row {row}: {what} {str(path)!r} is a path, but no image folder is set (--image-folder)",
+                          field="images", kind=bad_rows.NO_IMAGE_FOLDER)
     root = Path(image_folder).expanduser().resolve()
     real = (root / Path(path)).resolve()
     if not real.is_relative_to(root):
-        raise SampleError(row, f"dataset row {row}: {what} {str(path)!r} is outside the image folder", field="images")
+        raise SampleError(row, f"dataset row {row}: {what} {str(path)!r} is outside the image folder", field="images",
+                          kind=bad_rows.OUTSIDE_IMAGE_FOLDER)
     if not real.is_file():
-        raise SampleError(row, f"dataset row {row}: {what} {str(path)!r} does not exist (under the image folder {image_folder})",
-                          field="images")
+        raise SampleError(row, f"dataset row {row}: {what} {str(path)!r} does not exist under the image folder {image_folder} "
+                               "(--image-folder; default: the dataset's folder)", field="images", kind=bad_rows.MISSING_IMAGE)
     return real
 
 
@@ -79,9 +84,10 @@ def open_video(item: Any, image_folder: str | None, row: object, index: int) -> 
     else:
         decoded = [open_image(f, image_folder, row, f"video {index} frame {k}") for k, f in enumerate(as_list(item))]
         if not decoded:
-            raise SampleError(row, f"dataset row {row}: video {index} has no frames", field="videos")
+            raise SampleError(row, f"dataset row {row}: video {index} has no frames", field="videos", kind=bad_rows.MALFORMED_VIDEO)
         size = decoded[0].size
         frames = np.stack([np.asarray(f.resize(size)) for f in decoded])
     if frames.ndim != 4 or frames.shape[-1] != 3 or frames.shape[0] == 0:
-        raise SampleError(row, f"dataset row {row}: video {index} must be frames [T, H, W, 3], got {frames.shape}", field="videos")
+        raise SampleError(row, f"dataset row {row}: video {index} must be frames [T, H, W, 3], got {frames.shape}", field="videos",
+                          kind=bad_rows.MALFORMED_VIDEO)
     return np.ascontiguousarray(frames, dtype=np.uint8)

@@ -4,15 +4,17 @@ Sizes are what :func:`~mimo_pipes.data.media.open_image` and :func:`~mimo_pipes.
 would decode: the same item kinds (PIL images, ``{"bytes", "path"}`` dicts, bytes, paths under the image
 folder, arrays), the same path resolution (a missing file is the row's :class:`SampleError`), and a video
 given as frames has the size of its first frame (``open_video`` resizes the others to it). An item whose
-size cannot be read this way raises something other than SampleError; the caller then processes the row.
+size cannot be read this way raises :class:`UnreadableHeader`, naming the item; the caller then processes
+the row.
 """
 
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -24,6 +26,14 @@ ImageSize = tuple[int, int]
 """(height, width) in pixels."""
 VideoSize = tuple[int, int, int]
 """(frames, height, width)."""
+
+
+T = TypeVar("T")
+
+
+class UnreadableHeader(ValueError):
+    """An image's or video's size could not be read from its header: ``"image 0: unsupported image type
+    list"``. Not the row's fault as such: processing it may still succeed."""
 
 
 @dataclass(frozen=True)
@@ -95,10 +105,20 @@ def video_size(item: Any, image_folder: str | None, row: object, index: int) -> 
 
 
 def media_sizes(row: dict, image_folder: str | None, sample_id: object) -> MediaSizes:
-    """Every image's and video's size in ``row``, headers only."""
-    images = tuple(image_size(item, image_folder, sample_id, f"image {k}") for k, item in enumerate(row_images(row)))
-    videos = tuple(video_size(item, image_folder, sample_id, k) for k, item in enumerate(row_videos(row)))
+    """Every image's and video's size in ``row``, headers only. Raises the row's SampleError, or
+    :class:`UnreadableHeader` for an item whose header gives no size."""
+    images = tuple(_from_header(f"image {k}", image_size, item, image_folder, sample_id, f"image {k}") for k, item in enumerate(row_images(row)))
+    videos = tuple(_from_header(f"video {k}", video_size, item, image_folder, sample_id, k) for k, item in enumerate(row_videos(row)))
     return MediaSizes(images, videos)
+
+
+def _from_header(what: str, read: Callable[..., T], *args: Any) -> T:
+    try:
+        return read(*args)
+    except SampleError:
+        raise
+    except Exception as error:  # noqa: BLE001 - any other failure: no size from this header
+        raise UnreadableHeader(f"{what}: {' '.join(str(error).split()) or type(error).__name__}") from error
 
 
 def encoded_media(row: dict, image_folder: str | None, sample_id: object, *, keep_paths: bool = False) -> dict:

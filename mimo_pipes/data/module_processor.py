@@ -12,15 +12,18 @@ way the result is, field for field and bit for bit, what :class:`~mimo_pipes.dat
 makes of the row with the module's other fields dropped (a test holds every family to it).
 
 A row whose sizes cannot be read from headers (an item kind this module does not know, a size the resize
-rule refuses) is processed for its cost instead, and counted in :attr:`ModuleProcessor.processed_for_cost`;
+rule refuses) is processed for its cost instead, and counted in :attr:`ModuleProcessor.processed_for_cost`
+with its reason (:attr:`ModuleProcessor.processed_for_cost_reasons`; the first of each reason is logged);
 a row the processor would refuse raises the processor's own :class:`~mimo_pipes.errors.SampleError`.
-``mimo-pipes analyze`` counts rows with the same :meth:`ModuleProcessor.counts`.
+``mimo-pipes analyze`` counts rows with the same :meth:`ModuleProcessor.counts` and says how many were
+processed, and why (:func:`cost_line`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -28,7 +31,7 @@ import torch
 
 from mimo_pipes.cost import image_token_count, placeholder_runs
 from mimo_pipes.data.conversation import conversation
-from mimo_pipes.data.media_sizes import encoded_media, media_sizes
+from mimo_pipes.data.media_sizes import UnreadableHeader, encoded_media, media_sizes
 from mimo_pipes.data.processor import CONSUMED_KEYS, SampleProcessor, token_fields
 from mimo_pipes.errors import SampleError
 from mimo_pipes.module_fields import ModuleFields
@@ -38,6 +41,24 @@ logger = logging.getLogger(__name__)
 
 RowCount = tuple[int, int, list[int]]
 """(image tokens, real tokens, placeholder run lengths) of one row."""
+MAX_COST_REASONS = 8  # distinct reasons kept (a row-specific message must not grow without bound)
+
+
+def cost_reason(error: BaseException) -> str:
+    """Why a row's sizes had to come from processing it, one line (``image 0: unsupported image type list``)."""
+    if isinstance(error, UnreadableHeader):
+        return str(error)
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def cost_line(processed: int, total: int, reasons: Mapping[str, int]) -> str:
+    """The line ``analyze`` and ``check`` print about how the rows' costs were counted."""
+    if not processed:
+        return f"costs: all {total} rows counted from their text and image headers, none processed"
+    listed = "; ".join(f"{reason}: {count} row{'s' * (count != 1)}" for reason, count in reasons.items())
+    more = "; other reasons" if sum(reasons.values()) < processed else ""
+    return f"costs: {processed} of {total} rows were processed to count them ({listed}{more})"
 
 
 class ModuleProcessor:
@@ -53,6 +74,7 @@ class ModuleProcessor:
         self.image_paths = image_paths
         self._lock = threading.Lock()
         self._processed_for_cost = 0
+        self._cost_reasons: dict[str, int] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -67,6 +89,13 @@ class ModuleProcessor:
     def processed_for_cost(self) -> int:
         """Rows counted by processing them, since sizes could not be read from their headers."""
         return self._processed_for_cost
+
+    @property
+    def processed_for_cost_reasons(self) -> dict[str, int]:
+        """Why rows were processed for their cost: each distinct reason (the first ``MAX_COST_REASONS``, in
+        the order met) and how many rows it concerned."""
+        with self._lock:
+            return dict(self._cost_reasons)
 
     def layout(self, row: dict) -> tuple[list[int], list[bool], dict[str, np.ndarray]]:
         """The row's token ids, which of them are trained, and its layout fields (``image_grid_thw``, ...),
@@ -135,10 +164,16 @@ class ModuleProcessor:
             raise
         except Exception as error:  # noqa: BLE001 - no cheap size: the processor counts it, or names the row's fault
             sample = self.processor(dict(row))
+            why = cost_reason(error)
             with self._lock:
                 self._processed_for_cost += 1
-            logger.warning("sample %r: sizes not readable from headers (%s); processed for its cost",
-                           row.get(SAMPLE_ID, row.get("id")), error)
+                new = why not in self._cost_reasons and len(self._cost_reasons) < MAX_COST_REASONS
+                if new or why in self._cost_reasons:
+                    self._cost_reasons[why] = self._cost_reasons.get(why, 0) + 1
+            if new:
+                logger.warning("sample %r: sizes not readable from headers (%s); processed for its cost (further rows "
+                               "for this reason are counted: ModuleProcessor.processed_for_cost_reasons)",
+                               row.get(SAMPLE_ID, row.get("id")), why)
             ids, layout = sample["input_ids"].numpy(), None
         else:
             layout = _token_layout(ids, trained, fields, self.processor.placeholder_ids)

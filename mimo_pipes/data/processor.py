@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from mimo_pipes.cost import image_token_count as count_image_tokens  # noqa: F401 - re-exported
+from mimo_pipes.data import bad_rows
 from mimo_pipes.data.cache import build_atomically, cache_root
 from mimo_pipes.data.conversation import chatml, conversation, row_images, row_videos, template, trained_segments
 from mimo_pipes.data.families import family_for
@@ -325,7 +326,8 @@ class SampleProcessor:
                 if piece in used:
                     runs = media.get(piece, [])
                     if used[piece] >= len(runs):
-                        raise SampleError(sample_id, f"dataset row {sample_id}: the chat names more {piece} than the row has", field="images")
+                        raise SampleError(sample_id, f"dataset row {sample_id}: the chat names more {piece} than the row has", field="images",
+                                          kind=bad_rows.IMAGE_COUNT)
                     tokens = runs[used[piece]]
                     used[piece] += 1
                     is_fixed = [True] * len(tokens)
@@ -337,7 +339,8 @@ class SampleProcessor:
                 trained.extend(is_trained and not f for f in is_fixed)
                 part.extend([where] * len(tokens))
         if any(used[pad] != len(runs) for pad, runs in media.items()):
-            raise SampleError(sample_id, f"dataset row {sample_id}: the chat template did not place every image and video", field="images")
+            raise SampleError(sample_id, f"dataset row {sample_id}: the chat template did not place every image and video", field="images",
+                              kind=bad_rows.IMAGE_COUNT)
 
         if len(ids) > self.seq_length:
             need = sum(fixed)
@@ -348,7 +351,7 @@ class SampleProcessor:
                     f"dataset row {sample_id}: needs {need + 1} tokens for its images ({placeholders} image/video "
                     f"placeholders in {num_images} images and {num_videos} videos, with their markers) and one token "
                     f"to train on, more than --seq-length {self.seq_length}",
-                    field="images",
+                    field="images", kind=bad_rows.IMAGES_TOO_LONG,
                 )
             kept = fit_to_length(fixed, part, self.seq_length)
             warn(TRUNCATED, sample_id, f"dataset row {sample_id}: truncated from {len(ids)} to --seq-length {self.seq_length} tokens; "
@@ -356,7 +359,7 @@ class SampleProcessor:
             ids, trained = [ids[t] for t in kept], [trained[t] for t in kept]
         if not any(trained[1:]):  # labels[t] trains token t + 1: a trained token at 0 is no label
             cut = f" after truncation to --seq-length {self.seq_length}" if len(ids) == self.seq_length else ""
-            raise SampleError(sample_id, f"dataset row {sample_id}: no token to train on{cut}", field="messages")
+            raise SampleError(sample_id, f"dataset row {sample_id}: no token to train on{cut}", field="messages", kind=bad_rows.NO_TRAINED_TOKEN)
         return ids, trained
 
     def __call__(self, row: dict) -> dict:

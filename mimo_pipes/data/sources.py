@@ -81,6 +81,30 @@ def open_source(spec: str | Path, split: str = "train"):
     return _images_undecoded(ds)
 
 
+def read_rows(dataset, start: int, stop: int) -> list[dict]:
+    """Rows ``start..stop-1`` of ``dataset`` as the graph's reader gets them from :func:`open_source`: every
+    column decoded by its feature (a LLaVA ``image`` column stored as JSON, say) except images, which stay
+    ``{"bytes", "path"}`` whatever the features say, so no pixel is decoded. A Hugging Face dataset is read
+    as one batch (its selection kept); anything else indexed row by row."""
+    if not (hasattr(dataset, "with_format") and hasattr(dataset, "features")):
+        return [dataset[index] for index in range(start, stop)]
+    features = encoded_image_features(dataset.features)
+    columns = (features or dataset.features).decode_batch(dataset.with_format("arrow")[start:stop].to_pydict())
+    return [dict(zip(columns, values)) for values in zip(*columns.values())]
+
+
+def encoded_image_features(features):
+    """``features`` with every image inside them left encoded; None when none decodes."""
+    changed = features.copy()
+    found = False
+    for name, feature in features.items():
+        undecoded = _undecoded(feature)
+        if undecoded is not None:
+            changed[name] = undecoded
+            found = True
+    return changed if found else None
+
+
 def _images_undecoded(ds):
     """The same memory-mapped table under features whose images stay ``{"bytes", "path"}``: no data is
     copied (``cast_column`` would rewrite the table for a list of images)."""
@@ -88,14 +112,8 @@ def _images_undecoded(ds):
 
     import datasets
 
-    features = ds.features.copy()
-    changed = False
-    for name, feature in ds.features.items():
-        undecoded = _undecoded(feature)
-        if undecoded is not None:
-            features[name] = undecoded
-            changed = True
-    if not changed:
+    features = encoded_image_features(ds.features)
+    if features is None:
         return ds
     if ds._indices is not None:  # a selected view: keep it (save_to_disk folders have none)
         ds = ds.flatten_indices()
