@@ -152,6 +152,33 @@ def window_lower_bound(
     return max(average, largest)
 
 
+def window_path_bound(sorted_costs: np.ndarray, count: int, num_slots: int, floor: int = 0) -> int:
+    """A lower bound on the critical path, sum over micro-batches of max(``floor``, heaviest slot), of
+    any plan of a window whose W*B samples may cross micro-batches (``sorted_costs`` heaviest first).
+
+    For any plan, regrouping its W*G slots heaviest first into runs of G does not raise the path, and
+    then the j-th micro-batch costs the (jG+1)-th heaviest slot, which is at least
+    * the heaviest slot of the lightest W*G - jG slots, so at least the engine's bound for the
+      (W*G - jG)*k lightest samples over W*G - jG slots (lighter samples cannot make it heavier);
+    * c[jB] plus the k-1 lightest: the jB+1 heaviest samples lie in j+1 micro-batches or more;
+    and at least the floor. Summed over j, and never below :func:`window_lower_bound`'s terms."""
+    costs = np.asarray(sorted_costs, dtype=np.int64)
+    size = int(costs.shape[0])
+    if size == 0:
+        return count * floor
+    bins = count * num_slots
+    per_slot = size // bins
+    microbatch = size // count
+    lightest = int(costs[size - (per_slot - 1) :].sum()) if per_slot > 1 else 0
+    total = 0
+    for j in range(count):
+        left = bins - j * num_slots
+        light = sorted_lower_bound(costs[size - left * per_slot :], left, thorough=False)
+        total += max(floor, light, int(costs[j * microbatch]) + lightest)
+    average = -(-int(costs.sum()) // num_slots)
+    return max(total, average, count * floor)
+
+
 def slot_loads(costs: Sequence[int], slots: Sequence[Sequence[int]]) -> list[int]:
     """Load (sum of costs) of each slot, in the order given."""
     return [int(sum(int(costs[i]) for i in slot)) for slot in slots]

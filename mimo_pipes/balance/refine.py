@@ -40,13 +40,13 @@ _NONE = np.iinfo(np.int64).max
 
 PAIRED_PASSES = 4
 NEIGHBOUR_SLOTS = 16
-NEIGHBOUR_WINDOW = 16
+NEIGHBOUR_WINDOW = 8
 MAX_ROUNDS = 6
 FOCUSED_PAIR_PARTNERS = 8
 _STEPS = np.arange(1, NEIGHBOUR_WINDOW + 1, dtype=np.int64)
+FOCUSED_RAISE = False
 # Far beyond any cost (totals are below 2**62), small enough that sums with it stay in int64.
 _SENTINEL = 2**61
-FOCUSED_RAISE = False
 # Largest dense table of candidate swaps (int64 elements, 16 MiB); larger searches go slot by slot.
 DENSE_ELEMENTS = 1 << 21
 # Most pairs of samples per slot that 2-2 swaps consider (each pair list costs 8 bytes a pair).
@@ -98,18 +98,35 @@ class _Assignment:
         self.costs = sorted_costs
         self.members = members.copy()
         self.values = sorted_costs[self.members]
-        self.loads = self.values.sum(axis=1)
         num_slots, per_slot = members.shape
-        # Ranks past either end (r + step >= B, or r - step < 0, which wraps to the end) read a
-        # sentinel cost that makes every such swap fail its "d > 0" test.
-        pad = np.full(NEIGHBOUR_WINDOW, _SENTINEL, dtype=np.int64)
-        self.costs_down = np.concatenate((sorted_costs, pad))  # partners lighter than r
-        self.costs_up = np.concatenate((sorted_costs, -pad))  # partners heavier than r
-        self.slot_of_padded = np.zeros(size + NEIGHBOUR_WINDOW, dtype=np.int64)
-        self.slot_of = self.slot_of_padded[:size]
+        # Row 0: the loads; row 1: their negatives, refreshed by each neighbour round (see there).
+        self.signed = np.empty((2, num_slots), dtype=np.int64)
+        self.loads = self.signed[0]
+        self.values.sum(axis=1, out=self.loads)
+        # Ranks are stored shifted by NEIGHBOUR_WINDOW so that a neighbour past either end (see
+        # neighbour_tables) still reads a slot; its move is never taken.
+        self.slot_of_padded = np.zeros(size + 2 * NEIGHBOUR_WINDOW, dtype=np.int64)
+        self.slot_of = self.slot_of_padded[NEIGHBOUR_WINDOW : NEIGHBOUR_WINDOW + size]
         self.pos_of = np.empty(size, dtype=np.int64)
         self.slot_of[self.members] = np.arange(num_slots)[:, None]
         self.pos_of[self.members] = np.arange(per_slot)[None, :]
+        self.moves: np.ndarray | None = None
+
+    def neighbour_moves(self) -> np.ndarray:
+        """(2, B, w): for rank r and step s, row 0 is the cost d = c[r] - c[r+1+s] that leaves r's slot
+        when r is swapped for the lighter rank r+1+s, row 1 the cost d = c[r-1-s] - c[r] that enters
+        it when r is swapped for the heavier rank r-1-s. Past either end d is negative (never taken).
+        The costs never change, so this is built once per refinement, from two sliding windows."""
+        if self.moves is None:
+            size = self.costs.shape[0]
+            pad = np.full(NEIGHBOUR_WINDOW + 1, _SENTINEL, dtype=np.int64)
+            padded = np.concatenate((-pad, self.costs, pad))  # rank r at r + NEIGHBOUR_WINDOW + 1
+            windows = np.lib.stride_tricks.sliding_window_view(padded, NEIGHBOUR_WINDOW)
+            costs = self.costs[:, None]
+            lighter = windows[NEIGHBOUR_WINDOW + 2 : NEIGHBOUR_WINDOW + 2 + size]
+            heavier = windows[1 : 1 + size, ::-1]
+            self.moves = np.stack((costs - lighter, heavier - costs))
+        return self.moves
 
     def swap(self, first, second) -> None:
         """Exchange the samples of ranks ``first`` and ``second``: two ranks, or two equal-length
@@ -158,40 +175,52 @@ def _paired_pass(state: _Assignment, shift: int) -> bool:
     return True
 
 
-def _neighbour_round(state: _Assignment, lower: bool, target: int) -> int:
-    """One round of neighbour swaps for the heaviest (lower) or lightest slots; returns moves made."""
+@lru_cache(maxsize=16)
+def _focus(num_slots: int, heaviest_only: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For a neighbour round: the positions in the ascending load order of the slots it looks at (the
+    heaviest first, then, unless ``heaviest_only``, the lightest), each one's side (m, 1: 0 down, 1 up),
+    and each side's steps to its partners in padded rank space (2, 1, w)."""
+    count = min(NEIGHBOUR_SLOTS, num_slots)
+    heavy = np.arange(num_slots - 1, num_slots - count - 1, -1, dtype=np.int64)
+    steps = np.stack((NEIGHBOUR_WINDOW + _STEPS, NEIGHBOUR_WINDOW - _STEPS))[:, None, :]
+    if heaviest_only:
+        return heavy, np.zeros((count, 1), dtype=np.int64), steps
+    light = np.arange(count, dtype=np.int64)
+    side = np.repeat(np.array([0, 1], dtype=np.int64), count)[:, None]
+    return np.concatenate((heavy, light)), side, steps
+
+
+def _neighbour_round(state: _Assignment, target: int, heaviest_only: bool) -> int:
+    """One round of neighbour swaps: each of the heaviest slots above ``target`` sends one sample for a
+    slightly lighter one, and (unless ``heaviest_only``) each of the lightest slots takes a slightly
+    heavier one, all scored on the same loads in one set of array operations. Returns the moves made.
+
+    Down, a slot of load L gives d and its partner's load P becomes P + d: allowed if that stays below
+    L, scored max(L - d, P + d). Up is the same on negated loads (-L gives d, -P becomes -P + d), so
+    one expression serves both sides, and the smallest score is the move nearest to level."""
     loads = state.loads
-    order = np.argsort(loads, kind="stable")
-    if lower:
-        focus = order[::-1][:NEIGHBOUR_SLOTS]
-        focus = focus[loads[focus] > target]
-        if focus.size == 0:
-            return 0
-    else:
-        focus = order[:NEIGHBOUR_SLOTS]
+    positions, side, steps = _focus(loads.shape[0], heaviest_only)
+    focus = np.argsort(loads, kind="stable")[positions]
     ranks = state.members[focus]  # (m, k)
-    own = loads[focus][:, None, None]
-    mine = state.values[focus][:, :, None]
-    if lower:
-        partner = ranks[:, :, None] + _STEPS
-        diff = mine - state.costs_down[partner]
-        other = loads[state.slot_of_padded[partner]]
-        moved = other + diff
-        score = np.where((diff > 0) & (moved < own), np.maximum(own - diff, moved), _NONE)
-    else:
-        partner = ranks[:, :, None] - _STEPS
-        diff = state.costs_up[partner] - mine
-        other = loads[state.slot_of_padded[partner]]
-        moved = other - diff
-        score = np.where((diff > 0) & (moved > own), -np.minimum(own + diff, moved), _NONE)
-    count = focus.size
-    score = score.reshape(count, -1)
+    diff = state.neighbour_moves()[side, ranks]  # (m, k, w)
+    partner = ranks[:, :, None] + steps[side[:, 0]]  # padded ranks
+    signed = state.signed
+    np.negative(loads, out=signed[1])
+    own = signed[side, focus[:, None]][:, :, None]  # (m, 1, 1)
+    moved = signed[side[:, :, None], state.slot_of_padded[partner]] + diff
+    allowed = (diff > 0) & (moved < own)
+    count = focus.shape[0]
+    if target:
+        heavy = min(NEIGHBOUR_SLOTS, loads.shape[0])
+        allowed[:heavy] &= own[:heavy] > target  # heavy slots at or below the target stay
+    score = np.where(allowed, np.maximum(own - diff, moved), _NONE).reshape(count, -1)
     pick = np.argmin(score, axis=1)
     rows = np.arange(count)
     found = (score[rows, pick] < _NONE).tolist()
     chosen_own = ranks[rows, pick // NEIGHBOUR_WINDOW].tolist()
-    chosen_partner = partner.reshape(count, -1)[rows, pick].tolist()
-    partner_slot = state.slot_of_padded[np.asarray(chosen_partner)].tolist()
+    chosen = partner.reshape(count, -1)[rows, pick]
+    partner_slot = state.slot_of_padded[chosen].tolist()
+    chosen_partner = (chosen - NEIGHBOUR_WINDOW).tolist()
     focus_list = focus.tolist()
     busy = set()
     firsts, seconds = [], []
@@ -204,10 +233,12 @@ def _neighbour_round(state: _Assignment, lower: bool, target: int) -> int:
         busy.add(s)
         busy.add(o)
         firsts.append(chosen_own[a])
-        seconds.append(chosen_partner[a] % state.costs.shape[0])
+        seconds.append(chosen_partner[a])
     if firsts:
         state.swap(np.asarray(firsts), np.asarray(seconds))
     return len(firsts)
+
+
 
 
 def _focused_scores(ref: int, loads: np.ndarray, diff: np.ndarray, lower: bool) -> np.ndarray:
@@ -301,13 +332,9 @@ def refine_members(
         stalled = 0
         while rounds < max_rounds:
             rounds += 1
-            moved = 0
-            if state.extremes()[0] > target:
-                moved += _neighbour_round(state, True, target)
-            elif heaviest_only:
+            if heaviest_only and state.extremes()[0] <= target:
                 return state.members
-            if not heaviest_only:
-                moved += _neighbour_round(state, False, target)
+            moved = _neighbour_round(state, target, heaviest_only)
             now = state.extremes()
             if moved == 0:
                 break

@@ -27,9 +27,10 @@ import numpy as np
 from mimo_pipes.balance.canonical import loads_of, sort_order
 from mimo_pipes.balance.lpt import lpt_members
 from mimo_pipes.balance.microbatch import plan_indices, plan_members
-from mimo_pipes.balance.quality import rows_lower_bound, window_lower_bound
+from mimo_pipes.balance.quality import rows_lower_bound, window_lower_bound, window_path_bound
 from mimo_pipes.balance.refine import refine_members
 from mimo_pipes.balance.validate import check_floor, check_window
+from mimo_pipes.balance.window_search import search_window
 
 # Budgets of the search across micro-batches (counts, so the result never depends on the machine):
 # swaps taken, and candidate swaps looked at (a few ms of numpy on a busy 2-core machine).
@@ -46,6 +47,10 @@ SEARCH_MAX_SAMPLES = 2048
 NEAR_BOUND = 1000
 # Refinement rounds inside a micro-batch after the moves across micro-batches touched it.
 LIGHT_ROUNDS = 2
+# Windows of at most this many samples (two or more per slot) end with a branch and bound over every
+# plan (``window_search``), the best plan so far as incumbent, with this budget of samples placed.
+EXACT_MAX_SAMPLES = 64
+EXACT_NODES = 2_000
 
 
 def _canonical_microbatch(indices: np.ndarray) -> list[list[int]]:
@@ -260,6 +265,26 @@ def _improve(flat: np.ndarray, plans: list[np.ndarray], num_slots: int, floor: i
     return improved
 
 
+def _searched(
+    window: np.ndarray, order: np.ndarray, plans: list[np.ndarray], path: int, num_slots: int, floor: int
+) -> tuple[list[np.ndarray], int]:
+    """The plan (and its critical path) after a branch and bound that tries to beat ``path``; the
+    search stops early at a lower bound of the window, so a plan on it is not searched at all."""
+    count, size = window.shape
+    flat = window.reshape(-1)
+    costs = flat[order]
+    lower = window_path_bound(costs, count, num_slots, floor)
+    if (path - lower) * NEAR_BOUND <= lower:
+        return plans, path  # within 0.1% of the bound: the search cannot gain enough to pay for itself
+    result = search_window(costs.tolist(), count, num_slots, floor, path, lower, EXACT_NODES)
+    if result.bins is None:
+        return plans, path
+    bins = np.asarray(result.bins, dtype=np.int64)
+    # Samples in sorted order, grouped by bin (a stable sort keeps each bin's samples in rank order).
+    members = order[np.argsort(bins, kind="stable")].reshape(count, num_slots, -1)
+    return list(members), result.best
+
+
 def balance_window(
     costs: Sequence[Sequence[int]], num_slots: int, across_microbatches: bool = False, floor: int = 0
 ) -> list[list[list[int]]]:
@@ -331,6 +356,8 @@ def balance_window(
         value = _path(np.stack([flat[p].sum(axis=1) for p in anchor]), floor)
         if value < path:
             plans, path = anchor, value
+    if search and flat.shape[0] <= EXACT_MAX_SAMPLES:
+        plans, path = _searched(window, order, plans, path, num_slots, floor)
     # Nothing moves if the window as it stands (contiguous slots) is at least as good.
     if _path(window.reshape(count, num_slots, -1).sum(axis=2), floor) <= path:
         plans = [rows.reshape(num_slots, -1) for rows in still]
