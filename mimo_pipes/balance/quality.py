@@ -26,6 +26,8 @@ import numpy as np
 
 from mimo_pipes.balance.validate import check_costs, check_window
 
+_NONE = np.iinfo(np.int64).max
+
 
 def _crowded_bound(
     costs: np.ndarray, slots: int, heads: np.ndarray, tails: np.ndarray, max_extra: int | None
@@ -47,7 +49,7 @@ def _crowded_bound(
     feasible = (m <= j) & (rest >= 0)
     numerator = heads[slots + j] - heads[slots - m] + tails[np.clip(rest, 0, size)]
     mean = -(-numerator // m)
-    crowded = np.where(feasible, mean, np.iinfo(np.int64).max).min(axis=1)
+    crowded = np.where(feasible, mean, _NONE).min(axis=1)
     return int(crowded.max())
 
 
@@ -90,7 +92,7 @@ def sorted_lower_bound(
     largest_other = costs[size - others] + tails[per_slot - 2]
     apart = costs[i] + np.maximum(share, largest_other)
     together = np.where(
-        i >= 1, costs[np.maximum(i - 1, 0)] + costs[i] + tails[per_slot - 2], np.iinfo(np.int64).max
+        i >= 1, costs[np.maximum(i - 1, 0)] + costs[i] + tails[per_slot - 2], _NONE
     )
     best = max(best, int(np.minimum(apart, together).max()))
     return best
@@ -123,7 +125,7 @@ def rows_lower_bound(sorted_rows: np.ndarray, num_slots: int) -> np.ndarray:
     together = np.where(
         i >= 1,
         rows[:, np.maximum(i - 1, 0)] + rows[:, i] + tails[:, per_slot - 2][:, None],
-        np.iinfo(np.int64).max,
+        _NONE,
     )
     return np.maximum(best, np.minimum(apart, together).max(axis=1))
 

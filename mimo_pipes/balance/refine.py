@@ -99,10 +99,7 @@ class _Assignment:
         self.members = members.copy()
         self.values = sorted_costs[self.members]
         num_slots, per_slot = members.shape
-        # Row 0: the loads; row 1: their negatives, refreshed by each neighbour round (see there).
-        self.signed = np.empty((2, num_slots), dtype=np.int64)
-        self.loads = self.signed[0]
-        self.values.sum(axis=1, out=self.loads)
+        self.loads = self.values.sum(axis=1)
         # Ranks are stored shifted by NEIGHBOUR_WINDOW so that a neighbour past either end (see
         # neighbour_tables) still reads a slot; its move is never taken.
         self.slot_of_padded = np.zeros(size + 2 * NEIGHBOUR_WINDOW, dtype=np.int64)
@@ -113,8 +110,8 @@ class _Assignment:
         self.moves: np.ndarray | None = None
 
     def neighbour_moves(self) -> np.ndarray:
-        """(2, B, w): for rank r and step s, row 0 is the cost d = c[r] - c[r+1+s] that leaves r's slot
-        when r is swapped for the lighter rank r+1+s, row 1 the cost d = c[r-1-s] - c[r] that enters
+        """(2B, w): for rank r and step s, row r is the cost d = c[r] - c[r+1+s] that leaves r's slot
+        when r is swapped for the lighter rank r+1+s, row B + r the cost d = c[r-1-s] - c[r] that enters
         it when r is swapped for the heavier rank r-1-s. Past either end d is negative (never taken).
         The costs never change, so this is built once per refinement, from two sliding windows."""
         if self.moves is None:
@@ -125,41 +122,54 @@ class _Assignment:
             costs = self.costs[:, None]
             lighter = windows[NEIGHBOUR_WINDOW + 2 : NEIGHBOUR_WINDOW + 2 + size]
             heavier = windows[1 : 1 + size, ::-1]
-            self.moves = np.stack((costs - lighter, heavier - costs))
+            self.moves = np.concatenate((costs - lighter, heavier - costs))
         return self.moves
 
     def swap(self, first, second) -> None:
         """Exchange the samples of ranks ``first`` and ``second``: two ranks, or two equal-length
         arrays of ranks in which no slot appears twice."""
-        s1, p1 = self.slot_of[first], self.pos_of[first]
-        s2, p2 = self.slot_of[second], self.pos_of[second]
-        c1, c2 = self.costs[first], self.costs[second]
-        self.members[s1, p1] = second
-        self.members[s2, p2] = first
-        self.values[s1, p1] = c2
-        self.values[s2, p2] = c1
-        self.loads[s1] += c2 - c1
-        self.loads[s2] += c1 - c2
-        self.slot_of[first], self.slot_of[second] = s2, s1
-        self.pos_of[first], self.pos_of[second] = p2, p1
+        if isinstance(first, np.ndarray):
+            ranks, partners = np.concatenate((first, second)), np.concatenate((second, first))
+        else:
+            ranks, partners = np.array((first, second)), np.array((second, first))
+        slots, positions = self.slot_of[ranks], self.pos_of[ranks]
+        incoming = self.costs[partners]
+        self.loads[slots] += incoming - self.costs[ranks]  # every slot appears once
+        self.members[slots, positions] = partners
+        self.values[slots, positions] = incoming
+        self.slot_of[partners] = slots  # each partner takes the place its rank left
+        self.pos_of[partners] = positions
 
     def extremes(self) -> tuple[int, int]:
         return int(self.loads.max()), int(self.loads.min())
 
 
+@lru_cache(maxsize=64)
+def _pairing(num_slots: int, shift: int) -> tuple[np.ndarray, np.ndarray]:
+    """Positions in the ascending load order of a paired pass's heavy slots (heaviest first) and of
+    their light partners (the i-th lightest, shifted by ``shift``)."""
+    half = num_slots // 2
+    heavy = np.arange(num_slots - 1, num_slots - half - 1, -1, dtype=np.int64)
+    return heavy, (np.arange(half, dtype=np.int64) + shift) % half
+
+
 def _paired_pass(state: _Assignment, shift: int) -> bool:
     num_slots, per_slot = state.values.shape
     half = num_slots // 2
+    heavy_at, light_at = _pairing(num_slots, shift % half)
     order = np.argsort(state.loads, kind="stable")
-    heavy = order[::-1][:half]
-    light = np.roll(order[:half], -(shift % half))
+    heavy = order[heavy_at]
+    light = order[light_at]
     if half * per_slot * per_slot <= DENSE_ELEMENTS:
-        gap = (state.loads[heavy] - state.loads[light])[:, None, None]
-        diff = state.values[heavy][:, :, None] - state.values[light][:, None, :]  # (P, k, k)
-        badness = np.where((diff > 0) & (diff < gap), np.abs(gap - 2 * diff), _NONE)
-        badness = badness.reshape(half, -1)
-        pick = np.argmin(badness, axis=1)
-        moving = badness[np.arange(half), pick] < _NONE
+        # Swapping d = x - y from a heavy slot (load h) to a light one (l) leaves the pair at
+        # max(h - d, l + d): below h exactly when 0 < d < h - l, and least when closest to level.
+        high = state.loads.take(heavy)
+        values = state.values
+        diff = values.take(heavy, axis=0)[:, :, None] - values.take(light, axis=0)[:, None, :]  # (P, k, k)
+        pair = np.maximum(high[:, None, None] - diff, state.loads.take(light)[:, None, None] + diff)
+        pair = pair.reshape(half, -1)
+        pick = np.argmin(pair, axis=1)
+        moving = pair[np.arange(half), pick] < high
         i, j = np.divmod(pick[moving], per_slot)
     else:  # the same swaps, pair by pair
         found = [
@@ -175,19 +185,19 @@ def _paired_pass(state: _Assignment, shift: int) -> bool:
     return True
 
 
-@lru_cache(maxsize=16)
-def _focus(num_slots: int, heaviest_only: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For a neighbour round: the positions in the ascending load order of the slots it looks at (the
-    heaviest first, then, unless ``heaviest_only``, the lightest), each one's side (m, 1: 0 down, 1 up),
-    and each side's steps to its partners in padded rank space (2, 1, w)."""
+@lru_cache(maxsize=64)
+def _focus(num_slots: int, size: int, heaviest_only: bool) -> tuple[np.ndarray, ...]:
+    """For a neighbour round over ``num_slots`` slots of ``size`` ranks in all: the positions in the
+    ascending load order of the slots it looks at (the heaviest first, then, unless ``heaviest_only``,
+    the lightest); each one's row offset into the move table (0 down, ``size`` up), (m, 1); its sign
+    (+1 down, -1 up), (m, 1, 1); and its steps to its partners in padded rank space, (m, 1, w)."""
     count = min(NEIGHBOUR_SLOTS, num_slots)
     heavy = np.arange(num_slots - 1, num_slots - count - 1, -1, dtype=np.int64)
-    steps = np.stack((NEIGHBOUR_WINDOW + _STEPS, NEIGHBOUR_WINDOW - _STEPS))[:, None, :]
-    if heaviest_only:
-        return heavy, np.zeros((count, 1), dtype=np.int64), steps
-    light = np.arange(count, dtype=np.int64)
-    side = np.repeat(np.array([0, 1], dtype=np.int64), count)[:, None]
-    return np.concatenate((heavy, light)), side, steps
+    up = np.zeros(count, dtype=bool) if heaviest_only else np.repeat([False, True], count)
+    positions = heavy if heaviest_only else np.concatenate((heavy, np.arange(count, dtype=np.int64)))
+    sign = np.where(up, -1, 1).astype(np.int64)[:, None, None]
+    steps = NEIGHBOUR_WINDOW + sign * _STEPS
+    return positions, np.where(up, size, 0).astype(np.int64)[:, None], sign, steps
 
 
 def _neighbour_round(state: _Assignment, target: int, heaviest_only: bool) -> int:
@@ -199,24 +209,25 @@ def _neighbour_round(state: _Assignment, target: int, heaviest_only: bool) -> in
     L, scored max(L - d, P + d). Up is the same on negated loads (-L gives d, -P becomes -P + d), so
     one expression serves both sides, and the smallest score is the move nearest to level."""
     loads = state.loads
-    positions, side, steps = _focus(loads.shape[0], heaviest_only)
+    size = state.costs.shape[0]
+    positions, rows_offset, sign, steps = _focus(loads.shape[0], size, heaviest_only)
     focus = np.argsort(loads, kind="stable")[positions]
     ranks = state.members[focus]  # (m, k)
-    diff = state.neighbour_moves()[side, ranks]  # (m, k, w)
-    partner = ranks[:, :, None] + steps[side[:, 0]]  # padded ranks
-    signed = state.signed
-    np.negative(loads, out=signed[1])
-    own = signed[side, focus[:, None]][:, :, None]  # (m, 1, 1)
-    moved = signed[side[:, :, None], state.slot_of_padded[partner]] + diff
-    allowed = (diff > 0) & (moved < own)
+    diff = state.neighbour_moves().take(ranks + rows_offset, axis=0)  # (m, k, w)
+    partner = ranks[:, :, None] + steps  # padded ranks
+    moved = loads.take(state.slot_of_padded.take(partner)) * sign + diff
+    own = (loads.take(focus) * sign[:, 0, 0])[:, None, None]  # (m, 1, 1)
+    # max(L - d, P + d) is below L exactly when the move is allowed (d > 0 and P + d < L).
     count = focus.shape[0]
-    if target:
-        heavy = min(NEIGHBOUR_SLOTS, loads.shape[0])
-        allowed[:heavy] &= own[:heavy] > target  # heavy slots at or below the target stay
-    score = np.where(allowed, np.maximum(own - diff, moved), _NONE).reshape(count, -1)
+    score = np.maximum(own - diff, moved).reshape(count, -1)
     pick = np.argmin(score, axis=1)
     rows = np.arange(count)
-    found = (score[rows, pick] < _NONE).tolist()
+    limit = own[:, 0, 0]
+    if target:
+        heavy = min(NEIGHBOUR_SLOTS, loads.shape[0])
+        limit = limit.copy()
+        limit[:heavy][limit[:heavy] <= target] = -_NONE  # heavy slots at or below the target stay
+    found = (score[rows, pick] < limit).tolist()
     chosen_own = ranks[rows, pick // NEIGHBOUR_WINDOW].tolist()
     chosen = partner.reshape(count, -1)[rows, pick]
     partner_slot = state.slot_of_padded[chosen].tolist()
