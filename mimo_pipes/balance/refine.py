@@ -90,6 +90,14 @@ def _best_swap(give: np.ndarray, take: np.ndarray, gap: int) -> tuple[int, int, 
     return int(best[i]), i, int(pick[i])
 
 
+@lru_cache(maxsize=64)
+def _window_indices(size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Positions, in costs padded by NEIGHBOUR_WINDOW + 1 on each side, of ranks r+1 .. r+w and
+    r-1 .. r-w for every rank r: (B, w) each."""
+    ranks = np.arange(size, dtype=np.int64)[:, None] + NEIGHBOUR_WINDOW + 1
+    return ranks + _STEPS, ranks - _STEPS
+
+
 class _Assignment:
     """A rank-space assignment with loads and reverse lookups, updated by swaps."""
 
@@ -113,16 +121,14 @@ class _Assignment:
         """(2B, w): for rank r and step s, row r is the cost d = c[r] - c[r+1+s] that leaves r's slot
         when r is swapped for the lighter rank r+1+s, row B + r the cost d = c[r-1-s] - c[r] that enters
         it when r is swapped for the heavier rank r-1-s. Past either end d is negative (never taken).
-        The costs never change, so this is built once per refinement, from two sliding windows."""
+        The costs never change, so this is built once per refinement."""
         if self.moves is None:
             size = self.costs.shape[0]
             pad = np.full(NEIGHBOUR_WINDOW + 1, _SENTINEL, dtype=np.int64)
             padded = np.concatenate((-pad, self.costs, pad))  # rank r at r + NEIGHBOUR_WINDOW + 1
-            windows = np.lib.stride_tricks.sliding_window_view(padded, NEIGHBOUR_WINDOW)
+            lighter, heavier = _window_indices(size)
             costs = self.costs[:, None]
-            lighter = windows[NEIGHBOUR_WINDOW + 2 : NEIGHBOUR_WINDOW + 2 + size]
-            heavier = windows[1 : 1 + size, ::-1]
-            self.moves = np.concatenate((costs - lighter, heavier - costs))
+            self.moves = np.concatenate((costs - padded[lighter], padded[heavier] - costs))
         return self.moves
 
     def swap(self, first, second) -> None:

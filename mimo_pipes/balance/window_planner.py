@@ -50,7 +50,7 @@ LIGHT_ROUNDS = 2
 # Windows of at most this many samples (two or more per slot) end with a branch and bound over every
 # plan (``window_search``), the best plan so far as incumbent, with this budget of samples placed.
 EXACT_MAX_SAMPLES = 64
-EXACT_NODES = 2_000
+EXACT_NODES = 1_000
 
 
 def _canonical_microbatch(indices: np.ndarray) -> list[list[int]]:
