@@ -15,15 +15,17 @@ Stages, each bounded by a count (never a clock):
 2. Neighbour rounds. The heaviest slots above ``target`` (a lower bound) each look for a swap that
    sends one of their samples for a slightly lighter one: the candidates for a sample of rank r are
    ranks r+1 .. r+w (costs are sorted, so neighbouring ranks hold the closest costs). The lightest
-   slots do the same upwards. Non-conflicting moves (each slot in one move) are applied together,
-   heaviest (lightest) first. Rounds stop when they no longer change the heaviest or lightest load.
+   slots do the same upwards, scored on the same loads in the same array operations (the costs that
+   such swaps move are a table built once per refinement). Non-conflicting moves (each slot in one
+   move) are applied together, the heaviest slots' first, then the lightest ones'. Rounds stop when
+   they no longer change the heaviest or lightest load.
 3. Focused moves. When the neighbour rounds stall above ``target``, the heaviest slot tries every
    1-1 swap with every slot, then 2-2 swaps with the lightest few slots; any success goes back to 2.
 
 Ties go to the first candidate in (slot, position, rank) order and slots are ordered by stable sorts,
 so the result is a function of the sorted costs and the starting matrix.
 
-Memory stays linear in the input. The best swap between two slots is found on a dense table of every
+Memory stays linear in the input (the table of neighbour moves holds 2w integers a sample). The best swap between two slots is found on a dense table of every
 pair of candidates while that table is small (it is for the usual tens of samples per slot); beyond
 ``DENSE_ELEMENTS`` the same best swap (same ties) is found slot by slot with a sorted search. The
 2-2 swaps look at every pair of samples of a slot, so they are skipped past ``MAX_PAIRS`` pairs per

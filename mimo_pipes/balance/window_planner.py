@@ -2,15 +2,17 @@
 
 Across micro-batches (opt-in), the objective is the vision critical path: the sum over the window's
 micro-batches of max(floor, heaviest slot). First, which samples form each micro-batch: the window as
-it stands, sorted runs of B (optimal with one sample per slot), chunks of G dealt back and forth, and
-with a floor hybrids of the two, ranked by a batched lower bound (no balancing needed to rank them).
-Windows of more than 2048 samples take the best composition, each micro-batch balanced by the engine
-for its heaviest slot. Smaller windows keep the former starts (sorted runs, and the search across
-micro-batches when they are more than 0.1% above the window bound) and add the chosen composition,
-heads then fill, and pairs filled to a level as starts, so none is planned worse than before. The
-result is compared with balancing every micro-batch where it stands (when a bound says it could win)
-and with the window as it stands (contiguous slots, nothing moves); the lowest critical path is kept,
-ties going to the window as it stands. docs/balancing.md has the details.
+it stands, sorted runs of B (optimal with one sample per slot), chunks of G dealt back and forth, with
+a floor hybrids of the two, and runs completed with the lightest samples, ranked by a batched lower
+bound (no balancing needed to rank them). Windows of more than 2048 samples take the best
+composition, each micro-batch balanced by the engine for its heaviest slot. Smaller windows keep the
+former starts (sorted runs, and the search across micro-batches when they are more than 0.1% above
+the window bound) and add the chosen composition, heads then fill, fill to level, and pairs filled to
+a level as starts, so none is planned worse than before. The result is compared with balancing every
+micro-batch where it stands (when a bound says it could win); windows of at most 64 samples then go
+to a branch and bound over every plan (``window_search``) with that result as the incumbent; last,
+the window as it stands (contiguous slots, nothing moves) wins if it is no worse. docs/balancing.md
+has the details.
 
 Output order: within a slot, ascending flat indices (m*B + j); slots of a micro-batch ordered by their
 smallest index; micro-batches ordered by their smallest index when samples may move, in window order
@@ -50,7 +52,7 @@ LIGHT_ROUNDS = 2
 # Windows of at most this many samples (two or more per slot) end with a branch and bound over every
 # plan (``window_search``), the best plan so far as incumbent, with this budget of samples placed.
 EXACT_MAX_SAMPLES = 64
-EXACT_NODES = 1_000
+EXACT_NODES = 500
 
 
 def _canonical_microbatch(indices: np.ndarray) -> list[list[int]]:
@@ -93,7 +95,8 @@ def _compositions(flat: np.ndarray, order: np.ndarray, count: int, num_slots: in
     floor). ``snake`` cuts the sorted samples into chunks of G (one sample per slot) and deals them to the
     micro-batches back and forth, so every micro-batch gets heavy and light samples, none sits below the
     floor, and a heavy chunk's samples can each have a slot of their own. With a floor, hybrids keep the
-    h heaviest runs and deal the rest. Yielded one at a time (the caller keeps the best): memory stays
+    h heaviest runs and deal the rest. Runs with f fillers (f a power of two or a multiple of G below B)
+    complete each run of B - f with the f lightest samples left. Yielded one at a time (the caller keeps the best): memory stays
     linear in the window. The order is the preference on ties; the window as it stands is the caller's."""
     size = flat.shape[0] // count
     runs = order.reshape(count, size)
@@ -102,6 +105,25 @@ def _compositions(flat: np.ndarray, order: np.ndarray, count: int, num_slots: in
     if floor and size > num_slots:
         for heads in range(1, count - 1):
             yield np.concatenate((runs[:heads], _snake(order[heads * size :], count - heads, num_slots)))
+    if count > 1 and size > num_slots:
+        per_slot = size // num_slots
+        counts = {1 << i for i in range(size.bit_length()) if 1 << i < size} | {j * num_slots for j in range(1, per_slot)}
+        for fillers in sorted(counts):
+            yield _with_fillers(order, count, size, fillers)
+
+
+def _with_fillers(order: np.ndarray, count: int, size: int, fillers: int) -> np.ndarray:
+    """Sorted runs of B - ``fillers`` samples, each completed with the ``fillers`` lightest samples left
+    (the first run with the lightest of all); the last micro-batch takes the middle. A run that holds a
+    few very heavy samples can then give each a slot of light ones under its top: (W, B) flat indices."""
+    total = count * size
+    heavy = size - fillers
+    rows = np.empty((count, size), dtype=np.int64)
+    for m in range(count - 1):
+        rows[m, :heavy] = order[m * heavy : (m + 1) * heavy]
+        rows[m, heavy:] = order[total - (m + 1) * fillers : total - m * fillers]
+    rows[count - 1] = order[(count - 1) * heavy : total - (count - 1) * fillers]
+    return rows
 
 
 def _snake(order: np.ndarray, count: int, num_slots: int) -> np.ndarray:
@@ -129,31 +151,45 @@ def _balanced(
     ]
 
 
-def _fill_to_level(window: np.ndarray, num_slots: int, floor: int) -> list[np.ndarray]:
+def _fill_to_level(window: np.ndarray, num_slots: int, floor: int, opened: int | None = None) -> list[np.ndarray]:
     """Heads then fill: the W*G heaviest samples open one slot each (sorted runs of G make the
     micro-batches); every other sample, heaviest first, goes where it raises the critical path least,
     and among those into the slot it leaves with the least room below its micro-batch's top (best fit),
-    ties to the lower slot. Pairs a heavy head with light samples where the head sets the top anyway."""
+    ties to the lower slot. Pairs a heavy head with light samples where the head sets the top anyway.
+
+    With ``opened`` 1, *fill to level*: only the heaviest micro-batch starts with heads, and a slot keeps
+    room under the level for its remaining places (each at least one of the lightest samples); samples
+    go where they raise the path least, and among those into the slot with the most room (worst fit), so
+    the heaviest micro-batch takes all it can hold under its top, spread over its slots, before the next
+    micro-batch opens; a very heavy sample's micro-batch then absorbs the heavy samples that would each
+    lift another micro-batch above the floor."""
     count, size = window.shape
     flat = window.reshape(-1)
     order = sort_order(flat)
     bins = count * num_slots
     per_bin = size // num_slots
+    heads = bins if opened is None else opened * num_slots
     members = np.empty((bins, per_bin), dtype=np.int64)
-    members[:, 0] = order[:bins]
-    loads = flat[order[:bins]].copy()
-    fill = np.ones(bins, dtype=np.int64)
+    members[:heads, 0] = order[:heads]
+    loads = np.zeros(bins, dtype=np.int64)
+    loads[:heads] = flat[order[:heads]]
+    fill = np.zeros(bins, dtype=np.int64)
+    fill[:heads] = 1
     group = np.arange(bins) // num_slots
     tops = np.maximum(loads[::num_slots], floor)  # heads are sorted: the first of each run is the top
     big = np.iinfo(np.int64).max // 4
-    for index in order[bins:].tolist():
+    # Filling to level (one micro-batch opened): room kept for each slot's remaining places.
+    lightest = np.concatenate(([0], np.cumsum(flat[order[::-1]])))[:per_bin] if opened is not None else None
+    for index in order[heads:].tolist():
         cost = int(flat[index])
         new = loads + cost
         level = tops[group]
+        if lightest is not None:
+            level = level - lightest[np.maximum(per_bin - fill - 1, 0)]
         rise = np.where(fill < per_bin, np.maximum(new - level, 0), big)
         room = np.where(rise == 0, level - new, 0)
         fits = np.flatnonzero(rise == rise.min())
-        slot = int(fits[np.argmin(room[fits])])
+        slot = int(fits[np.argmin(room[fits])]) if lightest is None else int(fits[np.argmax(room[fits])])
         members[slot, fill[slot]] = index
         fill[slot] += 1
         loads[slot] = new[slot]
@@ -335,6 +371,9 @@ def balance_window(
             candidates = [_improve(flat, plan, num_slots, floor) for plan in candidates]
             if flat.shape[0] <= FILL_MAX_SAMPLES:
                 candidates.append(_improve(flat, _fill_to_level(window, num_slots, floor), num_slots, floor))
+                if count > 1:
+                    level = _fill_to_level(window, num_slots, floor, opened=1)
+                    candidates.append(_improve(flat, level, num_slots, floor))
             if size == 2 * num_slots:
                 pairs = _pairs_to_level(flat, order, count, num_slots, floor)
                 candidates.append(_improve(flat, pairs, num_slots, floor))
