@@ -58,10 +58,11 @@ def test_compositions_partition_the_window_into_sorted_rows(case):
     order = sort_order(flat)
     rank = np.empty_like(order)
     rank[order] = np.arange(order.size)
-    compositions = list(window_module._compositions(flat, order, count, num_slots, floor))
+    compositions = list(window_module._compositions(order, count, num_slots, floor))
     size = flat.size // count
     hybrids = max(count - 2, 0) if floor and size > num_slots else 0
     fillers = {1 << i for i in range(size.bit_length()) if 1 << i < size} | set(range(num_slots, size, num_slots))
+    assert window_module._filler_counts(size, num_slots) == sorted(fillers)
     assert len(compositions) == 2 + hybrids + (len(fillers) if count > 1 and size > num_slots else 0)
     for rows in compositions:
         assert rows.shape == (count, flat.size // count)

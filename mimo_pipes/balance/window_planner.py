@@ -22,7 +22,7 @@ otherwise.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -88,28 +88,33 @@ def _path(loads: np.ndarray, floor: int) -> int:
     return int(np.maximum(loads.max(axis=1), floor).sum())
 
 
-def _compositions(flat: np.ndarray, order: np.ndarray, count: int, num_slots: int, floor: int) -> Iterator[np.ndarray]:
-    """Ways to choose which samples form each micro-batch: (W, B) flat indices, every row in sorted order.
+def _compositions(order: np.ndarray, count: int, num_slots: int, floor: int) -> np.ndarray:
+    """Ways to choose which samples form each micro-batch: (n, W, B) flat indices, every row in sorted
+    order, in the order of preference on ties (the window as it stands is the caller's, before these).
 
     ``runs`` gives micro-batch m the m-th run of B sorted samples (like samples together: right without a
     floor). ``snake`` cuts the sorted samples into chunks of G (one sample per slot) and deals them to the
     micro-batches back and forth, so every micro-batch gets heavy and light samples, none sits below the
     floor, and a heavy chunk's samples can each have a slot of their own. With a floor, hybrids keep the
     h heaviest runs and deal the rest. Runs with f fillers (f a power of two or a multiple of G below B)
-    complete each run of B - f with the f lightest samples left. Yielded one at a time (the caller keeps the best): memory stays
-    linear in the window. The order is the preference on ties; the window as it stands is the caller's."""
-    size = flat.shape[0] // count
+    complete each run of B - f with the f lightest samples left. All of them together are a few dozen
+    times the window at most (their number grows with log B, W and B/G), scored in one batched bound."""
+    size = order.shape[0] // count
     runs = order.reshape(count, size)
-    yield runs
-    yield _snake(order, count, num_slots)
+    found = [runs, _snake(order, count, num_slots)]
     if floor and size > num_slots:
         for heads in range(1, count - 1):
-            yield np.concatenate((runs[:heads], _snake(order[heads * size :], count - heads, num_slots)))
+            found.append(np.concatenate((runs[:heads], _snake(order[heads * size :], count - heads, num_slots))))
     if count > 1 and size > num_slots:
-        per_slot = size // num_slots
-        counts = {1 << i for i in range(size.bit_length()) if 1 << i < size} | {j * num_slots for j in range(1, per_slot)}
-        for fillers in sorted(counts):
-            yield _with_fillers(order, count, size, fillers)
+        for fillers in _filler_counts(size, num_slots):
+            found.append(_with_fillers(order, count, size, fillers))
+    return np.stack(found)
+
+
+def _filler_counts(size: int, num_slots: int) -> list[int]:
+    """The numbers of fillers tried: powers of two and multiples of G below B, ascending."""
+    powers = {1 << i for i in range(size.bit_length()) if 1 << i < size}
+    return sorted(powers | set(range(num_slots, size, num_slots)))
 
 
 def _with_fillers(order: np.ndarray, count: int, size: int, fillers: int) -> np.ndarray:
@@ -118,12 +123,12 @@ def _with_fillers(order: np.ndarray, count: int, size: int, fillers: int) -> np.
     few very heavy samples can then give each a slot of light ones under its top: (W, B) flat indices."""
     total = count * size
     heavy = size - fillers
-    rows = np.empty((count, size), dtype=np.int64)
-    for m in range(count - 1):
-        rows[m, :heavy] = order[m * heavy : (m + 1) * heavy]
-        rows[m, heavy:] = order[total - (m + 1) * fillers : total - m * fillers]
-    rows[count - 1] = order[(count - 1) * heavy : total - (count - 1) * fillers]
-    return rows
+    m = np.arange(count, dtype=np.int64)[:, None]
+    j = np.arange(size, dtype=np.int64)[None, :]
+    # Positions in the sorted order: the m-th heavy run, then the m-th group of fillers from the end.
+    positions = np.where(j < heavy, m * heavy + j, total - (m + 1) * fillers + (j - heavy))
+    positions[-1] = (count - 1) * heavy + j[0]
+    return order[positions]
 
 
 def _snake(order: np.ndarray, count: int, num_slots: int) -> np.ndarray:
@@ -133,11 +138,13 @@ def _snake(order: np.ndarray, count: int, num_slots: int) -> np.ndarray:
     return chunks.transpose(1, 0, 2).reshape(count, -1)
 
 
-def _estimate(sorted_rows: np.ndarray, num_slots: int, floor: int) -> int:
-    """Lower bound on the critical path of micro-batches with these samples (rows sorted heaviest first):
-    each balanced micro-batch costs at least max(floor, its lower bound). Balanced by the engine they
-    come close to it, so it ranks compositions without balancing them."""
-    return int(np.maximum(rows_lower_bound(sorted_rows, num_slots), floor).sum())
+def _estimates(sorted_rows: np.ndarray, num_slots: int, floor: int) -> np.ndarray:
+    """Lower bounds on the critical path of compositions (n, W, B), rows sorted heaviest first: each
+    balanced micro-batch costs at least max(floor, its lower bound). Balanced by the engine they come
+    close to it, so it ranks compositions without balancing them."""
+    count, rows, size = sorted_rows.shape
+    bounds = rows_lower_bound(sorted_rows.reshape(count * rows, size), num_slots)
+    return np.maximum(bounds, floor).reshape(count, rows).sum(axis=1)
 
 
 def _balanced(
@@ -351,12 +358,10 @@ def balance_window(
     # The window as it stands is a composition too (and no plan that keeps every sample in its
     # micro-batch costs less than its estimate): estimated first, so it wins ties.
     still_rows = np.argsort(-window, axis=1, kind="stable") + still[:, :1]  # rows sorted, flat indices
-    still_estimate = _estimate(flat[still_rows], num_slots, floor)
-    pick, chosen, estimate = 0, still_rows, still_estimate
-    for number, rows in enumerate(_compositions(flat, order, count, num_slots, floor), start=1):
-        value = _estimate(flat[rows], num_slots, floor)
-        if value < estimate:  # the first of the lowest
-            pick, chosen, estimate = number, rows, value
+    compositions = np.concatenate((still_rows[None], _compositions(order, count, num_slots, floor)))
+    estimates = _estimates(flat[compositions], num_slots, floor)
+    pick = int(np.argmin(estimates))  # the first of the lowest
+    chosen, still_estimate = compositions[pick], int(estimates[0])
     search = size // num_slots > 1 and flat.shape[0] <= SEARCH_MAX_SAMPLES
     if search:
         # The starts of the former planner stay (sorted runs, balanced as before; the engine on every
@@ -389,9 +394,13 @@ def balance_window(
             plans, path = plan, value
     if (search or pick) and path > still_estimate:
         # Balancing every micro-batch where it stands could still be better: never return worse than LPT
-        # does that way (or, with a floor, than the engine's own per-micro-batch plan). Skipped when the
-        # bound of the window as it stands shows it cannot win, or when that plan was the one balanced.
-        anchor, _ = _independent(window, num_slots, anchor=floor == 0, floor=floor)
+        # does that way (or, with a floor and a window small enough to search, than the engine's own
+        # per-micro-batch plan for the heaviest slots). Skipped when the bound of the window as it stands
+        # shows it cannot win, or when that plan was the one balanced.
+        if floor and search:
+            anchor = _balanced(flat, still_rows, num_slots, floor, exact=True, heaviest_only=True)
+        else:
+            anchor, _ = _independent(window, num_slots, anchor=True)
         value = _path(np.stack([flat[p].sum(axis=1) for p in anchor]), floor)
         if value < path:
             plans, path = anchor, value
