@@ -376,6 +376,9 @@ FIXED = [
     ([random.Random(11).randint(0, 3000) for _ in range(24)], 4),
 ]
 FIXED_WINDOW = [[random.Random(12 + m).randint(0, 4000) for _ in range(32)] for m in range(8)]
+# Small enough for the branch and bound that ends the window planner (which improves on this one).
+SMALL_WINDOW = [[988, 99, 920, 300, 572, 928, 210, 228, 414, 960, 272, 121],
+                [169, 270, 224, 1296, 1935, 650, 2209, 352, 360, 132, 576, 286]]
 
 
 def test_same_assignment_in_a_fresh_process():
@@ -383,15 +386,16 @@ def test_same_assignment_in_a_fresh_process():
         """
         import json, sys
         from mimo_pipes.balance import balance_microbatch, balance_window
-        cases, window = json.load(sys.stdin)
+        cases, window, small = json.load(sys.stdin)
         out = [balance_microbatch(c, g) for c, g in cases]
         out.append(balance_window(window, 8, across_microbatches=True))
+        out.append(balance_window(small, 4, across_microbatches=True))
         json.dump(out, sys.stdout)
         """
     )
     proc = subprocess.run(
         [sys.executable, "-c", script],
-        input=json.dumps([FIXED, FIXED_WINDOW]),
+        input=json.dumps([FIXED, FIXED_WINDOW, SMALL_WINDOW]),
         capture_output=True,
         text=True,
         check=True,
@@ -400,4 +404,5 @@ def test_same_assignment_in_a_fresh_process():
     theirs = json.loads(proc.stdout)
     ours = [balance_microbatch(c, g) for c, g in FIXED]
     ours.append(balance_window(FIXED_WINDOW, 8, across_microbatches=True))
+    ours.append(balance_window(SMALL_WINDOW, 4, across_microbatches=True))
     assert theirs == ours

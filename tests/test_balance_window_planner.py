@@ -58,8 +58,12 @@ def test_compositions_partition_the_window_into_sorted_rows(case):
     order = sort_order(flat)
     rank = np.empty_like(order)
     rank[order] = np.arange(order.size)
-    compositions = list(window_module._compositions(flat, order, count, num_slots, floor))
-    assert len(compositions) == (2 + max(count - 2, 0) if floor and flat.size > count * num_slots else 2)
+    compositions = list(window_module._compositions(order, count, num_slots, floor))
+    size = flat.size // count
+    hybrids = max(count - 2, 0) if floor and size > num_slots else 0
+    fillers = {1 << i for i in range(size.bit_length()) if 1 << i < size} | set(range(num_slots, size, num_slots))
+    assert window_module._filler_counts(size, num_slots) == sorted(fillers)
+    assert len(compositions) == 2 + hybrids + (len(fillers) if count > 1 and size > num_slots else 0)
     for rows in compositions:
         assert rows.shape == (count, flat.size // count)
         assert sorted(rows.reshape(-1).tolist()) == list(range(flat.size))
@@ -69,6 +73,29 @@ def test_compositions_partition_the_window_into_sorted_rows(case):
     chunks = order.reshape(-1, num_slots)
     owner = {int(i): m for m, row in enumerate(compositions[1]) for i in row}
     assert all(len({owner[int(i)] for i in chunk}) == 1 for chunk in chunks)
+    # Runs with f fillers: each micro-batch but the last takes the next B - f heaviest samples and the
+    # f lightest left.
+    if count > 1 and size > num_slots:
+        for f, rows in zip(sorted(fillers), compositions[2 + hybrids :]):
+            left = order.tolist()
+            for row in rows[:-1]:
+                assert row.tolist() == left[: size - f] + left[len(left) - f :]
+                left = left[size - f : len(left) - f]
+            assert rows[-1].tolist() == left
+
+
+@SETTINGS
+@given(window_shapes(max_count=4, max_per_slot=4))
+def test_fill_to_level_opens_the_heaviest_microbatch_with_its_heads(case):
+    flat, count, num_slots, floor = case
+    window = flat.reshape(count, -1)
+    plans = window_module._fill_to_level(window, num_slots, floor, opened=1)
+    per_slot = window.shape[1] // num_slots
+    assert [plan.shape for plan in plans] == [(num_slots, per_slot)] * count
+    assert sorted(np.concatenate(plans).reshape(-1).tolist()) == list(range(flat.size))
+    order = sort_order(flat)
+    # The G heaviest samples open the first micro-batch's slots, one each.
+    assert plans[0][:, 0].tolist() == order[:num_slots].tolist()
 
 
 @SETTINGS

@@ -22,18 +22,28 @@ def lpt_members(sorted_costs: np.ndarray, num_slots: int) -> np.ndarray:
     per_slot = size // num_slots
     if per_slot == 0:
         return np.empty((num_slots, 0), dtype=np.int64)
-    slot_of = [0] * size
-    fill = [0] * num_slots
     # Heap of load * G + slot: lightest first, ties by the lower slot, one int per entry.
-    heap = list(range(num_slots))
+    if num_slots == 1 or sorted_costs[num_slots - 2] > 0:
+        # The G heaviest samples open the G slots in order (each goes to the first empty slot).
+        first = num_slots
+        slot_of = list(range(num_slots)) + [0] * (size - num_slots)
+        fill = [1] * num_slots
+        heap = [] if per_slot == 1 else (sorted_costs[:num_slots] * num_slots + np.arange(num_slots)).tolist()
+        heapq.heapify(heap)
+    else:  # zero costs among them: a slot that took a zero is still the lightest
+        first = 0
+        slot_of = [0] * size
+        fill = [0] * num_slots
+        heap = list(range(num_slots))
     replace, pop = heapq.heapreplace, heapq.heappop
-    for rank, cost in enumerate(sorted_costs.tolist()):
+    for rank, scaled in enumerate((sorted_costs[first:] * num_slots).tolist(), start=first):
         key = heap[0]
         slot = key % num_slots
         slot_of[rank] = slot
-        fill[slot] += 1
-        if fill[slot] < per_slot:
-            replace(heap, key + cost * num_slots)
+        filled = fill[slot] + 1
+        fill[slot] = filled
+        if filled < per_slot:
+            replace(heap, key + scaled)
         else:
             pop(heap)
     # Ranks were placed in ascending order, so a stable sort by slot lists each slot's ranks in order.

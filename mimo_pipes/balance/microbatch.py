@@ -48,6 +48,9 @@ EXTRA_GAP = 125
 REPARTITION_EXTRA_NODES = 2_000
 EXACT_MAX_SAMPLES = 16
 EXACT_NODE_LIMIT = 4_000
+# Karmarkar-Karp is a second start only up to this many samples: beyond, refinement from LPT alone
+# lands as low or lower (and KK costs as much as a refinement round).
+KK_MAX_SAMPLES = 64
 
 
 def plan_members(
@@ -70,11 +73,13 @@ def plan_members(
     lower = sorted_lower_bound(sorted_costs, num_slots, thorough=False)
     anchor = lpt_members(sorted_costs, num_slots)
     anchor_score = score(loads_of(sorted_costs, anchor))
-    # Heaviest slot alone (window micro-batches): LPT is the start; KK's is rarely better there.
-    start = anchor if heaviest_only else kk_members(sorted_costs, num_slots)
-    start_score = score(loads_of(sorted_costs, start))
-    if start_score > anchor_score:
-        start, start_score = anchor, anchor_score
+    start, start_score = anchor, anchor_score
+    # Heaviest slot alone (window micro-batches), or many samples: LPT is the only start.
+    if not heaviest_only and size <= KK_MAX_SAMPLES:
+        other = kk_members(sorted_costs, num_slots)
+        other_score = score(loads_of(sorted_costs, other))
+        if other_score <= start_score:
+            start, start_score = other, other_score
     if start_score[0] <= floor:
         return start
     lower = max(lower, floor)

@@ -26,6 +26,8 @@ import numpy as np
 
 from mimo_pipes.balance.validate import check_costs, check_window
 
+_NONE = np.iinfo(np.int64).max
+
 
 def _crowded_bound(
     costs: np.ndarray, slots: int, heads: np.ndarray, tails: np.ndarray, max_extra: int | None
@@ -47,7 +49,7 @@ def _crowded_bound(
     feasible = (m <= j) & (rest >= 0)
     numerator = heads[slots + j] - heads[slots - m] + tails[np.clip(rest, 0, size)]
     mean = -(-numerator // m)
-    crowded = np.where(feasible, mean, np.iinfo(np.int64).max).min(axis=1)
+    crowded = np.where(feasible, mean, _NONE).min(axis=1)
     return int(crowded.max())
 
 
@@ -90,7 +92,7 @@ def sorted_lower_bound(
     largest_other = costs[size - others] + tails[per_slot - 2]
     apart = costs[i] + np.maximum(share, largest_other)
     together = np.where(
-        i >= 1, costs[np.maximum(i - 1, 0)] + costs[i] + tails[per_slot - 2], np.iinfo(np.int64).max
+        i >= 1, costs[np.maximum(i - 1, 0)] + costs[i] + tails[per_slot - 2], _NONE
     )
     best = max(best, int(np.minimum(apart, together).max()))
     return best
@@ -123,7 +125,7 @@ def rows_lower_bound(sorted_rows: np.ndarray, num_slots: int) -> np.ndarray:
     together = np.where(
         i >= 1,
         rows[:, np.maximum(i - 1, 0)] + rows[:, i] + tails[:, per_slot - 2][:, None],
-        np.iinfo(np.int64).max,
+        _NONE,
     )
     return np.maximum(best, np.minimum(apart, together).max(axis=1))
 
@@ -150,6 +152,33 @@ def window_lower_bound(
     lightest = int(flat[flat.shape[0] - (per_slot - 1):].sum()) if per_slot > 1 else 0
     largest = int(flat[::size][:count].sum()) + count * lightest
     return max(average, largest)
+
+
+def window_path_bound(sorted_costs: np.ndarray, count: int, num_slots: int, floor: int = 0) -> int:
+    """A lower bound on the critical path, sum over micro-batches of max(``floor``, heaviest slot), of
+    any plan of a window whose W*B samples may cross micro-batches (``sorted_costs`` heaviest first).
+
+    For any plan, regrouping its W*G slots heaviest first into runs of G does not raise the path, and
+    then the j-th micro-batch costs the (jG+1)-th heaviest slot, which is at least
+    * the heaviest slot of the lightest W*G - jG slots, so at least the engine's bound for the
+      (W*G - jG)*k lightest samples over W*G - jG slots (lighter samples cannot make it heavier);
+    * c[jB] plus the k-1 lightest: the jB+1 heaviest samples lie in j+1 micro-batches or more;
+    and at least the floor. Summed over j, and never below :func:`window_lower_bound`'s terms."""
+    costs = np.asarray(sorted_costs, dtype=np.int64)
+    size = int(costs.shape[0])
+    if size == 0:
+        return count * floor
+    bins = count * num_slots
+    per_slot = size // bins
+    microbatch = size // count
+    lightest = int(costs[size - (per_slot - 1) :].sum()) if per_slot > 1 else 0
+    total = 0
+    for j in range(count):
+        left = bins - j * num_slots
+        light = sorted_lower_bound(costs[size - left * per_slot :], left, thorough=False)
+        total += max(floor, light, int(costs[j * microbatch]) + lightest)
+    average = -(-int(costs.sum()) // num_slots)
+    return max(total, average, count * floor)
 
 
 def slot_loads(costs: Sequence[int], slots: Sequence[Sequence[int]]) -> list[int]:

@@ -15,15 +15,17 @@ Stages, each bounded by a count (never a clock):
 2. Neighbour rounds. The heaviest slots above ``target`` (a lower bound) each look for a swap that
    sends one of their samples for a slightly lighter one: the candidates for a sample of rank r are
    ranks r+1 .. r+w (costs are sorted, so neighbouring ranks hold the closest costs). The lightest
-   slots do the same upwards. Non-conflicting moves (each slot in one move) are applied together,
-   heaviest (lightest) first. Rounds stop when they no longer change the heaviest or lightest load.
+   slots do the same upwards, scored on the same loads in the same array operations (the costs that
+   such swaps move are a table built once per refinement). Non-conflicting moves (each slot in one
+   move) are applied together, the heaviest slots' first, then the lightest ones'. Rounds stop when
+   they no longer change the heaviest or lightest load.
 3. Focused moves. When the neighbour rounds stall above ``target``, the heaviest slot tries every
    1-1 swap with every slot, then 2-2 swaps with the lightest few slots; any success goes back to 2.
 
 Ties go to the first candidate in (slot, position, rank) order and slots are ordered by stable sorts,
 so the result is a function of the sorted costs and the starting matrix.
 
-Memory stays linear in the input. The best swap between two slots is found on a dense table of every
+Memory stays linear in the input (the table of neighbour moves holds 2w integers a sample). The best swap between two slots is found on a dense table of every
 pair of candidates while that table is small (it is for the usual tens of samples per slot); beyond
 ``DENSE_ELEMENTS`` the same best swap (same ties) is found slot by slot with a sorted search. The
 2-2 swaps look at every pair of samples of a slot, so they are skipped past ``MAX_PAIRS`` pairs per
@@ -40,13 +42,13 @@ _NONE = np.iinfo(np.int64).max
 
 PAIRED_PASSES = 4
 NEIGHBOUR_SLOTS = 16
-NEIGHBOUR_WINDOW = 16
+NEIGHBOUR_WINDOW = 8
 MAX_ROUNDS = 6
 FOCUSED_PAIR_PARTNERS = 8
 _STEPS = np.arange(1, NEIGHBOUR_WINDOW + 1, dtype=np.int64)
+FOCUSED_RAISE = False
 # Far beyond any cost (totals are below 2**62), small enough that sums with it stay in int64.
 _SENTINEL = 2**61
-FOCUSED_RAISE = False
 # Largest dense table of candidate swaps (int64 elements, 16 MiB); larger searches go slot by slot.
 DENSE_ELEMENTS = 1 << 21
 # Most pairs of samples per slot that 2-2 swaps consider (each pair list costs 8 bytes a pair).
@@ -90,6 +92,14 @@ def _best_swap(give: np.ndarray, take: np.ndarray, gap: int) -> tuple[int, int, 
     return int(best[i]), i, int(pick[i])
 
 
+@lru_cache(maxsize=64)
+def _window_indices(size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Positions, in costs padded by NEIGHBOUR_WINDOW + 1 on each side, of ranks r+1 .. r+w and
+    r-1 .. r-w for every rank r: (B, w) each."""
+    ranks = np.arange(size, dtype=np.int64)[:, None] + NEIGHBOUR_WINDOW + 1
+    return ranks + _STEPS, ranks - _STEPS
+
+
 class _Assignment:
     """A rank-space assignment with loads and reverse lookups, updated by swaps."""
 
@@ -98,51 +108,76 @@ class _Assignment:
         self.costs = sorted_costs
         self.members = members.copy()
         self.values = sorted_costs[self.members]
-        self.loads = self.values.sum(axis=1)
         num_slots, per_slot = members.shape
-        # Ranks past either end (r + step >= B, or r - step < 0, which wraps to the end) read a
-        # sentinel cost that makes every such swap fail its "d > 0" test.
-        pad = np.full(NEIGHBOUR_WINDOW, _SENTINEL, dtype=np.int64)
-        self.costs_down = np.concatenate((sorted_costs, pad))  # partners lighter than r
-        self.costs_up = np.concatenate((sorted_costs, -pad))  # partners heavier than r
-        self.slot_of_padded = np.zeros(size + NEIGHBOUR_WINDOW, dtype=np.int64)
-        self.slot_of = self.slot_of_padded[:size]
+        self.loads = self.values.sum(axis=1)
+        # Ranks are stored shifted by NEIGHBOUR_WINDOW so that a neighbour past either end (see
+        # neighbour_tables) still reads a slot; its move is never taken.
+        self.slot_of_padded = np.zeros(size + 2 * NEIGHBOUR_WINDOW, dtype=np.int64)
+        self.slot_of = self.slot_of_padded[NEIGHBOUR_WINDOW : NEIGHBOUR_WINDOW + size]
         self.pos_of = np.empty(size, dtype=np.int64)
         self.slot_of[self.members] = np.arange(num_slots)[:, None]
         self.pos_of[self.members] = np.arange(per_slot)[None, :]
+        self.moves: np.ndarray | None = None
+
+    def neighbour_moves(self) -> np.ndarray:
+        """(2B, w): for rank r and step s, row r is the cost d = c[r] - c[r+1+s] that leaves r's slot
+        when r is swapped for the lighter rank r+1+s, row B + r the cost d = c[r-1-s] - c[r] that enters
+        it when r is swapped for the heavier rank r-1-s. Past either end d is negative (never taken).
+        The costs never change, so this is built once per refinement."""
+        if self.moves is None:
+            size = self.costs.shape[0]
+            pad = np.full(NEIGHBOUR_WINDOW + 1, _SENTINEL, dtype=np.int64)
+            padded = np.concatenate((-pad, self.costs, pad))  # rank r at r + NEIGHBOUR_WINDOW + 1
+            lighter, heavier = _window_indices(size)
+            costs = self.costs[:, None]
+            self.moves = np.concatenate((costs - padded[lighter], padded[heavier] - costs))
+        return self.moves
 
     def swap(self, first, second) -> None:
         """Exchange the samples of ranks ``first`` and ``second``: two ranks, or two equal-length
         arrays of ranks in which no slot appears twice."""
-        s1, p1 = self.slot_of[first], self.pos_of[first]
-        s2, p2 = self.slot_of[second], self.pos_of[second]
-        c1, c2 = self.costs[first], self.costs[second]
-        self.members[s1, p1] = second
-        self.members[s2, p2] = first
-        self.values[s1, p1] = c2
-        self.values[s2, p2] = c1
-        self.loads[s1] += c2 - c1
-        self.loads[s2] += c1 - c2
-        self.slot_of[first], self.slot_of[second] = s2, s1
-        self.pos_of[first], self.pos_of[second] = p2, p1
+        if isinstance(first, np.ndarray):
+            ranks, partners = np.concatenate((first, second)), np.concatenate((second, first))
+        else:
+            ranks, partners = np.array((first, second)), np.array((second, first))
+        slots, positions = self.slot_of[ranks], self.pos_of[ranks]
+        incoming = self.costs[partners]
+        self.loads[slots] += incoming - self.costs[ranks]  # every slot appears once
+        self.members[slots, positions] = partners
+        self.values[slots, positions] = incoming
+        self.slot_of[partners] = slots  # each partner takes the place its rank left
+        self.pos_of[partners] = positions
 
     def extremes(self) -> tuple[int, int]:
         return int(self.loads.max()), int(self.loads.min())
 
 
+@lru_cache(maxsize=64)
+def _pairing(num_slots: int, shift: int) -> tuple[np.ndarray, np.ndarray]:
+    """Positions in the ascending load order of a paired pass's heavy slots (heaviest first) and of
+    their light partners (the i-th lightest, shifted by ``shift``)."""
+    half = num_slots // 2
+    heavy = np.arange(num_slots - 1, num_slots - half - 1, -1, dtype=np.int64)
+    return heavy, (np.arange(half, dtype=np.int64) + shift) % half
+
+
 def _paired_pass(state: _Assignment, shift: int) -> bool:
     num_slots, per_slot = state.values.shape
     half = num_slots // 2
+    heavy_at, light_at = _pairing(num_slots, shift % half)
     order = np.argsort(state.loads, kind="stable")
-    heavy = order[::-1][:half]
-    light = np.roll(order[:half], -(shift % half))
+    heavy = order[heavy_at]
+    light = order[light_at]
     if half * per_slot * per_slot <= DENSE_ELEMENTS:
-        gap = (state.loads[heavy] - state.loads[light])[:, None, None]
-        diff = state.values[heavy][:, :, None] - state.values[light][:, None, :]  # (P, k, k)
-        badness = np.where((diff > 0) & (diff < gap), np.abs(gap - 2 * diff), _NONE)
-        badness = badness.reshape(half, -1)
-        pick = np.argmin(badness, axis=1)
-        moving = badness[np.arange(half), pick] < _NONE
+        # Swapping d = x - y from a heavy slot (load h) to a light one (l) leaves the pair at
+        # max(h - d, l + d): below h exactly when 0 < d < h - l, and least when closest to level.
+        high = state.loads.take(heavy)
+        values = state.values
+        diff = values.take(heavy, axis=0)[:, :, None] - values.take(light, axis=0)[:, None, :]  # (P, k, k)
+        pair = np.maximum(high[:, None, None] - diff, state.loads.take(light)[:, None, None] + diff)
+        pair = pair.reshape(half, -1)
+        pick = np.argmin(pair, axis=1)
+        moving = pair[np.arange(half), pick] < high
         i, j = np.divmod(pick[moving], per_slot)
     else:  # the same swaps, pair by pair
         found = [
@@ -158,40 +193,53 @@ def _paired_pass(state: _Assignment, shift: int) -> bool:
     return True
 
 
-def _neighbour_round(state: _Assignment, lower: bool, target: int) -> int:
-    """One round of neighbour swaps for the heaviest (lower) or lightest slots; returns moves made."""
+@lru_cache(maxsize=64)
+def _focus(num_slots: int, size: int, heaviest_only: bool) -> tuple[np.ndarray, ...]:
+    """For a neighbour round over ``num_slots`` slots of ``size`` ranks in all: the positions in the
+    ascending load order of the slots it looks at (the heaviest first, then, unless ``heaviest_only``,
+    the lightest); each one's row offset into the move table (0 down, ``size`` up), (m, 1); its sign
+    (+1 down, -1 up), (m, 1, 1); and its steps to its partners in padded rank space, (m, 1, w)."""
+    count = min(NEIGHBOUR_SLOTS, num_slots)
+    heavy = np.arange(num_slots - 1, num_slots - count - 1, -1, dtype=np.int64)
+    up = np.zeros(count, dtype=bool) if heaviest_only else np.repeat([False, True], count)
+    positions = heavy if heaviest_only else np.concatenate((heavy, np.arange(count, dtype=np.int64)))
+    sign = np.where(up, -1, 1).astype(np.int64)[:, None, None]
+    steps = NEIGHBOUR_WINDOW + sign * _STEPS
+    return positions, np.where(up, size, 0).astype(np.int64)[:, None], sign, steps
+
+
+def _neighbour_round(state: _Assignment, target: int, heaviest_only: bool) -> int:
+    """One round of neighbour swaps: each of the heaviest slots above ``target`` sends one sample for a
+    slightly lighter one, and (unless ``heaviest_only``) each of the lightest slots takes a slightly
+    heavier one, all scored on the same loads in one set of array operations. Returns the moves made.
+
+    Down, a slot of load L gives d and its partner's load P becomes P + d: allowed if that stays below
+    L, scored max(L - d, P + d). Up is the same on negated loads (-L gives d, -P becomes -P + d), so
+    one expression serves both sides, and the smallest score is the move nearest to level."""
     loads = state.loads
-    order = np.argsort(loads, kind="stable")
-    if lower:
-        focus = order[::-1][:NEIGHBOUR_SLOTS]
-        focus = focus[loads[focus] > target]
-        if focus.size == 0:
-            return 0
-    else:
-        focus = order[:NEIGHBOUR_SLOTS]
+    size = state.costs.shape[0]
+    positions, rows_offset, sign, steps = _focus(loads.shape[0], size, heaviest_only)
+    focus = np.argsort(loads, kind="stable")[positions]
     ranks = state.members[focus]  # (m, k)
-    own = loads[focus][:, None, None]
-    mine = state.values[focus][:, :, None]
-    if lower:
-        partner = ranks[:, :, None] + _STEPS
-        diff = mine - state.costs_down[partner]
-        other = loads[state.slot_of_padded[partner]]
-        moved = other + diff
-        score = np.where((diff > 0) & (moved < own), np.maximum(own - diff, moved), _NONE)
-    else:
-        partner = ranks[:, :, None] - _STEPS
-        diff = state.costs_up[partner] - mine
-        other = loads[state.slot_of_padded[partner]]
-        moved = other - diff
-        score = np.where((diff > 0) & (moved > own), -np.minimum(own + diff, moved), _NONE)
-    count = focus.size
-    score = score.reshape(count, -1)
+    diff = state.neighbour_moves().take(ranks + rows_offset, axis=0)  # (m, k, w)
+    partner = ranks[:, :, None] + steps  # padded ranks
+    moved = loads.take(state.slot_of_padded.take(partner)) * sign + diff
+    own = (loads.take(focus) * sign[:, 0, 0])[:, None, None]  # (m, 1, 1)
+    # max(L - d, P + d) is below L exactly when the move is allowed (d > 0 and P + d < L).
+    count = focus.shape[0]
+    score = np.maximum(own - diff, moved).reshape(count, -1)
     pick = np.argmin(score, axis=1)
     rows = np.arange(count)
-    found = (score[rows, pick] < _NONE).tolist()
+    limit = own[:, 0, 0]
+    if target:
+        heavy = min(NEIGHBOUR_SLOTS, loads.shape[0])
+        limit = limit.copy()
+        limit[:heavy][limit[:heavy] <= target] = -_NONE  # heavy slots at or below the target stay
+    found = (score[rows, pick] < limit).tolist()
     chosen_own = ranks[rows, pick // NEIGHBOUR_WINDOW].tolist()
-    chosen_partner = partner.reshape(count, -1)[rows, pick].tolist()
-    partner_slot = state.slot_of_padded[np.asarray(chosen_partner)].tolist()
+    chosen = partner.reshape(count, -1)[rows, pick]
+    partner_slot = state.slot_of_padded[chosen].tolist()
+    chosen_partner = (chosen - NEIGHBOUR_WINDOW).tolist()
     focus_list = focus.tolist()
     busy = set()
     firsts, seconds = [], []
@@ -204,10 +252,12 @@ def _neighbour_round(state: _Assignment, lower: bool, target: int) -> int:
         busy.add(s)
         busy.add(o)
         firsts.append(chosen_own[a])
-        seconds.append(chosen_partner[a] % state.costs.shape[0])
+        seconds.append(chosen_partner[a])
     if firsts:
         state.swap(np.asarray(firsts), np.asarray(seconds))
     return len(firsts)
+
+
 
 
 def _focused_scores(ref: int, loads: np.ndarray, diff: np.ndarray, lower: bool) -> np.ndarray:
@@ -301,13 +351,9 @@ def refine_members(
         stalled = 0
         while rounds < max_rounds:
             rounds += 1
-            moved = 0
-            if state.extremes()[0] > target:
-                moved += _neighbour_round(state, True, target)
-            elif heaviest_only:
+            if heaviest_only and state.extremes()[0] <= target:
                 return state.members
-            if not heaviest_only:
-                moved += _neighbour_round(state, False, target)
+            moved = _neighbour_round(state, target, heaviest_only)
             now = state.extremes()
             if moved == 0:
                 break

@@ -2,15 +2,17 @@
 
 Across micro-batches (opt-in), the objective is the vision critical path: the sum over the window's
 micro-batches of max(floor, heaviest slot). First, which samples form each micro-batch: the window as
-it stands, sorted runs of B (optimal with one sample per slot), chunks of G dealt back and forth, and
-with a floor hybrids of the two, ranked by a batched lower bound (no balancing needed to rank them).
-Windows of more than 2048 samples take the best composition, each micro-batch balanced by the engine
-for its heaviest slot. Smaller windows keep the former starts (sorted runs, and the search across
-micro-batches when they are more than 0.1% above the window bound) and add the chosen composition,
-heads then fill, and pairs filled to a level as starts, so none is planned worse than before. The
-result is compared with balancing every micro-batch where it stands (when a bound says it could win)
-and with the window as it stands (contiguous slots, nothing moves); the lowest critical path is kept,
-ties going to the window as it stands. docs/balancing.md has the details.
+it stands, sorted runs of B (optimal with one sample per slot), chunks of G dealt back and forth, with
+a floor hybrids of the two, and runs completed with the lightest samples, ranked by a batched lower
+bound (no balancing needed to rank them). Windows of more than 2048 samples take the best
+composition, each micro-batch balanced by the engine for its heaviest slot. Smaller windows keep the
+former starts (sorted runs, and the search across micro-batches when they are more than 0.1% above
+the window bound) and add the chosen composition, heads then fill, fill to level, and pairs filled to
+a level as starts, so none is planned worse than before. The result is compared with balancing every
+micro-batch where it stands (when a bound says it could win); windows of at most 64 samples then go
+to a branch and bound over every plan (``window_search``) with that result as the incumbent; last,
+the window as it stands (contiguous slots, nothing moves) wins if it is no worse. docs/balancing.md
+has the details.
 
 Output order: within a slot, ascending flat indices (m*B + j); slots of a micro-batch ordered by their
 smallest index; micro-batches ordered by their smallest index when samples may move, in window order
@@ -20,16 +22,17 @@ otherwise.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from mimo_pipes.balance.canonical import loads_of, sort_order
 from mimo_pipes.balance.lpt import lpt_members
 from mimo_pipes.balance.microbatch import plan_indices, plan_members
-from mimo_pipes.balance.quality import rows_lower_bound, window_lower_bound
+from mimo_pipes.balance.quality import rows_lower_bound, window_lower_bound, window_path_bound
 from mimo_pipes.balance.refine import refine_members
 from mimo_pipes.balance.validate import check_floor, check_window
+from mimo_pipes.balance.window_search import search_window
 
 # Budgets of the search across micro-batches (counts, so the result never depends on the machine):
 # swaps taken, and candidate swaps looked at (a few ms of numpy on a busy 2-core machine).
@@ -46,6 +49,10 @@ SEARCH_MAX_SAMPLES = 2048
 NEAR_BOUND = 1000
 # Refinement rounds inside a micro-batch after the moves across micro-batches touched it.
 LIGHT_ROUNDS = 2
+# Windows of at most this many samples (two or more per slot) end with a branch and bound over every
+# plan (``window_search``), the best plan so far as incumbent, with this budget of samples placed.
+EXACT_MAX_SAMPLES = 64
+EXACT_NODES = 500
 
 
 def _canonical_microbatch(indices: np.ndarray) -> list[list[int]]:
@@ -81,22 +88,47 @@ def _path(loads: np.ndarray, floor: int) -> int:
     return int(np.maximum(loads.max(axis=1), floor).sum())
 
 
-def _compositions(flat: np.ndarray, order: np.ndarray, count: int, num_slots: int, floor: int) -> Iterator[np.ndarray]:
-    """Ways to choose which samples form each micro-batch: (W, B) flat indices, every row in sorted order.
+def _compositions(order: np.ndarray, count: int, num_slots: int, floor: int) -> np.ndarray:
+    """Ways to choose which samples form each micro-batch: (n, W, B) flat indices, every row in sorted
+    order, in the order of preference on ties (the window as it stands is the caller's, before these).
 
     ``runs`` gives micro-batch m the m-th run of B sorted samples (like samples together: right without a
     floor). ``snake`` cuts the sorted samples into chunks of G (one sample per slot) and deals them to the
     micro-batches back and forth, so every micro-batch gets heavy and light samples, none sits below the
     floor, and a heavy chunk's samples can each have a slot of their own. With a floor, hybrids keep the
-    h heaviest runs and deal the rest. Yielded one at a time (the caller keeps the best): memory stays
-    linear in the window. The order is the preference on ties; the window as it stands is the caller's."""
-    size = flat.shape[0] // count
+    h heaviest runs and deal the rest. Runs with f fillers (f a power of two or a multiple of G below B)
+    complete each run of B - f with the f lightest samples left. All of them together are a few dozen
+    times the window at most (their number grows with log B, W and B/G), scored in one batched bound."""
+    size = order.shape[0] // count
     runs = order.reshape(count, size)
-    yield runs
-    yield _snake(order, count, num_slots)
+    found = [runs, _snake(order, count, num_slots)]
     if floor and size > num_slots:
         for heads in range(1, count - 1):
-            yield np.concatenate((runs[:heads], _snake(order[heads * size :], count - heads, num_slots)))
+            found.append(np.concatenate((runs[:heads], _snake(order[heads * size :], count - heads, num_slots))))
+    if count > 1 and size > num_slots:
+        for fillers in _filler_counts(size, num_slots):
+            found.append(_with_fillers(order, count, size, fillers))
+    return np.stack(found)
+
+
+def _filler_counts(size: int, num_slots: int) -> list[int]:
+    """The numbers of fillers tried: powers of two and multiples of G below B, ascending."""
+    powers = {1 << i for i in range(size.bit_length()) if 1 << i < size}
+    return sorted(powers | set(range(num_slots, size, num_slots)))
+
+
+def _with_fillers(order: np.ndarray, count: int, size: int, fillers: int) -> np.ndarray:
+    """Sorted runs of B - ``fillers`` samples, each completed with the ``fillers`` lightest samples left
+    (the first run with the lightest of all); the last micro-batch takes the middle. A run that holds a
+    few very heavy samples can then give each a slot of light ones under its top: (W, B) flat indices."""
+    total = count * size
+    heavy = size - fillers
+    m = np.arange(count, dtype=np.int64)[:, None]
+    j = np.arange(size, dtype=np.int64)[None, :]
+    # Positions in the sorted order: the m-th heavy run, then the m-th group of fillers from the end.
+    positions = np.where(j < heavy, m * heavy + j, total - (m + 1) * fillers + (j - heavy))
+    positions[-1] = (count - 1) * heavy + j[0]
+    return order[positions]
 
 
 def _snake(order: np.ndarray, count: int, num_slots: int) -> np.ndarray:
@@ -106,11 +138,13 @@ def _snake(order: np.ndarray, count: int, num_slots: int) -> np.ndarray:
     return chunks.transpose(1, 0, 2).reshape(count, -1)
 
 
-def _estimate(sorted_rows: np.ndarray, num_slots: int, floor: int) -> int:
-    """Lower bound on the critical path of micro-batches with these samples (rows sorted heaviest first):
-    each balanced micro-batch costs at least max(floor, its lower bound). Balanced by the engine they
-    come close to it, so it ranks compositions without balancing them."""
-    return int(np.maximum(rows_lower_bound(sorted_rows, num_slots), floor).sum())
+def _estimates(sorted_rows: np.ndarray, num_slots: int, floor: int) -> np.ndarray:
+    """Lower bounds on the critical path of compositions (n, W, B), rows sorted heaviest first: each
+    balanced micro-batch costs at least max(floor, its lower bound). Balanced by the engine they come
+    close to it, so it ranks compositions without balancing them."""
+    count, rows, size = sorted_rows.shape
+    bounds = rows_lower_bound(sorted_rows.reshape(count * rows, size), num_slots)
+    return np.maximum(bounds, floor).reshape(count, rows).sum(axis=1)
 
 
 def _balanced(
@@ -124,31 +158,45 @@ def _balanced(
     ]
 
 
-def _fill_to_level(window: np.ndarray, num_slots: int, floor: int) -> list[np.ndarray]:
+def _fill_to_level(window: np.ndarray, num_slots: int, floor: int, opened: int | None = None) -> list[np.ndarray]:
     """Heads then fill: the W*G heaviest samples open one slot each (sorted runs of G make the
     micro-batches); every other sample, heaviest first, goes where it raises the critical path least,
     and among those into the slot it leaves with the least room below its micro-batch's top (best fit),
-    ties to the lower slot. Pairs a heavy head with light samples where the head sets the top anyway."""
+    ties to the lower slot. Pairs a heavy head with light samples where the head sets the top anyway.
+
+    With ``opened`` 1, *fill to level*: only the heaviest micro-batch starts with heads, and a slot keeps
+    room under the level for its remaining places (each at least one of the lightest samples); samples
+    go where they raise the path least, and among those into the slot with the most room (worst fit), so
+    the heaviest micro-batch takes all it can hold under its top, spread over its slots, before the next
+    micro-batch opens; a very heavy sample's micro-batch then absorbs the heavy samples that would each
+    lift another micro-batch above the floor."""
     count, size = window.shape
     flat = window.reshape(-1)
     order = sort_order(flat)
     bins = count * num_slots
     per_bin = size // num_slots
+    heads = bins if opened is None else opened * num_slots
     members = np.empty((bins, per_bin), dtype=np.int64)
-    members[:, 0] = order[:bins]
-    loads = flat[order[:bins]].copy()
-    fill = np.ones(bins, dtype=np.int64)
+    members[:heads, 0] = order[:heads]
+    loads = np.zeros(bins, dtype=np.int64)
+    loads[:heads] = flat[order[:heads]]
+    fill = np.zeros(bins, dtype=np.int64)
+    fill[:heads] = 1
     group = np.arange(bins) // num_slots
     tops = np.maximum(loads[::num_slots], floor)  # heads are sorted: the first of each run is the top
     big = np.iinfo(np.int64).max // 4
-    for index in order[bins:].tolist():
+    # Filling to level (one micro-batch opened): room kept for each slot's remaining places.
+    lightest = np.concatenate(([0], np.cumsum(flat[order[::-1]])))[:per_bin] if opened is not None else None
+    for index in order[heads:].tolist():
         cost = int(flat[index])
         new = loads + cost
         level = tops[group]
+        if lightest is not None:
+            level = level - lightest[np.maximum(per_bin - fill - 1, 0)]
         rise = np.where(fill < per_bin, np.maximum(new - level, 0), big)
         room = np.where(rise == 0, level - new, 0)
         fits = np.flatnonzero(rise == rise.min())
-        slot = int(fits[np.argmin(room[fits])])
+        slot = int(fits[np.argmin(room[fits])]) if lightest is None else int(fits[np.argmax(room[fits])])
         members[slot, fill[slot]] = index
         fill[slot] += 1
         loads[slot] = new[slot]
@@ -260,6 +308,26 @@ def _improve(flat: np.ndarray, plans: list[np.ndarray], num_slots: int, floor: i
     return improved
 
 
+def _searched(
+    window: np.ndarray, order: np.ndarray, plans: list[np.ndarray], path: int, num_slots: int, floor: int
+) -> tuple[list[np.ndarray], int]:
+    """The plan (and its critical path) after a branch and bound that tries to beat ``path``; the
+    search stops early at a lower bound of the window, so a plan on it is not searched at all."""
+    count, size = window.shape
+    flat = window.reshape(-1)
+    costs = flat[order]
+    lower = window_path_bound(costs, count, num_slots, floor)
+    if (path - lower) * NEAR_BOUND <= lower:
+        return plans, path  # within 0.1% of the bound: the search cannot gain enough to pay for itself
+    result = search_window(costs.tolist(), count, num_slots, floor, path, lower, EXACT_NODES)
+    if result.bins is None:
+        return plans, path
+    bins = np.asarray(result.bins, dtype=np.int64)
+    # Samples in sorted order, grouped by bin (a stable sort keeps each bin's samples in rank order).
+    members = order[np.argsort(bins, kind="stable")].reshape(count, num_slots, -1)
+    return list(members), result.best
+
+
 def balance_window(
     costs: Sequence[Sequence[int]], num_slots: int, across_microbatches: bool = False, floor: int = 0
 ) -> list[list[list[int]]]:
@@ -291,12 +359,10 @@ def balance_window(
     # The window as it stands is a composition too (and no plan that keeps every sample in its
     # micro-batch costs less than its estimate): estimated first, so it wins ties.
     still_rows = np.argsort(-window, axis=1, kind="stable") + still[:, :1]  # rows sorted, flat indices
-    still_estimate = _estimate(flat[still_rows], num_slots, floor)
-    pick, chosen, estimate = 0, still_rows, still_estimate
-    for number, rows in enumerate(_compositions(flat, order, count, num_slots, floor), start=1):
-        value = _estimate(flat[rows], num_slots, floor)
-        if value < estimate:  # the first of the lowest
-            pick, chosen, estimate = number, rows, value
+    compositions = np.concatenate((still_rows[None], _compositions(order, count, num_slots, floor)))
+    estimates = _estimates(flat[compositions], num_slots, floor)
+    pick = int(np.argmin(estimates))  # the first of the lowest
+    chosen, still_estimate = compositions[pick], int(estimates[0])
     search = size // num_slots > 1 and flat.shape[0] <= SEARCH_MAX_SAMPLES
     if search:
         # The starts of the former planner stay (sorted runs, balanced as before; the engine on every
@@ -311,6 +377,9 @@ def balance_window(
             candidates = [_improve(flat, plan, num_slots, floor) for plan in candidates]
             if flat.shape[0] <= FILL_MAX_SAMPLES:
                 candidates.append(_improve(flat, _fill_to_level(window, num_slots, floor), num_slots, floor))
+                if count > 1:
+                    level = _fill_to_level(window, num_slots, floor, opened=1)
+                    candidates.append(_improve(flat, level, num_slots, floor))
             if size == 2 * num_slots:
                 pairs = _pairs_to_level(flat, order, count, num_slots, floor)
                 candidates.append(_improve(flat, pairs, num_slots, floor))
@@ -326,12 +395,18 @@ def balance_window(
             plans, path = plan, value
     if (search or pick) and path > still_estimate:
         # Balancing every micro-batch where it stands could still be better: never return worse than LPT
-        # does that way (or, with a floor, than the engine's own per-micro-batch plan). Skipped when the
-        # bound of the window as it stands shows it cannot win, or when that plan was the one balanced.
-        anchor, _ = _independent(window, num_slots, anchor=floor == 0, floor=floor)
+        # does that way (or, with a floor and a window small enough to search, than the engine's own
+        # per-micro-batch plan for the heaviest slots). Skipped when the bound of the window as it stands
+        # shows it cannot win, or when that plan was the one balanced.
+        if floor and search:
+            anchor = _balanced(flat, still_rows, num_slots, floor, exact=True, heaviest_only=True)
+        else:
+            anchor, _ = _independent(window, num_slots, anchor=True)
         value = _path(np.stack([flat[p].sum(axis=1) for p in anchor]), floor)
         if value < path:
             plans, path = anchor, value
+    if search and flat.shape[0] <= EXACT_MAX_SAMPLES:
+        plans, path = _searched(window, order, plans, path, num_slots, floor)
     # Nothing moves if the window as it stands (contiguous slots) is at least as good.
     if _path(window.reshape(count, num_slots, -1).sum(axis=2), floor) <= path:
         plans = [rows.reshape(num_slots, -1) for rows in still]

@@ -1,0 +1,149 @@
+"""The branch and bound that ends the planning of small windows (``window_search``), the path bound it
+stops at, and what the window planner makes of them; the LPT anchor against a plain heap."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mimo_pipes.balance import balance_window, critical_path
+from mimo_pipes.balance import window_planner as window_module
+from mimo_pipes.balance.lpt import lpt_members
+from mimo_pipes.balance.quality import window_path_bound
+from mimo_pipes.balance.window_search import search_window
+
+SETTINGS = settings(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+
+
+def every_path(costs: list[int], count: int, num_slots: int, floor: int) -> int:
+    """The least critical path over every split of ``costs`` into count * num_slots bins of equal size:
+    bins heaviest first, cut into runs of num_slots (the best grouping for given bin loads)."""
+    per_bin = len(costs) // (count * num_slots)
+    best = None
+
+    def split(rest: tuple[int, ...], loads: list[int]) -> None:
+        nonlocal best
+        if not rest:
+            tops = sorted(loads, reverse=True)[::num_slots]
+            path = sum(max(floor, top) for top in tops)
+            best = path if best is None else min(best, path)
+            return
+        first, others = rest[0], rest[1:]
+        for partners in itertools.combinations(range(len(others)), per_bin - 1):
+            chosen = set(partners)
+            load = costs[first] + sum(costs[others[p]] for p in partners)
+            split(tuple(x for p, x in enumerate(others) if p not in chosen), loads + [load])
+
+    split(tuple(range(len(costs))), [])
+    assert best is not None
+    return best
+
+
+@st.composite
+def small_windows(draw):
+    """(costs sorted heaviest first, W, G, floor): at most 12 samples, with ties, zeros and heavy tails."""
+    shape = draw(st.sampled_from([(2, 1, 2), (2, 2, 2), (3, 2, 2), (2, 3, 2), (2, 2, 3), (3, 1, 4), (4, 1, 3), (2, 1, 6)]))
+    count, num_slots, per_bin = shape
+    size = count * num_slots * per_bin
+    values = st.one_of(st.just(0), st.integers(0, 20), st.integers(0, 5000))
+    costs = sorted(draw(st.lists(values, min_size=size, max_size=size)), reverse=True)
+    floor = draw(st.one_of(st.just(0), st.integers(0, 8000)))
+    return costs, count, num_slots, floor
+
+
+def _path_of(costs: list[int], bins: list[int], count: int, num_slots: int, floor: int) -> int:
+    loads = [0] * (count * num_slots)
+    for cost, b in zip(costs, bins):
+        loads[b] += cost
+    return sum(max(floor, max(loads[m * num_slots : (m + 1) * num_slots])) for m in range(count))
+
+
+@SETTINGS
+@given(small_windows())
+def test_search_finds_and_proves_the_optimum(case):
+    costs, count, num_slots, floor = case
+    optimum = every_path(costs, count, num_slots, floor)
+    result = search_window(costs, count, num_slots, floor, sum(costs) + floor * count + 1, 0, 10**6)
+    assert result.proven and result.best == optimum
+    per_bin = len(costs) // (count * num_slots)
+    assert sorted(result.bins) == sorted(b for b in range(count * num_slots) for _ in range(per_bin))
+    assert _path_of(costs, result.bins, count, num_slots, floor) == optimum
+    # Told the optimum, it finds nothing better, and says so.
+    again = search_window(costs, count, num_slots, floor, optimum, 0, 10**6)
+    assert again.bins is None and again.proven and again.best == optimum
+
+
+@SETTINGS
+@given(small_windows())
+def test_path_bound_never_exceeds_the_optimum(case):
+    costs, count, num_slots, floor = case
+    assert window_path_bound(np.asarray(costs, dtype=np.int64), count, num_slots, floor) <= every_path(
+        costs, count, num_slots, floor
+    )
+
+
+def test_search_stops_at_its_budget_and_at_the_bound():
+    rng = np.random.default_rng(3)
+    costs = sorted((rng.pareto(1.2, 48) * 300).astype(int).tolist(), reverse=True)
+    short = search_window(costs, 4, 4, 0, sum(costs), 0, 50)
+    assert not short.proven and short.nodes == 50
+    # At the lower bound there is nothing to search.
+    assert search_window(costs, 4, 4, 0, 1000, 1000, 50) == (None, 1000, True, 0)
+
+
+@SETTINGS
+@given(small_windows())
+def test_planner_reaches_the_optimum_of_small_windows_with_room_to_search(case):
+    costs, count, num_slots, floor = case
+    per_bin = len(costs) // (count * num_slots)
+    rows = np.asarray(costs).reshape(count, -1)[:, ::-1].tolist()  # not sorted: the planner sorts
+    saved = window_module.EXACT_NODES, window_module.NEAR_BOUND
+    window_module.EXACT_NODES, window_module.NEAR_BOUND = 10**6, 10**12
+    try:
+        plan = balance_window(rows, num_slots, across_microbatches=True, floor=floor)
+    finally:
+        window_module.EXACT_NODES, window_module.NEAR_BOUND = saved
+    assert sorted(i for slots in plan for slot in slots for i in slot) == list(range(len(costs)))
+    assert all(len(slot) == per_bin for slots in plan for slot in slots)
+    flat = [c for row in rows for c in row]
+    path = sum(max(floor, max(sum(flat[i] for i in slot) for slot in slots)) for slots in plan)
+    optimum = every_path(costs, count, num_slots, floor)
+    assert path == optimum
+
+
+def test_heavy_tailed_window_within_two_percent_of_its_proven_optimum():
+    # Two micro-batches of 12 samples over 4 slots, three a slot: the planner's swaps and starts left
+    # this one 3.5% above the optimum (3754 against 3628: the micro-batch with the heaviest samples must
+    # take mid-sized ones up to a higher level than any start sets); the search finds 3690 at once.
+    rows = [[988, 99, 920, 300, 572, 928, 210, 228, 414, 960, 272, 121],
+            [169, 270, 224, 1296, 1935, 650, 2209, 352, 360, 132, 576, 286]]
+    costs = sorted(rows[0] + rows[1], reverse=True)
+    proof = search_window(costs, 2, 4, 0, sum(costs), window_path_bound(np.asarray(costs), 2, 4), 10**6)
+    assert proof.proven
+    assert critical_path(rows, balance_window(rows, 4, across_microbatches=True)) <= proof.best * 1.02
+
+
+def lpt_reference(sorted_costs: list[int], num_slots: int) -> list[list[int]]:
+    """Equal-count LPT as published: each sample, heaviest first, to the lightest slot with room."""
+    per_slot = len(sorted_costs) // num_slots
+    heap = [(0, slot) for slot in range(num_slots)]
+    slots: list[list[int]] = [[] for _ in range(num_slots)]
+    for rank, cost in enumerate(sorted_costs):
+        load, slot = heapq.heappop(heap)
+        slots[slot].append(rank)
+        if len(slots[slot]) < per_slot:
+            heapq.heappush(heap, (load + cost, slot))
+    return slots
+
+
+@settings(deadline=None, max_examples=150)
+@given(st.integers(1, 9), st.integers(0, 6), st.data())
+def test_lpt_is_the_published_greedy(num_slots, per_slot, data):
+    values = st.one_of(st.just(0), st.integers(0, 3), st.integers(0, 10**6))
+    costs = sorted(data.draw(st.lists(values, min_size=num_slots * per_slot, max_size=num_slots * per_slot)), reverse=True)
+    members = lpt_members(np.asarray(costs, dtype=np.int64), num_slots)
+    assert members.reshape(num_slots, per_slot).tolist() == lpt_reference(costs, num_slots)
