@@ -102,3 +102,11 @@ def test_a_mistyped_command_or_flag_gets_a_suggestion(argv, suggestion, capsys):
     with pytest.raises(SystemExit) as raised:
         main(argv)
     assert raised.value.code == 2 and capsys.readouterr().err.strip().endswith(suggestion)
+
+
+def test_each_commands_usage_line_names_only_that_command():
+    from mimo_pipes.cli.main import COMMANDS, build_parser
+
+    for name in COMMANDS:
+        usage = build_parser()._subparsers._group_actions[0].choices[name].format_usage()
+        assert usage.startswith(f"usage: mimo-pipes {name} [-h]"), usage

@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser, help=argparse.SUPPRESS)
     for name, (module, summary) in COMMANDS.items():
         importlib.import_module(f"mimo_pipes.cli.{module}").add_arguments(
-            commands.add_parser(name, help=summary, description=summary, formatter_class=HelpFormatter)
+            commands.add_parser(name, prog=f"mimo-pipes {name}", help=summary, description=summary, formatter_class=HelpFormatter)
         )
     return parser
 
