@@ -105,18 +105,24 @@ def open_processor(config: PipelineConfig) -> SampleProcessor:
 
 
 def prepare(config: PipelineConfig, log: Callable[[str], None] = print) -> None:
-    """Check user paths, and build the embedded data and processor once before the ranks start."""
+    """Check user paths, and build the embedded data and processor once before the ranks start. What the
+    ranks open anyway is opened here only where opening checks something (the user's data and processor,
+    a time model against the processor's patches): loading the embedded ones added seconds before any rank
+    started, and their sizes are settings checked already."""
     if config.dataset is not None:
         check_source(config.dataset)
     else:
         log(f"embedded dataset: {config.embedded_samples} synthetic VLM samples")
+        dataset_path(config)  # built once, here, not by every rank at once
     if config.processor is not None:
         check_processor_path(config.processor)
-    open_processor(config)
+    if config.processor is not None or config.reorder.reorder_cost_model is not None:
+        open_processor(config)
     log(f"processor: {processor_path(config)}")
-    dataset = open_source(dataset_path(config))
-    if len(dataset) < config.micro_batch_size:
-        raise ConfigError("--dataset", f"{len(dataset)} samples are fewer than one micro-batch of {config.micro_batch_size}")
+    if config.dataset is not None:
+        dataset = open_source(config.dataset)
+        if len(dataset) < config.micro_batch_size:
+            raise ConfigError("--dataset", f"{len(dataset)} samples are fewer than one micro-batch of {config.micro_batch_size}")
 
 
 def check_time_model(config: PipelineConfig, processor: Any) -> None:
