@@ -181,3 +181,35 @@ def test_two_samples_per_slot_pack_each_microbatch_up_to_its_top():
     assert _floored(np.stack([flat[p].sum(axis=1) for p in pairs]), 0) < runs_path
     planned = critical_path(rows, balance_window(rows, 16, across_microbatches=True))
     assert planned <= _floored(np.stack([flat[p].sum(axis=1) for p in pairs]), 0)
+
+
+def _floored_path(costs, plan, floor):
+    flat = [c for row in costs for c in row]
+    return sum(max(floor, max(sum(flat[i] for i in slot) for slot in slots)) for slots in plan)
+
+
+def test_a_window_too_large_to_search_gets_fill_to_level_when_its_bound_cannot_certify_it(monkeypatch):
+    # 8 x 512 samples over 64 slots (above SEARCH_MAX_SAMPLES): heavy-tailed images, 40% text-only, a floor.
+    # The swap search skips such windows; where the path bound leaves more than 3% room, fill to level is
+    # tried, and keeps the plan valid and never worse (on these windows 2-5% lower).
+    from mimo_pipes.balance.quality import window_path_bound
+
+    for seed in range(2):
+        rng = np.random.default_rng(seed)
+        costs = []
+        for _ in range(8):
+            row = (rng.pareto(1.2, 512) * 300).astype(np.int64)
+            row[rng.random(512) < 0.4] = 0
+            costs.append(np.minimum(row, 16384).tolist())
+        floor = int(sum(map(sum, costs)) / (8 * 64) * 0.8)
+        plan = balance_window(costs, 64, True, floor=floor)
+        assert sorted(i for slots in plan for slot in slots for i in slot) == list(range(8 * 512))
+        assert all(len(slots) == 64 and all(len(slot) == 8 for slot in slots) for slots in plan)
+        monkeypatch.setattr(window_module, "CERTIFY_MAX_SAMPLES", 0)
+        without = balance_window(costs, 64, True, floor=floor)
+        monkeypatch.undo()
+        path, before = _floored_path(costs, plan, floor), _floored_path(costs, without, floor)
+        flat = np.sort(np.asarray([c for row in costs for c in row], dtype=np.int64))[::-1]
+        bound = window_path_bound(flat, 8, 64, floor)
+        assert (before - bound) * window_module.CERTIFY_GAP > bound  # the case the extra start is for
+        assert bound <= path < before
