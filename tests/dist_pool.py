@@ -51,10 +51,22 @@ def _worker(rank: int, world_size: int, port: int, connection: Any, backend: str
         module_name, function_name, args, kwargs = task
         try:
             function = getattr(importlib.import_module(module_name), function_name)
-            connection.send(("ok", function(*args, **kwargs)))
+            outcome = ("ok", function(*args, **kwargs))
         except BaseException as error:  # noqa: BLE001 - reported to the test process
-            connection.send(("error", f"rank {rank}: {type(error).__name__}: {error}\n{traceback.format_exc()}"))
+            outcome = ("error", f"rank {rank}: {type(error).__name__}: {error}\n{traceback.format_exc()}")
+        _destroy_subgroups(dist)
+        connection.send(outcome)
     dist.destroy_process_group()
+
+
+def _destroy_subgroups(dist: Any) -> None:
+    """Every group a scenario made, destroyed on every rank before the next: each Gloo group keeps its
+    own threads, and hundreds of scenarios left over a thousand per rank, slowing every later one."""
+    from torch.distributed import distributed_c10d
+
+    for group in list(distributed_c10d._world.pg_map):  # no public listing of the groups made
+        if group is not distributed_c10d.GroupMember.WORLD:
+            dist.destroy_process_group(group)
 
 
 class DistPool:
