@@ -33,29 +33,32 @@ def open_image(item: Any, image_folder: str | None, row: object, what: str):
     from PIL import Image, ImageOps
 
     try:
-        if isinstance(item, Image.Image):
-            source: Any = None
-        elif isinstance(item, dict) and item.get("bytes") is not None:
-            source = io.BytesIO(item["bytes"])
-        elif isinstance(item, dict) and item.get("path"):
-            source = resolve(item["path"], image_folder, row, what)
-        elif isinstance(item, (bytes, bytearray)):
-            source = io.BytesIO(bytes(item))
-        elif isinstance(item, (str, Path)):
-            source = resolve(item, image_folder, row, what)
-        elif isinstance(item, np.ndarray):
+        if isinstance(item, np.ndarray):
             item = Image.fromarray(item)
-            source = None
-        else:
-            raise TypeError(f"unsupported image type {type(item).__name__}")
-        if source is None:
+        if isinstance(item, Image.Image):
             return ImageOps.exif_transpose(item).convert("RGB")  # transformers' load_image, step for step
-        with Image.open(source) as img:  # closed once converted (an animation would keep its file open)
+        # Closed once converted (an animation would keep its file open).
+        with Image.open(encoded_source(item, image_folder, row, what)) as img:
             return ImageOps.exif_transpose(img).convert("RGB")
     except SampleError:
         raise
     except Exception as e:  # noqa: BLE001 - any decode failure names the row
         raise SampleError(row, f"dataset row {row}: {what} cannot be decoded: {e}", field="images", kind=bad_rows.UNREADABLE_IMAGE) from e
+
+
+def encoded_source(item: Any, image_folder: str | None, row: object, what: str) -> io.BytesIO | Path:
+    """What ``Image.open`` reads for an encoded image item: its bytes (raw, or a ``{"bytes", "path"}``
+    value's) or its path, resolved inside the image folder (see :func:`resolve`). TypeError for any other
+    kind (PIL images and arrays hold pixels already)."""
+    if isinstance(item, dict) and item.get("bytes") is not None:
+        return io.BytesIO(item["bytes"])
+    if isinstance(item, dict) and item.get("path"):
+        return resolve(item["path"], image_folder, row, what)
+    if isinstance(item, (bytes, bytearray)):
+        return io.BytesIO(bytes(item))
+    if isinstance(item, (str, Path)):
+        return resolve(item, image_folder, row, what)
+    raise TypeError(f"unsupported image type {type(item).__name__}")
 
 
 def resolve(path: str | Path, image_folder: str | Path | None, row: object, what: str) -> Path:

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from mimo_pipes.data.conversation import row_images, row_videos
-from mimo_pipes.data.media import as_list, resolve
+from mimo_pipes.data.media import as_list, encoded_source, resolve
 from mimo_pipes.errors import SampleError
 
 ImageSize = tuple[int, int]
@@ -53,17 +53,7 @@ def image_size(item: Any, image_folder: str | None, row: object, what: str) -> I
     if isinstance(item, np.ndarray):
         width, height = Image.fromarray(item).size  # what open_image makes of it, without a decode
         return height, width
-    if isinstance(item, dict) and item.get("bytes") is not None:
-        source: Any = io.BytesIO(item["bytes"])
-    elif isinstance(item, dict) and item.get("path"):
-        source = resolve(item["path"], image_folder, row, what)
-    elif isinstance(item, (bytes, bytearray)):
-        source = io.BytesIO(bytes(item))
-    elif isinstance(item, (str, Path)):
-        source = resolve(item, image_folder, row, what)
-    else:
-        raise TypeError(f"unsupported image type {type(item).__name__}")
-    with Image.open(source) as image:
+    with Image.open(encoded_source(item, image_folder, row, what)) as image:
         return _oriented(image)
 
 
