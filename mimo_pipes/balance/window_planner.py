@@ -93,6 +93,11 @@ def _path(loads: np.ndarray, floor: int) -> int:
     return int(np.maximum(loads.max(axis=1), floor).sum())
 
 
+def _plan_path(flat: np.ndarray, plan: list[np.ndarray], floor: int) -> int:
+    """Critical path of a plan: per-micro-batch (G, k) flat indices."""
+    return _path(np.stack([flat[rows].sum(axis=1) for rows in plan]), floor)
+
+
 def _compositions(order: np.ndarray, count: int, num_slots: int, floor: int) -> np.ndarray:
     """Ways to choose which samples form each micro-batch: (n, W, B) flat indices, every row in sorted
     order, in the order of preference on ties (the window as it stands is the caller's, before these).
@@ -377,7 +382,7 @@ def balance_window(
         candidates = [runs] if pick in (0, 1) else [_balanced(flat, chosen, num_slots, 0), runs]
         # Within 1/NEAR_BOUND of a valid lower bound the search cannot gain enough to pay for itself.
         bound = max(window_lower_bound(window, num_slots), floor * count)
-        first = _path(np.stack([flat[p].sum(axis=1) for p in runs]), floor)
+        first = _plan_path(flat, runs, floor)
         if (first - bound) * NEAR_BOUND > bound:
             candidates = [_improve(flat, plan, num_slots, floor) for plan in candidates]
             if flat.shape[0] <= FILL_MAX_SAMPLES:
@@ -395,7 +400,7 @@ def balance_window(
         candidates = [_balanced(flat, chosen, num_slots, floor, exact=pick == 0, heaviest_only=True)]
     plans, path = candidates[0], None
     for plan in candidates:
-        value = _path(np.stack([flat[p].sum(axis=1) for p in plan]), floor)
+        value = _plan_path(flat, plan, floor)
         if path is None or value < path:
             plans, path = plan, value
     if (search or pick) and path > still_estimate:
@@ -407,14 +412,14 @@ def balance_window(
             anchor = _balanced(flat, still_rows, num_slots, floor, exact=True, heaviest_only=True)
         else:
             anchor, _ = _independent(window, num_slots, anchor=True)
-        value = _path(np.stack([flat[p].sum(axis=1) for p in anchor]), floor)
+        value = _plan_path(flat, anchor, floor)
         if value < path:
             plans, path = anchor, value
     if not search and size // num_slots > 1 and flat.shape[0] <= CERTIFY_MAX_SAMPLES:
         bound = window_path_bound(flat[order], count, num_slots, floor)
         if (path - bound) * CERTIFY_GAP > bound:
             level = _fill_to_level(window, num_slots, floor, opened=1)
-            value = _path(np.stack([flat[p].sum(axis=1) for p in level]), floor)
+            value = _plan_path(flat, level, floor)
             if value < path:
                 plans, path = level, value
     if search and flat.shape[0] <= EXACT_MAX_SAMPLES:
