@@ -32,8 +32,8 @@ def collation_contention(opts: dict, repeats: int = 40, rounds: int = 3) -> dict
     the GIL). Tells whether a concurrent exchange slows collation through the GIL or through the machine."""
     import torch
 
-    from mimo_pipes.collate import collate_microbatch
     from mimo_pipes.exchange.wire_format import layout_sample, unpack_samples
+    from mimo_pipes.samples.collate import collate_microbatch
     from mimo_pipes.testing import SyntheticProcessedDataset
 
     torch.set_num_threads(1)

@@ -37,18 +37,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mimo_pipes.balance import balance_window  # noqa: E402
 from mimo_pipes.config import PipelineConfig, ReorderConfig, planner_settings  # noqa: E402
-from mimo_pipes.cost import (
+from mimo_pipes.data.processor import default_processor_path, load_processor  # noqa: E402
+from mimo_pipes.data.synthetic import KINDS, kind_counts, make_row  # noqa: E402
+from mimo_pipes.parallel.sharding import global_microbatch_indices  # noqa: E402
+from mimo_pipes.parallel.topology import build_topology  # noqa: E402
+from mimo_pipes.samples.cost import (
     image_token_count,  # noqa: E402
     placeholder_runs,  # noqa: E402
 )
-from mimo_pipes.data.processor import default_processor_path, load_processor  # noqa: E402
-from mimo_pipes.data.synthetic import KINDS, kind_counts, make_row  # noqa: E402
-from mimo_pipes.encoders import build_vision_tower, encode, patch_dim  # noqa: E402
-from mimo_pipes.sharding import global_microbatch_indices  # noqa: E402
 from mimo_pipes.time_model.calibrate import calibrate, fit_report, time_in_rounds  # noqa: E402
 from mimo_pipes.time_model.model import TimeModel, load_time_model, save_time_model
 from mimo_pipes.time_model.sweep import SWEEPS  # noqa: E402
-from mimo_pipes.topology import build_topology  # noqa: E402
+from mimo_pipes.train.encoders import build_vision_tower, encode, patch_dim  # noqa: E402
 
 LAYOUTS = ((2, 8), (4, 8), (4, 16))  # (vision dp, micro-batch size): the layouts docs/benchmarks.md reports
 COSTS = ("linear", "calibrated", "calibrated, no floor")

@@ -13,7 +13,6 @@ from typing import Any
 
 from torchdata.nodes import BaseNode, ParallelMapper
 
-from mimo_pipes.collate import FieldSpec
 from mimo_pipes.config import PipelineConfig, flag
 from mimo_pipes.data.dataset import default_dataset_path
 from mimo_pipes.data.module_processor import ModuleProcessor
@@ -22,13 +21,14 @@ from mimo_pipes.data.skipping import SkipBadRows
 from mimo_pipes.data.sources import check_source, dataset_folder, open_source
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange import RankLayout
-from mimo_pipes.loader import GraphLoader
-from mimo_pipes.module_fields import module_fields
+from mimo_pipes.graph.loader import GraphLoader
+from mimo_pipes.graph.tail import balanced_tail
+from mimo_pipes.graph.tail_settings import resolve_pipeline_tail
 from mimo_pipes.nodes import CanonicalShardReader, SnapshotGuard
 from mimo_pipes.nodes.canonical_shard_reader import MapStyleDataset
-from mimo_pipes.sample import Sample
-from mimo_pipes.tail import balanced_tail
-from mimo_pipes.tail_settings import resolve_pipeline_tail
+from mimo_pipes.samples.collate import FieldSpec
+from mimo_pipes.samples.module_fields import module_fields
+from mimo_pipes.samples.sample import Sample
 from mimo_pipes.time_model import TimeModelError
 
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mimo_pipes.balance import balance_two_level, balance_window, window_lower_bound
-from mimo_pipes.resume import resume_point
-from mimo_pipes.sharding import epoch_order, microbatches_per_epoch
+from mimo_pipes.checkpoint.resume import resume_point
+from mimo_pipes.parallel.sharding import epoch_order, microbatches_per_epoch
 
 
 @dataclass(frozen=True)

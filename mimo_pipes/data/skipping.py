@@ -14,8 +14,8 @@ from typing import Any
 
 from mimo_pipes.errors import SampleError
 from mimo_pipes.nodes.canonical_shard_reader import MapStyleDataset
-from mimo_pipes.sample import SAMPLE_ID, SLOT, STEP, Sample
-from mimo_pipes.sharding import global_microbatch_indices, microbatches_per_epoch
+from mimo_pipes.parallel.sharding import global_microbatch_indices, microbatches_per_epoch
+from mimo_pipes.samples.sample import SAMPLE_ID, SLOT, STEP, Sample
 
 REPLACED_ROWS = "replaced_rows"
 """Sample key: the dataset rows this sample stands in for (empty when it is its own row)."""

@@ -21,8 +21,8 @@ from mimo_pipes.exchange.buffers import ExchangeBuffers, new_buffer
 from mimo_pipes.exchange.context import ExchangeContext
 from mimo_pipes.exchange.plan import ExchangePlan, permute_local, plan_exchange
 from mimo_pipes.exchange.wire_format import SampleLayout, layout_sample, unpack_samples
-from mimo_pipes.observer import ExchangeRecord
-from mimo_pipes.sample import COST, ENCODER_COST, IMAGE_TOKENS, REAL_TOKENS, Sample, Window
+from mimo_pipes.observe.observer import ExchangeRecord
+from mimo_pipes.samples.sample import COST, ENCODER_COST, IMAGE_TOKENS, REAL_TOKENS, Sample, Window
 
 STATUS_OK, STATUS_FAILED, STATUS_END = 0, 1, 2
 # status, number of micro-batches, first step, window sequence number, and the micro-batch the rank's loader
@@ -166,10 +166,10 @@ def exchange_window(
     before its next exchange, or pass ``copy`` (received samples get storage of their own). ``validate``
     checks this rank's samples before anything is sent (what the caller's work on the result needs), so a
     bad sample fails on every rank at once. With ``record`` (see
-    :mod:`mimo_pipes.observer`) the exchange fills in what it did: the window's gathered figures, its
+    :mod:`mimo_pipes.observe.observer`) the exchange fills in what it did: the window's gathered figures, its
     assignment, phase times and bytes moved. ``position``: the micro-batch this rank's loader started or
     restored at (see :data:`POSITION_AT`; -1: not known). ``composition``: which samples form each output
-    micro-batch (flat indices per micro-batch, as :class:`~mimo_pipes.sample.Window` records them) of a
+    micro-batch (flat indices per micro-batch, as :class:`~mimo_pipes.samples.sample.Window` records them) of a
     window restored inside, whose first micro-batches were consumed under it (perhaps on another layout):
     the planner's plan when it forms those micro-batches, else each of them balanced over the slots where
     it is. With samples moving between micro-batches the result records its composition."""

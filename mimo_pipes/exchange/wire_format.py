@@ -69,7 +69,7 @@ import numpy as np
 import torch
 
 from mimo_pipes.errors import SampleError
-from mimo_pipes.sample import SAMPLE_ID
+from mimo_pipes.samples.sample import SAMPLE_ID
 
 __all__ = [
     "ALIGN",

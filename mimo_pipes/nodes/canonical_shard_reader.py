@@ -9,11 +9,11 @@ from typing import Any, Protocol
 import numpy as np
 from torchdata.nodes import BaseNode
 
-from mimo_pipes.resume import ResumePoint
-from mimo_pipes.sample import SAMPLE_ID, SLOT, STEP, Sample
-from mimo_pipes.sharding import epoch_order, microbatches_per_epoch
-from mimo_pipes.topology import owned_positions
-from mimo_pipes.validity import VALID_FOR_KEY, check_valid_for, on_saved_layout, source_fingerprint, valid_for
+from mimo_pipes.checkpoint.resume import ResumePoint
+from mimo_pipes.checkpoint.validity import VALID_FOR_KEY, check_valid_for, on_saved_layout, source_fingerprint, valid_for
+from mimo_pipes.parallel.sharding import epoch_order, microbatches_per_epoch
+from mimo_pipes.parallel.topology import owned_positions
+from mimo_pipes.samples.sample import SAMPLE_ID, SLOT, STEP, Sample
 
 
 class MapStyleDataset(Protocol):
@@ -29,7 +29,7 @@ class CanonicalShardReader(BaseNode[Sample]):
     ends. Each sample gets its dataset index, global step and canonical slot. The state is two counters,
     so resuming from a consumed-sample count (``start_step = consumed // B``) is the same as restoring it.
     It is valid for one dataset (length and fingerprint: ``dataset_fingerprint`` if given, else
-    :func:`~mimo_pipes.validity.source_fingerprint` of the rows it reads first), B, DP layout, seed and
+    :func:`~mimo_pipes.checkpoint.validity.source_fingerprint` of the rows it reads first), B, DP layout, seed and
     dataloader type.
     """
 

@@ -1,0 +1,3 @@
+"""What flows through the graph and how it is shaped: the sample and window types (``sample``), each module's
+fields (``module_fields``), per-sample costs (``cost``, ``cost_range``), collation (``collate``) and sequence
+packing (``thd``). Pure functions: no graph, no collectives."""

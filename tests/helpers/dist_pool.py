@@ -1,0 +1,169 @@
+"""A pool of real torch.distributed (Gloo) worker processes that run many scenarios in one process group.
+
+Starting torch processes is slow on a small machine, so a test module starts one pool and submits
+scenarios to it. Every scenario runs on every rank (collectives need all of them); a scenario whose
+layout needs fewer ranks leaves the rest idle. A task that does not finish in time kills the pool.
+"""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing as mp
+import os
+import socket
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+# Scenarios live in the helpers folder and in the test modules of every tier: a worker unpickles them by name.
+TESTS_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TEST_DIRS = [os.path.join(TESTS_ROOT, tier) for tier in ("helpers", "unit", "dist", "launch")]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _worker(rank: int, world_size: int, port: int, connection: Any, backend: str) -> None:
+    sys.path[:0] = TEST_DIRS
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    if "nccl" in backend:
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=120),
+    )
+    connection.send(("ready", rank))
+    while True:
+        task = connection.recv()
+        if task is None:
+            break
+        module_name, function_name, args, kwargs = task
+        try:
+            function = getattr(importlib.import_module(module_name), function_name)
+            outcome = ("ok", function(*args, **kwargs))
+        except BaseException as error:  # noqa: BLE001 - reported to the test process
+            outcome = ("error", f"rank {rank}: {type(error).__name__}: {error}\n{traceback.format_exc()}")
+        _destroy_subgroups(dist)
+        connection.send(outcome)
+    dist.destroy_process_group()
+
+
+def _destroy_subgroups(dist: Any) -> None:
+    """Every group a scenario made, destroyed on every rank before the next: each Gloo group keeps its
+    own threads, and hundreds of scenarios left over a thousand per rank, slowing every later one."""
+    from torch.distributed import distributed_c10d
+
+    for group in list(distributed_c10d._world.pg_map):  # no public listing of the groups made
+        if group is not distributed_c10d.GroupMember.WORLD:
+            dist.destroy_process_group(group)
+
+
+class DistPool:
+    """``world_size`` ranks (Gloo by default; ``"cpu:gloo,cuda:nccl"`` on GPUs); ``run(fn, ...)`` calls ``fn``
+    on every rank and returns the results by rank."""
+
+    def __init__(self, world_size: int, start_timeout: float = 180.0, backend: str = "gloo") -> None:
+        context = mp.get_context("spawn")
+        port = free_port()
+        self.world_size = world_size
+        self.connections = []
+        self.processes = []
+        for rank in range(world_size):
+            parent, child = context.Pipe()
+            process = context.Process(target=_worker, args=(rank, world_size, port, child, backend), daemon=True)
+            process.start()
+            self.connections.append(parent)
+            self.processes.append(process)
+        for connection in self.connections:
+            if not connection.poll(start_timeout):
+                self.close()
+                raise TimeoutError("distributed workers did not start")
+            connection.recv()
+
+    def run(self, function: Callable, *args: Any, timeout: float = 300.0, **kwargs: Any) -> list[Any]:
+        task = (function.__module__, function.__name__, args, kwargs)
+        for connection in self.connections:
+            connection.send(task)
+        results, errors = [], []
+        for rank, connection in enumerate(self.connections):
+            if not connection.poll(timeout):
+                self.close()
+                raise TimeoutError(f"rank {rank} did not finish {function.__name__} within {timeout}s")
+            status, value = connection.recv()
+            results.append(value)
+            if status == "error":
+                errors.append(value)
+        if errors:
+            raise ScenarioError(errors)
+        return results
+
+    def run_collect(self, function: Callable, *args: Any, timeout: float = 300.0, **kwargs: Any) -> list[tuple[str, Any]]:
+        """Like run, but returns (status, value) per rank instead of raising on errors."""
+        task = (function.__module__, function.__name__, args, kwargs)
+        for connection in self.connections:
+            connection.send(task)
+        outcomes = []
+        for connection in self.connections:
+            if not connection.poll(timeout):
+                outcomes.append(("timeout", None))
+                continue
+            try:
+                outcomes.append(connection.recv())
+            except EOFError:
+                outcomes.append(("exited", None))
+        return outcomes
+
+    @property
+    def alive(self) -> bool:
+        return all(process.is_alive() for process in self.processes)
+
+    def close(self) -> None:
+        for connection in self.connections:
+            try:
+                connection.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+        for process in self.processes:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+
+
+class ScenarioError(AssertionError):
+    def __init__(self, errors: list[str]) -> None:
+        self.errors = errors
+        super().__init__("\n".join(errors))
+
+
+# Enough ranks for every layout the multi-rank tests use (two modules of up to dp 4 + 2, or tp/pp 2).
+GLOO_WORLD = 6
+_shared: dict[str, DistPool] = {}
+
+
+def shared_pool() -> DistPool:
+    """One pool of real Gloo ranks for the whole test run: starting torch processes is slow here. A scenario
+    that needs fewer ranks leaves the rest idle. A pool that died (a timed-out scenario closes it) is
+    replaced, so one failure does not fail every test after it. Module-scoped fixtures call this directly."""
+    pool = _shared.get("pool")
+    if pool is None or not pool.alive:
+        pool = _shared["pool"] = DistPool(GLOO_WORLD)
+    return pool
+
+
+def close_shared_pool() -> None:
+    pool = _shared.pop("pool", None)
+    if pool is not None:
+        pool.close()

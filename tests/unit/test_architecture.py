@@ -1,0 +1,71 @@
+"""The architecture as the tree shows it: only the exchange package talks to other ranks, the library never
+imports the command line, and the pure modules reach nothing that moves bytes."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "mimo_pipes"
+# The one package that moves the pipeline's bytes (its world module starts the process group), and the demo
+# trainer's model code, whose collectives carry activations and gradients, never samples.
+ALLOWED = ("exchange/", "train/")
+
+
+def _imports(path: Path) -> list[str]:
+    """Every module ``path`` imports (``from a.b import c`` gives ``a.b`` and ``a.b.c``), at any depth."""
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module is not None and node.level == 0:
+            names.append(node.module)
+            names.extend(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def _imports_distributed(path: Path) -> bool:
+    return any(name == "torch.distributed" or name.startswith("torch.distributed.") for name in _imports(path))
+
+
+def test_only_the_exchange_package_and_the_demo_trainer_import_torch_distributed() -> None:
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE).as_posix()
+        if _imports_distributed(path) and not relative.startswith(ALLOWED):
+            offenders.append(relative)
+    assert offenders == []
+
+
+def test_the_check_sees_an_import_where_there_is_one() -> None:
+    assert _imports_distributed(PACKAGE / "exchange" / "collectives.py")
+    assert _imports_distributed(PACKAGE / "exchange" / "world.py")
+    assert not _imports_distributed(PACKAGE / "balance" / "microbatch.py")
+    assert "mimo_pipes.observe.summary" in _imports(PACKAGE / "analysis" / "analyze.py")
+
+
+def test_the_library_never_imports_the_command_line() -> None:
+    offenders = [
+        path.relative_to(PACKAGE).as_posix()
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if not path.relative_to(PACKAGE).as_posix().startswith("cli/")
+        and any(name == "mimo_pipes.cli" or name.startswith("mimo_pipes.cli.") for name in _imports(path))
+    ]
+    assert offenders == []
+
+
+def test_the_library_never_imports_megatron() -> None:
+    """Process groups come from the topology (a test holds them equal to megatron-core's HyperCommGrid)."""
+    offenders = [path.relative_to(PACKAGE).as_posix() for path in sorted(PACKAGE.rglob("*.py"))
+                 if any(name.split(".")[0] == "megatron" for name in _imports(path))]
+    assert offenders == []
+
+
+def test_pure_packages_import_nothing_that_moves_bytes() -> None:
+    """The pure rooms (planners, time model, layout arithmetic, samples, observation) and the tail's settings never
+    reach into the exchange package."""
+    rooms = ("balance", "time_model", "parallel", "samples", "observe")
+    pure = [*(path for room in rooms for path in sorted((PACKAGE / room).glob("*.py"))), PACKAGE / "graph" / "tail_settings.py"]
+    assert len(pure) > 30
+    for path in pure:
+        assert not any(name.startswith("mimo_pipes.exchange") for name in _imports(path)), path.name
