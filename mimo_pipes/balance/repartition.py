@@ -44,17 +44,6 @@ def _pooled_bound(costs: list[int], per_slot: int) -> int:
     return best
 
 
-def repartition_members(
-    sorted_costs: np.ndarray,
-    members: np.ndarray,
-    target: int,
-    node_budget: int,
-    nodes_per_try: int = NODES_PER_TRY,
-) -> np.ndarray:
-    """Improve ``members`` by exact three-slot re-partitions; returns the (possibly same) matrix."""
-    return repartition_search(sorted_costs, members, target, node_budget, nodes_per_try)[0]
-
-
 def repartition_search(
     sorted_costs: np.ndarray,
     members: np.ndarray,
@@ -63,7 +52,7 @@ def repartition_search(
     nodes_per_try: int = NODES_PER_TRY,
     resume: int = 0,
 ) -> tuple[np.ndarray, int | None]:
-    """``repartition_members`` that can be continued: returns (members, resume position).
+    """Improve ``members`` by exact three-slot re-partitions: returns (members, resume position).
 
     The position is None when the search ended on its own (the target was reached, or no partner
     pair of the heaviest slot gave an improvement): more nodes would only repeat the same tries.

@@ -14,7 +14,6 @@ _EXPORTS = {
     "default_processor_path": "processor",
     "check_processor_path": "processor",
     "load_processor": "processor",
-    "count_image_tokens": "processor",
     "SampleProcessor": "processor",
     "default_dataset_path": "dataset",
     "check_dataset_path": "dataset",

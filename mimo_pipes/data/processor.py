@@ -39,7 +39,6 @@ from mimo_pipes.data.paths import existing_folder
 from mimo_pipes.errors import ConfigError, SampleError
 from mimo_pipes.observe.third_party import quiet_transformers
 from mimo_pipes.observe.warning_tally import WarningKind, warn
-from mimo_pipes.samples.cost import image_token_count as count_image_tokens  # noqa: F401 - re-exported
 from mimo_pipes.samples.sample import SAMPLE_ID
 
 TRUNCATED = WarningKind(

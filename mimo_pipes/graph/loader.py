@@ -195,11 +195,6 @@ def _wait_for_worker_processes(iterator: object, timeout_s: float = 60.0) -> Non
             join(timeout_s)
 
 
-def graph_validity(root: BaseNode) -> list[dict[str, Any]]:
-    """What each node of the graph that describes itself is valid for, from the root down."""
-    return [node.valid_for for node in _described(root)]
-
-
 def _described(root: BaseNode) -> list[BaseNode]:
     return [node for node in graph_nodes(root) if isinstance(getattr(node, "valid_for", None), dict)]
 

@@ -29,12 +29,12 @@ from mimo_pipes.data.processor import (
     SampleProcessor,
     build_default_processor,
     check_processor_path,
-    count_image_tokens,
     load_processor,
 )
 from mimo_pipes.data.sources import open_source
 from mimo_pipes.errors import ConfigError, SampleError
 from mimo_pipes.observe.warning_tally import collected, counts
+from mimo_pipes.samples.cost import image_token_count
 
 N_SMALL = 40
 
@@ -102,7 +102,7 @@ def test_placeholders_match_grid_on_every_kind(proc, small_dataset):
         assert grid.dtype == torch.int64 and grid.shape == (n_images, 3)
         per_image = (grid.prod(dim=1) // proc.merge_size**2).tolist()
         assert (grid.prod(dim=1) % proc.merge_size**2 == 0).all()
-        assert count_image_tokens(out["input_ids"], proc.image_token_id) == sum(per_image)
+        assert image_token_count(out["input_ids"], proc.image_token_id) == sum(per_image)
         assert _vision_groups(out["input_ids"], proc) == per_image
         assert out["pixel_values"].dtype == torch.float32
         assert out["pixel_values"].shape == (int(grid.prod(dim=1).sum()), 3 * 2 * 14 * 14)
@@ -130,7 +130,7 @@ def test_multi_image_groups_in_order(proc):
 def test_text_only_has_no_image_fields(proc):
     for images in (None, []):
         out = proc(_row(images))
-        assert count_image_tokens(out["input_ids"], proc.image_token_id) == 0
+        assert image_token_count(out["input_ids"], proc.image_token_id) == 0
         assert "pixel_values" not in out and "image_grid_thw" not in out  # collation adds empty ones
         assert proc.vision_start_id not in out["input_ids"].tolist()
 
@@ -188,7 +188,7 @@ def test_truncation_keeps_image_tokens_and_warns(processor_dir, caplog):
     long_text = " ".join(["total amount paid by card"] * 60)
     row = _row([_png(280, 280), _png(56, 112)], prompt=long_text, response=long_text, sample_id="rx-42")
     untruncated = full(row)
-    image_tokens = count_image_tokens(untruncated["input_ids"], full.image_token_id)
+    image_tokens = image_token_count(untruncated["input_ids"], full.image_token_id)
     assert image_tokens == 100 + 8
     seq_length = image_tokens + 40
     assert untruncated["input_ids"].shape[0] > seq_length
@@ -196,7 +196,7 @@ def test_truncation_keeps_image_tokens_and_warns(processor_dir, caplog):
     with collected() as tally:
         out = short(row)
     assert out["input_ids"].shape[0] == seq_length
-    assert count_image_tokens(out["input_ids"], short.image_token_id) == image_tokens
+    assert image_token_count(out["input_ids"], short.image_token_id) == image_tokens
     assert torch.equal(out["image_grid_thw"], untruncated["image_grid_thw"])
     assert torch.equal(out["pixel_values"], untruncated["pixel_values"])
     assert out["labels"][-1] == -100  # the text past --seq-length is cut at the end
@@ -232,7 +232,7 @@ def test_images_that_cannot_fit_raise_sample_error(processor_dir):
     # Exactly that fits: the images whole, one reply token trained, the prompt's text given way.
     out = load_processor(processor_dir, needed)(row)
     assert out["input_ids"].shape[0] == needed and int((out["labels"] != -100).sum()) == 1
-    assert count_image_tokens(out["input_ids"], proc.image_token_id) == 400
+    assert image_token_count(out["input_ids"], proc.image_token_id) == 400
     with pytest.raises(SampleError, match="needs 403 tokens"):
         load_processor(processor_dir, needed - 1)(row)
 
@@ -325,9 +325,9 @@ def test_bad_seq_length(processor_dir):
 
 def test_count_image_tokens():
     ids = [1, 5, 5, 2, 5]
-    assert count_image_tokens(ids, 5) == 3
-    assert count_image_tokens(torch.tensor([ids, ids]), 5) == 6
-    assert count_image_tokens(np.array(ids), 9) == 0
+    assert image_token_count(ids, 5) == 3
+    assert image_token_count(torch.tensor([ids, ids]), 5) == 6
+    assert image_token_count(np.array(ids), 9) == 0
 
 
 def test_sample_processor_is_picklable(proc, small_dataset):
