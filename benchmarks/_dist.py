@@ -147,7 +147,7 @@ def machine() -> dict[str, Any]:
     try:
         date = subprocess.run(["date", "-u"], capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        date = datetime.datetime.now(datetime.timezone.utc).strftime("%a %b %d %H:%M:%S UTC %Y")
+        date = datetime.datetime.now(datetime.UTC).strftime("%a %b %d %H:%M:%S UTC %Y")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     root = os.path.dirname(os.path.dirname(DOCS))
     try:
