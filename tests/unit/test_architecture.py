@@ -4,6 +4,7 @@ imports the command line, and the pure modules reach nothing that moves bytes.""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "mimo_pipes"
@@ -69,3 +70,29 @@ def test_pure_packages_import_nothing_that_moves_bytes() -> None:
     assert len(pure) > 30
     for path in pure:
         assert not any(name.startswith("mimo_pipes.exchange") for name in _imports(path)), path.name
+
+
+def _rooms_in_tree() -> set[str]:
+    rooms = {f"mimo_pipes/{path.parent.name}/" for path in PACKAGE.glob("*/__init__.py")}
+    modules = {f"mimo_pipes/{path.name}" for path in PACKAGE.glob("*.py") if path.name != "__init__.py"}
+    return rooms | modules
+
+
+def _rooms_in_section(text: str, heading: str) -> set[str]:
+    section = text.split(heading, 1)[1]
+    section = section.split("\n#", 1)[0]
+    return set(re.findall(r"`(mimo_pipes/(?:\w+/|\w+\.py))`", section))
+
+
+def test_the_layout_sections_list_every_room_of_the_tree() -> None:
+    """README's Layout and design.md's "Where the code lives" name every room and top module, and no other."""
+    tree = _rooms_in_tree()
+    assert len(tree) >= 15
+    readme = (PACKAGE.parent / "README.md").read_text()
+    design = (PACKAGE.parent / "docs" / "design.md").read_text()
+    assert _rooms_in_section(readme, "## Layout\n") == tree
+    assert {name for name in _rooms_in_section(design, "### Where the code lives\n") if name.count("/") == 1 or name.endswith("/")} == tree
+
+
+def test_the_top_level_holds_a_handful_of_modules() -> None:
+    assert len([path for path in PACKAGE.glob("*.py") if path.name != "__init__.py"]) <= 5
