@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from typing import Any, Protocol
 
 import numpy as np
-from torchdata.nodes import BaseNode
 
 from mimo_pipes.checkpoint.resume import ResumePoint
-from mimo_pipes.checkpoint.validity import VALID_FOR_KEY, check_valid_for, on_saved_layout, source_fingerprint, valid_for
+from mimo_pipes.checkpoint.validity import on_saved_layout, source_fingerprint
+from mimo_pipes.nodes.base import GraphNode
 from mimo_pipes.parallel.sharding import epoch_order, microbatches_per_epoch
 from mimo_pipes.parallel.topology import owned_positions
 from mimo_pipes.samples.sample import SAMPLE_ID, SLOT, STEP, Sample
@@ -22,7 +21,7 @@ class MapStyleDataset(Protocol):
     def __getitem__(self, index: int) -> Mapping[str, Any]: ...
 
 
-class CanonicalShardReader(BaseNode[Sample]):
+class CanonicalShardReader(GraphNode[Sample]):
     """Reads only this rank's B/d samples of each global micro-batch (scalable DP).
 
     ``single`` reads the dataset once in order; ``cyclic`` reshuffles each epoch from the seed and never
@@ -35,7 +34,6 @@ class CanonicalShardReader(BaseNode[Sample]):
 
     NEXT_STEP_KEY = "next_step"
     NEXT_POSITION_KEY = "next_position"
-    VALID_FOR_KEY = VALID_FOR_KEY
 
     def __init__(
         self,
@@ -70,7 +68,7 @@ class CanonicalShardReader(BaseNode[Sample]):
         self._fingerprint_of_rows = dataset_fingerprint is None
         if dataset_fingerprint is None:  # rows this rank reads first (its own slots of step 0), never others
             dataset_fingerprint = source_fingerprint(dataset, self._first_rows(self.positions))
-        self.valid_for = valid_for(type(self).__name__, {
+        self.describe({
             "micro-batch size": microbatch_size,
             "dp rank": dp_rank,
             "dp size": dp_size,
@@ -102,10 +100,7 @@ class CanonicalShardReader(BaseNode[Sample]):
         """From the next ``reset(None)`` on, read from global micro-batch ``point.first_step``."""
         self.start_step = point.first_step
 
-    def reset(self, initial_state: dict | None = None) -> None:
-        if initial_state is not None:
-            check_valid_for(initial_state, self.valid_for)
-        super().reset(initial_state)
+    def restore(self, initial_state: dict | None) -> None:
         if initial_state is None:
             self._next_step, self._next_position = self.start_step, 0
         else:
@@ -134,5 +129,5 @@ class CanonicalShardReader(BaseNode[Sample]):
             self._next_step, self._next_position = step + 1, 0
         return row
 
-    def get_state(self) -> dict[str, Any]:
-        return {self.VALID_FOR_KEY: copy.deepcopy(self.valid_for), self.NEXT_STEP_KEY: self._next_step, self.NEXT_POSITION_KEY: self._next_position}
+    def own_state(self) -> dict[str, Any]:
+        return {self.NEXT_STEP_KEY: self._next_step, self.NEXT_POSITION_KEY: self._next_position}

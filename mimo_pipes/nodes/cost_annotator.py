@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from torchdata.nodes import BaseNode
 
-from mimo_pipes.checkpoint.validity import VALID_FOR_KEY, check_valid_for, valid_for
 from mimo_pipes.errors import SampleError
 from mimo_pipes.graph.tail_settings import TailSettings
+from mimo_pipes.nodes.base import GraphNode
 from mimo_pipes.samples.cost import image_token_count, real_token_count
 from mimo_pipes.samples.cost_range import window_budget
 from mimo_pipes.samples.sample import COST, ENCODER_COST, IMAGE_TOKENS, PLACEHOLDER_RUNS, REAL_TOKENS, SAMPLE_ID, Sample
 
 
-class CostAnnotator(BaseNode[Sample]):
+class CostAnnotator(GraphNode[Sample]):
     """Counts vision placeholders in ``input_ids`` and real tokens in ``attention_mask``, and prices the
     sample with ``settings.plan.cost`` (:class:`~mimo_pipes.samples.cost.CostFunction`): integer weights, so every
     process gets the same cost; with a time model the encoder term is the modelled time of the sample's
@@ -28,12 +27,8 @@ class CostAnnotator(BaseNode[Sample]):
     one cost function.
     """
 
-    SOURCE_KEY = "source"
-    VALID_FOR_KEY = VALID_FOR_KEY
-
     def __init__(self, source: BaseNode[Sample], *, settings: TailSettings) -> None:
-        super().__init__()
-        self.source = source
+        super().__init__(source)
         self.cost = settings.plan.cost
         self.image_token_ids = settings.image_token_ids
         self.rows = settings.processing.rows
@@ -43,18 +38,12 @@ class CostAnnotator(BaseNode[Sample]):
         window = settings.plan.window_size
         self.window_samples = settings.micro_batch_size * window
         self.budget = window_budget(self.window_samples, window, settings.plan.planner.floor)
-        self.valid_for = valid_for(type(self).__name__, self.cost_function())
+        self.describe(self.cost_function())
 
     def cost_function(self) -> dict[str, Any]:
         """Everything that decides a sample's cost, as plain values; a state is valid only for the same."""
         ids = self.image_token_ids
         return {"image token id": ids[0] if len(ids) == 1 else list(ids), **self.cost.describe()}
-
-    def reset(self, initial_state: dict | None = None) -> None:
-        if initial_state is not None:
-            check_valid_for(initial_state, self.valid_for)
-        super().reset(initial_state)
-        self.source.reset(None if initial_state is None else initial_state[self.SOURCE_KEY])
 
     def next(self) -> Sample:
         sample = next(self.source)
@@ -83,6 +72,3 @@ class CostAnnotator(BaseNode[Sample]):
                               "before the tail (ModuleProcessor.count)", field=missing)
         image_tokens, real_tokens = int(row[IMAGE_TOKENS]), int(row[REAL_TOKENS])
         return image_tokens, real_tokens, self.cost.encoder_cost_of_runs(row.pop(PLACEHOLDER_RUNS), image_tokens)
-
-    def get_state(self) -> dict[str, Any]:
-        return {self.VALID_FOR_KEY: copy.deepcopy(self.valid_for), self.SOURCE_KEY: self.source.state_dict()}

@@ -8,12 +8,13 @@ from typing import Any
 from torchdata.nodes import BaseNode
 
 from mimo_pipes.checkpoint.resume import ResumePoint
-from mimo_pipes.checkpoint.validity import VALID_FOR_KEY, check_valid_for, collation_settings, valid_for
+from mimo_pipes.checkpoint.validity import collation_settings
 from mimo_pipes.graph.tail_settings import TailSettings
+from mimo_pipes.nodes.base import GraphNode
 from mimo_pipes.samples.sample import Window
 
 
-class MicroBatchAssembler(BaseNode[dict]):
+class MicroBatchAssembler(GraphNode[dict]):
     """Yields one collated micro-batch per step of each window, collated by ``settings.collator``. Windows
     the exchange already collated (on its prefetch thread) pass through.
 
@@ -27,18 +28,15 @@ class MicroBatchAssembler(BaseNode[dict]):
     The state is valid for one collation (pad length and values).
     """
 
-    SOURCE_KEY = "source"
     YIELDED_KEY = "yielded_in_window"
     COMPOSITION_KEY = "window_composition"
-    VALID_FOR_KEY = VALID_FOR_KEY
 
     def __init__(self, source: BaseNode[Window], *, settings: TailSettings) -> None:
-        super().__init__()
-        self.source = source
+        super().__init__(source)
         self.skip_first = settings.resume.skip_first  # micro-batches of the first window already consumed (resume by count)
         self.start_composition: list[list[int]] | None = None  # the first window's, when started inside it (start_at)
         self.collator = settings.collator
-        self.valid_for = valid_for(type(self).__name__, collation_settings(self.collator))
+        self.describe(collation_settings(self.collator))
 
     def start_at(self, point: ResumePoint, saved_state: Any = None) -> None:
         """From the next ``reset(None)`` on, start inside the window at ``point.first_step``: skip its first
@@ -46,19 +44,15 @@ class MicroBatchAssembler(BaseNode[dict]):
         self.skip_first = point.skip_first
         self.start_composition = point.composition
 
-    def reset(self, initial_state: dict | None = None) -> None:
-        if initial_state is not None:
-            check_valid_for(initial_state, self.valid_for)
-        super().reset(initial_state)
+    def restore(self, initial_state: dict | None) -> None:
         self._window: Window | None = None
         if initial_state is None:
-            self.source.reset(None)
             self._window_start_state: dict[str, Any] | None = None
             self._yielded = self.skip_first
             self._pending_composition = self.start_composition if self.skip_first else None
         else:
+            # The source was reset to the start of the window the state was taken in: it is re-read.
             self._window_start_state = copy.deepcopy(initial_state[self.SOURCE_KEY])
-            self.source.reset(copy.deepcopy(self._window_start_state))
             self._yielded = int(initial_state[self.YIELDED_KEY])
             self._pending_composition = copy.deepcopy(initial_state.get(self.COMPOSITION_KEY))
 
@@ -74,6 +68,7 @@ class MicroBatchAssembler(BaseNode[dict]):
         return microbatch if self._window.collated else self.collator.microbatch(microbatch, step)
 
     def get_state(self) -> dict[str, Any]:
+        # The source's state from before the current window, not its live one (see the class docstring).
         window_done = self._window is not None and self._yielded == len(self._window.microbatches)
         if window_done:
             # At a window boundary the source's current state starts the next window: no re-read on restore.

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from torchdata.nodes import BaseNode
 
 from mimo_pipes.graph.tail_settings import TailSettings
+from mimo_pipes.nodes.base import GraphNode
 from mimo_pipes.samples.thd import check_pad_multiple, pack_microbatch, packing_metrics
 
 
-class SequencePacker(BaseNode[dict]):
+class SequencePacker(GraphNode[dict]):
     """Yields the THD form of each micro-batch of its source (:func:`mimo_pipes.samples.thd.pack_microbatch`).
 
     Every sequence is padded to a multiple of ``settings.pack_pad_multiple`` with the collator's pad values.
@@ -18,26 +17,18 @@ class SequencePacker(BaseNode[dict]):
     micro-batch yielded last (padding fraction before and after packing, tokens per packed row).
     """
 
-    SOURCE_KEY = "source"
-
     def __init__(self, source: BaseNode[dict], *, settings: TailSettings) -> None:
-        super().__init__()
+        super().__init__(source)
         check_pad_multiple(settings.pack_pad_multiple)
-        self.source = source
         self.pad_multiple = settings.pack_pad_multiple
         self.pad_values = dict(settings.collator.pad_values)
         self.last_metrics: dict[str, float | int] | None = None
 
-    def reset(self, initial_state: dict | None = None) -> None:
-        super().reset(initial_state)
+    def restore(self, initial_state: dict | None) -> None:
         self.last_metrics = None
-        self.source.reset(None if initial_state is None else initial_state[self.SOURCE_KEY])
 
     def next(self) -> dict:
         batch = next(self.source)
         packed = pack_microbatch(batch, pad_multiple=self.pad_multiple, pad_values=self.pad_values)
         self.last_metrics = packing_metrics(batch, packed).as_dict()
         return packed
-
-    def get_state(self) -> dict[str, Any]:
-        return {self.SOURCE_KEY: self.source.state_dict()}

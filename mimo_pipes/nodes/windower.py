@@ -2,41 +2,28 @@
 
 from __future__ import annotations
 
-import copy
-from typing import Any
-
 from torchdata.nodes import BaseNode
 
-from mimo_pipes.checkpoint.validity import VALID_FOR_KEY, check_valid_for, valid_for
 from mimo_pipes.graph.tail_settings import TailSettings
+from mimo_pipes.nodes.base import GraphNode
 from mimo_pipes.samples.sample import STEP, Sample, Window
 
 
-class Windower(BaseNode[Window]):
+class Windower(GraphNode[Window]):
     """Emits windows covering steps [k*W, (k+1)*W); a window is cut short only where the source ends.
 
     W and B/d come from ``settings``. Windows are aligned to multiples of W of the global step, so every
     rank and every module cuts the stream at the same places. The state is valid for one B/d and W.
     """
 
-    SOURCE_KEY = "source"
-    VALID_FOR_KEY = VALID_FOR_KEY
-
     def __init__(self, source: BaseNode[Sample], *, settings: TailSettings) -> None:
-        super().__init__()
+        super().__init__(source)
         samples_per_microbatch, window_size = settings.samples_per_rank, settings.plan.window_size
         if samples_per_microbatch < 1 or window_size < 1:
             raise ValueError("samples_per_microbatch and window_size must be >= 1")
-        self.source = source
         self.samples_per_microbatch = samples_per_microbatch
         self.window_size = window_size
-        self.valid_for = valid_for(type(self).__name__, {"micro-batch size per rank": samples_per_microbatch, "window size": window_size})
-
-    def reset(self, initial_state: dict | None = None) -> None:
-        if initial_state is not None:
-            check_valid_for(initial_state, self.valid_for)
-        super().reset(initial_state)
-        self.source.reset(None if initial_state is None else initial_state[self.SOURCE_KEY])
+        self.describe({"micro-batch size per rank": samples_per_microbatch, "window size": window_size})
 
     def _next_microbatch(self) -> list[Sample]:
         first = next(self.source)
@@ -60,6 +47,3 @@ class Windower(BaseNode[Window]):
             except StopIteration:
                 break
         return Window(first_step=first_step, microbatches=microbatches)
-
-    def get_state(self) -> dict[str, Any]:
-        return {self.VALID_FOR_KEY: copy.deepcopy(self.valid_for), self.SOURCE_KEY: self.source.state_dict()}
