@@ -204,14 +204,14 @@ def training_run(env: dict, opts: dict, loader: Any, window: int, *, observe: bo
         "exchange_on_main_thread": sum(1 for r in records if r.on_training_thread),
         "sent_bytes": [r.bytes_sent for r in records],
         "received_bytes": [r.bytes_received for r in records],
-        "window_bytes": [sum(row[k] for row in r.packed_bytes for k in own_positions(r)) for r in records],
+        "window_bytes": [sum(row[k] for row in r.encoded_bytes for k in own_positions(r)) for r in records],
         "rss_before": rss_before,
     }
 
 
 def own_positions(record: Any) -> range:
     """Canonical positions this rank held before the exchange."""
-    per_rank = record.microbatch_size // record.dp_size
+    per_rank = record.micro_batch_size // record.dp_size
     return range(record.dp_rank * per_rank, (record.dp_rank + 1) * per_rank)
 
 

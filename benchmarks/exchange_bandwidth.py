@@ -31,7 +31,7 @@ def make_windows(env: dict, opts: dict, window: int, count: int) -> list:
     position, topology = env["groups"].position, env["topology"]
     config = common.pipeline_config(env["components"], opts, True, False, window)
     encoder_weight, language_weight = config.reorder.integer_cost_weights()
-    node = CanonicalShardReader(env["dataset"], microbatch_size=opts["micro_batch_size"], dp_rank=position.dp_rank,
+    node = CanonicalShardReader(env["dataset"], micro_batch_size=opts["micro_batch_size"], dp_rank=position.dp_rank,
                                 dp_size=position.dp_size, grid_size=topology.grid_size,
                                 seed=opts["seed"] + 1,  # other windows than the training runs'
                                 dataloader_type="cyclic")
@@ -54,8 +54,8 @@ def splits_of(record: Any) -> tuple[list[int], list[int]] | None:
 
     if not record.bytes_sent and not record.bytes_received:
         return None
-    plan = plan_exchange(record.assignment, record.dp_rank, record.dp_size, record.grid_size, record.microbatch_size)
-    sizes = [size for row in record.packed_bytes for size in row]
+    plan = plan_exchange(record.assignment, record.dp_rank, record.dp_size, record.grid_size, record.micro_batch_size)
+    sizes = [size for row in record.encoded_bytes for size in row]
     if not plan.any_moves:
         return None
     return plan.send_split_bytes(sizes), plan.recv_split_bytes(sizes)
@@ -106,7 +106,7 @@ def bandwidth(env: dict, opts: dict, window: int) -> dict:
                     record = exchange(w)
                     exchange_s.append(time.perf_counter() - start)
                     sent.append(record.bytes_sent)
-                    window_bytes.append(sum(row[k] for row in record.packed_bytes for k in common.own_positions(record)))
+                    window_bytes.append(sum(row[k] for row in record.encoded_bytes for k in common.own_positions(record)))
                     for phase, seconds in record.seconds.items():
                         profile[phase] = profile.get(phase, 0.0) + seconds
                 elif buffers[index] is None:

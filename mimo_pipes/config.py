@@ -273,7 +273,7 @@ class PipelineConfig:
         window = window_microbatches or (reorder.reorder_window_size if reorder.intra_microbatch_reorder else 1)
         check_cost_range(
             (*reorder.integer_cost_weights(), reorder.integer_language_square_weight()), model,
-            max_tokens=self.seq_length, microbatch_size=self.micro_batch_size, window_microbatches=window,
+            max_tokens=self.seq_length, micro_batch_size=self.micro_batch_size, window_microbatches=window,
             floor=planner_settings(topology, reorder, model).floor,
         )
 

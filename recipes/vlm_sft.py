@@ -63,7 +63,7 @@ def pipeline(
     # This rank's B/d samples of every global micro-batch, from the window that holds the next one.
     node: BaseNode[Any] = CanonicalShardReader(
         dataset,
-        microbatch_size=config.micro_batch_size,
+        micro_batch_size=config.micro_batch_size,
         dp_rank=layout.dp_rank,
         dp_size=layout.dp_size,
         grid_size=layout.grid_size,
@@ -155,7 +155,7 @@ def build(
         rows = ModuleProcessor(processor, module_fields(layout.module), image_paths=config.exchange_image_paths)
         map_fn = rows.count
     if config.skip_bad_samples:
-        map_fn = SkipBadRows(map_fn, dataset, microbatch_size=config.micro_batch_size, seed=config.seed,
+        map_fn = SkipBadRows(map_fn, dataset, micro_batch_size=config.micro_batch_size, seed=config.seed,
                              dataloader_type=config.dataloader_type)
     return pipeline(
         dataset,

@@ -10,7 +10,11 @@ python3 -m venv "$work/venv"
 py="$work/venv/bin/python"
 quiet() { "$@" >"$work/log" 2>&1 || { cat "$work/log" >&2; echo "wheel check failed: $*" >&2; exit 1; }; }
 quiet "$py" -m pip install -q --upgrade pip
-quiet "$py" -m pip wheel -q --no-deps -w "$work/dist" "$root"
+# From a copy of the files git would commit (tracked and untracked-not-ignored): a stale build/ or an ignored
+# file of this checkout never reaches the wheel.
+mkdir "$work/src"
+git -C "$root" ls-files -z --cached --others --exclude-standard | (cd "$root" && xargs -0 tar -cf - --ignore-failed-read 2>/dev/null) | tar -xf - -C "$work/src"
+quiet "$py" -m pip wheel -q --no-deps -w "$work/dist" "$work/src"
 quiet "$py" -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
 quiet "$py" -m pip install -q "$work"/dist/mimo_pipes-*.whl
 cd "$work"

@@ -20,7 +20,7 @@ from mimo_pipes.errors import PeerError, PositionMismatchError
 from mimo_pipes.exchange.buffers import ExchangeBuffers, new_buffer
 from mimo_pipes.exchange.context import ExchangeContext
 from mimo_pipes.exchange.plan import ExchangePlan, permute_local, plan_exchange
-from mimo_pipes.exchange.wire_format import SampleLayout, layout_sample, unpack_samples
+from mimo_pipes.exchange.wire_format import SampleEncoding, decode_samples, sample_encoding
 from mimo_pipes.observe.observer import ExchangeRecord
 from mimo_pipes.samples.sample import COST, ENCODER_COST, IMAGE_TOKENS, REAL_TOKENS, Sample, Window
 
@@ -32,7 +32,7 @@ POSITION_AT = 4
 # Gathered per sample, at these offsets: the planners' costs (cost; encoder cost and real tokens for two
 # levels), packed bytes (plans the all_to_all), image tokens (metrics only: carried in the same row so that
 # metrics cost no collective of their own).
-COST_AT, ENCODER_COST_AT, REAL_TOKENS_AT, PACKED_BYTES_AT, IMAGE_TOKENS_AT = range(5)
+COST_AT, ENCODER_COST_AT, REAL_TOKENS_AT, ENCODED_BYTES_AT, IMAGE_TOKENS_AT = range(5)
 PER_SAMPLE = 5
 
 
@@ -132,16 +132,16 @@ def agree_after_exchange(ctx: ExchangeContext, sequence: int, error: BaseExcepti
         raise error
 
 
-def local_costs_and_layouts(window: Window, need_layouts: bool) -> tuple[list[int], list[SampleLayout | None]]:
+def local_costs_and_encodings(window: Window, need_layouts: bool) -> tuple[list[int], list[SampleEncoding | None]]:
     """Interleaved per local sample (cost, encoder cost, real tokens, packed bytes, image tokens), and the
     layouts (measured once, reused to pack).
 
-    Laying out validates packability, so a bad sample fails here, before any collective."""
+    Laying out validates that every sample can be encoded, so a bad sample fails here, before any collective."""
     values: list[int] = []
-    layouts: list[SampleLayout | None] = []
+    layouts: list[SampleEncoding | None] = []
     for microbatch in window.microbatches:
         for sample in microbatch:
-            layout = layout_sample(sample) if need_layouts else None
+            layout = sample_encoding(sample) if need_layouts else None
             layouts.append(layout)
             values.extend((int(sample[COST]), int(sample.get(ENCODER_COST, 0)), int(sample.get(REAL_TOKENS, 0))))
             values.append(layout.size if layout is not None else 0)
@@ -179,32 +179,32 @@ def exchange_window(
             raise ValueError(f"window at step {window.first_step}: every micro-batch must hold {ctx.samples_per_rank} samples")
         if validate is not None:
             validate([sample for microbatch in window.microbatches for sample in microbatch])
-        costs_sizes, layouts = local_costs_and_layouts(window, need_layouts=ctx.dp_size > 1)
+        costs_sizes, layouts = local_costs_and_encodings(window, need_layouts=ctx.dp_size > 1)
     except Exception as error:  # noqa: BLE001 - forwarded to every rank, then re-raised here
         announce_failure(ctx, sequence, error)
-    clock.lap("layout")
+    clock.lap("encoding")
     count = len(window.microbatches)
     local_samples = [sample for microbatch in window.microbatches for sample in microbatch]
     if ctx.dp_size == 1:
         # Nothing to exchange: a local permutation into canonical order, no collective.
-        local = torch.tensor(costs_sizes, dtype=torch.int64).reshape(count, ctx.microbatch_size, PER_SAMPLE)
+        local = torch.tensor(costs_sizes, dtype=torch.int64).reshape(count, ctx.micro_batch_size, PER_SAMPLE)
         plan, chosen = _plan(ctx, local, record, composition)
         clock.lap("plan")
         result = Window(window.first_step, permute_local(local_samples, plan), composition=chosen)
-        clock.lap("unpack")
+        clock.lap("decode")
         return result
     gathered = _agree(ctx, STATUS_OK, sequence, window, None, costs_sizes, position=position)
     clock.lap("gather")
     # gathered[r] holds rank r's samples, micro-batch by micro-batch: reorder into canonical flat indices.
     width = PER_SAMPLE * count * ctx.samples_per_rank
     values = gathered[:, HEADER : HEADER + width].reshape(ctx.dp_size, count, ctx.samples_per_rank, PER_SAMPLE)
-    canonical = values.permute(1, 0, 2, 3).reshape(count, ctx.microbatch_size, PER_SAMPLE)
+    canonical = values.permute(1, 0, 2, 3).reshape(count, ctx.micro_batch_size, PER_SAMPLE)
     plan, chosen = _plan(ctx, canonical, record, composition)
     clock.lap("plan")
-    sizes = canonical[:, :, PACKED_BYTES_AT].reshape(-1).tolist()
+    sizes = canonical[:, :, ENCODED_BYTES_AT].reshape(-1).tolist()
     by_flat = _move(ctx, plan, local_samples, layouts, sizes, buffers, clock, copy)
     result = Window(window.first_step, permute_local(by_flat, plan), composition=chosen)
-    clock.lap("unpack")
+    clock.lap("decode")
     return result
 
 
@@ -244,9 +244,9 @@ def _plan(
             assignment = balance_composition(costs, composition, ctx.grid_size, floor=ctx.floor)
     if record is not None:
         record.costs, record.assignment = costs, assignment
-        record.packed_bytes = values[:, :, PACKED_BYTES_AT].tolist()  # zeros at DP 1: nothing is packed
+        record.encoded_bytes = values[:, :, ENCODED_BYTES_AT].tolist()  # zeros at DP 1: nothing is encoded
         record.image_tokens = values[:, :, IMAGE_TOKENS_AT].tolist()
-    plan = plan_exchange(assignment, ctx.dp_rank, ctx.dp_size, ctx.grid_size, ctx.microbatch_size)
+    plan = plan_exchange(assignment, ctx.dp_rank, ctx.dp_size, ctx.grid_size, ctx.micro_batch_size)
     return plan, _composition(assignment) if across or composition is not None else None
 
 
@@ -257,14 +257,14 @@ def _composition(assignment: list[list[list[int]]]) -> list[list[int]]:
 
 def _flat_index(ctx: ExchangeContext, local_position: int) -> int:
     microbatch, within = divmod(local_position, ctx.samples_per_rank)
-    return microbatch * ctx.microbatch_size + ctx.dp_rank * ctx.samples_per_rank + within
+    return microbatch * ctx.micro_batch_size + ctx.dp_rank * ctx.samples_per_rank + within
 
 
 def _move(
     ctx: ExchangeContext,
     plan: ExchangePlan,
     local_samples: list[Sample],
-    layouts: list[SampleLayout | None],
+    layouts: list[SampleEncoding | None],
     sizes: list[int],
     buffers: ExchangeBuffers | None,
     clock: _Clock,
@@ -275,7 +275,7 @@ def _move(
     by_flat = dict(zip(flat, local_samples))
     if not plan.any_moves:  # identical on every rank: all of them skip the collective together
         return by_flat
-    layout_by_flat = dict(zip(flat, layouts))
+    encoding_by_flat = dict(zip(flat, layouts))
     allocate = buffers.get if buffers is not None else new_buffer
     staged = ctx.device is not None  # NCCL: host bytes go through the GPU
     send_splits, recv_splits = plan.send_split_bytes(sizes), plan.recv_split_bytes(sizes)
@@ -286,10 +286,10 @@ def _move(
     send_buffer = allocate("send", sum(send_splits), pinned=staged)
     offset = 0
     for index in plan.send_order():
-        offset = layout_by_flat[index].write_into(send_buffer, offset)
+        offset = encoding_by_flat[index].write_into(send_buffer, offset)
     recv_buffer = allocate("recv", sum(recv_splits), pinned=staged)
     if not staged:
-        clock.lap("pack")
+        clock.lap("encode")
         with _collective("all_to_all of packed samples"):
             dist.all_to_all_single(recv_buffer, send_buffer, recv_splits, send_splits, group=ctx.group)
         clock.lap("all_to_all")
@@ -297,13 +297,13 @@ def _move(
         send_device = allocate("send", send_buffer.numel(), ctx.device)
         send_device.copy_(send_buffer, non_blocking=send_buffer.is_pinned())  # the collective waits for it
         recv_device = allocate("recv", recv_buffer.numel(), ctx.device)
-        clock.lap("pack")
+        clock.lap("encode")
         with _collective("all_to_all of packed samples"):
             dist.all_to_all_single(recv_device, send_device, recv_splits, send_splits, group=ctx.group)
         clock.lap("all_to_all")
         recv_buffer.copy_(recv_device)
     # Received tensors are views of recv_buffer (no copy) unless ``copy``; the buffer lives as long as its samples.
-    incoming = unpack_samples(recv_buffer, sizes=plan.recv_sizes(sizes), copy=copy)
+    incoming = decode_samples(recv_buffer, sizes=plan.recv_sizes(sizes), copy=copy)
     kept = {index: by_flat[index] for index in plan.keep_indices}
     kept.update(zip(plan.recv_order(), incoming))
     return kept

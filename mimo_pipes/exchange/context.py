@@ -56,5 +56,5 @@ class ExchangeContext:
         )
 
     @property
-    def microbatch_size(self) -> int:
+    def micro_batch_size(self) -> int:
         return self.samples_per_rank * self.dp_size

@@ -159,7 +159,7 @@ def resolve_tail(
     check_pack_pad_multiple(pack_pad_multiple)
     plan = resolve_plan(reorder, topology, time_model)
     if pad_length is not None:  # every sample fits --seq-length: its cost is bounded before anything runs
-        check_cost_range(plan.cost.weights, plan.time_model, max_tokens=pad_length, microbatch_size=micro_batch_size,
+        check_cost_range(plan.cost.weights, plan.time_model, max_tokens=pad_length, micro_batch_size=micro_batch_size,
                          window_microbatches=plan.window_size, floor=plan.planner.floor)
     ids = (image_token_ids,) if isinstance(image_token_ids, int) else tuple(int(i) for i in image_token_ids)
     if not ids:

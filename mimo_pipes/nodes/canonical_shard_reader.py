@@ -39,7 +39,7 @@ class CanonicalShardReader(GraphNode[Sample]):
         self,
         dataset: MapStyleDataset,
         *,
-        microbatch_size: int,
+        micro_batch_size: int,
         dp_rank: int,
         dp_size: int,
         grid_size: int,
@@ -52,24 +52,24 @@ class CanonicalShardReader(GraphNode[Sample]):
         if dataloader_type not in ("single", "cyclic"):
             raise ValueError(f"dataloader_type must be single or cyclic, got {dataloader_type!r}")
         self.dataset = dataset
-        self.microbatch_size = microbatch_size
+        self.micro_batch_size = micro_batch_size
         self.dp_rank = dp_rank
         self.grid_size = grid_size
         self.seed = seed
         self.cyclic = dataloader_type == "cyclic"
         self.start_step = start_step
-        self.positions = owned_positions(dp_rank, dp_size, microbatch_size)
-        self.samples_per_slot = microbatch_size // grid_size
-        self.per_epoch = microbatches_per_epoch(len(dataset), microbatch_size)
+        self.positions = owned_positions(dp_rank, dp_size, micro_batch_size)
+        self.samples_per_slot = micro_batch_size // grid_size
+        self.per_epoch = microbatches_per_epoch(len(dataset), micro_batch_size)
         if self.per_epoch == 0:
-            raise ValueError(f"dataset has {len(dataset)} samples, fewer than one micro-batch of {microbatch_size}")
+            raise ValueError(f"dataset has {len(dataset)} samples, fewer than one micro-batch of {micro_batch_size}")
         self._order_epoch = -1
         self._order = np.empty(0, dtype=np.int64)
         self._fingerprint_of_rows = dataset_fingerprint is None
         if dataset_fingerprint is None:  # rows this rank reads first (its own slots of step 0), never others
             dataset_fingerprint = source_fingerprint(dataset, self._first_rows(self.positions))
         self.describe({
-            "micro-batch size": microbatch_size,
+            "micro-batch size": micro_batch_size,
             "dp rank": dp_rank,
             "dp size": dp_size,
             "canonical grid size": grid_size,
@@ -91,8 +91,8 @@ class CanonicalShardReader(GraphNode[Sample]):
         dp_rank, dp_size = saved.get("dp rank"), saved.get("dp size")
         if self._fingerprint_of_rows and isinstance(dp_rank, int) and isinstance(dp_size, int) and 0 <= dp_rank < dp_size:
             own = str(self.valid_for["dataset fingerprint"])
-            if own.startswith("rows:") and self.microbatch_size % dp_size == 0:
-                rows = self._first_rows(owned_positions(dp_rank, dp_size, self.microbatch_size))
+            if own.startswith("rows:") and self.micro_batch_size % dp_size == 0:
+                rows = self._first_rows(owned_positions(dp_rank, dp_size, self.micro_batch_size))
                 adjusted["dataset fingerprint"] = source_fingerprint(self.dataset, rows)
         return adjusted
 
@@ -112,7 +112,7 @@ class CanonicalShardReader(GraphNode[Sample]):
         if epoch != self._order_epoch:
             self._order = epoch_order(len(self.dataset), epoch, self.seed, shuffle=self.cyclic)
             self._order_epoch = epoch
-        return int(self._order[within * self.microbatch_size + position])
+        return int(self._order[within * self.micro_batch_size + position])
 
     def next(self) -> Sample:
         step = self._next_step

@@ -82,7 +82,7 @@ def load_figures(loads: Sequence[Sequence[int]]) -> dict[str, Any]:
 
 def moves(record: ExchangeRecord) -> tuple[int, int]:
     """(samples that change DP rank, their packed bytes) in the whole module."""
-    size = record.microbatch_size
+    size = record.micro_batch_size
     if record.dp_size == 1 or not size:
         return 0, 0
     per_rank, slots_per_rank = size // record.dp_size, record.grid_size // record.dp_size
@@ -92,7 +92,7 @@ def moves(record: ExchangeRecord) -> tuple[int, int]:
             for i in members:
                 if (i % size) // per_rank != g // slots_per_rank:
                     samples += 1
-                    nbytes += record.packed_bytes[i // size][i % size]
+                    nbytes += record.encoded_bytes[i // size][i % size]
     return samples, nbytes
 
 

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 # Phases of one window's exchange, in the order they run on the exchanging thread:
-# layout: per-sample cost and packed size (validates packability); gather: the all-gather of (status,
-# window shape, per-sample cost, packed size, image tokens); plan: balancing and the exchange plan;
-# pack: the send buffer (and its copy to the GPU under NCCL); all_to_all: the ragged collective;
-# unpack: received samples back into canonical order; collate: padding into micro-batches.
-PHASES = ("layout", "gather", "plan", "pack", "all_to_all", "unpack", "collate")
+# encoding: per-sample cost and encoded size (validates that every sample can be encoded); gather: the
+# all-gather of (status, window shape, per-sample cost, encoded size, image tokens); plan: balancing and the
+# exchange plan; encode: the send buffer (and its copy to the GPU under NCCL); all_to_all: the ragged
+# collective; decode: received samples back into canonical order; collate: padding into micro-batches.
+PHASES = ("encoding", "gather", "plan", "encode", "all_to_all", "decode", "collate")
 
 
 @dataclass
@@ -36,7 +36,7 @@ class ExchangeRecord:
     across_microbatches: bool
     costs: list[list[int]] = field(default_factory=list)  # [m][j] the balanced cost
     image_tokens: list[list[int]] = field(default_factory=list)  # [m][j] (0 for a sample without the count)
-    packed_bytes: list[list[int]] = field(default_factory=list)  # [m][j] wire size (0 with DP 1: nothing packed)
+    encoded_bytes: list[list[int]] = field(default_factory=list)  # [m][j] wire size (0 with DP 1: nothing encoded)
     assignment: list[list[list[int]]] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)  # per PHASES entry that ran, on the exchanging thread
     started_at: float = 0.0  # time.perf_counter() when the exchange began, on the exchanging thread
@@ -51,7 +51,7 @@ class ExchangeRecord:
     metrics: dict[str, Any] | None = None  # the node's metrics for this window, when it collects them
 
     @property
-    def microbatch_size(self) -> int:
+    def micro_batch_size(self) -> int:
         return len(self.costs[0]) if self.costs else 0
 
 

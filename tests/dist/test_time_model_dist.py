@@ -43,14 +43,14 @@ def test_modules_agree_on_costs_and_assignment_and_both_spreads_drop(pool, tmp_p
     path = str(save_time_model(MODEL, tmp_path / "model.json"))
     dataset = SyntheticProcessedDataset(4096, seed=SEED)
     runs = {
-        "off": pool.run(run_cost_model_graph, COMPONENTS, steps=STEPS, microbatch_size=BATCH, seed=SEED, reorder=False),
-        "model": pool.run(run_cost_model_graph, COMPONENTS, steps=STEPS, microbatch_size=BATCH, seed=SEED, time_model=path),
+        "off": pool.run(run_cost_model_graph, COMPONENTS, steps=STEPS, micro_batch_size=BATCH, seed=SEED, reorder=False),
+        "model": pool.run(run_cost_model_graph, COMPONENTS, steps=STEPS, micro_batch_size=BATCH, seed=SEED, time_model=path),
         "two-level": pool.run(
-            run_cost_model_graph, COMPONENTS, steps=STEPS, microbatch_size=BATCH, seed=SEED, time_model=path, two_level=True
+            run_cost_model_graph, COMPONENTS, steps=STEPS, micro_batch_size=BATCH, seed=SEED, time_model=path, two_level=True
         ),
     }
     for name, results in runs.items():
-        check_invariants(results, microbatch_size=BATCH, seed=SEED)  # conservation; both modules, same order
+        check_invariants(results, micro_batch_size=BATCH, seed=SEED)  # conservation; both modules, same order
         check_fanout(results, "images")  # encoder replica i feeds language replicas 2i, 2i+1
         costs: dict[str, dict[int, int]] = defaultdict(dict)
         for result in filter(None, results):

@@ -51,7 +51,7 @@ def test_replay_reads_the_canonical_rows_and_conserves_each_window(schedule, win
     result = replay(schedule, Planner(costs), start=start, stop=stop, reorder=True, window_size=window, across_microbatches=across)
     assert result.steps.tolist() == list(range(start, schedule.end(stop)))
     for row, step in zip(result.before, result.steps.tolist()):
-        assert row.tolist() == global_microbatch_indices(step, schedule.dataset_size, schedule.microbatch_size, schedule.seed, schedule.cyclic).tolist()
+        assert row.tolist() == global_microbatch_indices(step, schedule.dataset_size, schedule.micro_batch_size, schedule.seed, schedule.cyclic).tolist()
     for first, last in schedule.windows(start, stop, window):
         inside = (result.steps >= first) & (result.steps < last)
         if across and inside.sum() < last - first:

@@ -70,7 +70,7 @@ def cases(draw):
 def test_the_global_stream_after_the_resume_point_does_not_depend_on_the_layout(case):
     batch, saved, resumed, window, across, consumed, size, bad, costs = case
     dataset = [{"row": i} for i in range(size)]
-    skip = SkipBadRows(FailOn(bad), dataset, microbatch_size=batch, seed=SEED, dataloader_type="cyclic", max_tries=size * 8)
+    skip = SkipBadRows(FailOn(bad), dataset, micro_batch_size=batch, seed=SEED, dataloader_type="cyclic", max_tries=size * 8)
     old_grid, new_grid = canonical_slot_count(saved), canonical_slot_count(resumed)
     point = resume_point(consumed, window)
     assert point.first_step == consumed - consumed % window and point.skip_first == consumed % window

@@ -18,7 +18,7 @@ from mimo_pipes.data.module_processor import ModuleProcessor, _expanded, _token_
 from mimo_pipes.data.offline import FAMILIES, build_family_processor
 from mimo_pipes.data.processor import load_processor
 from mimo_pipes.errors import SampleError
-from mimo_pipes.exchange.wire_format import pack_samples, unpack_samples
+from mimo_pipes.exchange.wire_format import decode_samples, encode_samples
 from mimo_pipes.samples.cost import image_token_count, placeholder_runs
 from mimo_pipes.samples.module_fields import LAYOUT_FIELDS, PIXEL_FIELDS, TOKEN_FIELDS, module_fields
 from mimo_pipes.samples.sample import IMAGE_TOKENS, PLACEHOLDER_RUNS, REAL_TOKENS, TOKEN_LAYOUT
@@ -123,7 +123,7 @@ def test_the_language_side_decodes_no_pixel(family, monkeypatch):
 def test_counted_rows_cross_the_wire_format_with_their_images_encoded(family):
     _, processor, data = family
     counted = [ModuleProcessor(processor).count(row) for row in data]
-    back = unpack_samples(pack_samples(counted), len(counted), copy=True)
+    back = decode_samples(encode_samples(counted), len(counted), copy=True)
     language = ModuleProcessor(processor, module_fields("language"))
     for row, moved in zip(counted, back):
         images = moved.get("images") or ([moved["image"]] if "image" in moved else [])

@@ -22,7 +22,7 @@ COLLATOR = Collator(1600)
 def windows(window_size=WINDOW) -> BaseNode:
     """Costed windows of 7 micro-batches of 4 (DP 1 of a canonical grid of 2)."""
     dataset = SyntheticProcessedDataset(7 * BATCH, seed=11, text_tokens=2, patch_dim=1)
-    reader = CanonicalShardReader(dataset, microbatch_size=BATCH, dp_rank=0, dp_size=1, grid_size=GRID, dataloader_type="single")
+    reader = CanonicalShardReader(dataset, micro_batch_size=BATCH, dp_rank=0, dp_size=1, grid_size=GRID, dataloader_type="single")
     settings = tail_settings(samples_per_rank=BATCH, window_size=window_size, image_token_id=IMAGE_TOKEN_ID)
     return Windower(CostAnnotator(reader, settings=settings), settings=settings)
 

@@ -36,7 +36,7 @@ def window(first_step: int, assignment: list[list[list[int]]], packed: list[list
     """A window of DP 2, grid 2, micro-batch 4 (positions 0, 1 read by rank 0; 2, 3 by rank 1)."""
     record = ExchangeRecord(sequence=first_step, first_step=first_step, dp_rank=0, dp_size=2, grid_size=2, across_microbatches=False)
     record.costs = [[1, 1, 1, 1] for _ in assignment]
-    record.packed_bytes = packed
+    record.encoded_bytes = packed
     record.assignment = assignment
     return record
 
