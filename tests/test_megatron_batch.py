@@ -171,8 +171,14 @@ def test_images_and_videos_reach_the_encoder_in_token_order():
     positions = reference("qwen2-vl", input_ids, image_grid_thw=batch["image_grid_thw"], video_grid_thw=batch["video_grid_thw"], attention_mask=mask)
     assert torch.equal(kwargs["position_ids"], positions)
     without_ids = {k: v for k, v in batch.items() if k != "input_ids"}
-    with pytest.raises(ValueError, match="needs input_ids to order them"):
+    with pytest.raises(ValueError, match="needs input_ids to order them.*video_modality="):
         mimo_batch(without_ids, video_token_id=VIDEO)
+    apart = mimo_batch(without_ids, video_token_id=VIDEO, video_modality="videos")["modality_inputs"]  # no order needed
+    assert set(apart) == {"images", "videos"}
+    assert apart["images"]["qwen_visual"]["hidden_states"] is pixels and apart["videos"]["qwen_visual"]["hidden_states"] is videos
+    assert apart["videos"]["qwen_visual"]["grid_thw"].tolist() == video_grids
+    only_videos = {k: v for k, v in batch.items() if k not in ("pixel_values", "image_grid_thw")}
+    assert set(mimo_batch(only_videos, video_token_id=VIDEO, video_modality="videos", mrope=False)["modality_inputs"]) == {"videos"}
 
 
 def test_a_mismatch_names_the_microbatch(batch):

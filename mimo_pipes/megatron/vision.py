@@ -35,7 +35,8 @@ def merged_vision(
     if len(present) == 1:
         return present[0]
     if input_ids is None:
-        raise ValueError("a micro-batch with both images and videos needs input_ids to order them for the encoder")
+        raise ValueError("a micro-batch with both images and videos needs input_ids to order them for one encoder "
+                         "(an encoder module's micro-batches have none: give videos their own modality, video_modality=)")
     assert images is not None and videos is not None
     kinds = token_kinds(input_ids, image_token_id, video_token_id)
     if token_mask is not None:
