@@ -181,6 +181,13 @@ def test_images_and_videos_reach_the_encoder_in_token_order():
     assert set(mimo_batch(only_videos, video_token_id=VIDEO, video_modality="videos", mrope=False)["modality_inputs"]) == {"videos"}
 
 
+def test_tiles_without_a_grid_say_what_to_do(batch):
+    tiles = {"input_ids": batch["input_ids"], "pixel_values": torch.zeros(3, 3, 8, 8), "image_num_tiles": torch.tensor([2, 0, 1]), "step": 4}
+    with pytest.raises(ValueError, match="micro-batch 4: pixel_values without image_grid_thw.*encodes=False, mrope=False"):
+        mimo_batch(tiles, mrope=False)
+    assert mimo_batch(tiles, mrope=False, encodes=False)["modality_inputs"] is None
+
+
 def test_a_mismatch_names_the_microbatch(batch):
     broken = dict(batch, image_grid_thw=batch["image_grid_thw"][:-1], step=7)
     with pytest.raises(ValueError, match="micro-batch 7: .*image"):

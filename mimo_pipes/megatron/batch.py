@@ -122,5 +122,6 @@ def _pair(batch: Mapping[str, Any], pixels: str, grid: str) -> tuple[torch.Tenso
     if batch.get(pixels) is None:
         return None
     if batch.get(grid) is None:
-        raise ValueError(f"{pixels} without {grid}: the encoder needs each item's grid")
+        raise ValueError(f"{pixels} without {grid}: a Qwen2-VL-style encoder needs each item's grid (tiled images, "
+                         "InternVL's image_num_tiles, have none: pass encodes=False, mrope=False and build their encoder inputs)")
     return batch[pixels], batch[grid]
