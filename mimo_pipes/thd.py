@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from mimo_pipes.collate import CONCAT_FIELDS, DEFAULT_PAD_VALUES
+from mimo_pipes.samples.collate import CONCAT_FIELDS, DEFAULT_PAD_VALUES
 from mimo_pipes.errors import SampleError
 
 CU_SEQLENS = "cu_seqlens"

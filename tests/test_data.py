@@ -34,7 +34,7 @@ from mimo_pipes.data.processor import (
 )
 from mimo_pipes.data.sources import open_source
 from mimo_pipes.errors import ConfigError, SampleError
-from mimo_pipes.warning_tally import collected, counts
+from mimo_pipes.observe.warning_tally import collected, counts
 
 N_SMALL = 40
 

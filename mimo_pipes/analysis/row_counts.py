@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from mimo_pipes.cost import image_token_count, placeholder_runs, real_token_count
+from mimo_pipes.samples.cost import image_token_count, placeholder_runs, real_token_count
 from mimo_pipes.data.cache import cache_root
 from mimo_pipes.data.module_processor import ModuleProcessor, RowCount
 from mimo_pipes.data.processor import SampleProcessor

@@ -11,7 +11,7 @@ from megatron_inputs import END, IMAGE, MERGE, ROWS, START, VIDEO, microbatch, r
 
 from mimo_pipes.data.processor import default_processor_path, load_processor
 from mimo_pipes.megatron.rope import mrope_position_ids, vision_items
-from mimo_pipes.thd import pack_microbatch
+from mimo_pipes.samples.thd import pack_microbatch
 
 
 def ours(family: str, input_ids, *, tokens_per_second=2.0, seconds=1.0, **kwargs):
