@@ -90,7 +90,8 @@ def _loader_rank(rank: int, world: int, port: int, dps: list[int], tasks: Any, b
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=3600))
     groups = {dp: dist.new_group(list(range(dp))) for dp in dps}  # collective: every rank, same order
-    from mimo_pipes.data.processor import default_processor_path, load_processor
+    from mimo_pipes.data.embedded_processor import default_processor_path
+    from mimo_pipes.data.processor import load_processor
     from mimo_pipes.exchange import RankLayout
     from mimo_pipes_recipes import vlm_sft
 
@@ -334,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from mimo_pipes.data.processor import default_processor_path
+    from mimo_pipes.data.embedded_processor import default_processor_path
     from mimo_pipes.train.encoders import build_vision_tower
 
     dtype = torch.float32 if args.device == "cpu" else torch.bfloat16

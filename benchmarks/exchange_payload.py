@@ -119,7 +119,7 @@ def processor_folder(folder: Path, max_pixels: int) -> Path:
     """The built-in processor with another ``max_pixels`` (the same tokenizer and patches)."""
     from transformers import Qwen2VLImageProcessorPil
 
-    from mimo_pipes.data.processor import MERGE_SIZE, MIN_PIXELS, PATCH_SIZE, TEMPORAL_PATCH_SIZE, build_tokenizer
+    from mimo_pipes.data.embedded_processor import MERGE_SIZE, MIN_PIXELS, PATCH_SIZE, TEMPORAL_PATCH_SIZE, build_tokenizer
 
     if not (folder / "preprocessor_config.json").is_file():
         folder.mkdir(parents=True, exist_ok=True)
@@ -352,7 +352,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from mimo_pipes.data.dataset import default_dataset_path
-    from mimo_pipes.data.processor import MAX_PIXELS, default_processor_path
+    from mimo_pipes.data.embedded_processor import MAX_PIXELS, default_processor_path
 
     info = _dist.machine()
     max_pixels = args.max_pixels or MAX_PIXELS

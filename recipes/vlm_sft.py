@@ -15,8 +15,9 @@ from torchdata.nodes import BaseNode, ParallelMapper
 
 from mimo_pipes.config import PipelineConfig, flag
 from mimo_pipes.data.dataset import default_dataset_path
+from mimo_pipes.data.embedded_processor import default_processor_path
 from mimo_pipes.data.module_processor import ModuleProcessor
-from mimo_pipes.data.processor import SampleProcessor, check_processor_path, default_processor_path, load_processor
+from mimo_pipes.data.processor import SampleProcessor, check_processor_path, load_processor
 from mimo_pipes.data.skipping import SkipBadRows
 from mimo_pipes.data.sources import check_source, dataset_folder, open_source
 from mimo_pipes.errors import ConfigError

@@ -10,8 +10,8 @@ import importlib
 _EXPORTS = {
     "generate_synthetic_dataset": "synthetic",
     "KIND_MIX": "synthetic",
-    "build_default_processor": "processor",
-    "default_processor_path": "processor",
+    "build_default_processor": "embedded_processor",
+    "default_processor_path": "embedded_processor",
     "check_processor_path": "processor",
     "load_processor": "processor",
     "SampleProcessor": "processor",

@@ -1,10 +1,7 @@
 """Per-sample processing: a real transformers tokenizer and image processor, the built-in one built offline.
 
-The built-in processor is made from scratch, without any download: a byte-level BPE tokenizer trained in
-well under a second on text from the synthetic dataset's word bank (wrapped as a transformers fast
-tokenizer, so it reloads with ``AutoTokenizer``) and a ``Qwen2VLImageProcessorPil`` (smart resize to
-multiples of 28 px, 14-px patches, temporal patch size 2, 2x2 merge). A processor folder of any family
-of :mod:`mimo_pipes.data.families` (Qwen2/2.5/3-VL, InternVL) can be used instead (``--processor PATH``).
+The built-in processor is :mod:`mimo_pipes.data.embedded_processor`; a processor folder of any family of
+:mod:`mimo_pipes.data.families` (Qwen2/2.5/3-VL, InternVL) can be used instead (``--processor PATH``).
 
 :class:`SampleProcessor` turns one dataset row (a conversation in any of the formats of
 :mod:`mimo_pipes.data.conversation`, with its images and videos) into model fields, without batch dimension
@@ -23,7 +20,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +27,12 @@ import numpy as np
 import torch
 
 from mimo_pipes.data import bad_rows
-from mimo_pipes.data.cache import build_atomically, cache_root
 from mimo_pipes.data.conversation import chatml, conversation, row_images, row_videos, template, trained_segments
+from mimo_pipes.data.embedded_processor import IM_END, IM_START, PAD_TOKEN, VISION_END, VISION_START
 from mimo_pipes.data.families import family_for
 from mimo_pipes.data.media import open_image, open_video
 from mimo_pipes.data.paths import existing_folder
+from mimo_pipes.data.truncation import FIRST_PROMPT, FIRST_REPLY, LATER, fit_to_length
 from mimo_pipes.errors import ConfigError, SampleError
 from mimo_pipes.observe.third_party import quiet_transformers
 from mimo_pipes.observe.warning_tally import WarningKind, warn
@@ -44,105 +41,11 @@ from mimo_pipes.samples.sample import SAMPLE_ID
 TRUNCATED = WarningKind(
     "samples truncated to --seq-length", note="later turns first, then the prompt's start and the reply's end; every image placeholder kept"
 )
-
-PROCESSOR_VERSION = "v1"
-"""Bumped whenever the built-in processor changes, so a stale cached copy is never reused."""
-
-PAD_TOKEN = "<|endoftext|>"
-IM_START = "<|im_start|>"
-IM_END = "<|im_end|>"
-VISION_START = "<|vision_start|>"
-VISION_END = "<|vision_end|>"
-IMAGE_PAD = "<|image_pad|>"
-SPECIAL_TOKENS: tuple[str, ...] = (PAD_TOKEN, IM_START, IM_END, VISION_START, VISION_END, IMAGE_PAD)
-"""Special tokens of the built-in tokenizer, with ids 0..5 in this order."""
-
-PATCH_SIZE = 14
-TEMPORAL_PATCH_SIZE = 2
-MERGE_SIZE = 2
-TOKEN_PIXELS = (PATCH_SIZE * MERGE_SIZE) ** 2  # pixels behind one image placeholder token: 28 x 28
-MIN_PIXELS = 4 * TOKEN_PIXELS
-"""Smallest resized image area (56 x 56): every image yields at least 4 placeholder tokens."""
-MAX_PIXELS = 1280 * TOKEN_PIXELS
-"""Largest resized image area: at most 1280 placeholder tokens per image (document pages hit this)."""
-
-TOKENIZER_VOCAB_SIZE = 4096
 CONSUMED_KEYS = ("images", "image", "videos", "video", "prompt", "response", "messages", "conversations")
 """Row keys a :class:`SampleProcessor` turns into model fields; every other key passes through."""
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 _IMAGE_PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
-
-
-# ----------------------------------------------------------------------------------------------------
-# Building the default processor
-
-
-def _training_corpus(num_lines: int = 4000) -> Iterator[str]:
-    from mimo_pipes.data.synthetic import _PROMPTS, random_sentence
-
-    rng = np.random.default_rng(20240501)
-    prompts = [p for group in _PROMPTS.values() for p in group]
-    for k in range(num_lines):
-        yield random_sentence(rng, int(rng.integers(5, 40)))
-        if k % 10 == 0:
-            yield f"user\n{prompts[k // 10 % len(prompts)]}\nassistant\n"
-
-
-def build_tokenizer():
-    """Train the built-in byte-level BPE tokenizer (deterministic) and wrap it for transformers."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=TOKENIZER_VOCAB_SIZE,
-        min_frequency=2,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(_training_corpus(), trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token=PAD_TOKEN,
-        eos_token=IM_END,
-        extra_special_tokens=[t for t in SPECIAL_TOKENS if t not in (PAD_TOKEN, IM_END)],
-        model_max_length=1 << 20,
-    )
-
-
-def build_image_processor():
-    """The built-in Qwen2-VL-style image processor (PIL backend, no torchvision needed)."""
-    from transformers import Qwen2VLImageProcessorPil
-
-    return Qwen2VLImageProcessorPil(
-        min_pixels=MIN_PIXELS,
-        max_pixels=MAX_PIXELS,
-        patch_size=PATCH_SIZE,
-        temporal_patch_size=TEMPORAL_PATCH_SIZE,
-        merge_size=MERGE_SIZE,
-    )
-
-
-def build_default_processor(path: str | Path) -> Path:
-    """Build the built-in tokenizer and image processor and ``save_pretrained`` both into ``path``.
-
-    The folder reloads with ``AutoTokenizer.from_pretrained(path)``,
-    ``AutoImageProcessor.from_pretrained(path)`` and :func:`load_processor`.
-    """
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    build_tokenizer().save_pretrained(str(path))
-    build_image_processor().save_pretrained(str(path))
-    return path
-
-
-def default_processor_path() -> Path:
-    """The cached built-in processor folder (``<cache>/processor-v1``), built on first use."""
-    return build_atomically(cache_root() / f"processor-{PROCESSOR_VERSION}", build_default_processor)
 
 
 def check_processor_path(path: str | Path) -> Path:
@@ -187,46 +90,6 @@ def load_processor(path: str | Path, seq_length: int, image_folder: str | None =
         tokenizer, image_processor, int(seq_length), source=str(p), chat_template=chat_template or None,
         image_folder=image_folder, processor_config=config,
     )
-
-
-# ----------------------------------------------------------------------------------------------------
-# Fitting a sample to --seq-length
-
-FIRST_PROMPT, FIRST_REPLY, LATER = 0, 1, 2
-"""Where a token lies: before the first assistant reply, in it, or after it (later turns)."""
-
-
-def share_room(prompt: int, reply: int, room: int) -> tuple[int, int]:
-    """(prompt, reply) tokens kept of ``prompt`` and ``reply`` in ``room`` tokens: the longer gives way
-    first, and each keeps at least half of the room (the reply the odd token) when both are long."""
-    if prompt + reply <= room:
-        return prompt, reply
-    half = room // 2
-    if prompt <= half:
-        return prompt, room - prompt
-    if reply <= room - half:
-        return room - reply, reply
-    return half, room - half
-
-
-def fit_to_length(fixed: list[bool], part: list[int], length: int) -> list[int]:
-    """The positions kept of a sample longer than ``length`` (``sum(fixed) < length``), in order.
-
-    ``fixed`` tokens (image and video placeholders with their markers) are all kept. Of the others, the
-    turns after the first reply give way first, cut at their end; when the first exchange still does not
-    fit, its prompt and its reply share the room (:func:`share_room`): the prompt loses its beginning,
-    the reply its end."""
-    room = length - sum(fixed)
-    cuttable: dict[int, list[int]] = {FIRST_PROMPT: [], FIRST_REPLY: [], LATER: []}
-    for t, (is_fixed, where) in enumerate(zip(fixed, part)):
-        if not is_fixed:
-            cuttable[where].append(t)
-    prompt, reply, later = cuttable[FIRST_PROMPT], cuttable[FIRST_REPLY], cuttable[LATER]
-    keep_later = max(0, min(len(later), room - len(prompt) - len(reply)))
-    keep_prompt, keep_reply = share_room(len(prompt), len(reply), room - keep_later)
-    kept = [t for t, is_fixed in enumerate(fixed) if is_fixed]
-    kept += prompt[len(prompt) - keep_prompt :] + reply[:keep_reply] + later[:keep_later]
-    return sorted(kept)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -16,7 +16,8 @@ from test_analyze import assert_analysis_is_the_summary
 from test_cli_run import read_dumps
 
 from mimo_pipes.data.offline import FAMILIES, INTERNVL_IMAGE_SEQ_LENGTH, build_family_processor
-from mimo_pipes.data.processor import default_processor_path, load_processor
+from mimo_pipes.data.processor import load_processor
+from mimo_pipes.data.embedded_processor import default_processor_path
 from mimo_pipes.data.sources import open_source
 from mimo_pipes.errors import ConfigError, SampleError
 from mimo_pipes.exchange.wire_format import encode_samples, decode_samples
