@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+from mimo_pipes.balance.settings import PlannerSettings
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.parallel.topology import COMPONENT_FLAG, Topology, build_topology
 from mimo_pipes.samples.cost_range import check_cost_range
@@ -328,14 +329,6 @@ def two_level_groups(topology: Topology) -> int:
             f"needs every encoder at one dp that language dp={language} is a multiple k > 1 of; encoder dp: {sizes}",
         )
     return sizes[0]
-
-
-@dataclass(frozen=True)
-class PlannerSettings:
-    """What the exchange's planner needs besides the costs, identical on every module."""
-
-    floor: int = 0  # per-forward floor in the planner's cost units (per slot, or per group with two levels)
-    encoder_groups: int = 0  # d_enc with two-level balance, else 0
 
 
 def planner_settings(topology: Topology, reorder: ReorderConfig, model: TimeModel | None) -> PlannerSettings:

@@ -104,8 +104,8 @@ def tail_settings(
     with :func:`mimo_pipes.graph.tail_settings.resolve_tail`). ``collator`` replaces ``pad_length`` and
     ``pad_values`` when given; ``module`` names the module (its fields), ``payload``, ``workers`` and
     ``method`` say where rows are processed."""
+    from mimo_pipes.balance.settings import PlannerSettings
     from mimo_pipes.checkpoint.resume import resume_point
-    from mimo_pipes.config import PlannerSettings
     from mimo_pipes.graph.tail_settings import BalancePlan, Processing, TailSettings
     from mimo_pipes.samples.collate import DEFAULT_PAD_VALUES, Collator
     from mimo_pipes.samples.cost import CostFunction

@@ -2,7 +2,7 @@
 
 Pure arithmetic over per-row costs. It uses what the graph uses: ``sharding`` for which rows make up a
 global micro-batch, ``resume.resume_point`` and the Windower's rule for where windows start and end,
-and the exchange's planner (``balance_window`` with the floor, or ``balance_two_level``) on the window's
+and the exchange's planner (``balance.assign_window``: one level with the floor, or two levels) on the window's
 costs in canonical order (as the exchange lays them out).
 Every module balances the same canonical slots, so one replay serves all of them: a module of DP
 size d gives DP rank r the slots ``[r*G/d, (r+1)*G/d)``, i.e. canonical positions ``[r*B/d, (r+1)*B/d)``.
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mimo_pipes.balance import balance_two_level, balance_window, window_lower_bound
+from mimo_pipes.balance import PlannerSettings, assign_window, window_lower_bound
 from mimo_pipes.checkpoint.resume import resume_point
 from mimo_pipes.parallel.sharding import epoch_order, microbatches_per_epoch
 
@@ -52,12 +52,14 @@ class Planner:
             raise ValueError("two-level balance needs encoder_costs and language_costs")
 
     def assign(self, rows: np.ndarray, grid_size: int, across_microbatches: bool) -> list[list[list[int]]]:
-        """The window's assignment (as :func:`balance_window` returns it) for its (W, B) dataset rows."""
-        if self.encoder_groups:
-            assert self.encoder_costs is not None and self.language_costs is not None
-            return balance_two_level(self.encoder_costs[rows].tolist(), self.language_costs[rows].tolist(), self.encoder_groups,
-                                     grid_size, across_microbatches, self.floor)
-        return balance_window(self.costs[rows].tolist(), grid_size, across_microbatches=across_microbatches, floor=self.floor)
+        """The window's assignment for its (W, B) dataset rows: the exchange's own planner entry."""
+        two_level = self.encoder_groups > 0
+        return assign_window(
+            self.costs[rows].tolist(), grid_size=grid_size, across_microbatches=across_microbatches,
+            planner=PlannerSettings(self.floor, self.encoder_groups),
+            encoder_costs=self.encoder_costs[rows].tolist() if two_level else None,
+            language_costs=self.language_costs[rows].tolist() if two_level else None,
+        )
 
 
 @dataclass(frozen=True)

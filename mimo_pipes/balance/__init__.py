@@ -6,6 +6,7 @@ alone (integer arithmetic, ties by index), so every process computes the same as
 See docs/balancing.md for the algorithms and measured quality.
 """
 
+from mimo_pipes.balance.assign import assign_window, composition_of
 from mimo_pipes.balance.composition import balance_composition, balance_composition_two_level
 from mimo_pipes.balance.contiguous import contiguous_assignment
 from mimo_pipes.balance.exact import exact_assignment
@@ -22,10 +23,14 @@ from mimo_pipes.balance.quality import (
     spread,
     window_lower_bound,
 )
+from mimo_pipes.balance.settings import PlannerSettings
 from mimo_pipes.balance.two_level import balance_two_level
 from mimo_pipes.balance.window_planner import balance_window
 
 __all__ = [
+    "PlannerSettings",
+    "assign_window",
+    "composition_of",
     "balance_composition",
     "balance_composition_two_level",
     "balance_microbatch",

@@ -15,7 +15,8 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from mimo_pipes.balance import balance_composition, balance_composition_two_level, balance_two_level, balance_window
+from mimo_pipes.balance.assign import assign_window, composition_of
+from mimo_pipes.balance.settings import PlannerSettings
 from mimo_pipes.errors import PeerError, PositionMismatchError
 from mimo_pipes.exchange.buffers import ExchangeBuffers, new_buffer
 from mimo_pipes.exchange.context import ExchangeContext
@@ -230,29 +231,17 @@ def _plan(
     between micro-batches, the window's composition."""
     across = ctx.across_microbatches
     costs = values[:, :, COST_AT].tolist()
+    encoder = language = None
     if ctx.encoder_groups:
         encoder, language = values[:, :, ENCODER_COST_AT].tolist(), values[:, :, REAL_TOKENS_AT].tolist()
-        assignment = balance_two_level(encoder, language, ctx.encoder_groups, ctx.grid_size, across, ctx.floor)
-        if composition is not None and _composition(assignment) != composition:
-            assignment = balance_composition_two_level(encoder, language, composition, ctx.encoder_groups, ctx.grid_size, ctx.floor)
-    else:
-        assignment = balance_window(costs, ctx.grid_size, across_microbatches=across, floor=ctx.floor)
-        if composition is not None and _composition(assignment) != composition:
-            # The planner would form other micro-batches here (another grid or floor): keep the saved ones.
-            # Every module has the same inputs, so all of them take the same branch and stay paired; with the
-            # saved layout's settings the planner's own plan is kept, so a restore there is exact.
-            assignment = balance_composition(costs, composition, ctx.grid_size, floor=ctx.floor)
+    assignment = assign_window(costs, grid_size=ctx.grid_size, across_microbatches=across, composition=composition,
+                               planner=PlannerSettings(ctx.floor, ctx.encoder_groups), encoder_costs=encoder, language_costs=language)
     if record is not None:
         record.costs, record.assignment = costs, assignment
         record.encoded_bytes = values[:, :, ENCODED_BYTES_AT].tolist()  # zeros at DP 1: nothing is encoded
         record.image_tokens = values[:, :, IMAGE_TOKENS_AT].tolist()
     plan = plan_exchange(assignment, ctx.dp_rank, ctx.dp_size, ctx.grid_size, ctx.micro_batch_size)
-    return plan, _composition(assignment) if across or composition is not None else None
-
-
-def _composition(assignment: list[list[list[int]]]) -> list[list[int]]:
-    """Which flat window indices each output micro-batch holds, ascending."""
-    return [sorted(i for slot in slots for i in slot) for slots in assignment]
+    return plan, composition_of(assignment) if across or composition is not None else None
 
 
 def _flat_index(ctx: ExchangeContext, local_position: int) -> int:

@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from mimo_pipes.balance.settings import PlannerSettings
 from mimo_pipes.checkpoint.resume import ResumePoint, reorder_window_size, resume_point
 from mimo_pipes.config import (
     PipelineConfig,
-    PlannerSettings,
     ReorderConfig,
     check_exchange_payload,
     check_pack_pad_multiple,

@@ -119,3 +119,12 @@ def test_the_layout_sections_list_every_room_of_the_tree() -> None:
 
 def test_the_top_level_holds_a_handful_of_modules() -> None:
     assert len([path for path in PACKAGE.glob("*.py") if path.name != "__init__.py"]) <= 5
+
+
+def test_the_exchange_and_analyze_reach_the_planners_through_one_entry() -> None:
+    """The choice among planners (one level, two levels, a saved composition) lives in balance/assign.py."""
+    planners = {"balance_window", "balance_two_level", "balance_composition", "balance_composition_two_level"}
+    for path in (PACKAGE / "exchange" / "collectives.py", PACKAGE / "analysis" / "replay.py"):
+        names = _imports(path)
+        assert "mimo_pipes.balance.assign.assign_window" in names or "mimo_pipes.balance.assign_window" in names, path.name
+        assert not any(name.rsplit(".", 1)[-1] in planners for name in names), path.name
