@@ -158,6 +158,10 @@ class EnergonDataset:
             except (IndexError, OSError) as error:
                 raise ShardFault(bad_rows.STALE_INDEX, f"its index has no entry for sample {sample} ({error})") from None
             if stop > handle.size:
+                head = os.pread(handle.fd, 512, start) if start < handle.size else b""
+                if head and not _is_header(head):  # the index points into other bytes: not a cut, a change
+                    raise ShardFault(bad_rows.STALE_INDEX, f"its index points at no tar member (byte {start}) and past the shard's "
+                                     f"end ({handle.size} bytes): the shard changed after energon prepare; prepare the dataset again")
                 raise ShardFault(bad_rows.TRUNCATED_SHARD, f"the shard ends at byte {handle.size}, before this sample's end at "
                                  f"byte {stop}: it is truncated")
             if stop <= start:
@@ -260,6 +264,14 @@ class EnergonDataset:
             for row, sample in zip(members_of, samples):
                 found[row] = ((shard, sample), f"{self.shards[shard]} key {names.get(sample, f'sample {sample}')} (dataset row {row})")
         return found
+
+
+def _is_header(block: bytes) -> bool:
+    try:
+        tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
+    except tarfile.HeaderError:
+        return False
+    return True
 
 
 def members(data: bytes, wanted: frozenset[str] | None) -> tuple[str, dict[str, bytes]]:
