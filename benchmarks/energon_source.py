@@ -11,7 +11,8 @@ cache folder) is read by each side in its own child process, one after the other
   and leaves images as bytes, each sample's image size read from its header the same way.
 
 Each side reads the dataset once to warm the page cache, then is timed over ``--samples`` samples; the
-figures are samples per second, the child's peak resident memory, and the most files it held open.
+figures are samples per second, the child's peak resident memory (and what it was once the imports were
+done), and the most files it held open beyond those it had before reading.
 
     python benchmarks/energon_source.py [--samples 20000] [--cache DIR]
 """
@@ -141,10 +142,20 @@ def side_energon(path: str, samples: int) -> dict:
 
 
 def child(side: str, path: str, samples: int) -> None:
-    before = _open_files()
+    import megatron.energon  # noqa: F401 - both sides import it (and torch): memory before reading
+    import PIL.Image  # noqa: F401
+
+    if side == "mimo":  # its own modules too (datasets and pyarrow come with them): what reading adds is the rest
+        import mimo_pipes.data.media_sizes  # noqa: F401
+        import mimo_pipes.data.sources  # noqa: F401
+        import mimo_pipes.nodes  # noqa: F401
+    else:
+        from megatron.energon import get_savable_loader, get_train_dataset  # noqa: F401
+
+    before, imported = _open_files(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     result = (side_mimo if side == "mimo" else side_energon)(path, samples)
     result.update(side=side, samples=samples, samples_per_s=samples / result["seconds"], open_files=result["open_files"] - before,
-                  peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+                  peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, imported_rss_mb=imported)
     print(json.dumps(result), flush=True)
 
 
@@ -171,10 +182,11 @@ def main() -> None:
         out = subprocess.run([sys.executable, __file__, "--side", side, "--path", str(folder), "--samples", str(args.samples)],
                              capture_output=True, text=True, check=True)
         results.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    print("| reader | samples | s | samples / s | peak RSS MiB | open files (most) |")
+    print("| reader | samples | s | samples / s | peak RSS MiB (after imports) | open files (most) |")
     print("|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['side']} | {r['samples']} | {r['seconds']:.1f} | {r['samples_per_s']:.0f} | {r['peak_rss_mb']:.0f} | {r['open_files']} |")
+        print(f"| {r['side']} | {r['samples']} | {r['seconds']:.1f} | {r['samples_per_s']:.0f} | {r['peak_rss_mb']:.0f} ({r['imported_rss_mb']:.0f}) "
+              f"| {r['open_files']} |")
     print(f"1-minute load average {os.getloadavg()[0]:.1f} at the end")
 
 

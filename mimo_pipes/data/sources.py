@@ -60,13 +60,14 @@ def check_source(spec: str | Path) -> None:
 
 
 def open_source(spec: str | Path, split: str = "train"):
-    """``spec`` as a :class:`datasets.Dataset` with a conversation column, images left undecoded."""
+    """``spec`` as a :class:`datasets.Dataset` with a conversation column, images left undecoded (an
+    Energon dataset as :func:`open_energon` opens it)."""
+    if is_energon(spec):  # before datasets is imported: an Energon source does without it
+        return open_energon(spec, split)
     import datasets
 
     from mimo_pipes.data.dataset import open_dataset
 
-    if is_energon(spec):
-        return open_energon(spec, split)
     if Path(spec).expanduser().is_dir():
         ds = open_dataset(spec, split)
     else:
