@@ -11,7 +11,7 @@ pytest.importorskip("megatron.energon")  # the energon extra; installed where th
 
 from dist_pool import shared_pool  # noqa: E402
 from energon_data import write_real_rows  # noqa: E402
-from job_runs import run_in_pool  # noqa: E402
+from job_runs import analyze_here, run_in_pool, summary_lines  # noqa: E402
 from real_data import write_dataset  # noqa: E402
 from test_cli_elastic import dumps_by_step, paired  # noqa: E402
 from test_cli_run import read_dumps  # noqa: E402
@@ -47,6 +47,16 @@ def test_run_on_energon_consumes_what_it_consumes_on_the_llava_list(gloo_pool, s
     assert dumps["energon"] == dumps["llava"]  # every rank: steps, sample ids, image tokens, real tokens
     assert sum(len(records) for records in dumps["energon"].values()) == 8 * len(dumps["energon"])
     assert any(token for records in dumps["energon"].values() for record in records for token in record["image_tokens"])
+
+
+def test_analyze_predicts_the_same_run_on_energon_as_on_the_llava_list(sources, tmp_path):
+    flags = [*COMMON, "--steps", "8"]
+    lines = {}
+    for name, source in sources.items():
+        status, stdout, stderr = analyze_here([*flags, *source, "--out", str(tmp_path / name)])
+        assert status == 0, stderr
+        lines[name] = summary_lines(stdout)
+    assert lines["energon"] == lines["llava"] and set(lines["energon"]) == {"language", "images"}
 
 
 RESUMED = [*COMMON, "--reorder-window-size", "4", "--reorder-across-microbatches", "--steps", "12"]

@@ -235,3 +235,14 @@ def test_a_metadataset_blends_its_datasets_in_one_order(tmp_path, pair):
     assert blend[2]["conversations"] == open_source(str(small))[0]["conversations"]
     again = EnergonBlend(tmp_path / "blend.yaml")
     assert [again.locate(k) for k in range(len(blend))] == parts
+
+
+def test_skip_bad_samples_replaces_an_unreadable_sample_by_the_next_good_one(broken):
+    from mimo_pipes.data.skipping import REPLACED_REASONS, REPLACED_ROWS, SkipBadRows
+    from mimo_pipes.sample import SAMPLE_ID, SLOT, STEP
+
+    dataset = open_source(str(broken))
+    skip = SkipBadRows(load_processor(default_processor_path(), 1024), dataset, microbatch_size=4, seed=0, dataloader_type="single")
+    sample = skip({**dataset[2], SAMPLE_ID: 2, STEP: 0, SLOT: 2})  # rows 2 and 3: the missing shard; then the next global micro-batch
+    assert sample[REPLACED_ROWS] == [2, 3] and sample[SAMPLE_ID] == 4
+    assert all(reason.startswith(f"shard-0001.tar key 00000{row}: the shard ") for row, reason in zip((2, 3), sample[REPLACED_REASONS]))
