@@ -246,3 +246,15 @@ def test_skip_bad_samples_replaces_an_unreadable_sample_by_the_next_good_one(bro
     sample = skip({**dataset[2], SAMPLE_ID: 2, STEP: 0, SLOT: 2})  # rows 2 and 3: the missing shard; then the next global micro-batch
     assert sample[REPLACED_ROWS] == [2, 3] and sample[SAMPLE_ID] == 4
     assert all(reason.startswith(f"shard-0001.tar key 00000{row}: the shard ") for row, reason in zip((2, 3), sample[REPLACED_REASONS]))
+
+
+def test_an_index_of_another_length_than_info_json_says_is_out_of_date(tmp_path):
+    folder = write_shards(tmp_path, [crude_sample(1), crude_sample(3)], 2, "__class__: CrudeWebdataset\n")
+    index = folder / "shard-0000.tar.idx"
+    index.write_bytes(index.read_bytes()[:-8])
+    dataset = open_source(str(folder))
+    for row in range(2):
+        fault = dataset[row][bad_rows.ROW_FAULT]
+        assert fault["kind"] == bad_rows.STALE_INDEX
+        assert fault["reason"] == (f"shard-0000.tar key {(1, 3)[row]:06d}: its index holds 1 samples but .info.json says 2: "
+                                   "prepare the dataset again")
