@@ -118,7 +118,7 @@ class EnergonDataset:
         self.starts = [0]
         for count in self.counts:
             self.starts.append(self.starts[-1] + count)
-        self.info_ids = {name: k for k, name in enumerate(info_names)}  # the sqlite index numbers shards so
+        self.info_ids = {name: k for k, name in enumerate(info_names)}  # how the sqlite index numbers the shards
         if self.starts[-1] == 0:
             raise ConfigError("--dataset", f"{where} has no samples in its {split!r} split")
         self._open: OrderedDict[int, _OpenShard] = OrderedDict()
