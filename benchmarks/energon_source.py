@@ -90,7 +90,7 @@ def side_mimo(path: str, samples: int) -> dict:
     dataset = open_source(path)
 
     def read(count: int, seed: int) -> tuple[int, int]:
-        reader = CanonicalShardReader(dataset, microbatch_size=8, dp_rank=0, dp_size=1, grid_size=1, seed=seed, dataloader_type="cyclic")
+        reader = CanonicalShardReader(dataset, micro_batch_size=8, dp_rank=0, dp_size=1, grid_size=1, seed=seed, dataloader_type="cyclic")
         reader.reset()
         pixels, most = 0, 0
         for n in range(count):

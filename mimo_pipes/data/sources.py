@@ -17,7 +17,7 @@ from pathlib import Path
 from mimo_pipes.data.cache import cache_root
 from mimo_pipes.data.energon_source import EnergonDataset, is_energon
 from mimo_pipes.errors import ConfigError
-from mimo_pipes.third_party import quiet_datasets
+from mimo_pipes.observe.third_party import quiet_datasets
 
 BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json"}
 HINT = "pass a save_to_disk folder, .parquet / .json / .jsonl files or a glob of them, or a prepared Energon dataset or metadataset .yaml"

@@ -27,9 +27,10 @@ from real_data import image, num_images, png, write_dataset  # noqa: E402
 
 from mimo_pipes.cli.main import main  # noqa: E402
 from mimo_pipes.data import bad_rows  # noqa: E402
+from mimo_pipes.data.embedded_processor import default_processor_path  # noqa: E402
 from mimo_pipes.data.energon_blend import BlendOrder, EnergonBlend, weighted_counts  # noqa: E402
 from mimo_pipes.data.energon_source import OPEN_SHARDS, EnergonDataset  # noqa: E402
-from mimo_pipes.data.processor import default_processor_path, load_processor  # noqa: E402
+from mimo_pipes.data.processor import load_processor
 from mimo_pipes.data.sources import open_source  # noqa: E402
 from mimo_pipes.errors import ConfigError, SampleError  # noqa: E402
 
@@ -239,10 +240,10 @@ def test_a_metadataset_blends_its_datasets_in_one_order(tmp_path, pair):
 
 def test_skip_bad_samples_replaces_an_unreadable_sample_by_the_next_good_one(broken):
     from mimo_pipes.data.skipping import REPLACED_REASONS, REPLACED_ROWS, SkipBadRows
-    from mimo_pipes.sample import SAMPLE_ID, SLOT, STEP
+    from mimo_pipes.samples.sample import SAMPLE_ID, SLOT, STEP
 
     dataset = open_source(str(broken))
-    skip = SkipBadRows(load_processor(default_processor_path(), 1024), dataset, microbatch_size=4, seed=0, dataloader_type="single")
+    skip = SkipBadRows(load_processor(default_processor_path(), 1024), dataset, micro_batch_size=4, seed=0, dataloader_type="single")
     sample = skip({**dataset[2], SAMPLE_ID: 2, STEP: 0, SLOT: 2})  # rows 2 and 3: the missing shard; then the next global micro-batch
     assert sample[REPLACED_ROWS] == [2, 3] and sample[SAMPLE_ID] == 4
     assert all(reason.startswith(f"shard-0001.tar key 00000{row}: the shard ") for row, reason in zip((2, 3), sample[REPLACED_REASONS]))
