@@ -33,8 +33,8 @@ def add_seq_length_argument(parser: argparse.ArgumentParser) -> None:
 
 def add_data_arguments(parser: argparse.ArgumentParser, *, dataset_required: bool = False) -> None:
     """``--dataset``, ``--processor``, ``--image-folder``: where the rows come from and how they are read."""
-    sources = ("a datasets save_to_disk folder, or .parquet / .json / .jsonl files or a quoted glob of them, LLaVA "
-               "annotation lists included")
+    sources = ("a datasets save_to_disk folder, .parquet / .json / .jsonl files or a quoted glob of them (LLaVA "
+               "annotation lists included), or a prepared Megatron-Energon dataset folder or metadataset .yaml")
     if dataset_required:
         parser.add_argument("--dataset", type=path, required=True, help=sources)
     else:

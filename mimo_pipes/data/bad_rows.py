@@ -22,6 +22,16 @@ NO_TRAINED_TOKEN = "no token to train on"
 INVALID_JSON = "invalid JSON"
 NOT_A_ROW = "not a JSON object"
 EMPTY_FILE = "empty file"
+# Reading an Energon dataset's shards.
+MISSING_SHARD = "missing shard"
+TRUNCATED_SHARD = "truncated shard"
+STALE_INDEX = "index out of date"
+UNFIT_SAMPLE = "sample that makes no conversation"
 
 OTHER = "refused by the processor"
 """A SampleError that names no kind."""
+
+ROW_FAULT = "__row_fault__"
+"""Row key: a source that cannot read a row hands it on as ``{ROW_FAULT: {"kind", "reason"}}``, and
+processing it raises that SampleError, so ``--skip-bad-samples`` and ``mimo-pipes check`` treat it as any
+bad row (and the reader never fails on it)."""

@@ -44,6 +44,9 @@ def row_videos(row: dict) -> list:
 
 def conversation(row: dict, sample: object) -> list[Turn]:
     """The row's turns; SampleError naming the dataset row when it holds no usable conversation."""
+    fault = row.get(bad_rows.ROW_FAULT)
+    if fault is not None:  # a row its source could not read
+        raise SampleError(sample, f"dataset row {sample}: {fault['reason']}", kind=fault["kind"])
     if row.get("messages") is not None:
         turns = [_message_turn(k, m, sample) for k, m in enumerate(_turn_list(row, "messages", sample))]
     elif row.get("conversations") is not None:

@@ -43,6 +43,8 @@ def open_image(item: Any, image_folder: str | None, row: object, what: str):
     except SampleError:
         raise
     except Exception as e:  # noqa: BLE001 - any decode failure names the row
+        if isinstance(item, dict) and item.get("bytes") is not None and item.get("path"):
+            what = f"{what} ({item['path']})"  # where the bytes came from: an Energon sample's shard and key
         raise SampleError(row, f"dataset row {row}: {what} cannot be decoded: {e}", field="images", kind=bad_rows.UNREADABLE_IMAGE) from e
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mimo_pipes.data import bad_rows
+from mimo_pipes.data.energon_source import is_energon
 from mimo_pipes.data.sources import data_files, open_source, read_rows
 from mimo_pipes.errors import ConfigError
 
@@ -25,7 +26,7 @@ from mimo_pipes.errors import ConfigError
 class Place:
     """Where a row or a finding is: ``order`` sorts places as the files hold them (file, then line or row)."""
 
-    order: tuple[int, int]
+    order: tuple[int, ...]
     text: str
 
 
@@ -71,6 +72,8 @@ class SourceRows:
         """The place of each of ``rows`` (read from the files again: called for the bad rows only)."""
         wanted = set(rows)
         found: dict[int, Place] = {}
+        if hasattr(self.dataset, "places"):  # a source that names its own rows (an Energon shard and key)
+            return {row: Place(order, text) for row, (order, text) in self.dataset.places(sorted(wanted)).items()}
         if self.files is not None and self.builder == "json":
             for place, row, _ in _json_entries(self.files):
                 if row in wanted:
@@ -90,7 +93,7 @@ class SourceRows:
 def open_rows(spec: str) -> SourceRows:
     """The rows of ``spec`` (a ``--dataset`` value). Raises ConfigError when the source cannot be read and
     no line or file of it is to blame (a missing path, another kind of file, a column missing)."""
-    if Path(spec).expanduser().is_dir():
+    if Path(spec).expanduser().is_dir() or is_energon(spec):
         dataset = open_source(spec)
         return SourceRows(spec, len(dataset), dataset=dataset)
     builder, files = data_files(spec)

@@ -1,5 +1,6 @@
 """Dataset sources behind ``--dataset``: a ``save_to_disk`` folder, or Parquet / JSON / JSON-lines files
-and globs (LLaVA annotation lists included), all opened as memory-mapped Arrow through ``datasets``.
+and globs (LLaVA annotation lists included), all opened as memory-mapped Arrow through ``datasets``; or a
+prepared Megatron-Energon dataset or metadataset (:mod:`~mimo_pipes.data.energon_source`).
 
 Image columns typed ``datasets.Image`` are left undecoded (``{"bytes", "path"}``): the per-sample
 processor decodes them, on its worker threads, and names the row when one is broken.
@@ -14,11 +15,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from mimo_pipes.data.cache import cache_root
+from mimo_pipes.data.energon_source import EnergonDataset, is_energon
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.observe.third_party import quiet_datasets
 
 BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json"}
-HINT = "pass a save_to_disk folder, or .parquet / .json / .jsonl files or a glob of them"
+HINT = "pass a save_to_disk folder, .parquet / .json / .jsonl files or a glob of them, or a prepared Energon dataset or metadataset .yaml"
 
 
 def data_files(spec: str) -> tuple[str, list[str]]:
@@ -49,14 +51,19 @@ def check_source(spec: str | Path) -> None:
     """Fail with ``ConfigError('--dataset', ...)`` unless ``spec`` names a readable source."""
     from mimo_pipes.data.dataset import check_dataset_path
 
-    if Path(spec).expanduser().is_dir():
+    if is_energon(spec):
+        open_energon(spec)
+    elif Path(spec).expanduser().is_dir():
         check_dataset_path(spec)
     else:
         data_files(str(spec))
 
 
 def open_source(spec: str | Path, split: str = "train"):
-    """``spec`` as a :class:`datasets.Dataset` with a conversation column, images left undecoded."""
+    """``spec`` as a :class:`datasets.Dataset` with a conversation column, images left undecoded (an
+    Energon dataset as :func:`open_energon` opens it)."""
+    if is_energon(spec):  # before datasets is imported: an Energon source does without it
+        return open_energon(spec, split)
     import datasets
 
     from mimo_pipes.data.dataset import open_dataset
@@ -79,6 +86,15 @@ def open_source(spec: str | Path, split: str = "train"):
     if len(ds) == 0:
         raise ConfigError("--dataset", f"{str(spec)!r} is empty")
     return _images_undecoded(ds)
+
+
+def open_energon(spec: str | Path, split: str = "train"):
+    """An Energon dataset folder or metadataset YAML file as a map-style source of conversation rows."""
+    if Path(spec).expanduser().is_dir():
+        return EnergonDataset(spec, split)
+    from mimo_pipes.data.energon_blend import EnergonBlend
+
+    return EnergonBlend(spec, split)
 
 
 def read_rows(dataset, start: int, stop: int) -> list[dict]:

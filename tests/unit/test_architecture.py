@@ -56,7 +56,12 @@ def test_the_library_never_imports_the_command_line() -> None:
 
 
 def _imports_megatron(names: list[str]) -> bool:
-    return any(name.split(".")[0] == "megatron" for name in names)
+    """megatron-core, that is: megatron-energon (the optional extra that reads Energon datasets) is apart."""
+    return any(name.split(".")[0] == "megatron" and not name.startswith("megatron.energon") for name in names)
+
+
+def _imports_energon(names: list[str]) -> bool:
+    return any(name.startswith("megatron.energon") for name in names)
 
 
 def _module_level_imports(path: Path) -> list[str]:
@@ -83,6 +88,12 @@ def test_the_megatron_package_imports_megatron_core_only_when_called() -> None:
     package = sorted((PACKAGE / "megatron").glob("*.py"))
     assert any(_imports_megatron(_imports(path)) for path in package)  # the check sees the lazy import
     assert [path.name for path in package if _imports_megatron(_module_level_imports(path))] == []
+
+
+def test_only_the_energon_source_imports_megatron_energon() -> None:
+    """megatron-energon is an optional extra: the Energon source's files alone import it."""
+    users = [path.relative_to(PACKAGE).as_posix() for path in sorted(PACKAGE.rglob("*.py")) if _imports_energon(_imports(path))]
+    assert users and all(name.startswith("data/energon_") for name in users), users
 
 
 def test_pure_packages_import_nothing_that_moves_bytes() -> None:
