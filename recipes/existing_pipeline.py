@@ -5,8 +5,9 @@ your reader -> your mappers (Mapper / ParallelMapper) -> CostAnnotator -> Window
 
 Your part must yield this rank's B/d samples of every global micro-batch, in canonical order (DP rank r
 of d holds positions r*B/d .. (r+1)*B/d - 1), each a dict of unpadded tensors with ``sample_id`` and
-``step`` (see mimo_pipes/samples/sample.py). :func:`build` appends the library's part; :func:`example_samples`
-shows one way to write the reader: a torch Sampler over this rank's positions, SamplerWrapper, Mapper.
+``step`` (see mimo_pipes/samples/sample.py). :func:`build` appends the library's part with
+:func:`~mimo_pipes.graph.tail.balanced_tail`; :func:`example_samples` shows one way to write the reader: a
+torch Sampler over this rank's positions, SamplerWrapper, Mapper.
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 Every module builds the same graph from the same data; only its DP layout differs. Copy this file to
 build your own (``--recipe path/to/your_recipe.py``): it provides what the commands call (see
 :mod:`mimo_pipes.recipe`): :func:`prepare` before any rank starts, :func:`build` on every rank, and
-:func:`row_counts` for ``mimo-pipes analyze``. :func:`pipeline` is the whole graph, one node per line.
+:func:`row_counts` for ``mimo-pipes analyze``. :func:`pipeline` writes the reader and the processing
+mappers, then appends the library's tail (costs, windows, the exchange, micro-batches) with
+:func:`~mimo_pipes.graph.tail.balanced_tail`.
 """
 
 from __future__ import annotations
