@@ -1,0 +1,393 @@
+"""Recipe: train megatron-core's ``MimoModel`` on the pipeline's micro-batches, on one GPU.
+
+The model is megatron-core's own: a ``GPTModel`` language model on local layer specs (no
+TransformerEngine) with M-RoPE, and a ``VisionModalitySubmodules`` holding a Qwen2-VL-style vision
+tower (transformers' architecture, random seeded weights) and a linear input projection to the language
+model's width; the built-in processor's image placeholder is the modality's special token. megatron-core's
+``DistributedDataParallel`` and ``get_megatron_optimizer`` (Adam) train it. The data is the default
+recipe's graph (:mod:`mimo_pipes_recipes.vlm_sft`, the embedded synthetic VLM data unless ``--dataset``)
+and every micro-batch reaches ``MimoModel.forward`` through :func:`mimo_pipes.megatron.mimo_batch` alone.
+
+One iteration is one window of ``--microbatches`` micro-batches with gradient accumulation; its loss is
+the sum of the per-token losses over the window divided by the window's loss tokens, so reordering the
+window's samples across its micro-batches leaves it unchanged. Per iteration the log records the loss,
+the model's time (to the GPU, forward, backward, optimizer step; CUDA-synchronised), the time blocked in
+``next(loader)`` and the time :func:`mimo_batch` took::
+
+    python -m mimo_pipes_recipes.megatron_mimo_train --iterations 100 --reorder off,on --log-dir logs/
+
+Needs a CUDA GPU and megatron-core 0.17 or later (``MimoModel`` with ``module_to_grid_map``); the
+non-colocated layout is :mod:`mimo_pipes_recipes.megatron_mimo_grids`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mimo_pipes.config import PipelineConfig, ReorderConfig
+from mimo_pipes.encoders import encode, vision_tower_config
+from mimo_pipes.exchange import RankLayout
+from mimo_pipes.megatron import MimoBatchSettings, mimo_batch
+from mimo_pipes_recipes import vlm_sft
+
+MODALITY = "images"
+ENCODER_KEY = "qwen_visual"
+COMPONENTS = ("language=tp=1,pp=1,dp=1,rank_offset=0",)  # one rank: every module on it (colocated)
+REORDER_MODES = ("off", "on")
+
+
+# ---------------------------------------------------------------------------------------------- settings
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    data = parser.add_argument_group("data")
+    data.add_argument("--iterations", type=int, default=100, help="iterations per run (one window of micro-batches each)")
+    data.add_argument("--micro-batch-size", type=int, default=4)
+    data.add_argument("--microbatches", type=int, default=4, help="micro-batches per iteration (the reordering window)")
+    data.add_argument("--seq-length", type=int, default=2048)
+    data.add_argument("--num-workers", type=int, default=8, help="threads that process the data")
+    data.add_argument("--dataset", default=None, help="default: the embedded synthetic VLM data")
+    data.add_argument("--embedded-samples", type=int, default=512)
+    data.add_argument("--reorder", default="off", help="comma-separated runs: off (plain order), on (--scalable-dp --intra-microbatch-reorder "
+                      "--reorder-across-microbatches over the window); each run starts from the same weights")
+    model = parser.add_argument_group("model")
+    model.add_argument("--lm-layers", type=int, default=12)
+    model.add_argument("--lm-hidden", type=int, default=1024)
+    model.add_argument("--lm-heads", type=int, default=16)
+    model.add_argument("--vision-depth", type=int, default=12)
+    model.add_argument("--vision-width", type=int, default=768)
+    model.add_argument("--vision-heads", type=int, default=12)
+    model.add_argument("--lr", type=float, default=3e-4)
+    model.add_argument("--seed", type=int, default=1234)
+    out = parser.add_argument_group("output")
+    out.add_argument("--log-dir", default=".", help="where each run's JSON log goes (megatron_mimo_<reorder>.json)")
+    args = parser.parse_args(argv)
+    modes = [mode.strip() for mode in args.reorder.split(",") if mode.strip()]
+    if not modes or any(mode not in REORDER_MODES for mode in modes):
+        parser.error(f"--reorder: a comma-separated list of {', '.join(REORDER_MODES)}, got {args.reorder!r}")
+    args.reorder_modes = modes
+    for name in ("iterations", "micro_batch_size", "microbatches", "seq_length", "lm_layers", "lm_hidden", "lm_heads",
+                 "vision_depth", "vision_width", "vision_heads"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
+    if args.lm_hidden % args.lm_heads or (args.lm_hidden // args.lm_heads) % 8:
+        parser.error(f"--lm-hidden {args.lm_hidden} / --lm-heads {args.lm_heads}: the head width must be a multiple of 8 (M-RoPE's three sections)")
+    if args.vision_width % args.vision_heads:
+        parser.error(f"--vision-width {args.vision_width} is not a multiple of --vision-heads {args.vision_heads}")
+    return args
+
+
+def pipeline_config(args: argparse.Namespace, reorder: str) -> PipelineConfig:
+    """The pipeline's settings for one rank holding every module; ``reorder`` ``on`` balances each window's
+    samples over its micro-batches, ``off`` keeps the reading order. Both read the same samples per window."""
+    balance = ReorderConfig(
+        scalable_dp=True, intra_microbatch_reorder=True, reorder_across_microbatches=True, reorder_window_size=args.microbatches
+    ) if reorder == "on" else ReorderConfig(reorder_window_size=args.microbatches)
+    return PipelineConfig(
+        components=COMPONENTS,
+        micro_batch_size=args.micro_batch_size,
+        global_batch_size=args.micro_batch_size * args.microbatches,
+        seq_length=args.seq_length,
+        num_workers=args.num_workers,
+        dataset=args.dataset,
+        embedded_samples=args.embedded_samples,
+        seed=args.seed,
+        reorder=balance,
+    )
+
+
+def mrope_section(head_dim: int) -> list[int]:
+    """Qwen2-VL's split of the rotary half-width over (temporal, height, width): 16/24/24 of 64 (head 128),
+    scaled to ``head_dim``."""
+    half = head_dim // 2
+    if half % 4:
+        raise ValueError(f"head width {head_dim}: M-RoPE needs half of it divisible by 4")
+    temporal = half // 4
+    height = (half - temporal) // 2
+    return [temporal, height, half - temporal - height]
+
+
+def vision_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The tower's size: Qwen2-VL's patches (14 px, 2 frames, 2x2 merge), this width and depth."""
+    return {"depth": args.vision_depth, "embed_dim": args.vision_width, "num_heads": args.vision_heads,
+            "hidden_size": args.lm_hidden, "mlp_ratio": 4}
+
+
+# ------------------------------------------------------------------------------------------------ model
+
+
+class QwenVisionEncoder(torch.nn.Module):
+    """The encoder of the vision submodule: a Qwen2-VL-style tower (``mimo_pipes.encoders``) taking the
+    keywords ``mimo_batch`` gives (``hidden_states``: patch rows, ``grid_thw``: one row per image) and
+    returning one row per placeholder token."""
+
+    def __init__(self, overrides: dict[str, Any], seed: int) -> None:
+        super().__init__()
+        from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
+
+        config = vision_tower_config("tiny", **overrides)
+        config._attn_implementation = "sdpa"
+        torch.manual_seed(seed)
+        self.tower = Qwen2VisionTransformerPretrainedModel._from_config(config, dtype=torch.float32)
+        self.out_features = config.hidden_size
+
+    def forward(self, hidden_states: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+        return encode(self.tower, hidden_states, grid_thw)
+
+
+def language_config(args: argparse.Namespace) -> Any:
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    config = TransformerConfig(
+        num_layers=args.lm_layers,
+        hidden_size=args.lm_hidden,
+        num_attention_heads=args.lm_heads,
+        ffn_hidden_size=4 * args.lm_hidden,
+        hidden_dropout=0.0,  # no dropout: runs that see the same samples give the same losses
+        attention_dropout=0.0,
+        params_dtype=torch.float32,
+        pipeline_dtype=torch.float32,
+    )
+    config.mrope_section = mrope_section(args.lm_hidden // args.lm_heads)
+    return config
+
+
+def mimo_model_config(args: argparse.Namespace, vocab_size: int, image_token_id: int, module_to_grid_map: dict | None = None) -> Any:
+    """megatron-core's ``MimoModelConfig`` of this recipe's model (``module_to_grid_map``: the
+    non-colocated layout's grids)."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.mimo import MimoModelConfig
+    from megatron.core.models.mimo.submodules.vision import VisionModalitySubmodules
+    from megatron.core.transformer.spec_utils import ModuleSpec
+
+    language = ModuleSpec(module=GPTModel, params={
+        "config": language_config(args),
+        "transformer_layer_spec": get_gpt_layer_local_spec(),
+        "vocab_size": vocab_size,
+        "max_sequence_length": args.seq_length,
+        "position_embedding_type": "mrope",
+        "share_embeddings_and_output_weights": False,
+    })
+    vision = ModuleSpec(module=VisionModalitySubmodules, submodules={
+        "encoders": {ENCODER_KEY: ModuleSpec(module=QwenVisionEncoder, params={"overrides": vision_overrides(args), "seed": args.seed})},
+        "input_projections": [ModuleSpec(module=torch.nn.Linear, params={"in_features": args.lm_hidden, "out_features": args.lm_hidden})],
+    })
+    options: dict[str, Any] = {} if module_to_grid_map is None else {"module_to_grid_map": module_to_grid_map}
+    return MimoModelConfig(language_model_spec=language, modality_submodules_spec={MODALITY: vision},
+                           special_token_ids={MODALITY: image_token_id}, **options)
+
+
+def optimizer_config(args: argparse.Namespace) -> Any:
+    from megatron.core.optimizer import OptimizerConfig
+
+    return OptimizerConfig(optimizer="adam", lr=args.lr, weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.95, clip_grad=1.0,
+                           params_dtype=torch.float32, use_distributed_optimizer=False)
+
+
+def join_single_rank(seed: int) -> None:
+    """torch.distributed and megatron's model-parallel state for one GPU (world of one, NCCL)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state, tensor_parallel
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    torch.cuda.set_device(0)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl", rank=0, world_size=1)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def build_model(args: argparse.Namespace, vocab_size: int, image_token_id: int) -> tuple[Any, Any]:
+    """(``DistributedDataParallel(MimoModel)``, its megatron optimizer), from seeded weights."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.models.mimo import MimoModel
+    from megatron.core.optimizer import get_megatron_optimizer
+    from megatron.core import tensor_parallel
+
+    torch.manual_seed(args.seed)
+    tensor_parallel.model_parallel_cuda_manual_seed(args.seed)
+    config = mimo_model_config(args, vocab_size, image_token_id)
+    model = MimoModel(config).cuda()
+    ddp = DistributedDataParallel(
+        config.language_model_spec.params["config"],
+        DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=False),
+        model,
+    )
+    return ddp, get_megatron_optimizer(optimizer_config(args), [ddp])
+
+
+# --------------------------------------------------------------------------------------------- training
+
+
+@dataclass
+class IterationRecord:
+    iteration: int
+    loss: float
+    model_ms: float  # to the GPU, forward, backward and the optimizer step, CUDA-synchronised
+    wait_ms: float  # blocked in next(loader)
+    batch_ms: float  # mimo_batch: the micro-batches as MimoModel.forward's keyword arguments
+    iteration_ms: float
+    grad_norm: float | None
+    loss_tokens: int
+    images: int
+    image_tokens: int
+    sample_ids: list[list[int]] = field(default_factory=list)  # per micro-batch
+
+
+def to_device(value: Any, device: torch.device) -> Any:
+    """Tensors of ``mimo_batch``'s keyword arguments (nested dicts) moved to ``device``; the rest as is."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device, non_blocking=True)
+    if isinstance(value, dict):
+        return {key: to_device(item, device) for key, item in value.items()}
+    return value
+
+
+def window_loss(model: Any, kwargs_list: list[dict[str, Any]], device: torch.device) -> float:
+    """Forward and backward of one window's micro-batches; the loss is normalised over the window's loss tokens."""
+    tokens = max(sum(float(kwargs["loss_mask"].sum()) for kwargs in kwargs_list), 1.0)
+    total = torch.zeros((), device=device, dtype=torch.float64)
+    for kwargs in kwargs_list:
+        output, loss_mask = model(**to_device(kwargs, device))
+        loss = (output.float() * loss_mask.float()).sum() / tokens
+        loss.backward()
+        total += loss.detach().double()
+    return float(total)
+
+
+def timed_batches(loader: Iterator[dict], count: int) -> tuple[list[dict], float]:
+    """``count`` micro-batches and the seconds spent blocked in ``next(loader)``."""
+    batches, waited = [], 0.0
+    for _ in range(count):
+        began = time.perf_counter()
+        batches.append(next(loader))
+        waited += time.perf_counter() - began
+    return batches, waited
+
+
+def train_run(args: argparse.Namespace, reorder: str, log: Any = print) -> list[IterationRecord]:
+    """One run of ``args.iterations`` iterations from fresh seeded weights over a fresh loader."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    config = pipeline_config(args, reorder)
+    config.validate(1)
+    vlm_sft.prepare(config, log=log)
+    processor = vlm_sft.open_processor(config)
+    settings = MimoBatchSettings.for_processor(processor, modality=MODALITY, encoder_key=ENCODER_KEY)
+    model, optimizer = build_model(args, len(processor.tokenizer), processor.image_token_id)
+    log(f"reorder {reorder}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters "
+        f"({sum(p.numel() for p in model.module.modality_submodules.parameters()) / 1e6:.1f}M vision)")
+    loader = vlm_sft.build(config, RankLayout(dp_rank=0, dp_size=1, grid_size=1))
+    records: list[IterationRecord] = []
+    try:
+        for iteration in range(1, args.iterations + 1):
+            began = time.perf_counter()
+            batches, waited = timed_batches(loader, args.microbatches)
+            converting = time.perf_counter()
+            kwargs_list = [mimo_batch(batch, settings) for batch in batches]
+            converted = time.perf_counter() - converting
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            model.zero_grad_buffer()
+            optimizer.zero_grad()
+            loss = window_loss(model, kwargs_list, device)
+            model.finish_grad_sync()
+            updated, grad_norm, _ = optimizer.step()
+            torch.cuda.synchronize()
+            done = time.perf_counter()
+            if not updated:
+                raise RuntimeError(f"iteration {iteration}: the optimizer skipped its step (gradient not finite)")
+            records.append(IterationRecord(
+                iteration=iteration, loss=loss, model_ms=(done - start) * 1e3, wait_ms=waited * 1e3, batch_ms=converted * 1e3,
+                iteration_ms=(done - began) * 1e3, grad_norm=None if grad_norm is None else float(grad_norm),
+                loss_tokens=int(sum(float(kwargs["loss_mask"].sum()) for kwargs in kwargs_list)),
+                images=sum(int(batch["image_grid_thw"].shape[0]) for batch in batches if batch.get("image_grid_thw") is not None),
+                image_tokens=sum(int(sum(batch["image_tokens"])) for batch in batches),
+                sample_ids=[[int(s) for s in batch["sample_ids"]] for batch in batches],
+            ))
+            if iteration == 1 or iteration % 10 == 0:
+                r = records[-1]
+                log(f"reorder {reorder} iteration {iteration}: loss {r.loss:.4f} model {r.model_ms:.1f} ms wait {r.wait_ms:.1f} ms "
+                    f"mimo_batch {r.batch_ms:.1f} ms grad norm {r.grad_norm}")
+    finally:
+        loader.close()
+    return records
+
+
+def summary(records: list[IterationRecord], skip: int = 1) -> dict[str, Any]:
+    """Figures of a run: loss first/last, medians (after ``skip`` warm-up iterations) and the wait's share of
+    the iteration (summed over the same iterations)."""
+    steady = records[skip:] if len(records) > skip else records
+    total = sum(r.iteration_ms for r in steady)
+    return {
+        "iterations": len(records),
+        "loss_first": records[0].loss,
+        "loss_last": records[-1].loss,
+        "median_model_ms": statistics.median(r.model_ms for r in steady),
+        "median_wait_ms": statistics.median(r.wait_ms for r in steady),
+        "median_batch_ms": statistics.median(r.batch_ms for r in steady),
+        "median_iteration_ms": statistics.median(r.iteration_ms for r in steady),
+        "wait_percent": 100.0 * sum(r.wait_ms for r in steady) / total if total else 0.0,
+        "batch_percent": 100.0 * sum(r.batch_ms for r in steady) / total if total else 0.0,
+        "warmup_iterations_excluded": len(records) - len(steady),
+        "micro_batches": sum(len(r.sample_ids) for r in records),
+    }
+
+
+def environment() -> dict[str, Any]:
+    from importlib.metadata import version
+
+    info: dict[str, Any] = {"python": sys.version.split()[0], "torch": torch.__version__}
+    for package in ("megatron-core", "transformers", "torchdata"):
+        try:
+            info[package] = version(package)
+        except Exception:  # noqa: BLE001 - a missing distribution is reported as such
+            info[package] = None
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("megatron_mimo_train: needs a CUDA GPU (megatron-core's GPTModel runs its attention on CUDA)", file=sys.stderr)
+        return 2
+    torch.backends.cuda.matmul.allow_tf32 = True  # fp32 weights, TF32 matrix products
+    torch.backends.cudnn.allow_tf32 = True
+    join_single_rank(args.seed)
+    log_dir = Path(args.log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    for reorder in args.reorder_modes:
+        records = train_run(args, reorder, log=lambda line: print(line, flush=True))
+        figures = summary(records)
+        path = log_dir / f"megatron_mimo_{reorder}.json"
+        path.write_text(json.dumps({
+            "command": " ".join(["python -m mimo_pipes_recipes.megatron_mimo_train", *(argv if argv is not None else sys.argv[1:])]),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "reorder": reorder,
+            "settings": {key: value for key, value in vars(args).items() if key != "reorder_modes"},
+            "environment": environment(),
+            "summary": figures,
+            "iterations": [record.__dict__ for record in records],
+        }, indent=1))
+        print(f"reorder {reorder}: {json.dumps(figures)} -> {path}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
