@@ -1,0 +1,84 @@
+"""How :func:`~mimo_pipes.megatron.batch.mimo_batch` shapes a micro-batch for ``MimoModel.forward``: one frozen
+record, its defaults those of the built-in processor and of Megatron-Bridge's Qwen-VL MIMO step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from mimo_pipes.data.processor import IMAGE_PAD, MERGE_SIZE, SPECIAL_TOKENS
+
+STAGES = ("only", "first", "middle", "last")
+"""A rank's pipeline stage in the language model: ``only`` (no pipeline parallelism) keeps every key."""
+ATTENTION_MASKS = ("none", "bool")
+"""``none``: no mask (causal attention; right padding comes after every real token). ``bool``: a
+``[B, 1, S, S]`` mask, True where a query may not attend (a later token or a padding token)."""
+MROPE_FAMILIES = ("qwen2-vl", "qwen2.5-vl", "qwen3-vl")
+"""How video temporal positions step (images are the same in all three; see :mod:`mimo_pipes.megatron.rope`)."""
+
+
+@dataclass(frozen=True)
+class MimoBatchSettings:
+    """Options of :func:`~mimo_pipes.megatron.batch.mimo_batch` (each also a keyword of it).
+
+    * ``modality`` / ``encoder_key``: where the vision fields go, ``modality_inputs[modality][encoder_key]``
+      (Megatron-Bridge's Qwen-VL MIMO names: ``images`` / ``qwen_visual``).
+    * ``pixels_key`` / ``grid_key``: the encoder's keyword for the patch rows and for the grids.
+    * ``image_token_id``, ``video_token_id``, ``spatial_merge_size``: the placeholder tokens and the
+      merge of the vision tower (defaults: the built-in processor's; :meth:`for_processor` takes a loaded
+      processor's). ``video_token_id`` None: the tokenizer has no video placeholder.
+    * ``mrope``: compute M-RoPE position ids ``[3, B, S]`` from ``input_ids`` and the grids; false keeps
+      the micro-batch's ``position_ids`` (``[B, S]``, or ``[B, 3, S]`` moved to ``[3, B, S]``).
+      ``mrope_family``, ``tokens_per_second``, ``seconds_per_video_grid``: video temporal steps.
+    * ``stage``: the rank's pipeline stage of the language model (:mod:`mimo_pipes.megatron.stages`).
+    * ``attention_mask``: ``none`` or ``bool`` (see ``ATTENTION_MASKS``); a packed micro-batch has none.
+    * ``encodes``: whether this rank runs the vision encoder (None: wherever the micro-batch has pixels).
+    """
+
+    modality: str = "images"
+    encoder_key: str = "qwen_visual"
+    pixels_key: str = "hidden_states"
+    grid_key: str = "grid_thw"
+    image_token_id: int | None = SPECIAL_TOKENS.index(IMAGE_PAD)
+    video_token_id: int | None = None
+    spatial_merge_size: int = MERGE_SIZE
+    mrope: bool = True
+    mrope_family: str = "qwen2-vl"
+    tokens_per_second: float = 2.0
+    seconds_per_video_grid: float = 1.0
+    stage: str = "only"
+    attention_mask: str = "none"
+    encodes: bool | None = None
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("stage", STAGES), ("attention_mask", ATTENTION_MASKS), ("mrope_family", MROPE_FAMILIES)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"mimo_batch: {name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        if isinstance(self.spatial_merge_size, bool) or not isinstance(self.spatial_merge_size, int) or self.spatial_merge_size < 1:
+            raise ValueError(f"mimo_batch: spatial_merge_size must be an integer >= 1, got {self.spatial_merge_size!r}")
+        if self.mrope and self.image_token_id is None and self.video_token_id is None:
+            raise ValueError("mimo_batch: mrope needs image_token_id or video_token_id")
+
+    @classmethod
+    def for_processor(cls, processor: Any, **options: Any) -> MimoBatchSettings:
+        """Settings with the placeholder ids and merge size of a loaded
+        :class:`~mimo_pipes.data.processor.SampleProcessor` (any Qwen2/2.5/3-VL folder), then ``options``."""
+        family = processor.family
+        found = {
+            "image_token_id": family.image_token_id,
+            "video_token_id": family.video_token_id,
+            "spatial_merge_size": int(getattr(family, "merge_size", 1)),
+        }
+        return cls(**{**found, **options})
+
+    def with_options(self, **options: Any) -> MimoBatchSettings:
+        names = {f.name for f in fields(self)}
+        unknown = sorted(set(options) - names)
+        if unknown:
+            raise TypeError(f"mimo_batch: unknown option(s) {', '.join(unknown)}; options are {', '.join(sorted(names))}")
+        return replace(self, **options)
+
+    @property
+    def video_intervals(self) -> float:
+        """Temporal position step of a video grid row (see :mod:`mimo_pipes.megatron.rope`)."""
+        return self.tokens_per_second * self.seconds_per_video_grid if self.mrope_family == "qwen2.5-vl" else 1.0

@@ -1,0 +1,44 @@
+"""Which ``MimoModel.forward`` inputs each pipeline stage of the language model takes.
+
+Megatron's pipeline schedules call the forward step on every stage: the first stage embeds the tokens
+(``input_ids``, and the vision inputs it splices in), the last computes the loss (``labels``,
+``loss_mask``), and a middle stage takes only hidden states from its neighbour. Position ids, the
+attention mask and the packing parameters are needed on every stage (rotary embeddings and attention run
+in every layer). Keys a stage does not take are set to None, as Megatron-Bridge's MIMO step does, so the
+keyword arguments are the same on every rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+FIRST_STAGE_KEYS = ("input_ids", "modality_inputs")
+LAST_STAGE_KEYS = ("labels", "loss_mask")
+
+
+def stage_keys(stage: str) -> tuple[str, ...]:
+    """The keys set to None on ``stage`` (``only``, ``first``, ``middle``, ``last``)."""
+    dropped: tuple[str, ...] = ()
+    if stage in ("middle", "last"):
+        dropped += FIRST_STAGE_KEYS
+    if stage in ("first", "middle"):
+        dropped += LAST_STAGE_KEYS
+    if stage not in ("only", "first", "middle", "last"):
+        raise ValueError(f"stage must be one of only, first, middle, last, got {stage!r}")
+    return dropped
+
+
+def for_stage(kwargs: Mapping[str, Any], stage: str) -> dict[str, Any]:
+    """``kwargs`` with the keys ``stage`` does not take set to None."""
+    dropped = stage_keys(stage)
+    return {key: (None if key in dropped else value) for key, value in kwargs.items()}
+
+
+def stage_of(pp_rank: int, pp_size: int) -> str:
+    """The stage name of pipeline rank ``pp_rank`` of ``pp_size``."""
+    if pp_size < 1 or not 0 <= pp_rank < pp_size:
+        raise ValueError(f"pipeline rank {pp_rank} is not in a pipeline of {pp_size} stages")
+    if pp_size == 1:
+        return "only"
+    return "first" if pp_rank == 0 else "last" if pp_rank == pp_size - 1 else "middle"
