@@ -214,10 +214,10 @@ def join_single_rank(seed: int) -> None:
 
 def build_model(args: argparse.Namespace, vocab_size: int, image_token_id: int) -> tuple[Any, Any]:
     """(``DistributedDataParallel(MimoModel)``, its megatron optimizer), from seeded weights."""
+    from megatron.core import tensor_parallel
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.models.mimo import MimoModel
     from megatron.core.optimizer import get_megatron_optimizer
-    from megatron.core import tensor_parallel
 
     torch.manual_seed(args.seed)
     tensor_parallel.model_parallel_cuda_manual_seed(args.seed)
@@ -280,9 +280,13 @@ def timed_batches(loader: Iterator[dict], count: int) -> tuple[list[dict], float
     return batches, waited
 
 
+def training_device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device())
+
+
 def train_run(args: argparse.Namespace, reorder: str, log: Any = print) -> list[IterationRecord]:
     """One run of ``args.iterations`` iterations from fresh seeded weights over a fresh loader."""
-    device = torch.device("cuda", torch.cuda.current_device())
+    device = training_device()
     config = pipeline_config(args, reorder)
     config.validate(1)
     vlm_sft.prepare(config, log=log)
@@ -373,8 +377,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     log_dir = Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     for reorder in args.reorder_modes:
+        torch.cuda.reset_peak_memory_stats()
         records = train_run(args, reorder, log=lambda line: print(line, flush=True))
-        figures = summary(records)
+        figures = {**summary(records), "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30}
         path = log_dir / f"megatron_mimo_{reorder}.json"
         path.write_text(json.dumps({
             "command": " ".join(["python -m mimo_pipes_recipes.megatron_mimo_train", *(argv if argv is not None else sys.argv[1:])]),
