@@ -60,6 +60,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     data.add_argument("--num-workers", type=int, default=8, help="threads that process the data")
     data.add_argument("--dataset", default=None, help="default: the embedded synthetic VLM data")
     data.add_argument("--embedded-samples", type=int, default=512)
+    data.add_argument("--prefetch", type=int, default=2, help="micro-batches read ahead on a background thread (0: read "
+                      "on the training thread, each when its forward starts)")
     data.add_argument("--reorder", default="off", help="comma-separated runs: off (plain order), on (--scalable-dp --intra-microbatch-reorder "
                       "--reorder-across-microbatches over the window); each run starts from the same weights")
     model = parser.add_argument_group("model")
@@ -78,6 +80,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if not modes or any(mode not in REORDER_MODES for mode in modes):
         parser.error(f"--reorder: a comma-separated list of {', '.join(REORDER_MODES)}, got {args.reorder!r}")
     args.reorder_modes = modes
+    if args.prefetch < 0:
+        parser.error(f"--prefetch: must be >= 0, got {args.prefetch}")
     for name in ("iterations", "micro_batch_size", "microbatches", "seq_length", "lm_layers", "lm_hidden", "lm_heads",
                  "vision_depth", "vision_width", "vision_heads"):
         if getattr(args, name) < 1:
@@ -238,15 +242,97 @@ def build_model(args: argparse.Namespace, vocab_size: int, image_token_id: int) 
 class IterationRecord:
     iteration: int
     loss: float
-    model_ms: float  # to the GPU, forward, backward and the optimizer step, CUDA-synchronised
-    wait_ms: float  # blocked in next(loader)
-    batch_ms: float  # mimo_batch: the micro-batches as MimoModel.forward's keyword arguments
+    model_ms: float  # the rest of the iteration: to the GPU, forward, backward, optimizer step (CUDA-synchronised at its end)
+    wait_ms: float  # the training thread blocked waiting for its next micro-batch
+    batch_ms: float  # mimo_batch (on the prefetch thread with --prefetch, else on the training thread)
     iteration_ms: float
     grad_norm: float | None
     loss_tokens: int
     images: int
     image_tokens: int
     sample_ids: list[list[int]] = field(default_factory=list)  # per micro-batch
+
+
+@dataclass
+class Prepared:
+    """One micro-batch as the loader yielded it, its ``MimoModel.forward`` keyword arguments, and the
+    seconds ``mimo_batch`` took."""
+
+    batch: dict[str, Any]
+    kwargs: dict[str, Any]
+    seconds: float
+
+
+def prepared(batch: dict[str, Any], settings: MimoBatchSettings) -> Prepared:
+    began = time.perf_counter()
+    kwargs = mimo_batch(batch, settings)
+    return Prepared(batch, kwargs, time.perf_counter() - began)
+
+
+class Prefetcher:
+    """Reads ``loader`` on a background thread up to ``depth`` micro-batches ahead of the trainer, each
+    turned into ``MimoModel.forward``'s keyword arguments there (a DataLoader's workers play this part in
+    Megatron). The loader's ``state_dict()`` then stands ``depth`` micro-batches ahead of the trainer: a
+    trainer that saves it must keep the state that goes with each micro-batch it takes."""
+
+    _END = object()
+
+    def __init__(self, loader: Iterator[dict], settings: MimoBatchSettings, depth: int) -> None:
+        import queue
+        import threading
+
+        self.loader, self.settings = loader, settings
+        self.queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="megatron-mimo-prefetch", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            for batch in self.loader:
+                if self.stopping.is_set():
+                    return
+                self.queue.put(prepared(batch, self.settings))
+            self.queue.put(self._END)
+        except BaseException as error:  # noqa: BLE001 - raised on the training thread
+            self.queue.put(error)
+
+    def __iter__(self) -> Prefetcher:
+        return self
+
+    def __next__(self) -> Prepared:
+        item = self.queue.get()
+        if item is self._END:
+            raise StopIteration
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def close(self) -> None:
+        import queue
+
+        self.stopping.set()
+        while self.thread.is_alive():  # unblock a put, then let the thread see the flag
+            try:
+                self.queue.get(timeout=0.1)
+            except queue.Empty:
+                pass
+
+
+class Direct:
+    """The loader read on the training thread, each micro-batch through ``mimo_batch`` there."""
+
+    def __init__(self, loader: Iterator[dict], settings: MimoBatchSettings) -> None:
+        self.loader, self.settings = loader, settings
+
+    def __iter__(self) -> Direct:
+        return self
+
+    def __next__(self) -> Prepared:
+        return prepared(next(self.loader), self.settings)
+
+    def close(self) -> None:
+        pass
 
 
 def to_device(value: Any, device: torch.device) -> Any:
@@ -258,30 +344,52 @@ def to_device(value: Any, device: torch.device) -> Any:
     return value
 
 
-def window_loss(model: Any, kwargs_list: list[dict[str, Any]], device: torch.device) -> float:
-    """Forward and backward of one window's micro-batches; the loss is normalised over the window's loss tokens."""
-    tokens = max(sum(float(kwargs["loss_mask"].sum()) for kwargs in kwargs_list), 1.0)
-    total = torch.zeros((), device=device, dtype=torch.float64)
-    for kwargs in kwargs_list:
-        output, loss_mask = model(**to_device(kwargs, device))
-        loss = (output.float() * loss_mask.float()).sum() / tokens
-        loss.backward()
-        total += loss.detach().double()
-    return float(total)
-
-
-def timed_batches(loader: Iterator[dict], count: int) -> tuple[list[dict], float]:
-    """``count`` micro-batches and the seconds spent blocked in ``next(loader)``."""
-    batches, waited = [], 0.0
-    for _ in range(count):
-        began = time.perf_counter()
-        batches.append(next(loader))
-        waited += time.perf_counter() - began
-    return batches, waited
-
-
 def training_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device())
+
+
+def iteration_step(model: Any, optimizer: Any, source: Iterator[Prepared], microbatches: int, device: torch.device,
+                   prefetching: bool) -> tuple[IterationRecord, list[Prepared]]:
+    """One iteration as Megatron's schedule runs it: each micro-batch taken when its forward starts,
+    forward and backward of its summed per-token losses, then the gradients divided by the iteration's loss
+    tokens (megatron's per-token loss), the optimizer step. Returns the record (iteration number 0) and the
+    micro-batches."""
+    torch.cuda.synchronize()
+    began = time.perf_counter()
+    model.zero_grad_buffer()
+    optimizer.zero_grad()
+    waited, items, tokens = 0.0, [], 0.0
+    total = torch.zeros((), device=device, dtype=torch.float64)
+    for _ in range(microbatches):
+        asked = time.perf_counter()
+        item = next(source)
+        waited += time.perf_counter() - asked
+        items.append(item)
+        tokens += float(item.kwargs["loss_mask"].sum())
+        output, loss_mask = model(**to_device(item.kwargs, device))
+        token_loss = (output.float() * loss_mask.float()).sum()
+        token_loss.backward()
+        total += token_loss.detach().double()
+    tokens = max(tokens, 1.0)
+    model.finish_grad_sync()
+    model.scale_gradients(1.0 / tokens)
+    updated, grad_norm, _ = optimizer.step()
+    loss = float(total) / tokens
+    torch.cuda.synchronize()
+    elapsed = time.perf_counter() - began
+    converted = sum(item.seconds for item in items)
+    if not updated:
+        raise RuntimeError("the optimizer skipped its step (gradient not finite)")
+    batches = [item.batch for item in items]
+    record = IterationRecord(
+        iteration=0, loss=loss, wait_ms=waited * 1e3, batch_ms=converted * 1e3, iteration_ms=elapsed * 1e3,
+        model_ms=(elapsed - waited - (0.0 if prefetching else converted)) * 1e3,
+        grad_norm=None if grad_norm is None else float(grad_norm), loss_tokens=int(tokens),
+        images=sum(int(batch["image_grid_thw"].shape[0]) for batch in batches if batch.get("image_grid_thw") is not None),
+        image_tokens=sum(int(sum(batch["image_tokens"])) for batch in batches),
+        sample_ids=[[int(s) for s in batch["sample_ids"]] for batch in batches],
+    )
+    return record, items
 
 
 def train_run(args: argparse.Namespace, reorder: str, log: Any = print) -> list[IterationRecord]:
@@ -296,47 +404,30 @@ def train_run(args: argparse.Namespace, reorder: str, log: Any = print) -> list[
     log(f"reorder {reorder}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters "
         f"({sum(p.numel() for p in model.module.modality_submodules.parameters()) / 1e6:.1f}M vision)")
     loader = vlm_sft.build(config, RankLayout(dp_rank=0, dp_size=1, grid_size=1))
+    source: Prefetcher | Direct = Prefetcher(loader, settings, args.prefetch) if args.prefetch else Direct(loader, settings)
     records: list[IterationRecord] = []
     try:
         for iteration in range(1, args.iterations + 1):
-            began = time.perf_counter()
-            batches, waited = timed_batches(loader, args.microbatches)
-            converting = time.perf_counter()
-            kwargs_list = [mimo_batch(batch, settings) for batch in batches]
-            converted = time.perf_counter() - converting
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            model.zero_grad_buffer()
-            optimizer.zero_grad()
-            loss = window_loss(model, kwargs_list, device)
-            model.finish_grad_sync()
-            updated, grad_norm, _ = optimizer.step()
-            torch.cuda.synchronize()
-            done = time.perf_counter()
-            if not updated:
-                raise RuntimeError(f"iteration {iteration}: the optimizer skipped its step (gradient not finite)")
-            records.append(IterationRecord(
-                iteration=iteration, loss=loss, model_ms=(done - start) * 1e3, wait_ms=waited * 1e3, batch_ms=converted * 1e3,
-                iteration_ms=(done - began) * 1e3, grad_norm=None if grad_norm is None else float(grad_norm),
-                loss_tokens=int(sum(float(kwargs["loss_mask"].sum()) for kwargs in kwargs_list)),
-                images=sum(int(batch["image_grid_thw"].shape[0]) for batch in batches if batch.get("image_grid_thw") is not None),
-                image_tokens=sum(int(sum(batch["image_tokens"])) for batch in batches),
-                sample_ids=[[int(s) for s in batch["sample_ids"]] for batch in batches],
-            ))
+            record, _ = iteration_step(model, optimizer, source, args.microbatches, device, prefetching=bool(args.prefetch))
+            record.iteration = iteration
+            records.append(record)
             if iteration == 1 or iteration % 10 == 0:
-                r = records[-1]
-                log(f"reorder {reorder} iteration {iteration}: loss {r.loss:.4f} model {r.model_ms:.1f} ms wait {r.wait_ms:.1f} ms "
-                    f"mimo_batch {r.batch_ms:.1f} ms grad norm {r.grad_norm}")
+                log(f"reorder {reorder} iteration {iteration}: loss {record.loss:.4f} model {record.model_ms:.1f} ms "
+                    f"wait {record.wait_ms:.1f} ms mimo_batch {record.batch_ms:.1f} ms grad norm {record.grad_norm}")
     finally:
+        source.close()
         loader.close()
     return records
 
 
-def summary(records: list[IterationRecord], skip: int = 1) -> dict[str, Any]:
-    """Figures of a run: loss first/last, medians (after ``skip`` warm-up iterations) and the wait's share of
-    the iteration (summed over the same iterations)."""
+def summary(records: list[IterationRecord], *, prefetching: bool, skip: int = 1) -> dict[str, Any]:
+    """Figures of a run: loss first/last, medians after ``skip`` warm-up iterations, and the shares of the
+    iteration (summed over the same iterations) the training thread spent waiting for data and, without
+    prefetching, converting it (``data_percent``: both)."""
     steady = records[skip:] if len(records) > skip else records
     total = sum(r.iteration_ms for r in steady)
+    waited = sum(r.wait_ms for r in steady)
+    converted = 0.0 if prefetching else sum(r.batch_ms for r in steady)
     return {
         "iterations": len(records),
         "loss_first": records[0].loss,
@@ -345,8 +436,9 @@ def summary(records: list[IterationRecord], skip: int = 1) -> dict[str, Any]:
         "median_wait_ms": statistics.median(r.wait_ms for r in steady),
         "median_batch_ms": statistics.median(r.batch_ms for r in steady),
         "median_iteration_ms": statistics.median(r.iteration_ms for r in steady),
-        "wait_percent": 100.0 * sum(r.wait_ms for r in steady) / total if total else 0.0,
-        "batch_percent": 100.0 * sum(r.batch_ms for r in steady) / total if total else 0.0,
+        "wait_percent": 100.0 * waited / total if total else 0.0,
+        "data_percent": 100.0 * (waited + converted) / total if total else 0.0,
+        "prefetch": prefetching,
         "warmup_iterations_excluded": len(records) - len(steady),
         "micro_batches": sum(len(r.sample_ids) for r in records),
     }
@@ -379,7 +471,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for reorder in args.reorder_modes:
         torch.cuda.reset_peak_memory_stats()
         records = train_run(args, reorder, log=lambda line: print(line, flush=True))
-        figures = {**summary(records), "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30}
+        figures = {**summary(records, prefetching=bool(args.prefetch)), "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30}
         path = log_dir / f"megatron_mimo_{reorder}.json"
         path.write_text(json.dumps({
             "command": " ".join(["python -m mimo_pipes_recipes.megatron_mimo_train", *(argv if argv is not None else sys.argv[1:])]),
