@@ -86,8 +86,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                  "vision_depth", "vision_width", "vision_heads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
-    if args.lm_hidden % args.lm_heads or (args.lm_hidden // args.lm_heads) % 8:
-        parser.error(f"--lm-hidden {args.lm_hidden} / --lm-heads {args.lm_heads}: the head width must be a multiple of 8 (M-RoPE's three sections)")
+    if args.lm_hidden % args.lm_heads or (args.lm_hidden // args.lm_heads) % 16:
+        parser.error(f"--lm-hidden {args.lm_hidden} / --lm-heads {args.lm_heads}: the head width must be a multiple of 16 (M-RoPE's three sections)")
     if args.vision_width % args.vision_heads:
         parser.error(f"--vision-width {args.vision_width} is not a multiple of --vision-heads {args.vision_heads}")
     return args
@@ -115,12 +115,10 @@ def pipeline_config(args: argparse.Namespace, reorder: str) -> PipelineConfig:
 def mrope_section(head_dim: int) -> list[int]:
     """Qwen2-VL's split of the rotary half-width over (temporal, height, width): 16/24/24 of 64 (head 128),
     scaled to ``head_dim``."""
+    if head_dim % 16:
+        raise ValueError(f"head width {head_dim}: M-RoPE's sections (1/4, 3/8, 3/8 of half of it) need a multiple of 16")
     half = head_dim // 2
-    if half % 4:
-        raise ValueError(f"head width {head_dim}: M-RoPE needs half of it divisible by 4")
-    temporal = half // 4
-    height = (half - temporal) // 2
-    return [temporal, height, half - temporal - height]
+    return [half // 4, 3 * half // 8, 3 * half // 8]
 
 
 def vision_overrides(args: argparse.Namespace) -> dict[str, Any]:
