@@ -20,5 +20,6 @@ step() {
 step python -m pip install -q --upgrade pip
 # torch 2.13.0 is the CPU build this environment keeps on disk; set TORCH_SPEC to choose another.
 step python -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
-step python -m pip install -q -e ".[test]"
+# CI tests the oldest megatron-core the package admits; the GPU machine runs the newest (set MEGATRON_CORE_SPEC).
+step python -m pip install -q -e ".[test]" "${MEGATRON_CORE_SPEC:-megatron-core==0.16.1}"
 python -W ignore -c "import torch, torchdata, megatron.core, transformers, datasets, mimo_pipes; print('set-up ok: torch', torch.__version__)"

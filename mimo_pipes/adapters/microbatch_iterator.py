@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+import torch
 from torchdata.nodes import BaseNode, IterableWrapper, Stateful
 
 from mimo_pipes.config import ReorderConfig, flag
@@ -24,6 +25,7 @@ from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.loader import GraphLoader
 from mimo_pipes.nodes import Uncollate
+from mimo_pipes.nodes.uncollate import POSITION_IDS
 from mimo_pipes.resume import ResumePoint
 from mimo_pipes.tail import balanced_tail
 from mimo_pipes.tail_settings import resolve_tail
@@ -38,9 +40,17 @@ class BalancedIterator(GraphLoader):
     Iterate it once; ``close()`` (or ``with``) stops the exchange's background thread.
     """
 
-    def __init__(self, root, *, start_count: int, restorable: bool) -> None:
+    def __init__(self, root, *, start_count: int, restorable: bool, mrope_first: bool = False) -> None:
         super().__init__(root, start_count=start_count)
         self.restorable = restorable
+        self.mrope_first = mrope_first
+
+    def __next__(self) -> dict:
+        batch = super().__next__()
+        positions = batch.get(POSITION_IDS)
+        if self.mrope_first and isinstance(positions, torch.Tensor) and positions.dim() == 3:
+            batch[POSITION_IDS] = positions.transpose(0, 1).contiguous()  # back to the [3, rows, L] they came in
+        return batch
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not self.restorable:
@@ -125,6 +135,7 @@ def balance_iterator(
     pack_sequences: bool = False,
     pack_pad_multiple: int = 1,
     components: Sequence[str] | None = None,
+    mrope_first: bool = False,
 ) -> BalancedIterator:
     """Balanced micro-batches from this rank's collated ones, in the same format plus metadata lists.
 
@@ -143,6 +154,10 @@ def balance_iterator(
     every module's spec (as ``--component`` takes them), needed with a time model or two-level balance so
     that the planner's floor and encoder replicas are the run's. Raises ConfigError, naming the flag, on a
     bad setting.
+
+    Position ids may have three rows (M-RoPE): ``[rows, 3, L]``, or with ``mrope_first`` ``[3, rows, L]``
+    (Megatron's layout); each sample keeps its three rows, and they come out in the layout they came in
+    (a packed micro-batch's as ``[1, 3, T]``, or ``[3, 1, T]`` with ``mrope_first``).
     """
     if (microbatches is None) == (source_factory is None):
         raise TypeError("pass exactly one of microbatches and source_factory")
@@ -178,5 +193,7 @@ def balance_iterator(
         dp_rank=layout.dp_rank,
         dp_size=layout.dp_size,
         start_step=tail.resume.first_step if source_factory is not None else start_microbatch,
+        mrope_first=mrope_first,
     )
-    return BalancedIterator(balanced_tail(node, settings=tail, layout=layout), start_count=start_count, restorable=restorable)
+    root = balanced_tail(node, settings=tail, layout=layout)
+    return BalancedIterator(root, start_count=start_count, restorable=restorable, mrope_first=mrope_first)

@@ -97,25 +97,31 @@ def _attention_mask(mask: torch.Tensor | None, settings: MimoBatchSettings) -> t
 
 
 def _modality_inputs(batch: Mapping[str, Any], settings: MimoBatchSettings, mask: torch.Tensor | None, packed: bool) -> dict | None:
-    if settings.encodes is False:
+    if not settings.encodes:
         return None
     images = _pair(batch, "pixel_values", "image_grid_thw")
     videos = _pair(batch, "pixel_values_videos", "video_grid_thw")
-    merged = merged_vision(
-        images, videos, input_ids=batch.get("input_ids"), image_token_id=settings.image_token_id,
-        video_token_id=settings.video_token_id, spatial_merge_size=settings.spatial_merge_size, token_mask=mask,
-    )
-    if merged is None:
-        if settings.encodes:
-            raise ValueError("encodes=True but the micro-batch holds no pixel fields with their grids")
-        return None
-    pixels, grid = merged
-    return {settings.modality: {settings.encoder_key: {settings.pixels_key: pixels, settings.grid_key: grid}}}
+    if settings.video_modality is not None:  # each kind its own modality: no ordering across kinds
+        entries = {settings.modality: merged_vision(images, None, input_ids=None, image_token_id=None, video_token_id=None,
+                                                    spatial_merge_size=settings.spatial_merge_size),
+                   settings.video_modality: merged_vision(None, videos, input_ids=None, image_token_id=None, video_token_id=None,
+                                                          spatial_merge_size=settings.spatial_merge_size)}
+    else:
+        entries = {settings.modality: merged_vision(
+            images, videos, input_ids=batch.get("input_ids"), image_token_id=settings.image_token_id,
+            video_token_id=settings.video_token_id, spatial_merge_size=settings.spatial_merge_size, token_mask=mask,
+        )}
+    inputs = {
+        modality: {settings.encoder_key: {settings.pixels_key: pair[0], settings.grid_key: pair[1]}}
+        for modality, pair in entries.items() if pair is not None
+    }
+    return inputs or None
 
 
 def _pair(batch: Mapping[str, Any], pixels: str, grid: str) -> tuple[torch.Tensor, torch.Tensor] | None:
     if batch.get(pixels) is None:
         return None
     if batch.get(grid) is None:
-        raise ValueError(f"{pixels} without {grid}: the encoder needs each item's grid")
+        raise ValueError(f"{pixels} without {grid}: a Qwen2-VL-style encoder needs each item's grid (tiled images, "
+                         "InternVL's image_num_tiles, have none: pass encodes=False, mrope=False and build their encoder inputs)")
     return batch[pixels], batch[grid]

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 TEXT, IMAGE, VIDEO = 0, 1, 2
@@ -62,31 +63,31 @@ def vision_items(
     return items
 
 
-def token_kinds(input_ids: torch.Tensor, image_token_id: int | None, video_token_id: int | None) -> torch.Tensor:
+def token_kinds(input_ids: torch.Tensor | np.ndarray, image_token_id: int | None, video_token_id: int | None) -> np.ndarray:
     """TEXT, IMAGE or VIDEO for every token (transformers' ``mm_token_type_ids``)."""
-    kinds = torch.zeros(input_ids.shape, dtype=torch.int64)
+    ids = input_ids.detach().cpu().numpy() if isinstance(input_ids, torch.Tensor) else np.asarray(input_ids)
+    kinds = np.zeros(ids.shape, dtype=np.int64)
     if image_token_id is not None:
-        kinds[input_ids == image_token_id] = IMAGE
+        kinds[ids == image_token_id] = IMAGE
     if video_token_id is not None:
-        kinds[input_ids == video_token_id] = VIDEO
+        kinds[ids == video_token_id] = VIDEO
     return kinds
 
 
-def runs(kinds: torch.Tensor) -> list[tuple[int, int, int]]:
-    """``(kind, start, stop)`` of each maximal run of equal kinds of a 1-d tensor."""
-    n = int(kinds.numel())
+def runs(kinds: np.ndarray) -> list[tuple[int, int, int]]:
+    """``(kind, start, stop)`` of each maximal run of equal kinds of a 1-d array."""
+    n = int(kinds.size)
     if n == 0:
         return []
-    change = torch.nonzero(kinds[1:] != kinds[:-1]).flatten() + 1
-    bounds = [0, *change.tolist(), n]
+    bounds = [0, *(np.flatnonzero(kinds[1:] != kinds[:-1]) + 1).tolist(), n]
     return [(int(kinds[a]), a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 class _Queue:
-    """The items of one kind, handed out in order, and how much of the current one is used."""
+    """The items of one kind, handed out in order."""
 
     def __init__(self, items: list[VisionItem], name: str) -> None:
-        self.items, self.name, self.next, self.left = items, name, 0, 0
+        self.items, self.name, self.next = items, name, 0
 
     def take(self) -> VisionItem:
         if self.next >= len(self.items):
@@ -100,13 +101,13 @@ class _Queue:
             raise ValueError(f"the {self.name} grids describe {len(self.items)} items but the placeholder tokens hold {self.next}")
 
 
-def sequence_positions(ids: torch.Tensor, kinds: torch.Tensor, queues: dict[int, _Queue]) -> torch.Tensor:
-    """``[3, n]`` positions of one sequence's real tokens (``ids`` 1-d), from position 0."""
-    out = torch.empty((MROPE_ROWS, ids.numel()), dtype=torch.int64)
+def sequence_positions(kinds: np.ndarray, queues: dict[int, _Queue]) -> np.ndarray:
+    """``[3, n]`` positions of one sequence's real tokens (their ``kinds``, 1-d), from position 0."""
+    out = np.empty((MROPE_ROWS, kinds.size), dtype=np.int64)
     current = 0
     for kind, start, stop in runs(kinds):
         if kind == TEXT:
-            out[:, start:stop] = torch.arange(current, current + stop - start)
+            out[:, start:stop] = np.arange(current, current + stop - start)
             current += stop - start
             continue
         at = start
@@ -121,11 +122,14 @@ def sequence_positions(ids: torch.Tensor, kinds: torch.Tensor, queues: dict[int,
     return out
 
 
-def _item_positions(item: VisionItem, start: int) -> torch.Tensor:
-    t = (torch.arange(item.t, dtype=torch.float64) * item.interval).long()
-    h, w = torch.arange(item.h), torch.arange(item.w)
-    grid = torch.stack(torch.meshgrid(t, h, w, indexing="ij")).reshape(MROPE_ROWS, -1)
-    return grid + start
+def _item_positions(item: VisionItem, start: int) -> np.ndarray:
+    """(t, h, w) of every token of the item's grid, in (t, h, w) order, offset by ``start``."""
+    t = (np.arange(item.t, dtype=np.float64) * item.interval).astype(np.int64)
+    out = np.empty((MROPE_ROWS, item.t, item.h, item.w), dtype=np.int64)
+    out[0] = t[:, None, None]
+    out[1] = np.arange(item.h)[None, :, None]
+    out[2] = np.arange(item.w)[None, None, :]
+    return out.reshape(MROPE_ROWS, -1) + start
 
 
 def mrope_position_ids(
@@ -151,31 +155,30 @@ def mrope_position_ids(
     placeholders and the grids disagree."""
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be [batch, sequence], got shape {tuple(input_ids.shape)}")
-    ids = input_ids.detach().cpu()
     queues = {
         IMAGE: _Queue(vision_items(image_grid_thw, spatial_merge_size), "image"),
         VIDEO: _Queue(vision_items(video_grid_thw, spatial_merge_size, intervals=video_intervals, split_frames=split_video_frames), "video"),
     }
-    kinds = token_kinds(ids, image_token_id, video_token_id)
-    out = torch.zeros((MROPE_ROWS, *ids.shape), dtype=torch.int64)
-    for row, index in _sequences(ids, attention_mask, cu_seqlens, cu_seqlens_unpadded):
-        out[:, row, index] = sequence_positions(ids[row, index], kinds[row, index], queues)
+    kinds = token_kinds(input_ids, image_token_id, video_token_id)
+    out = np.zeros((MROPE_ROWS, *kinds.shape), dtype=np.int64)
+    for row, index in _sequences(kinds.shape, attention_mask, cu_seqlens, cu_seqlens_unpadded):
+        out[:, row, index] = sequence_positions(kinds[row, index], queues)
     for queue in queues.values():
         queue.check_done()
-    return out.to(input_ids.device)
+    return torch.from_numpy(out).to(input_ids.device)
 
 
-def _sequences(ids: torch.Tensor, mask: torch.Tensor | None, cu: torch.Tensor | None, cu_real: torch.Tensor | None):
-    """(row, token indices) of every sequence in order."""
-    rows, length = ids.shape
+def _sequences(shape: tuple[int, ...], mask: torch.Tensor | None, cu: torch.Tensor | None, cu_real: torch.Tensor | None):
+    """(row, token indices or slice) of every sequence in order."""
+    rows, length = shape
     if cu is not None:
         if rows != 1 or cu_real is None:
             raise ValueError("a packed micro-batch is one row, with cu_seqlens and cu_seqlens_unpadded")
         starts, real = cu[:-1].tolist(), (cu_real[1:] - cu_real[:-1]).tolist()
-        return [(0, torch.arange(start, start + n)) for start, n in zip(starts, real)]
+        return [(0, slice(start, start + n)) for start, n in zip(starts, real)]
     if mask is None:
-        return [(row, torch.arange(length)) for row in range(rows)]
+        return [(row, slice(0, length)) for row in range(rows)]
     if tuple(mask.shape) != (rows, length):
         raise ValueError(f"attention_mask has shape {tuple(mask.shape)}, input_ids {(rows, length)}")
-    keep = mask.detach().cpu().bool()
-    return [(row, torch.nonzero(keep[row]).flatten()) for row in range(rows)]
+    keep = mask.detach().cpu().numpy() != 0
+    return [(row, np.flatnonzero(keep[row])) for row in range(rows)]

@@ -32,7 +32,11 @@ class MimoBatchSettings:
       ``mrope_family``, ``tokens_per_second``, ``seconds_per_video_grid``: video temporal steps.
     * ``stage``: the rank's pipeline stage of the language model (:mod:`mimo_pipes.megatron.stages`).
     * ``attention_mask``: ``none`` or ``bool`` (see ``ATTENTION_MASKS``); a packed micro-batch has none.
-    * ``encodes``: whether this rank runs the vision encoder (None: wherever the micro-batch has pixels).
+    * ``video_modality``: None puts videos with the images, in the order their placeholders appear (one
+      tower encodes both, as Megatron-Bridge's Qwen-VL step does); a name gives them their own entry,
+      ``modality_inputs[video_modality][encoder_key]`` (a MIMO model with a modality per placeholder token).
+    * ``encodes``: False never gives ``modality_inputs`` (a rank whose module does not encode); True gives
+      them wherever the micro-batch has pixels.
     """
 
     modality: str = "images"
@@ -48,7 +52,8 @@ class MimoBatchSettings:
     seconds_per_video_grid: float = 1.0
     stage: str = "only"
     attention_mask: str = "none"
-    encodes: bool | None = None
+    video_modality: str | None = None
+    encodes: bool = True
 
     def __post_init__(self) -> None:
         for name, allowed in (("stage", STAGES), ("attention_mask", ATTENTION_MASKS), ("mrope_family", MROPE_FAMILIES)):

@@ -9,6 +9,7 @@ outputs fill the placeholders in order. Where only one kind is present its field
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from mimo_pipes.megatron.rope import IMAGE, TEXT, VIDEO, runs, token_kinds
@@ -34,11 +35,12 @@ def merged_vision(
     if len(present) == 1:
         return present[0]
     if input_ids is None:
-        raise ValueError("a micro-batch with both images and videos needs input_ids to order them for the encoder")
+        raise ValueError("a micro-batch with both images and videos needs input_ids to order them for one encoder "
+                         "(an encoder module's micro-batches have none: give videos their own modality, video_modality=)")
     assert images is not None and videos is not None
     kinds = token_kinds(input_ids, image_token_id, video_token_id)
     if token_mask is not None:
-        kinds = kinds.masked_fill(~token_mask.bool(), TEXT)
+        kinds = np.where(token_mask.detach().cpu().numpy() != 0, kinds, TEXT)
     order = _item_order(kinds.reshape(-1), {IMAGE: _tokens(images[1], spatial_merge_size), VIDEO: _tokens(videos[1], spatial_merge_size)})
     pixels, grids = [], []
     spans = {IMAGE: _row_spans(images[1]), VIDEO: _row_spans(videos[1])}
@@ -60,7 +62,7 @@ def _row_spans(grid: torch.Tensor) -> list[tuple[int, int]]:
     return [(start, start + n) for start, n in zip(starts, counts)]
 
 
-def _item_order(kinds: torch.Tensor, tokens: dict[int, list[int]]) -> list[tuple[int, int]]:
+def _item_order(kinds: np.ndarray, tokens: dict[int, list[int]]) -> list[tuple[int, int]]:
     """(kind, item index) in the order the items' placeholders start."""
     order: list[tuple[int, int]] = []
     taken = {IMAGE: 0, VIDEO: 0}

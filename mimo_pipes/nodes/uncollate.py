@@ -17,6 +17,8 @@ from mimo_pipes.resume import ResumePoint
 from mimo_pipes.sample import SAMPLE_ID, STEP, Sample
 from mimo_pipes.validity import VALID_FOR_KEY, check_valid_for, valid_for
 
+POSITION_IDS = "position_ids"
+MROPE_ROWS = 3  # temporal, height and width rows of M-RoPE position ids
 NUM_IMAGES = "num_images"  # optional per-row image counts in a collated batch
 _METADATA_BY_LIST_NAME = {list_name: key for key, list_name in METADATA_LIST_NAMES.items()}
 
@@ -29,6 +31,8 @@ class Uncollate(BaseNode[Sample]):
       and the per-token fields (``input_ids``, ``attention_mask``, ``labels``, ``loss_mask``,
       ``position_ids``; each ``[rows, L]``, or ``[rows, 3, L]`` for M-RoPE position ids) are cut to it.
       Every per-token field must have the length L of ``input_ids`` (else SampleError naming it).
+      With ``mrope_first``, three-row ``position_ids`` come as ``[3, rows, L]`` (Megatron's M-RoPE layout,
+      what transformers' ``get_rope_index`` returns) and are read as ``[rows, 3, L]``.
     * Vision fields (``pixel_values``, ``image_grid_thw``, video and tile fields): a row owns the next
       ``vision_rows[field][row]`` rows when the batch has ``vision_rows`` (every batch collated by this
       library does). Otherwise, for images only: a row owns the next ``n`` rows of ``image_grid_thw``, where ``n`` is the row's entry of
@@ -61,6 +65,7 @@ class Uncollate(BaseNode[Sample]):
         dp_rank: int = 0,
         dp_size: int = 1,
         start_step: int = 0,
+        mrope_first: bool = False,
     ) -> None:
         super().__init__()
         if merge_size < 1:
@@ -72,13 +77,11 @@ class Uncollate(BaseNode[Sample]):
         self.dp_rank = dp_rank
         self.dp_size = dp_size
         self.start_step = start_step
-        self.valid_for = valid_for(type(self).__name__, {
-            "image token id": image_token_id,
-            "merge size": merge_size,
-            "rows per batch": rows_per_batch,
-            "dp rank": dp_rank,
-            "dp size": dp_size,
-        })
+        self.mrope_first = mrope_first
+        settings = {"image token id": image_token_id, "merge size": merge_size, "rows per batch": rows_per_batch, "dp rank": dp_rank, "dp size": dp_size}
+        if mrope_first:  # only then, so that states saved before the setting existed stay valid
+            settings["position ids"] = "[3, rows, L]"
+        self.valid_for = valid_for(type(self).__name__, settings)
 
     def start_at(self, point: ResumePoint, saved_state: Any = None) -> None:
         """From the next ``reset(None)`` on, count steps from ``point.first_step`` (the source must start
@@ -154,6 +157,10 @@ class Uncollate(BaseNode[Sample]):
                     if item is not None:
                         sample[_METADATA_BY_LIST_NAME[name]] = item
             elif name in SEQUENCE_FIELDS:
+                if name == POSITION_IDS and self.mrope_first and isinstance(value, torch.Tensor) and value.dim() == 3:
+                    if value.shape[0] != MROPE_ROWS:
+                        raise ValueError(f"micro-batch {step}: field {name!r} must be [3, rows, length] (mrope_first), got {tuple(value.shape)}")
+                    value = value.transpose(0, 1)
                 if not isinstance(value, torch.Tensor) or value.shape[:1] != (rows,) or value.dim() not in (2, 3):
                     raise ValueError(f"micro-batch {step}: field {name!r} must be a [rows, length] or [rows, k, length] tensor")
                 for row, sample in enumerate(samples):
