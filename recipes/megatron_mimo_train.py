@@ -16,7 +16,7 @@ the model's time (to the GPU, forward, backward, optimizer step; CUDA-synchronis
 
     python -m mimo_pipes_recipes.megatron_mimo_train --iterations 100 --reorder off,on --log-dir logs/
 
-Needs a CUDA GPU and megatron-core 0.17 or later (``MimoModel`` with ``module_to_grid_map``); the
+Needs a CUDA GPU and megatron-core 0.18 or later (its ``MimoModel`` takes M-RoPE positions ``[3, B, S]``); the
 non-colocated layout is :mod:`mimo_pipes_recipes.megatron_mimo_grids`.
 """
 
