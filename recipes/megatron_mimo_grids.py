@@ -23,6 +23,8 @@ whether their losses agree)::
 
     torchrun --nproc-per-node 2 -m mimo_pipes_recipes.megatron_mimo_grids --iterations 20 --reorder off,on
     torchrun --nproc-per-node 4 -m mimo_pipes_recipes.megatron_mimo_grids --dp 2 --iterations 20 --reorder off,on
+
+``--backend gloo`` runs the same on one GPU shared by the processes (a smoke test of the wiring).
 """
 
 from __future__ import annotations
@@ -49,17 +51,17 @@ GRID_DIMS = ["tp", "cp", "dp", "pp"]
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """The colocated recipe's settings plus ``--dp`` (each module's data-parallel size)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    dp = 1
-    if "--dp" in argv:
-        index = argv.index("--dp")
-        if index + 1 >= len(argv) or not argv[index + 1].isdigit() or int(argv[index + 1]) < 1:
-            raise SystemExit("--dp: an integer >= 1")
-        dp = int(argv[index + 1])
-        del argv[index : index + 2]
-    args = colocated.parse_args(argv)
-    args.dp = dp
+    """The colocated recipe's settings plus ``--dp`` (each module's data-parallel size) and ``--backend``
+    (``nccl``; ``gloo`` lets two processes share one GPU for a smoke test, the bridge going through host
+    memory)."""
+    own = argparse.ArgumentParser(add_help=False)
+    own.add_argument("--dp", type=int, default=1)
+    own.add_argument("--backend", choices=("nccl", "gloo"), default="nccl")
+    known, rest = own.parse_known_args(list(sys.argv[1:] if argv is None else argv))
+    if known.dp < 1:
+        own.error(f"--dp: must be >= 1, got {known.dp}")
+    args = colocated.parse_args(rest)
+    args.dp, args.backend = known.dp, known.backend
     return args
 
 
@@ -73,12 +75,12 @@ def pipeline_config(args: argparse.Namespace, reorder: str) -> PipelineConfig:
     return config
 
 
-def module_grid(dp: int, rank_offset: int) -> Any:
+def module_grid(dp: int, rank_offset: int, backend: str = "nccl") -> Any:
     """One module's ``HyperCommGrid`` (tp = cp = pp = 1) with the groups DDP and the MIMO optimizer ask for;
     every rank of the world creates every grid's groups (a collective)."""
     from megatron.core.hyper_comm_grid import HyperCommGrid
 
-    grid = HyperCommGrid([1, 1, dp, 1], GRID_DIMS, rank_offset=rank_offset, backend="nccl")
+    grid = HyperCommGrid([1, 1, dp, 1], GRID_DIMS, rank_offset=rank_offset, backend=backend)
     grid.register_view("expert", [1, 1, dp, 1], ["expt_tp", "ep", "expt_dp", "pp"], shared_dims=["pp"])
     for dims in ("tp", "cp", "dp", "pp", ["dp", "cp"], ["tp", "pp"], ["tp", "cp"], ["tp", "cp", "dp", "pp"], ["tp", "dp", "cp"]):
         grid.create_pg(dims)
@@ -107,11 +109,12 @@ def pg_collection(grid: Any) -> Any:
 class GridRank:
     """This rank's module, peer and groups."""
 
-    def __init__(self, dp: int) -> None:
+    def __init__(self, dp: int, backend: str = "nccl") -> None:
         self.rank, world = dist.get_rank(), dist.get_world_size()
         if world != 2 * dp:
             raise SystemExit(f"megatron_mimo_grids: --dp {dp} needs {2 * dp} processes, got {world}")
-        self.grids = {colocated.MODALITY: module_grid(dp, 0), LANGUAGE: module_grid(dp, dp)}
+        self.grids = {colocated.MODALITY: module_grid(dp, 0, backend), LANGUAGE: module_grid(dp, dp, backend)}
+        self.host_bridge = backend == "gloo"  # Gloo sends host tensors
         self.is_vision = self.rank < dp
         self.module = colocated.MODALITY if self.is_vision else LANGUAGE
         self.peer = self.rank + dp if self.is_vision else self.rank - dp
@@ -142,6 +145,16 @@ def build_model(args: argparse.Namespace, place: GridRank, vocab_size: int, imag
     return model, wrapped, get_mimo_optimizer(model, colocated.optimizer_config(args))
 
 
+def send_tensor(tensor: torch.Tensor, place: GridRank) -> None:
+    dist.send(tensor.detach().cpu() if place.host_bridge else tensor.detach().contiguous(), dst=place.peer)
+
+
+def recv_tensor(like: torch.Tensor, place: GridRank) -> torch.Tensor:
+    buffer = torch.empty_like(like, device="cpu") if place.host_bridge else like
+    dist.recv(buffer, src=place.peer)
+    return buffer.to(like.device)
+
+
 def send_object(value: Any, peer: int) -> None:
     dist.send_object_list([value], dst=peer)
 
@@ -159,10 +172,8 @@ def vision_microbatch(model: Any, batch: dict[str, Any], settings: MimoBatchSett
     embeddings = outputs[colocated.MODALITY]
     send_object((list(batch["sample_ids"]), tuple(embeddings.shape), embeddings.dtype), place.peer)
     if embeddings.numel():
-        dist.send(embeddings.detach().contiguous(), dst=place.peer)
-        gradient = torch.empty_like(embeddings)
-        dist.recv(gradient, src=place.peer)
-        embeddings.backward(gradient)
+        send_tensor(embeddings, place)
+        embeddings.backward(recv_tensor(torch.empty_like(embeddings), place))
 
 
 def language_microbatch(model: Any, batch: dict[str, Any], settings: MimoBatchSettings, place: GridRank, device: torch.device) -> tuple[torch.Tensor, float]:
@@ -173,7 +184,7 @@ def language_microbatch(model: Any, batch: dict[str, Any], settings: MimoBatchSe
         raise RuntimeError(f"micro-batch {batch['step']}: the vision peer encoded samples {sample_ids}, this rank holds {batch['sample_ids']}")
     embeddings = torch.empty(shape, dtype=dtype, device=device)
     if embeddings.numel():
-        dist.recv(embeddings, src=place.peer)
+        embeddings = recv_tensor(embeddings, place)
     embeddings.requires_grad_(True)
     model.set_input_tensor({colocated.MODALITY: embeddings})
     kwargs = colocated.to_device(mimo_batch(batch, settings), device)
@@ -181,7 +192,7 @@ def language_microbatch(model: Any, batch: dict[str, Any], settings: MimoBatchSe
     token_loss = (output.float() * loss_mask.float()).sum()
     token_loss.backward()
     if embeddings.numel():
-        dist.send(embeddings.grad.contiguous(), dst=place.peer)
+        send_tensor(embeddings.grad, place)
     return token_loss.detach().double(), float(kwargs["loss_mask"].sum())
 
 
@@ -244,13 +255,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
-    dist.init_process_group("nccl", rank=rank, world_size=world)
+    dist.init_process_group(args.backend, rank=rank, world_size=world)
     from megatron.core import parallel_state
 
     # The optimizer's fallbacks read the global model-parallel state; the modules use their grids.
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
     torch.backends.cuda.matmul.allow_tf32 = True
-    place = GridRank(args.dp)
+    place = GridRank(args.dp, args.backend)
     runs = {}
     for reorder in args.reorder_modes:
         runs[reorder] = train_run(args, place, reorder)
