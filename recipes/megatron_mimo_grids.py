@@ -236,7 +236,8 @@ def train_run(args: argparse.Namespace, place: GridRank, reorder: str) -> list[d
                 send_object(totals.tolist(), place.peer)
             else:
                 totals = torch.tensor(recv_object(place.peer), device=device, dtype=torch.float64)
-            wrapped.finish_grad_sync()
+            if args.dp > 1 or not place.host_bridge:  # Gloo reduces no CUDA buffers; over one rank it is the identity
+                wrapped.finish_grad_sync()
             wrapped.scale_gradients(1.0 / max(float(totals[1]), 1.0))
             updated, grad_norm, _ = optimizer.step()
             torch.cuda.synchronize()
@@ -268,8 +269,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if place.rank == 0:
         log_dir = Path(args.log_dir)
         log_dir.mkdir(parents=True, exist_ok=True)
-        (log_dir / "megatron_mimo_grids.json").write_text(json.dumps({"settings": {k: v for k, v in vars(args).items() if k != "reorder_modes"},
-                                                                       "environment": colocated.environment(), "runs": runs}, indent=1))
+        (log_dir / "megatron_mimo_grids.json").write_text(json.dumps({
+            "command": " ".join(["torchrun", f"--nproc-per-node {dist.get_world_size()}", "-m mimo_pipes_recipes.megatron_mimo_grids",
+                                 *(argv if argv is not None else sys.argv[1:])]),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "settings": {k: v for k, v in vars(args).items() if k != "reorder_modes"},
+            "environment": colocated.environment(),
+            "runs": runs,
+        }, indent=1))
         if len(runs) == 2:
             first, second = runs.values()
             largest = max(abs(a["loss"] - b["loss"]) for a, b in zip(first, second))
