@@ -10,9 +10,12 @@ and every micro-batch reaches ``MimoModel.forward`` through :func:`mimo_pipes.me
 
 One iteration is one window of ``--microbatches`` micro-batches with gradient accumulation; its loss is
 the sum of the per-token losses over the window divided by the window's loss tokens, so reordering the
-window's samples across its micro-batches leaves it unchanged. Per iteration the log records the loss,
-the model's time (to the GPU, forward, backward, optimizer step; CUDA-synchronised), the time blocked in
-``next(loader)`` and the time :func:`mimo_batch` took::
+window's samples across its micro-batches leaves it unchanged. Each micro-batch is taken when its
+forward starts, as Megatron's schedule takes it; ``--prefetch N`` (default 2) reads the loader N
+micro-batches ahead on a background thread and runs ``mimo_batch`` there. Per iteration the log records
+the loss, the time the training thread waited for its next micro-batch, the time :func:`mimo_batch` took,
+and the model's time (the rest of the iteration: to the GPU, forward, backward, optimizer step;
+CUDA-synchronised at its end)::
 
     python -m mimo_pipes_recipes.megatron_mimo_train --iterations 100 --reorder off,on --log-dir logs/
 
