@@ -59,7 +59,7 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from mimo_pipes.thd import pack_microbatch
+    from mimo_pipes.samples.thd import pack_microbatch
 
     padded = microbatches(args.rows, args.seq_length, args.microbatches)
     images = statistics.mean(int(batch["image_grid_thw"].shape[0]) for batch in padded)

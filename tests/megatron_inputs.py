@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from mimo_pipes.collate import collate_microbatch
-from mimo_pipes.sample import SAMPLE_ID, SLOT, STEP
+from mimo_pipes.samples.collate import collate_microbatch
+from mimo_pipes.samples.sample import SAMPLE_ID, SLOT, STEP
 
 IMAGE, VIDEO, START, END = 5, 6, 3, 4  # the built-in tokenizer's <|image_pad|>, <|vision_start|>, <|vision_end|>; 6 for videos
 MERGE = 2

@@ -11,7 +11,7 @@ from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
 from mimo_pipes_recipes.vlm_sft import pipeline
 
 
-def restart_from_consumed_samples(components, *, microbatches_per_iteration, iterations, stop_after, microbatch_size, window_size, seed):
+def restart_from_consumed_samples(components, *, microbatches_per_iteration, iterations, stop_after, micro_batch_size, window_size, seed):
     """Megatron's loop: each iteration takes ``microbatches_per_iteration`` micro-batches and adds its global
     batch to ``consumed_train_samples``. Stop after ``stop_after`` iterations, map the count, rebuild, and
     compare the rest with the uninterrupted stream."""
@@ -19,8 +19,8 @@ def restart_from_consumed_samples(components, *, microbatches_per_iteration, ite
     if joined is None:
         return None
     topology, groups, layout = joined
-    global_batch = microbatch_size * microbatches_per_iteration
-    config = make_config(components, microbatch_size=microbatch_size, window_size=window_size, global_batch_size=global_batch, seed=seed)
+    global_batch = micro_batch_size * microbatches_per_iteration
+    config = make_config(components, micro_batch_size=micro_batch_size, window_size=window_size, global_batch_size=global_batch, seed=seed)
     config.validate(world_size=topology.world_size)
 
     def loader(consumed=0):
@@ -41,7 +41,7 @@ def restart_from_consumed_samples(components, *, microbatches_per_iteration, ite
         [next(first) for _ in range(microbatches_per_iteration)]
         consumed_train_samples += global_batch  # what Megatron's checkpoint keeps
     first.close()
-    consumed = microbatches_from_samples(consumed_train_samples, microbatch_size)
+    consumed = microbatches_from_samples(consumed_train_samples, micro_batch_size)
     restarted = loader(consumed)
     num_yielded_at_start = restarted.num_yielded
     rest = take(restarted, total - consumed)
@@ -50,6 +50,6 @@ def restart_from_consumed_samples(components, *, microbatches_per_iteration, ite
         "consumed": consumed,
         "num_yielded_at_start": num_yielded_at_start,
         "continues": rest == reference[consumed:],
-        "back_to_samples": samples_from_microbatches(consumed, microbatch_size) == consumed_train_samples,
+        "back_to_samples": samples_from_microbatches(consumed, micro_batch_size) == consumed_train_samples,
         "steps": [step for step, _, _ in rest],
     }

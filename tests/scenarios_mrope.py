@@ -34,17 +34,17 @@ class ThreeRowMicrobatches(RankMicrobatches):
         return batch
 
 
-def run_three_row_positions(components, *, steps, microbatch_size, seed, mrope_first, pack_sequences, window_size=2):
+def run_three_row_positions(components, *, steps, micro_batch_size, seed, mrope_first, pack_sequences, window_size=2):
     """Every output row's position ids are its sample's, in the layout they came in; padding holds 0."""
     rank = _rank(components)
     if rank is None:
         return None
     position, layout = rank
-    config = _wrapper_config(components, microbatch_size, window_size, False, seed)
+    config = _wrapper_config(components, micro_batch_size, window_size, False, seed)
     dataset = SyntheticProcessedDataset(4096, seed=seed)
-    source = ThreeRowMicrobatches(dataset, layout, microbatch_size=microbatch_size, seed=seed, with_ids=True, mrope_first=mrope_first)
+    source = ThreeRowMicrobatches(dataset, layout, micro_batch_size=micro_batch_size, seed=seed, with_ids=True, mrope_first=mrope_first)
     wrapped = balance_iterator(
-        source.iterate(), config=config.reorder, layout=layout, micro_batch_size=microbatch_size, image_token_id=IMAGE_TOKEN_ID,
+        source.iterate(), config=config.reorder, layout=layout, micro_batch_size=micro_batch_size, image_token_id=IMAGE_TOKEN_ID,
         pad_values=PAD_VALUES, seq_length=SEQ_LENGTH, pack_sequences=pack_sequences, pack_pad_multiple=4, **({"mrope_first": True} if mrope_first else {}),
     )
     records = []

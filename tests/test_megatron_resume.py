@@ -38,7 +38,7 @@ def test_bad_counts_and_sizes_are_refused(bad):
 def test_a_graph_restarted_from_consumed_train_samples_continues_the_stream(gloo_pool, stop_after):
     # 3 micro-batches per iteration, windows of 2: a checkpoint after iteration 1 falls inside a window
     results = gloo_pool.run(restart_from_consumed_samples, ["language=dp=2", "images=dp=2,rank_offset=2"], microbatches_per_iteration=3,
-                            iterations=4, stop_after=stop_after, microbatch_size=8, window_size=2, seed=3)
+                            iterations=4, stop_after=stop_after, micro_batch_size=8, window_size=2, seed=3)
     for result in filter(None, results):
         assert result["consumed"] == 3 * stop_after and result["num_yielded_at_start"] == 3 * stop_after
         assert result["continues"] and result["back_to_samples"], result

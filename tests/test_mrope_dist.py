@@ -19,6 +19,6 @@ def pool(gloo_pool):
 @pytest.mark.parametrize("pack_sequences", [False, True])
 @pytest.mark.parametrize("mrope_first", [False, True])
 def test_three_row_position_ids_follow_their_samples(pool, mrope_first, pack_sequences):
-    results = pool.run(run_three_row_positions, LAYOUT, steps=6, microbatch_size=BATCH, seed=5, mrope_first=mrope_first,
+    results = pool.run(run_three_row_positions, LAYOUT, steps=6, micro_batch_size=BATCH, seed=5, mrope_first=mrope_first,
                        pack_sequences=pack_sequences)
-    check_invariants(results, microbatch_size=BATCH, seed=5)
+    check_invariants(results, micro_batch_size=BATCH, seed=5)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mimo_pipes.collate import collate_microbatch
 from mimo_pipes.nodes.uncollate import Uncollate
-from mimo_pipes.sample import SAMPLE_ID, STEP
+from mimo_pipes.samples.collate import collate_microbatch
+from mimo_pipes.samples.sample import SAMPLE_ID, STEP
 
 IMAGE = 9
 

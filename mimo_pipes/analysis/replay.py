@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mimo_pipes.balance import balance_two_level, balance_window, window_lower_bound
-from mimo_pipes.resume import resume_point
-from mimo_pipes.sharding import epoch_order, microbatches_per_epoch
+from mimo_pipes.checkpoint.resume import resume_point
+from mimo_pipes.parallel.sharding import epoch_order, microbatches_per_epoch
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class Schedule:
     """What a run reads: dataset size, global micro-batch size B, canonical grid G, seed, shuffling."""
 
     dataset_size: int
-    microbatch_size: int
+    micro_batch_size: int
     grid_size: int
     seed: int
     cyclic: bool

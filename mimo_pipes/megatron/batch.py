@@ -34,7 +34,7 @@ from mimo_pipes.megatron.rope import MROPE_ROWS, mrope_position_ids
 from mimo_pipes.megatron.settings import MimoBatchSettings
 from mimo_pipes.megatron.stages import for_stage
 from mimo_pipes.megatron.vision import merged_vision
-from mimo_pipes.thd import CU_SEQLENS, CU_SEQLENS_UNPADDED
+from mimo_pipes.samples.thd import CU_SEQLENS, CU_SEQLENS_UNPADDED
 
 FORWARD_KEYS = ("input_ids", "position_ids", "attention_mask", "loss_mask", "labels", "modality_inputs", "packing_kwargs")
 DEFAULT_SETTINGS = MimoBatchSettings()

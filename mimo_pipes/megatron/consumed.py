@@ -5,7 +5,7 @@ is ``num_microbatches`` global micro-batches of ``B`` samples (``B`` = Megatron'
 times the language model's data-parallel size: the pipeline's ``--micro-batch-size``). So the pipeline has
 consumed ``consumed_train_samples / B`` micro-batches, and a graph built with that count
 (``build(config, layout, consumed_microbatches=...)``, ``balance_iterator(start_microbatch=...)``)
-continues the stream exactly where the checkpoint stopped (see :mod:`mimo_pipes.resume`).
+continues the stream exactly where the checkpoint stopped (see :mod:`mimo_pipes.checkpoint.resume`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``packing_kwargs`` of ``MimoModel.forward`` from a micro-batch the pipeline packed (THD, see mimo_pipes/thd.py).
+"""``packing_kwargs`` of ``MimoModel.forward`` from a micro-batch the pipeline packed (THD, see mimo_pipes/samples/thd.py).
 
 megatron-core builds its ``PackedSeqParams`` (``qkv_format="thd"``) from them: ``cu_seqlens_q`` /
 ``cu_seqlens_kv`` are the cumulative real lengths (the pipeline's ``cu_seqlens_unpadded``),
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from mimo_pipes.thd import CU_SEQLENS, CU_SEQLENS_UNPADDED, MAX_SEQLEN
+from mimo_pipes.samples.thd import CU_SEQLENS, CU_SEQLENS_UNPADDED, MAX_SEQLEN
 
 PACKED_KEYS = (CU_SEQLENS, CU_SEQLENS_UNPADDED, MAX_SEQLEN)
 

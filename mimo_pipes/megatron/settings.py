@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from mimo_pipes.data.processor import IMAGE_PAD, MERGE_SIZE, SPECIAL_TOKENS
+from mimo_pipes.data.embedded_processor import IMAGE_PAD, MERGE_SIZE, SPECIAL_TOKENS
 
 STAGES = ("only", "first", "middle", "last")
 """A rank's pipeline stage in the language model: ``only`` (no pipeline parallelism) keeps every key."""
