@@ -1,0 +1,491 @@
+"""Recipe: train megatron-core's ``MimoModel`` on the pipeline's micro-batches, on one GPU.
+
+The model is megatron-core's own: a ``GPTModel`` language model on local layer specs (no
+TransformerEngine) with M-RoPE, and a ``VisionModalitySubmodules`` holding a Qwen2-VL-style vision
+tower (transformers' architecture, random seeded weights) and a linear input projection to the language
+model's width; the built-in processor's image placeholder is the modality's special token. megatron-core's
+``DistributedDataParallel`` and ``get_megatron_optimizer`` (Adam) train it. The data is the default
+recipe's graph (:mod:`mimo_pipes_recipes.vlm_sft`, the embedded synthetic VLM data unless ``--dataset``)
+and every micro-batch reaches ``MimoModel.forward`` through :func:`mimo_pipes.megatron.mimo_batch` alone.
+
+One iteration is one window of ``--microbatches`` micro-batches with gradient accumulation; its loss is
+the sum of the per-token losses over the window divided by the window's loss tokens, so reordering the
+window's samples across its micro-batches leaves it unchanged. Each micro-batch is taken when its
+forward starts, as Megatron's schedule takes it; ``--prefetch N`` (default 2) reads the loader N
+micro-batches ahead on a background thread and runs ``mimo_batch`` there. Per iteration the log records
+the loss, the time the training thread waited for its next micro-batch, the time :func:`mimo_batch` took,
+and the model's time (the rest of the iteration: to the GPU, forward, backward, optimizer step;
+CUDA-synchronised at its end)::
+
+    python -m mimo_pipes_recipes.megatron_mimo_train --iterations 100 --reorder off,on --log-dir logs/
+
+Needs a CUDA GPU and megatron-core 0.18 or later (its ``MimoModel`` takes M-RoPE positions ``[3, B, S]``); the
+non-colocated layout is :mod:`mimo_pipes_recipes.megatron_mimo_grids`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mimo_pipes.config import PipelineConfig, ReorderConfig
+from mimo_pipes.exchange import RankLayout
+from mimo_pipes.megatron import MimoBatchSettings, mimo_batch
+from mimo_pipes.train.encoders import encode, vision_tower_config
+from mimo_pipes_recipes import vlm_sft
+
+MODALITY = "images"
+ENCODER_KEY = "qwen_visual"
+COMPONENTS = ("language=tp=1,pp=1,dp=1,rank_offset=0",)  # one rank: every module on it (colocated)
+REORDER_MODES = ("off", "on")
+
+
+# ---------------------------------------------------------------------------------------------- settings
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    data = parser.add_argument_group("data")
+    data.add_argument("--iterations", type=int, default=100, help="iterations per run (one window of micro-batches each)")
+    data.add_argument("--micro-batch-size", type=int, default=4)
+    data.add_argument("--microbatches", type=int, default=4, help="micro-batches per iteration (the reordering window)")
+    data.add_argument("--seq-length", type=int, default=2048)
+    data.add_argument("--num-workers", type=int, default=8, help="threads that process the data")
+    data.add_argument("--dataset", default=None, help="default: the embedded synthetic VLM data")
+    data.add_argument("--embedded-samples", type=int, default=512)
+    data.add_argument("--prefetch", type=int, default=2, help="micro-batches read ahead on a background thread (0: read "
+                      "on the training thread, each when its forward starts)")
+    data.add_argument("--reorder", default="off", help="comma-separated runs: off (plain order), on (--scalable-dp --intra-microbatch-reorder "
+                      "--reorder-across-microbatches over the window); each run starts from the same weights")
+    model = parser.add_argument_group("model")
+    model.add_argument("--lm-layers", type=int, default=12)
+    model.add_argument("--lm-hidden", type=int, default=1024)
+    model.add_argument("--lm-heads", type=int, default=16)
+    model.add_argument("--vision-depth", type=int, default=12)
+    model.add_argument("--vision-width", type=int, default=768)
+    model.add_argument("--vision-heads", type=int, default=12)
+    model.add_argument("--lr", type=float, default=3e-4)
+    model.add_argument("--seed", type=int, default=1234)
+    out = parser.add_argument_group("output")
+    out.add_argument("--log-dir", default=".", help="where each run's JSON log goes (megatron_mimo_<reorder>.json)")
+    args = parser.parse_args(argv)
+    modes = [mode.strip() for mode in args.reorder.split(",") if mode.strip()]
+    if not modes or any(mode not in REORDER_MODES for mode in modes):
+        parser.error(f"--reorder: a comma-separated list of {', '.join(REORDER_MODES)}, got {args.reorder!r}")
+    args.reorder_modes = modes
+    if args.prefetch < 0:
+        parser.error(f"--prefetch: must be >= 0, got {args.prefetch}")
+    for name in ("iterations", "micro_batch_size", "microbatches", "seq_length", "lm_layers", "lm_hidden", "lm_heads",
+                 "vision_depth", "vision_width", "vision_heads"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
+    if args.lm_hidden % args.lm_heads or (args.lm_hidden // args.lm_heads) % 16:
+        parser.error(f"--lm-hidden {args.lm_hidden} / --lm-heads {args.lm_heads}: the head width must be a multiple of 16 (M-RoPE's three sections)")
+    if args.vision_width % args.vision_heads:
+        parser.error(f"--vision-width {args.vision_width} is not a multiple of --vision-heads {args.vision_heads}")
+    return args
+
+
+def pipeline_config(args: argparse.Namespace, reorder: str) -> PipelineConfig:
+    """The pipeline's settings for one rank holding every module; ``reorder`` ``on`` balances each window's
+    samples over its micro-batches, ``off`` keeps the reading order. Both read the same samples per window."""
+    balance = ReorderConfig(
+        scalable_dp=True, intra_microbatch_reorder=True, reorder_across_microbatches=True, reorder_window_size=args.microbatches
+    ) if reorder == "on" else ReorderConfig(reorder_window_size=args.microbatches)
+    return PipelineConfig(
+        components=COMPONENTS,
+        micro_batch_size=args.micro_batch_size,
+        global_batch_size=args.micro_batch_size * args.microbatches,
+        seq_length=args.seq_length,
+        num_workers=args.num_workers,
+        dataset=args.dataset,
+        embedded_samples=args.embedded_samples,
+        seed=args.seed,
+        reorder=balance,
+    )
+
+
+def mrope_section(head_dim: int) -> list[int]:
+    """Qwen2-VL's split of the rotary half-width over (temporal, height, width): 16/24/24 of 64 (head 128),
+    scaled to ``head_dim``."""
+    if head_dim % 16:
+        raise ValueError(f"head width {head_dim}: M-RoPE's sections (1/4, 3/8, 3/8 of half of it) need a multiple of 16")
+    half = head_dim // 2
+    return [half // 4, 3 * half // 8, 3 * half // 8]
+
+
+def vision_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The tower's size: Qwen2-VL's patches (14 px, 2 frames, 2x2 merge), this width and depth."""
+    return {"depth": args.vision_depth, "embed_dim": args.vision_width, "num_heads": args.vision_heads,
+            "hidden_size": args.lm_hidden, "mlp_ratio": 4}
+
+
+# ------------------------------------------------------------------------------------------------ model
+
+
+class QwenVisionEncoder(torch.nn.Module):
+    """The encoder of the vision submodule: a Qwen2-VL-style tower (``mimo_pipes.train.encoders``) taking the
+    keywords ``mimo_batch`` gives (``hidden_states``: patch rows, ``grid_thw``: one row per image) and
+    returning one row per placeholder token."""
+
+    def __init__(self, overrides: dict[str, Any], seed: int) -> None:
+        super().__init__()
+        from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
+
+        config = vision_tower_config("tiny", **overrides)
+        config._attn_implementation = "sdpa"
+        torch.manual_seed(seed)
+        self.tower = Qwen2VisionTransformerPretrainedModel._from_config(config, dtype=torch.float32)
+        self.out_features = config.hidden_size
+
+    def forward(self, hidden_states: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+        return encode(self.tower, hidden_states, grid_thw)
+
+
+def language_config(args: argparse.Namespace) -> Any:
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    config = TransformerConfig(
+        num_layers=args.lm_layers,
+        hidden_size=args.lm_hidden,
+        num_attention_heads=args.lm_heads,
+        ffn_hidden_size=4 * args.lm_hidden,
+        hidden_dropout=0.0,  # no dropout: runs that see the same samples give the same losses
+        attention_dropout=0.0,
+        params_dtype=torch.float32,
+        pipeline_dtype=torch.float32,
+    )
+    config.mrope_section = mrope_section(args.lm_hidden // args.lm_heads)
+    return config
+
+
+def mimo_model_config(args: argparse.Namespace, vocab_size: int, image_token_id: int, module_to_grid_map: dict | None = None) -> Any:
+    """megatron-core's ``MimoModelConfig`` of this recipe's model (``module_to_grid_map``: the
+    non-colocated layout's grids)."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.mimo import MimoModelConfig
+    from megatron.core.models.mimo.submodules.vision import VisionModalitySubmodules
+    from megatron.core.transformer.spec_utils import ModuleSpec
+
+    language = ModuleSpec(module=GPTModel, params={
+        "config": language_config(args),
+        "transformer_layer_spec": get_gpt_layer_local_spec(),
+        "vocab_size": vocab_size,
+        "max_sequence_length": args.seq_length,
+        "position_embedding_type": "mrope",
+        "share_embeddings_and_output_weights": False,
+    })
+    vision = ModuleSpec(module=VisionModalitySubmodules, submodules={
+        "encoders": {ENCODER_KEY: ModuleSpec(module=QwenVisionEncoder, params={"overrides": vision_overrides(args), "seed": args.seed})},
+        "input_projections": [ModuleSpec(module=torch.nn.Linear, params={"in_features": args.lm_hidden, "out_features": args.lm_hidden})],
+    })
+    options: dict[str, Any] = {} if module_to_grid_map is None else {"module_to_grid_map": module_to_grid_map}
+    return MimoModelConfig(language_model_spec=language, modality_submodules_spec={MODALITY: vision},
+                           special_token_ids={MODALITY: image_token_id}, **options)
+
+
+def optimizer_config(args: argparse.Namespace) -> Any:
+    from megatron.core.optimizer import OptimizerConfig
+
+    return OptimizerConfig(optimizer="adam", lr=args.lr, weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.95, clip_grad=1.0,
+                           params_dtype=torch.float32, use_distributed_optimizer=False)
+
+
+def join_single_rank(seed: int) -> None:
+    """torch.distributed and megatron's model-parallel state for one GPU (world of one, NCCL)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state, tensor_parallel
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    torch.cuda.set_device(0)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl", rank=0, world_size=1)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def build_model(args: argparse.Namespace, vocab_size: int, image_token_id: int) -> tuple[Any, Any]:
+    """(``DistributedDataParallel(MimoModel)``, its megatron optimizer), from seeded weights."""
+    from megatron.core import tensor_parallel
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.models.mimo import MimoModel
+    from megatron.core.optimizer import get_megatron_optimizer
+
+    torch.manual_seed(args.seed)
+    tensor_parallel.model_parallel_cuda_manual_seed(args.seed)
+    config = mimo_model_config(args, vocab_size, image_token_id)
+    model = MimoModel(config).cuda()
+    ddp = DistributedDataParallel(
+        config.language_model_spec.params["config"],
+        DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=False),
+        model,
+    )
+    return ddp, get_megatron_optimizer(optimizer_config(args), [ddp])
+
+
+# --------------------------------------------------------------------------------------------- training
+
+
+@dataclass
+class IterationRecord:
+    iteration: int
+    loss: float
+    model_ms: float  # the rest of the iteration: to the GPU, forward, backward, optimizer step (CUDA-synchronised at its end)
+    wait_ms: float  # the training thread blocked waiting for its next micro-batch
+    batch_ms: float  # mimo_batch (on the prefetch thread with --prefetch, else on the training thread)
+    iteration_ms: float
+    grad_norm: float | None
+    loss_tokens: int
+    images: int
+    image_tokens: int
+    sample_ids: list[list[int]] = field(default_factory=list)  # per micro-batch
+
+
+@dataclass
+class Prepared:
+    """One micro-batch as the loader yielded it, its ``MimoModel.forward`` keyword arguments, and the
+    seconds ``mimo_batch`` took."""
+
+    batch: dict[str, Any]
+    kwargs: dict[str, Any]
+    seconds: float
+
+
+def prepared(batch: dict[str, Any], settings: MimoBatchSettings) -> Prepared:
+    began = time.perf_counter()
+    kwargs = mimo_batch(batch, settings)
+    return Prepared(batch, kwargs, time.perf_counter() - began)
+
+
+class Prefetcher:
+    """Reads ``loader`` on a background thread up to ``depth`` micro-batches ahead of the trainer, each
+    turned into ``MimoModel.forward``'s keyword arguments there (a DataLoader's workers play this part in
+    Megatron). The loader's ``state_dict()`` then stands ``depth`` micro-batches ahead of the trainer: a
+    trainer that saves it must keep the state that goes with each micro-batch it takes."""
+
+    _END = object()
+
+    def __init__(self, loader: Iterator[dict], settings: MimoBatchSettings, depth: int) -> None:
+        import queue
+        import threading
+
+        self.loader, self.settings = loader, settings
+        self.queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="megatron-mimo-prefetch", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            for batch in self.loader:
+                if self.stopping.is_set():
+                    return
+                self.queue.put(prepared(batch, self.settings))
+            self.queue.put(self._END)
+        except BaseException as error:  # noqa: BLE001 - raised on the training thread
+            self.queue.put(error)
+
+    def __iter__(self) -> Prefetcher:
+        return self
+
+    def __next__(self) -> Prepared:
+        item = self.queue.get()
+        if item is self._END:
+            raise StopIteration
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def close(self) -> None:
+        import queue
+
+        self.stopping.set()
+        while self.thread.is_alive():  # unblock a put, then let the thread see the flag
+            try:
+                self.queue.get(timeout=0.1)
+            except queue.Empty:
+                pass
+
+
+class Direct:
+    """The loader read on the training thread, each micro-batch through ``mimo_batch`` there."""
+
+    def __init__(self, loader: Iterator[dict], settings: MimoBatchSettings) -> None:
+        self.loader, self.settings = loader, settings
+
+    def __iter__(self) -> Direct:
+        return self
+
+    def __next__(self) -> Prepared:
+        return prepared(next(self.loader), self.settings)
+
+    def close(self) -> None:
+        pass
+
+
+def to_device(value: Any, device: torch.device) -> Any:
+    """Tensors of ``mimo_batch``'s keyword arguments (nested dicts) moved to ``device``; the rest as is."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device, non_blocking=True)
+    if isinstance(value, dict):
+        return {key: to_device(item, device) for key, item in value.items()}
+    return value
+
+
+def training_device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def iteration_step(model: Any, optimizer: Any, source: Iterator[Prepared], microbatches: int, device: torch.device,
+                   prefetching: bool) -> tuple[IterationRecord, list[Prepared]]:
+    """One iteration as Megatron's schedule runs it: each micro-batch taken when its forward starts,
+    forward and backward of its summed per-token losses, then the gradients divided by the iteration's loss
+    tokens (megatron's per-token loss), the optimizer step. Returns the record (iteration number 0) and the
+    micro-batches."""
+    torch.cuda.synchronize()
+    began = time.perf_counter()
+    model.zero_grad_buffer()
+    optimizer.zero_grad()
+    waited, items, tokens = 0.0, [], 0.0
+    total = torch.zeros((), device=device, dtype=torch.float64)
+    for _ in range(microbatches):
+        asked = time.perf_counter()
+        item = next(source)
+        waited += time.perf_counter() - asked
+        items.append(item)
+        tokens += float(item.kwargs["loss_mask"].sum())
+        output, loss_mask = model(**to_device(item.kwargs, device))
+        token_loss = (output.float() * loss_mask.float()).sum()
+        token_loss.backward()
+        total += token_loss.detach().double()
+    tokens = max(tokens, 1.0)
+    model.finish_grad_sync()
+    model.scale_gradients(1.0 / tokens)
+    updated, grad_norm, _ = optimizer.step()
+    loss = float(total) / tokens
+    torch.cuda.synchronize()
+    elapsed = time.perf_counter() - began
+    converted = sum(item.seconds for item in items)
+    if not updated:
+        raise RuntimeError("the optimizer skipped its step (gradient not finite)")
+    batches = [item.batch for item in items]
+    record = IterationRecord(
+        iteration=0, loss=loss, wait_ms=waited * 1e3, batch_ms=converted * 1e3, iteration_ms=elapsed * 1e3,
+        model_ms=(elapsed - waited - (0.0 if prefetching else converted)) * 1e3,
+        grad_norm=None if grad_norm is None else float(grad_norm), loss_tokens=int(tokens),
+        images=sum(int(batch["image_grid_thw"].shape[0]) for batch in batches if batch.get("image_grid_thw") is not None),
+        image_tokens=sum(int(sum(batch["image_tokens"])) for batch in batches),
+        sample_ids=[[int(s) for s in batch["sample_ids"]] for batch in batches],
+    )
+    return record, items
+
+
+def train_run(args: argparse.Namespace, reorder: str, log: Any = print) -> list[IterationRecord]:
+    """One run of ``args.iterations`` iterations from fresh seeded weights over a fresh loader."""
+    device = training_device()
+    config = pipeline_config(args, reorder)
+    config.validate(1)
+    vlm_sft.prepare(config, log=log)
+    processor = vlm_sft.open_processor(config)
+    settings = MimoBatchSettings.for_processor(processor, modality=MODALITY, encoder_key=ENCODER_KEY)
+    model, optimizer = build_model(args, len(processor.tokenizer), processor.image_token_id)
+    log(f"reorder {reorder}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters "
+        f"({sum(p.numel() for p in model.module.modality_submodules.parameters()) / 1e6:.1f}M vision)")
+    loader = vlm_sft.build(config, RankLayout(dp_rank=0, dp_size=1, grid_size=1))
+    source: Prefetcher | Direct = Prefetcher(loader, settings, args.prefetch) if args.prefetch else Direct(loader, settings)
+    records: list[IterationRecord] = []
+    try:
+        for iteration in range(1, args.iterations + 1):
+            record, _ = iteration_step(model, optimizer, source, args.microbatches, device, prefetching=bool(args.prefetch))
+            record.iteration = iteration
+            records.append(record)
+            if iteration == 1 or iteration % 10 == 0:
+                log(f"reorder {reorder} iteration {iteration}: loss {record.loss:.4f} model {record.model_ms:.1f} ms "
+                    f"wait {record.wait_ms:.1f} ms mimo_batch {record.batch_ms:.1f} ms grad norm {record.grad_norm}")
+    finally:
+        source.close()
+        loader.close()
+    return records
+
+
+def summary(records: list[IterationRecord], *, prefetching: bool, skip: int = 1) -> dict[str, Any]:
+    """Figures of a run: loss first/last, medians after ``skip`` warm-up iterations, and the shares of the
+    iteration (summed over the same iterations) the training thread spent waiting for data and, without
+    prefetching, converting it (``data_percent``: both)."""
+    steady = records[skip:] if len(records) > skip else records
+    total = sum(r.iteration_ms for r in steady)
+    waited = sum(r.wait_ms for r in steady)
+    converted = 0.0 if prefetching else sum(r.batch_ms for r in steady)
+    return {
+        "iterations": len(records),
+        "loss_first": records[0].loss,
+        "loss_last": records[-1].loss,
+        "median_model_ms": statistics.median(r.model_ms for r in steady),
+        "median_wait_ms": statistics.median(r.wait_ms for r in steady),
+        "median_batch_ms": statistics.median(r.batch_ms for r in steady),
+        "median_iteration_ms": statistics.median(r.iteration_ms for r in steady),
+        "wait_percent": 100.0 * waited / total if total else 0.0,
+        "data_percent": 100.0 * (waited + converted) / total if total else 0.0,
+        "prefetch": prefetching,
+        "warmup_iterations_excluded": len(records) - len(steady),
+        "micro_batches": sum(len(r.sample_ids) for r in records),
+    }
+
+
+def environment() -> dict[str, Any]:
+    from importlib.metadata import version
+
+    info: dict[str, Any] = {"python": sys.version.split()[0], "torch": torch.__version__}
+    for package in ("megatron-core", "transformers", "torchdata"):
+        try:
+            info[package] = version(package)
+        except Exception:  # noqa: BLE001 - a missing distribution is reported as such
+            info[package] = None
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("megatron_mimo_train: needs a CUDA GPU (megatron-core's GPTModel runs its attention on CUDA)", file=sys.stderr)
+        return 2
+    torch.backends.cuda.matmul.allow_tf32 = True  # fp32 weights, TF32 matrix products
+    torch.backends.cudnn.allow_tf32 = True
+    join_single_rank(args.seed)
+    log_dir = Path(args.log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    for reorder in args.reorder_modes:
+        torch.cuda.reset_peak_memory_stats()
+        records = train_run(args, reorder, log=lambda line: print(line, flush=True))
+        figures = {**summary(records, prefetching=bool(args.prefetch)), "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30}
+        path = log_dir / f"megatron_mimo_{reorder}.json"
+        path.write_text(json.dumps({
+            "command": " ".join(["python -m mimo_pipes_recipes.megatron_mimo_train", *(argv if argv is not None else sys.argv[1:])]),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "reorder": reorder,
+            "settings": {key: value for key, value in vars(args).items() if key != "reorder_modes"},
+            "environment": environment(),
+            "summary": figures,
+            "iterations": [record.__dict__ for record in records],
+        }, indent=1))
+        print(f"reorder {reorder}: {json.dumps(figures)} -> {path}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,186 @@
+"""The MimoModel training recipe's pieces that need no GPU: settings, the vision submodule on a real
+micro-batch through ``mimo_batch``, the keyword arguments against the installed ``MimoModel.forward``,
+the prefetcher and the run summary. (The training itself runs on a GPU: docs/benchmarks.md.)"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import warnings
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mimo_pipes.exchange import RankLayout
+from mimo_pipes.megatron import FORWARD_KEYS, MimoBatchSettings, mimo_batch
+from mimo_pipes_recipes import megatron_mimo_grids as grids
+from mimo_pipes_recipes import megatron_mimo_train as recipe
+from mimo_pipes_recipes import vlm_sft
+
+TINY = ["--lm-layers", "1", "--lm-hidden", "64", "--lm-heads", "4", "--vision-depth", "1", "--vision-width", "32",
+        "--vision-heads", "2", "--micro-batch-size", "2", "--microbatches", "2", "--embedded-samples", "64", "--num-workers", "1"]
+
+
+def test_defaults_and_reorder_modes() -> None:
+    args = recipe.parse_args(["--reorder", "off,on"])
+    assert (args.iterations, args.microbatches, args.prefetch, args.reorder_modes) == (100, 4, 2, ["off", "on"])
+
+
+@pytest.mark.parametrize(("argv", "flag"), [
+    (["--reorder", "sideways"], "--reorder"),
+    (["--lm-hidden", "100", "--lm-heads", "16"], "--lm-hidden"),
+    (["--vision-width", "100", "--vision-heads", "12"], "--vision-width"),
+    (["--prefetch", "-1"], "--prefetch"),
+    (["--iterations", "0"], "--iterations"),
+])
+def test_bad_settings_exit_2_naming_the_flag(argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        recipe.parse_args(argv)
+    assert exit_info.value.code == 2
+    assert flag in capsys.readouterr().err
+
+
+@given(st.integers(min_value=1, max_value=64))
+def test_mrope_sections_cover_half_the_head(sixteenths: int) -> None:
+    head = 16 * sixteenths
+    sections = recipe.mrope_section(head)
+    assert sum(sections) == head // 2 and sections[1] == sections[2] and min(sections) > 0
+
+
+def test_mrope_section_of_qwen2_vl() -> None:
+    assert recipe.mrope_section(128) == [16, 24, 24]
+    with pytest.raises(ValueError):
+        recipe.mrope_section(24)
+
+
+def test_both_reorder_modes_are_valid_one_rank_jobs_over_the_same_batches() -> None:
+    args = recipe.parse_args([])
+    off, on = recipe.pipeline_config(args, "off"), recipe.pipeline_config(args, "on")
+    for config in (off, on):
+        assert config.validate(1).world_size == 1
+        assert config.microbatches_per_global_batch == args.microbatches
+    assert on.reorder.intra_microbatch_reorder and on.reorder.reorder_across_microbatches and not off.reorder.intra_microbatch_reorder
+
+
+def test_the_grids_recipe_places_vision_and_language_on_their_own_ranks() -> None:
+    args = grids.parse_args(["--dp", "2", "--reorder", "off,on"])
+    topology = grids.pipeline_config(args, "on").validate(4)
+    assert [(m.name, m.dp, m.rank_offset) for m in topology.modules] == [("images", 2, 0), ("language", 2, 2)]
+    with pytest.raises(SystemExit):
+        grids.parse_args(["--dp", "zero"])
+
+
+@pytest.fixture(scope="module")
+def micro_batches() -> list[dict]:
+    """Two micro-batches of the embedded data as the one-rank loader yields them."""
+    args = recipe.parse_args(TINY)
+    config = recipe.pipeline_config(args, "on")
+    vlm_sft.prepare(config, log=lambda line: None)
+    loader = vlm_sft.build(config, RankLayout(dp_rank=0, dp_size=1, grid_size=1))
+    try:
+        return [next(loader) for _ in range(2)]
+    finally:
+        loader.close()
+
+
+def settings() -> MimoBatchSettings:
+    processor = vlm_sft.open_processor(recipe.pipeline_config(recipe.parse_args(TINY), "off"))
+    return MimoBatchSettings.for_processor(processor, modality=recipe.MODALITY, encoder_key=recipe.ENCODER_KEY)
+
+
+def test_the_vision_submodule_fills_every_placeholder(micro_batches: list[dict]) -> None:
+    """megatron-core's VisionModalitySubmodules, built from the recipe's spec, encodes mimo_batch's
+    modality_inputs into one row of the language width per image placeholder."""
+    from megatron.core.models.mimo.submodules.vision import VisionModalitySubmodules
+
+    args = recipe.parse_args(TINY)
+    processor = vlm_sft.open_processor(recipe.pipeline_config(args, "off"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = recipe.mimo_model_config(args, len(processor.tokenizer), processor.image_token_id)
+        vision = VisionModalitySubmodules.from_spec(config.modality_submodules_spec[recipe.MODALITY])
+    assert config.special_token_ids == {recipe.MODALITY: processor.image_token_id}
+    for batch in micro_batches:
+        kwargs = mimo_batch(batch, settings())
+        placeholders = int((kwargs["input_ids"] == processor.image_token_id).sum())
+        assert placeholders > 0
+        with torch.no_grad():
+            embeddings = vision(encoder_inputs=kwargs["modality_inputs"][recipe.MODALITY])
+        assert tuple(embeddings.shape) == (placeholders, args.lm_hidden)
+
+
+def test_the_keyword_arguments_are_mimo_model_forwards(micro_batches: list[dict]) -> None:
+    """Every key mimo_batch gives is a parameter of the installed MimoModel.forward (0.16 has no
+    packing_kwargs: an unpacked micro-batch leaves it None), with M-RoPE positions [3, B, S]."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.models.mimo import MimoModel
+    parameters = set(inspect.signature(MimoModel.forward).parameters) - {"self"}
+    kwargs = mimo_batch(micro_batches[0], settings())
+    assert set(kwargs) == set(FORWARD_KEYS)
+    assert set(kwargs) - parameters <= {"packing_kwargs"} and kwargs["packing_kwargs"] is None
+    batch, rows = micro_batches[0]["input_ids"].shape
+    assert tuple(kwargs["position_ids"].shape) == (3, batch, rows)
+    assert set(kwargs["modality_inputs"][recipe.MODALITY][recipe.ENCODER_KEY]) == {"hidden_states", "grid_thw"}
+
+
+def test_to_device_moves_nested_tensors_and_keeps_the_rest() -> None:
+    value = {"a": torch.ones(2), "b": {"c": torch.zeros(1), "d": None}, "e": 3}
+    moved = recipe.to_device(value, torch.device("cpu"))
+    assert torch.equal(moved["a"], value["a"]) and moved["b"]["d"] is None and moved["e"] == 3
+
+
+class _Failing:
+    def __init__(self, items: list[dict], error: Exception) -> None:
+        self.items, self.error = list(items), error
+
+    def __iter__(self) -> _Failing:
+        return self
+
+    def __next__(self) -> dict:
+        if not self.items:
+            raise self.error
+        return self.items.pop(0)
+
+
+def test_the_prefetcher_yields_what_direct_reading_yields(micro_batches: list[dict]) -> None:
+    direct = [item.kwargs["input_ids"] for item in recipe.Direct(iter(micro_batches), settings())]
+    prefetcher = recipe.Prefetcher(iter(micro_batches), settings(), depth=1)
+    prefetched = [item.kwargs["input_ids"] for item in prefetcher]
+    prefetcher.close()
+    assert len(prefetched) == len(direct) == 2 and all(torch.equal(a, b) for a, b in zip(direct, prefetched))
+
+
+def test_the_prefetcher_raises_the_loaders_error_on_the_training_thread(micro_batches: list[dict]) -> None:
+    prefetcher = recipe.Prefetcher(_Failing(micro_batches[:1], ValueError("bad row 7")), settings(), depth=2)
+    next(prefetcher)
+    with pytest.raises(ValueError, match="bad row 7"):
+        next(prefetcher)
+    prefetcher.close()
+    assert not prefetcher.thread.is_alive()
+
+
+def test_closing_a_full_prefetcher_stops_its_thread(micro_batches: list[dict]) -> None:
+    endless = (micro_batches[i % 2] for i in range(10**6))
+    prefetcher = recipe.Prefetcher(endless, settings(), depth=1)
+    next(prefetcher)
+    prefetcher.close()
+    assert not prefetcher.thread.is_alive()
+    assert "megatron-mimo-prefetch" not in [thread.name for thread in threading.enumerate()]
+
+
+def _record(iteration: int, loss: float, model: float, wait: float, batch: float) -> recipe.IterationRecord:
+    return recipe.IterationRecord(iteration=iteration, loss=loss, model_ms=model, wait_ms=wait, batch_ms=batch,
+                                  iteration_ms=model + wait + batch, grad_norm=1.0, loss_tokens=10, images=1, image_tokens=4,
+                                  sample_ids=[[iteration]])
+
+
+def test_the_summary_leaves_out_the_first_iteration_and_counts_conversion_only_on_the_training_thread() -> None:
+    records = [_record(1, 9.0, 5000.0, 900.0, 100.0), _record(2, 8.0, 97.0, 1.0, 2.0), _record(3, 7.0, 97.0, 1.0, 2.0)]
+    direct = recipe.summary(records, prefetching=False)
+    assert (direct["loss_first"], direct["loss_last"], direct["median_model_ms"]) == (9.0, 7.0, 97.0)
+    assert direct["wait_percent"] == pytest.approx(1.0) and direct["data_percent"] == pytest.approx(3.0)
+    prefetched = recipe.summary(records, prefetching=True)
+    assert prefetched["data_percent"] == pytest.approx(1.0) and prefetched["micro_batches"] == 3
