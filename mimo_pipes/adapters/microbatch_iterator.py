@@ -141,8 +141,9 @@ def balance_iterator(
     window. With ``pack_sequences``, each output micro-batch is packed into one THD row (see
     :mod:`mimo_pipes.thd`), every sequence padded to a multiple of ``pack_pad_multiple``. ``components``:
     every module's spec (as ``--component`` takes them), needed with a time model or two-level balance so
-    that the planner's floor and encoder replicas are the run's. Raises ConfigError, naming the flag, on a
-    bad setting.
+    that the planner's floor and encoder replicas are the run's. ``layout.module`` decides the fields the
+    output carries and the exchange moves (a language rank: no pixels; see mimo_pipes/module_fields.py).
+    Raises ConfigError, naming the flag, on a bad setting.
     """
     if (microbatches is None) == (source_factory is None):
         raise TypeError("pass exactly one of microbatches and source_factory")
@@ -160,6 +161,7 @@ def balance_iterator(
         consumed_microbatches=start_microbatch if source_factory is not None else 0,
         pack_sequences=pack_sequences,
         pack_pad_multiple=pack_pad_multiple,
+        module=layout.module,
     )
     if source_factory is not None:
         source = IterableWrapper(_CountedSource(source_factory, tail.resume.first_step))
