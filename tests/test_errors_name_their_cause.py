@@ -147,3 +147,43 @@ def test_switching_the_payload_on_resume_names_both_and_why(monkeypatch, saved, 
     message = str(caught.value)
     assert message.startswith(f"--resume: STATE was saved with --exchange-payload {saved}, this run has {requested}: ")
     assert message.endswith(WHY["exchange_payload"])
+
+
+# --- a lost peer, in one line --------------------------------------------------------------------------
+
+GLOO_RESET = "[../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:52014: Connection reset by peer"
+GLOO_CLOSED = "[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 30000ms for recv operation to complete"
+
+
+@pytest.mark.parametrize(("text", "cause"), [
+    (GLOO_RESET, "connection reset by peer"),
+    ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection closed by peer [127.0.0.1]:41197", "connection closed by peer"),
+    (GLOO_CLOSED, "timed out waiting for a peer"),
+    ("NCCL communicator was aborted on rank 3", "NCCL communicator aborted"),
+])
+def test_a_transport_failure_becomes_one_line_without_its_text(text, cause):
+    from mimo_pipes.cli.peer_loss import lost_peer_line
+    from mimo_pipes.errors import PeerError
+
+    raw = lost_peer_line("mimo-pipes run", 3, RuntimeError(text))
+    assert raw == f"mimo-pipes run: rank 3: stopped: a peer rank exited or stopped answering during a collective ({cause})"
+    wrapped = PeerError(None, f"the exchange's all_to_all failed ({text}); a peer rank may have exited or stalled past the timeout")
+    line = lost_peer_line("mimo-pipes run", 1, wrapped)
+    assert line == (f"mimo-pipes run: rank 1: a peer rank failed: the exchange's all_to_all failed; a peer rank may have exited "
+                    f"or stalled past the timeout ({cause})")
+    try:  # raised from one: the chain is searched
+        raise ValueError("the save could not finish") from RuntimeError(text)
+    except ValueError as error:
+        assert lost_peer_line("mimo-pipes run", 0, error) is not None
+
+
+@pytest.mark.parametrize("error", [
+    SampleError(4, "is missing while other samples of its micro-batch have it", field="labels"),
+    ConfigError("--exchange-timeout", "must be > 0"),
+    RuntimeError("CUDA out of memory"),
+    ValueError("a timeout of 0 is not allowed"),  # a timeout, but no transport's text
+])
+def test_other_errors_are_not_a_lost_peer(error):
+    from mimo_pipes.cli.peer_loss import lost_peer_line
+
+    assert lost_peer_line("mimo-pipes run", 0, error) is None
