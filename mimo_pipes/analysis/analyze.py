@@ -7,7 +7,7 @@ import dataclasses
 import functools
 import multiprocessing
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -130,13 +130,16 @@ def analyze(
     encoder_costs: np.ndarray | None = None,
     compare_window_sizes: Sequence[int] = (2, 4, 8),
     progress: Progress = _no_progress,
+    bad_rows: Mapping[int, str] | None = None,
 ) -> Analysis:
     """Figures of micro-batches ``start .. stop-1`` of a run with ``config``, from per-row token counts.
 
     With a time model (``reorder_cost_model``) ``encoder_costs`` are each row's modelled encoder ns
     (``RowCounts.encoder_costs``); the planner then balances on them with the model's floor, and every
     encoder module also gets its figures in modelled time (``modelled_encoder_time``). With two-level
-    balance ``real_tokens`` must be counted; every module also gets its figures in real tokens."""
+    balance ``real_tokens`` must be counted; every module also gets its figures in real tokens. ``bad_rows``
+    (``--skip-bad-samples``: row -> why it cannot be processed): each is read as the next good row of the
+    global order, as the graph replaces it."""
     reorder = config.reorder
     # The plan a run would balance with; the what-ifs reorder even where the given settings do not.
     plan = resolve_plan(dataclasses.replace(reorder, scalable_dp=True, intra_microbatch_reorder=True), topology)
@@ -153,7 +156,8 @@ def analyze(
     if planning.encoder_groups and (real_tokens < 0).any():
         raise ValueError("two-level balance needs every row's real tokens, and some were not counted")
     planner = Planner(costs, planning.floor, planning.encoder_groups, encoder, real_tokens)
-    schedule = Schedule(len(image_tokens), config.micro_batch_size, topology.grid_size, config.seed, config.dataloader_type == "cyclic")
+    schedule = Schedule(len(image_tokens), config.micro_batch_size, topology.grid_size, config.seed, config.dataloader_type == "cyclic",
+                        dict(bad_rows or {}))
     consumed = max(schedule.end(stop) - start, 0)
     variants: dict[str, Setting] = {PER_MICROBATCH: (True, 1, False), **{f"across_window_{w}": (True, w, True) for w in compare_window_sizes}}
     off: Setting = (False, 1, False)
@@ -202,6 +206,24 @@ def analyze(
                 "what_if": what_if, "critical_path_lower_bound": bounds,
             }
     return Analysis(figures, result, unreordered, what_ifs, given, balanced, schedule, start, stop, incomplete)
+
+
+def skipped_rows(analysis: Analysis) -> tuple[dict[int, str], int]:
+    """``--skip-bad-samples``: each distinct bad row the consumed samples stand in for, with why, and how many
+    times bad rows were met (per consumed sample, the rows skipped to reach it), as the run's summary counts them."""
+    schedule, replayed = analysis.schedule, analysis.replay
+    if not schedule.bad_rows or replayed.after_positions is None:
+        return {}, 0
+    rows: dict[int, str] = {}
+    attempts = 0
+    by_step: dict[int, dict[int, list[int]]] = {}
+    for step, position in zip(replayed.after_read_steps.reshape(-1).tolist(), replayed.after_positions.reshape(-1).tolist()):
+        if step not in by_step:
+            by_step[step] = schedule.replaced_rows(step)
+        for row in by_step[step].get(position, []):
+            rows.setdefault(row, schedule.bad_rows[row])
+            attempts += 1
+    return dict(sorted(rows.items())), attempts
 
 
 def _what_ifs(what_ifs: dict[str, GridReplay], variants: dict[str, Setting], quantity: Quantity, dp_size: int,

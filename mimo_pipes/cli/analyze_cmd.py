@@ -98,13 +98,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"mimo-pipes analyze: error: {error}", file=sys.stderr)
         return EXIT_FAILED
     image_tokens = counts.image_tokens
+    bad_rows = getattr(counts, "bad_rows", None) if config.skip_bad_samples else None  # a recipe's own counts may list none
     try:
         result = analyze(config, topology, image_tokens, counts.real_tokens, start=start, stop=stop,
                          encoder_costs=counts.encoder_costs(model) if model is not None else None,
-                         compare_window_sizes=args.compare_window_sizes, progress=progress)
+                         compare_window_sizes=args.compare_window_sizes, progress=progress, bad_rows=bad_rows)
     except ConfigError as error:  # counts beyond what --seq-length allows (a recipe's own counter)
         print(f"mimo-pipes analyze: error: {error}", file=sys.stderr)
         return EXIT_CONFIG
+    except SampleError as error:  # --skip-bad-samples: a bad row followed by MAX_TRIES bad ones, as the run stops
+        print(f"mimo-pipes analyze: error: {error}", file=sys.stderr)
+        return EXIT_FAILED
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / RESULT_FILE).write_text(json.dumps(result.figures, indent=1) + "\n")
@@ -113,6 +117,11 @@ def run(args: argparse.Namespace) -> int:
     plots = write_plots(out, result, topology, f"micro-batch {config.micro_batch_size}, micro-batches {start}..{end - 1}, {mode}")
     print(headline(config, topology, start, end, command="mimo-pipes analyze", mode=mode))
     print(format_analysis(result))
+    if config.skip_bad_samples:
+        from mimo_pipes.analysis.analyze import skipped_rows
+        from mimo_pipes.cli.run_rank import format_skip_report
+
+        print(format_skip_report(*skipped_rows(result)))
     for count in warnings:
         print(count.line())
     processed = getattr(counts, "processed_for_cost", None)  # a recipe's own counts may not say
