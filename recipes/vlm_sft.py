@@ -180,4 +180,8 @@ def row_counts(config: PipelineConfig, *, real_tokens: bool, runs: bool, progres
 
     dataset = open_source(dataset_path(config))
     tick = progress("costs", len(dataset)) if progress is not None else None
-    return count_rows(dataset, open_processor(config), real_tokens=real_tokens, runs=runs, progress=tick, skip_bad=config.skip_bad_samples)
+    # Under the samples payload the graph processes every row whole before counting it: a row bad only when its
+    # images are decoded is replaced there, so with --skip-bad-samples the count decodes them too.
+    decode = config.skip_bad_samples and config.exchange_payload == "samples"
+    return count_rows(dataset, open_processor(config), real_tokens=real_tokens, runs=runs, progress=tick, skip_bad=config.skip_bad_samples,
+                      decode=decode)

@@ -85,7 +85,8 @@ def processed_counter(processor: Callable[[Mapping[str, Any]], Mapping[str, Any]
     return lambda row: count(row)[:2]
 
 
-def fingerprint(dataset: Any, processor: Any, real_tokens: bool = True, runs: bool = False, skip_bad: bool = False) -> str | None:
+def fingerprint(dataset: Any, processor: Any, real_tokens: bool = True, runs: bool = False, skip_bad: bool = False,
+                decode: bool = False) -> str | None:
     """Cache key of a dataset's counts under a processor's settings; None when the dataset has none."""
     data_key = getattr(dataset, "_fingerprint", None)
     if data_key is None:
@@ -104,6 +105,8 @@ def fingerprint(dataset: Any, processor: Any, real_tokens: bool = True, runs: bo
     }
     if skip_bad:  # only then are bad rows kept (without, the first one stops the count and nothing is cached)
         settings["skip_bad"] = True
+    if decode:  # rows processed whole: a row bad only when its images are decoded is bad here
+        settings["decode"] = True
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
@@ -132,6 +135,7 @@ def count_rows(
     use_cache: bool = True,
     progress: Callable[[int], None] | None = None,
     skip_bad: bool = False,
+    decode: bool = False,
 ) -> RowCounts:
     """Image tokens, real tokens and, with ``runs``, the placeholder runs of every row of ``dataset`` as
     ``processor`` would produce them (runs are what a time model prices; finding them costs a pass over
@@ -143,9 +147,11 @@ def count_rows(
     fingerprint and the processor's settings (HF datasets only). ``real_tokens=False`` reports real tokens
     as ``UNCOUNTED``: a vision-only cost needs none. ``skip_bad`` (``--skip-bad-samples``): a row whose
     counting raises SampleError counts 0 and is listed in ``bad_rows`` with its reason, as the run reports
-    it; without, its SampleError is raised."""
+    it; without, its SampleError is raised. ``decode``: every row processed whole, images decoded (what a
+    graph under ``--exchange-payload samples`` does before counting), so a row whose image fails only when
+    decoded is a bad row here too; slower, the counts are the same."""
     runs = runs and row_counter is None
-    key = fingerprint(dataset, processor, real_tokens, runs, skip_bad) if use_cache and row_counter is None else None
+    key = fingerprint(dataset, processor, real_tokens, runs, skip_bad, decode) if use_cache and row_counter is None else None
     path = cache_root() / "analyze" / f"tokens-{key}.npz" if key else None
     if path is not None and path.is_file():
         with np.load(path) as cached:
@@ -156,7 +162,7 @@ def count_rows(
         if progress is not None:
             progress(len(dataset))
         return counts
-    counts = _count_all(dataset, processor, row_counter, real_tokens, runs, progress, skip_bad)
+    counts = _count_all(dataset, processor, row_counter, real_tokens, runs, progress, skip_bad, decode)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{np.random.default_rng().integers(1 << 30)}.tmp.npz")
@@ -179,10 +185,10 @@ class _SizeCounter:
         return self.sized.counts(dict(row), runs=self.runs)
 
 
-def _row_counter(processor: Any, row_counter: RowCounter | None, runs: bool) -> Callable[[Mapping[str, Any]], RowCount]:
+def _row_counter(processor: Any, row_counter: RowCounter | None, runs: bool, decode: bool = False) -> Callable[[Mapping[str, Any]], RowCount]:
     if row_counter is not None:
         return _without_runs(row_counter)
-    if type(processor) is SampleProcessor:
+    if type(processor) is SampleProcessor and not decode:
         return _SizeCounter(processor, runs)
     return _processed_count(processor, getattr(processor, "placeholder_ids", processor.image_token_id), runs)
 
@@ -193,13 +199,13 @@ def _without_runs(row_counter: RowCounter) -> Callable[[Mapping[str, Any]], RowC
 
 
 def _count_all(dataset: Any, processor: Any, row_counter: RowCounter | None, real: bool, runs: bool,
-               progress: Callable[[int], None] | None, skip_bad: bool = False) -> RowCounts:
+               progress: Callable[[int], None] | None, skip_bad: bool = False, decode: bool = False) -> RowCounts:
     size = len(dataset)
     image_tokens = np.zeros(size, dtype=np.int64)
     real_tokens = np.zeros(size, dtype=np.int64)
     runs_per_row = np.zeros(size, dtype=np.int64)
     run_lengths: list[int] = []
-    counter = _row_counter(processor, row_counter, runs)
+    counter = _row_counter(processor, row_counter, runs, decode)
     sized = isinstance(counter, _SizeCounter)
     bad: dict[int, str] = {}  # with skip_bad: a row that cannot be counted counts 0, and why is kept
     for start in range(0, size, CHUNK_ROWS):
@@ -231,5 +237,7 @@ def _count_all(dataset: Any, processor: Any, row_counter: RowCounter | None, rea
     if sized:
         counts = replace(counts, processed_for_cost=counter.sized.processed_for_cost, processed_reasons=counter.sized.processed_for_cost_reasons)
     elif row_counter is None:  # a processor of the caller's: every row processed
-        counts = replace(counts, processed_for_cost=size, processed_reasons={f"{type(processor).__name__} counts no header": size})
+        why = (f"{type(processor).__name__} counts no header" if not decode
+               else "every image decoded to find rows bad only when decoded (--exchange-payload samples)")
+        counts = replace(counts, processed_for_cost=size, processed_reasons={why: size})
     return counts
