@@ -71,7 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             action.help = f"analyze: accepted and ignored ({IGNORED[flag]}). run: {action.help}"
     for flag, why in REFUSED.items():
         parser.add_argument(flag, dest=f"refused_{flag.lstrip('-').replace('-', '_')}", default=None, metavar="...",
-                            help=f"run only; refused here: {why}")
+                            help=f"run only; refused here: {why} (default: not given)")
     parser.add_argument("--out", type=path, required=True, metavar="DIR", help="folder for analysis.json and the PNG plots")
     parser.add_argument("--compare-window-sizes", type=positive_ints, default=(2, 4, 8), metavar="W,W,...",
                         help="across-micro-batch window sizes to report besides the given settings (default: 2,4,8)")
