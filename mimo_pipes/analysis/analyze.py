@@ -229,13 +229,13 @@ def skipped_rows(analysis: Analysis) -> tuple[dict[int, str], int]:
 def _what_ifs(what_ifs: dict[str, GridReplay], variants: dict[str, Setting], quantity: Quantity, dp_size: int,
               bound_of: Callable[..., int | None], incomplete: frozenset[str] = frozenset(),
               ) -> tuple[dict[str, dict[str, float | int | bool]], dict[str, int | None]]:
-    """Spread and critical path of every what-if in ``quantity`` (no_reorder: the readers' shards), whether
-    the run fills its windows (``complete``), and the lower bound of each balancing setting."""
+    """Spread and critical path of every what-if in ``quantity`` (no_reorder: the readers' shards), marked
+    ``incomplete`` where the run cuts one of its windows, and the lower bound of each balancing setting."""
     figures: dict[str, dict[str, float | int | bool]] = {}
     for name, replayed in what_ifs.items():
         rows = replayed.before if name == NO_REORDER else replayed.after
         spread, path = spread_and_path(np.maximum(rank_loads(rows, quantity.values, dp_size), quantity.floor))
-        figures[name] = {"spread": spread, "critical_path": path, "complete": name not in incomplete}
+        figures[name] = {"spread": spread, "critical_path": path, **({"incomplete": True} if name in incomplete else {})}
     bounds = {name: bound_of(quantity.values, dp_size, window_size=window, across_microbatches=across, floor=quantity.floor)
               for name, (_, window, across) in variants.items()}
     return figures, bounds
