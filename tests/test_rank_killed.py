@@ -47,4 +47,7 @@ def test_a_rank_killed_outright_is_named_and_its_peers_say_so_in_one_line(tmp_pa
     assert "pair.cc" not in stderr and "Traceback" not in stderr and "third_party" not in stderr, stderr
     peers = [line for line in lines if re.match(r"mimo-pipes run: rank \d+: ", line)]
     assert peers and all("(connection" in line or "(timed out" in line or "(broken pipe" in line for line in peers), peers
+    deadline = time.monotonic() + 30  # multiprocessing's resource tracker frees the dead rank's semaphores, then ends
+    while alive(family) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert not alive(family)
