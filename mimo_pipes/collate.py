@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from mimo_pipes.errors import SampleError
-from mimo_pipes.sample import COST, IMAGE_TOKENS, METADATA_KEYS, REAL_TOKENS, SAMPLE_ID, SLOT, STEP, Sample, Window
+from mimo_pipes.samples.sample import COST, IMAGE_TOKENS, METADATA_KEYS, REAL_TOKENS, SAMPLE_ID, SLOT, STEP, Sample, Window
 
 # Per-token fields: padded on the right along their last dimension and stacked: [L] -> [b, L], and the
 # three-row M-RoPE position ids [3, L] -> [b, 3, L].

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mimo_pipes.cost_range import check_sample_cost
+from mimo_pipes.samples.cost_range import check_sample_cost
 from mimo_pipes.time_model.model import TimeModel
 
 INT64_MAX = 2**63 - 1
@@ -114,7 +114,7 @@ class CostFunction:
 
     def check_range(self, sample_id: object, encoder_cost: int, real_tokens: int, budget: int, samples: int) -> None:
         """ConfigError naming the flag when the sample's cost or encoder cost is beyond ``budget``
-        (:func:`~mimo_pipes.cost_range.window_budget` of a window of ``samples`` samples)."""
+        (:func:`~mimo_pipes.samples.cost_range.window_budget` of a window of ``samples`` samples)."""
         check_sample_cost(self.time_model, sample_id, encoder_cost, *self.terms(encoder_cost, real_tokens), budget=budget, samples=samples)
 
     def describe(self) -> dict[str, Any]:

@@ -51,14 +51,14 @@ def check_cost_range(
     model: TimeModel | None,
     *,
     max_tokens: int,
-    microbatch_size: int,
+    micro_batch_size: int,
     window_microbatches: int,
     floor: int,
 ) -> None:
     """Refuse settings under which a sample of ``max_tokens`` tokens could leave the planners' range in a
-    window of ``window_microbatches`` micro-batches of ``microbatch_size`` samples: ConfigError naming the
+    window of ``window_microbatches`` micro-batches of ``micro_batch_size`` samples: ConfigError naming the
     flag (a weight, the time model, ``--seq-length``)."""
-    samples = microbatch_size * window_microbatches
+    samples = micro_batch_size * window_microbatches
     budget = window_budget(samples, window_microbatches, floor)
     if budget < 0:
         raise ConfigError(TIME_MODEL_FLAG, f"its per-forward floor ({floor} in cost units) over a window of {window_microbatches} "

@@ -20,12 +20,8 @@ from typing import Any
 
 from torchdata.nodes import BaseNode, Loader
 
-from mimo_pipes.errors import StateMismatchError
-from mimo_pipes.nodes.balance_exchange import BalanceExchange
-from mimo_pipes.nodes.microbatch_assembler import MicroBatchAssembler
-from mimo_pipes.nodes.windower import Windower
-from mimo_pipes.resume import ResumePoint, resume_point
-from mimo_pipes.validity import (
+from mimo_pipes.checkpoint.resume import ResumePoint, resume_point
+from mimo_pipes.checkpoint.validity import (
     ON_ANOTHER_LAYOUT,
     VALID_FOR_KEY,
     check_graph_state,
@@ -33,6 +29,10 @@ from mimo_pipes.validity import (
     on_other_layout,
     on_saved_layout,
 )
+from mimo_pipes.errors import StateMismatchError
+from mimo_pipes.nodes.balance_exchange import BalanceExchange
+from mimo_pipes.nodes.microbatch_assembler import MicroBatchAssembler
+from mimo_pipes.nodes.windower import Windower
 
 
 class GraphLoader(Loader[dict]):
@@ -138,7 +138,7 @@ class GraphLoader(Loader[dict]):
         return next((node for node in graph_nodes(self.root) if isinstance(node, BalanceExchange)), None)
 
     def exchange_metrics(self) -> dict[str, Any] | None:
-        """The exchange's metrics for the last window it delivered (see :mod:`mimo_pipes.metrics`); None
+        """The exchange's metrics for the last window it delivered (see :mod:`mimo_pipes.observe.metrics`); None
         without an exchange (reordering off: every figure would equal its "before") or before the first window."""
         node = self.exchange_node()
         return node.metrics() if node is not None else None

@@ -1,6 +1,6 @@
 """What the balance exchange did, per window and since the start: plain dicts a trainer can log.
 
-Pure arithmetic on an :class:`~mimo_pipes.observer.ExchangeRecord`. Every figure about the module (loads of
+Pure arithmetic on an :class:`~mimo_pipes.observe.observer.ExchangeRecord`. Every figure about the module (loads of
 every DP rank, samples and bytes moved) comes from what the exchange's all-gather already gave every rank,
 so all DP ranks of a module compute the same values without any further collective; ``rank/*`` and
 ``time/*`` are the rank's own. Keys (``q`` is ``image_tokens`` or ``cost``, ``when`` is ``before`` (as the
@@ -15,7 +15,7 @@ readers placed the samples, i.e. without reordering) or ``after`` (as the exchan
 - ``moved/samples``, ``moved/bytes``: samples that changed DP rank in the module and their packed bytes;
 - ``rank/bytes_sent``, ``rank/bytes_received``, ``rank/samples_sent``, ``rank/samples_received``;
 - ``time/exchange_s`` (the exchanging thread's whole exchange of the window, collation included),
-  ``time/{phase}_s`` per phase of :data:`~mimo_pipes.observer.PHASES`, ``time/wait_s`` (the training
+  ``time/{phase}_s`` per phase of :data:`~mimo_pipes.observe.observer.PHASES`, ``time/wait_s`` (the training
   thread's wait for the window in ``next()``);
 - ``window``, ``first_step``, ``microbatches``, ``dp_rank``, ``dp_size``;
 - ``cumulative/...``: the same sums, spreads and ratios over every window delivered since the start of
@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mimo_pipes.balance import window_lower_bound
-from mimo_pipes.observer import PHASES, ExchangeRecord
+from mimo_pipes.observe.observer import PHASES, ExchangeRecord
 
 QUANTITIES = ("image_tokens", "cost")
 WHEN = ("before", "after")

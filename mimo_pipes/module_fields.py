@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mimo_pipes.collate import CONCAT_FIELDS, SEQUENCE_FIELDS
-from mimo_pipes.sample import Sample
+from mimo_pipes.samples.collate import CONCAT_FIELDS, SEQUENCE_FIELDS
+from mimo_pipes.samples.sample import Sample
 
 LANGUAGE = "language"
 ENCODER = "encoder"

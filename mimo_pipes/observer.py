@@ -51,7 +51,7 @@ class ExchangeRecord:
     metrics: dict[str, Any] | None = None  # the node's metrics for this window, when it collects them
 
     @property
-    def microbatch_size(self) -> int:
+    def micro_batch_size(self) -> int:
         return len(self.costs[0]) if self.costs else 0
 
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from mimo_pipes.topology import owned_positions
+from mimo_pipes.parallel.topology import owned_positions
 
 
-def microbatches_per_epoch(dataset_size: int, microbatch_size: int) -> int:
+def microbatches_per_epoch(dataset_size: int, micro_batch_size: int) -> int:
     """Full global micro-batches in one epoch (drop_last: a partial tail is never read)."""
-    return dataset_size // microbatch_size
+    return dataset_size // micro_batch_size
 
 
 def epoch_order(dataset_size: int, epoch: int, seed: int, shuffle: bool) -> np.ndarray:
@@ -24,20 +24,20 @@ def epoch_order(dataset_size: int, epoch: int, seed: int, shuffle: bool) -> np.n
 
 
 def global_microbatch_indices(
-    step: int, dataset_size: int, microbatch_size: int, seed: int, shuffle: bool
+    step: int, dataset_size: int, micro_batch_size: int, seed: int, shuffle: bool
 ) -> np.ndarray:
     """The B dataset indices of global micro-batch ``step``, in canonical order (what a non-scalable reader reads)."""
-    per_epoch = microbatches_per_epoch(dataset_size, microbatch_size)
+    per_epoch = microbatches_per_epoch(dataset_size, micro_batch_size)
     if per_epoch == 0:
-        raise ValueError(f"dataset of {dataset_size} samples holds no full micro-batch of {microbatch_size}")
+        raise ValueError(f"dataset of {dataset_size} samples holds no full micro-batch of {micro_batch_size}")
     epoch, within = divmod(step, per_epoch)
     order = epoch_order(dataset_size, epoch, seed, shuffle)
-    return order[within * microbatch_size : (within + 1) * microbatch_size]
+    return order[within * micro_batch_size : (within + 1) * micro_batch_size]
 
 
 def shard_indices(
-    step: int, dp_rank: int, dp_size: int, dataset_size: int, microbatch_size: int, seed: int, shuffle: bool
+    step: int, dp_rank: int, dp_size: int, dataset_size: int, micro_batch_size: int, seed: int, shuffle: bool
 ) -> np.ndarray:
     """This DP rank's slots of global micro-batch ``step`` (scalable DP reads only these)."""
-    positions = owned_positions(dp_rank, dp_size, microbatch_size)
-    return global_microbatch_indices(step, dataset_size, microbatch_size, seed, shuffle)[positions.start : positions.stop]
+    positions = owned_positions(dp_rank, dp_size, micro_batch_size)
+    return global_microbatch_indices(step, dataset_size, micro_batch_size, seed, shuffle)[positions.start : positions.stop]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from mimo_pipes.collate import Collator, FieldSpec
+from mimo_pipes.checkpoint.resume import ResumePoint, reorder_window_size, resume_point
 from mimo_pipes.config import (
     PipelineConfig,
     PlannerSettings,
@@ -23,13 +23,13 @@ from mimo_pipes.config import (
     flag,
     planner_settings,
 )
-from mimo_pipes.cost import CostFunction
-from mimo_pipes.cost_range import check_cost_range
 from mimo_pipes.errors import ConfigError
-from mimo_pipes.module_fields import ModuleFields, module_fields
-from mimo_pipes.resume import ResumePoint, reorder_window_size, resume_point
+from mimo_pipes.parallel.topology import COMPONENT_FLAG, Topology, build_topology
+from mimo_pipes.samples.collate import Collator, FieldSpec
+from mimo_pipes.samples.cost import CostFunction
+from mimo_pipes.samples.cost_range import check_cost_range
+from mimo_pipes.samples.module_fields import ModuleFields, module_fields
 from mimo_pipes.time_model.model import TimeModel
-from mimo_pipes.topology import COMPONENT_FLAG, Topology, build_topology
 
 ROWS, SAMPLES = "rows", "samples"
 PROCESSING_METHODS = ("thread", "process")
@@ -144,7 +144,7 @@ def resolve_tail(
     """One module rank's tail settings (see :func:`resolve_plan` for ``topology`` and ``time_model``).
 
     ``pad_length`` None pads each micro-batch to its longest sample. ``module``: the module's name, which
-    decides the fields its micro-batches carry (:mod:`mimo_pipes.module_fields`; None: all of them).
+    decides the fields its micro-batches carry (:mod:`mimo_pipes.samples.module_fields`; None: all of them).
     ``payload``, ``workers``, ``method``: see :class:`Processing`. Raises ConfigError naming the flag."""
     if micro_batch_size < 1 or micro_batch_size % grid_size or grid_size % dp_size:
         raise ConfigError(
@@ -159,7 +159,7 @@ def resolve_tail(
     check_pack_pad_multiple(pack_pad_multiple)
     plan = resolve_plan(reorder, topology, time_model)
     if pad_length is not None:  # every sample fits --seq-length: its cost is bounded before anything runs
-        check_cost_range(plan.cost.weights, plan.time_model, max_tokens=pad_length, microbatch_size=micro_batch_size,
+        check_cost_range(plan.cost.weights, plan.time_model, max_tokens=pad_length, micro_batch_size=micro_batch_size,
                          window_microbatches=plan.window_size, floor=plan.planner.floor)
     ids = (image_token_ids,) if isinstance(image_token_ids, int) else tuple(int(i) for i in image_token_ids)
     if not ids:

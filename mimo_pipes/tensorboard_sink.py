@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from mimo_pipes.metrics import scalars
-from mimo_pipes.observer import ExchangeRecord
+from mimo_pipes.observe.metrics import scalars
+from mimo_pipes.observe.observer import ExchangeRecord
 
 # Identity of the window, not a figure: the step axis already says which window it is.
 _NOT_LOGGED = ("window", "first_step", "microbatches", "dp_rank", "dp_size")
 
 
 class TensorBoardSink:
-    """Writes the scalars of :func:`mimo_pipes.metrics.scalars` for every delivered window, at the global
+    """Writes the scalars of :func:`mimo_pipes.observe.metrics.scalars` for every delivered window, at the global
     step of the window's first micro-batch, to an event file under ``log_dir``. Use it as an observer:
     ``exchange.add_observer(TensorBoardSink(log_dir))``; ``close()`` flushes and closes the file."""
 

@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-from mimo_pipes.collate import CONCAT_FIELDS, DEFAULT_PAD_VALUES
 from mimo_pipes.errors import SampleError
+from mimo_pipes.samples.collate import CONCAT_FIELDS, DEFAULT_PAD_VALUES
 
 CU_SEQLENS = "cu_seqlens"
 CU_SEQLENS_UNPADDED = "cu_seqlens_unpadded"

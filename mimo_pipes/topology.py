@@ -120,11 +120,11 @@ def owned_slots(dp_rank: int, dp_size: int, grid_size: int) -> range:
     return range(dp_rank * per_rank, (dp_rank + 1) * per_rank)
 
 
-def owned_positions(dp_rank: int, dp_size: int, microbatch_size: int) -> range:
+def owned_positions(dp_rank: int, dp_size: int, micro_batch_size: int) -> range:
     """Positions of a global micro-batch (canonical order) that DP rank r holds: B/d contiguous ones."""
-    if microbatch_size % dp_size:
-        raise ValueError(f"micro-batch size {microbatch_size} is not divisible by dp size {dp_size}")
-    per_rank = microbatch_size // dp_size
+    if micro_batch_size % dp_size:
+        raise ValueError(f"micro-batch size {micro_batch_size} is not divisible by dp size {dp_size}")
+    per_rank = micro_batch_size // dp_size
     return range(dp_rank * per_rank, (dp_rank + 1) * per_rank)
 
 

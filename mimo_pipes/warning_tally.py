@@ -76,7 +76,7 @@ def warn(kind: WarningKind, subject: Hashable, detail: str) -> None:
     """Count ``subject`` under ``kind``. The first of its kind in this process is logged with ``detail``,
     unless a command collects the tally."""
     if _TALLY.add(kind, subject) and not _TALLY.collecting:
-        logger.warning("%s; further %s are counted, not logged (mimo_pipes.warning_tally.counts())", detail, kind.what)
+        logger.warning("%s; further %s are counted, not logged (mimo_pipes.observe.warning_tally.counts())", detail, kind.what)
 
 
 def counts() -> list[WarningCount]:

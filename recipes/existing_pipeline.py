@@ -5,7 +5,7 @@ your reader -> your mappers (Mapper / ParallelMapper) -> CostAnnotator -> Window
 
 Your part must yield this rank's B/d samples of every global micro-batch, in canonical order (DP rank r
 of d holds positions r*B/d .. (r+1)*B/d - 1), each a dict of unpadded tensors with ``sample_id`` and
-``step`` (see mimo_pipes/sample.py). :func:`build` appends the library's part; :func:`example_samples`
+``step`` (see mimo_pipes/samples/sample.py). :func:`build` appends the library's part; :func:`example_samples`
 shows one way to write the reader: a torch Sampler over this rank's positions, SamplerWrapper, Mapper.
 """
 
@@ -17,16 +17,16 @@ from typing import Any
 from torch.utils.data import Sampler
 from torchdata.nodes import BaseNode, Mapper, ParallelMapper, SamplerWrapper
 
+from mimo_pipes.checkpoint.resume import ResumePoint, reorder_window_size, resume_point
 from mimo_pipes.config import ReorderConfig
 from mimo_pipes.exchange import RankLayout
-from mimo_pipes.loader import GraphLoader
+from mimo_pipes.graph.loader import GraphLoader
+from mimo_pipes.graph.tail import balanced_tail
+from mimo_pipes.graph.tail_settings import resolve_tail
 from mimo_pipes.nodes import SnapshotGuard
-from mimo_pipes.resume import ResumePoint, reorder_window_size, resume_point
-from mimo_pipes.sample import SAMPLE_ID, STEP, Sample
-from mimo_pipes.sharding import shard_indices
-from mimo_pipes.tail import balanced_tail
-from mimo_pipes.tail_settings import resolve_tail
-from mimo_pipes.topology import build_topology
+from mimo_pipes.parallel.sharding import shard_indices
+from mimo_pipes.parallel.topology import build_topology
+from mimo_pipes.samples.sample import SAMPLE_ID, STEP, Sample
 
 
 def first_step(reorder: ReorderConfig, consumed_microbatches: int = 0) -> int:
@@ -54,7 +54,7 @@ def build(
     every module's spec (as ``--component`` takes them), needed with a time model or two-level balance so
     that the planner's floor and encoder replicas are the run's. ``layout.module`` decides the fields this
     rank's micro-batches carry and the exchange moves (a language rank: no pixels; see
-    mimo_pipes/module_fields.py). Bad settings raise ConfigError naming the flag. The loader's
+    mimo_pipes/samples/module_fields.py). Bad settings raise ConfigError naming the flag. The loader's
     ``state_dict`` holds your nodes' state too, so restoring it restores your reader.
     """
     tail = resolve_tail(

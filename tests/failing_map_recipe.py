@@ -5,8 +5,8 @@ from __future__ import annotations
 from mimo_pipes.config import PipelineConfig
 from mimo_pipes.errors import SampleError
 from mimo_pipes.exchange import RankLayout
-from mimo_pipes.loader import GraphLoader
-from mimo_pipes.sample import SAMPLE_ID
+from mimo_pipes.graph.loader import GraphLoader
+from mimo_pipes.samples.sample import SAMPLE_ID
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
 from mimo_pipes_recipes.vlm_sft import pipeline
 

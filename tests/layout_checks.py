@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from mimo_pipes.sharding import global_microbatch_indices
+from mimo_pipes.parallel.sharding import global_microbatch_indices
 from mimo_pipes.testing import image_tokens_for
 
 
@@ -30,7 +30,7 @@ def module_sequences(results: list[dict | None]) -> dict[str, dict[int, list[int
     return sequences
 
 
-def check_invariants(results, *, microbatch_size, seed, window_size=1, across=False, shuffle=True, dataset_size=4096):
+def check_invariants(results, *, micro_batch_size, seed, window_size=1, across=False, shuffle=True, dataset_size=4096):
     """Conservation, agreement between modules, fan-out pairing; returns the module sequences."""
     sequences = module_sequences(results)
     modules = sorted(sequences)
@@ -41,14 +41,14 @@ def check_invariants(results, *, microbatch_size, seed, window_size=1, across=Fa
     assert steps == list(range(len(steps))), f"steps are not consecutive from 0: {steps[:10]}"
     groups = [steps[i : i + window_size] for i in range(0, len(steps), window_size)] if across else [[s] for s in steps]
     for group in groups:
-        before = sorted(int(i) for s in group for i in global_microbatch_indices(s, dataset_size, microbatch_size, seed, shuffle))
+        before = sorted(int(i) for s in group for i in global_microbatch_indices(s, dataset_size, micro_batch_size, seed, shuffle))
         after = sorted(sid for s in group for sid in first[s])
         assert before == after, f"steps {group}: samples lost or duplicated"
         tokens_before = sum(image_tokens_for(i, seed) for i in before)
         tokens_after = sum(image_tokens_for(i, seed) for i in after)
         assert tokens_before == tokens_after
     for step in steps:
-        assert len(first[step]) == microbatch_size
+        assert len(first[step]) == micro_batch_size
     return sequences
 
 
@@ -80,12 +80,12 @@ def vision_spread(results: list[dict | None], module: str) -> float:
     return sum(spreads) / len(spreads)
 
 
-def baseline_spread(dp_size: int, steps: int, *, microbatch_size: int, seed: int, dataset_size: int = 4096) -> float:
+def baseline_spread(dp_size: int, steps: int, *, micro_batch_size: int, seed: int, dataset_size: int = 4096) -> float:
     """The same figure without reordering: each rank keeps its contiguous canonical shard."""
-    per_rank = microbatch_size // dp_size
+    per_rank = micro_batch_size // dp_size
     spreads = []
     for step in range(steps):
-        ids = global_microbatch_indices(step, dataset_size, microbatch_size, seed, True)
+        ids = global_microbatch_indices(step, dataset_size, micro_batch_size, seed, True)
         loads = [sum(image_tokens_for(int(i), seed) for i in ids[r * per_rank : (r + 1) * per_rank]) for r in range(dp_size)]
         spreads.append(max(loads) - min(loads))
     return sum(spreads) / len(spreads)

@@ -15,7 +15,7 @@ from torchdata.nodes import BaseNode
 
 from mimo_pipes.errors import StateMismatchError
 from mimo_pipes.nodes import CanonicalShardReader
-from mimo_pipes.sample import SAMPLE_ID, STEP
+from mimo_pipes.samples.sample import SAMPLE_ID, STEP
 from mimo_pipes.testing import SyntheticProcessedDataset
 
 
@@ -47,7 +47,7 @@ class CountingSource(BaseNode[dict]):
 def tiny_samples(per_microbatch: int, steps: int, start_step: int = 0) -> CanonicalShardReader:
     """``steps`` micro-batches of ``per_microbatch`` tiny samples (DP 1), read from ``start_step`` on."""
     dataset = SyntheticProcessedDataset(per_microbatch * steps, text_tokens=2, patch_dim=1)
-    return CanonicalShardReader(dataset, microbatch_size=per_microbatch, dp_rank=0, dp_size=1, grid_size=1,
+    return CanonicalShardReader(dataset, micro_batch_size=per_microbatch, dp_rank=0, dp_size=1, grid_size=1,
                                 dataloader_type="single", start_step=start_step)
 
 

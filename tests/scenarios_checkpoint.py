@@ -11,8 +11,8 @@ from mimo_pipes.checkpoint import open_generation, read_rank_state
 from mimo_pipes.cli.rank_job import save_state, set_up_rank
 from mimo_pipes.errors import ConfigError, PositionMismatchError
 from mimo_pipes.exchange.world import check_same_position, control_group, world_rank
+from mimo_pipes.parallel.topology import build_topology
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
-from mimo_pipes.topology import build_topology
 from mimo_pipes_recipes.vlm_sft import pipeline
 
 
@@ -20,7 +20,7 @@ def save_with_failing_ranks(components, directory: str, failing: list[int]) -> d
     """Save a generation after 3 micro-batches, then one after 6 in which the ranks ``failing`` cannot write a
     file of theirs (its folder does not exist: a real OSError). Returns what the second save raised on this
     rank and what the folder then restores for it."""
-    setup = set_up_rank(make_config(components, microbatch_size=4))
+    setup = set_up_rank(make_config(components, micro_batch_size=4))
     if setup is None:
         return None
     rank = world_rank()
@@ -48,7 +48,7 @@ def restore_mixed_positions(components, *, mixed: str) -> dict | None:
         return None
     topology, groups, layout = joined
     position = groups.position
-    config = make_config(components, microbatch_size=8, window_size=2, seed=3)
+    config = make_config(components, micro_batch_size=8, window_size=2, seed=3)
 
     def loader():
         dataset = SyntheticProcessedDataset(96, seed=3)

@@ -15,7 +15,7 @@ from scenarios_exchange import PAD_VALUES, join_layout, make_config
 from mimo_pipes.data.skipping import SkipBadRows
 from mimo_pipes.errors import SampleError
 from mimo_pipes.exchange.world import gather_from_every_rank
-from mimo_pipes.sample import SAMPLE_ID
+from mimo_pipes.samples.sample import SAMPLE_ID
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
 from mimo_pipes_recipes.vlm_sft import pipeline
 
@@ -44,7 +44,7 @@ def _records(loader, count: int, position) -> list[dict]:
 
 
 def elastic_resume(save_layout, resume_layouts, *, steps: int, points: list[int], window: int, across: bool, overlap: bool,
-                   bad_rows: list[int], microbatch_size: int = 8, seed: int = 5, settle_s: float = 0.2,
+                   bad_rows: list[int], micro_batch_size: int = 8, seed: int = 5, settle_s: float = 0.2,
                    two_level: bool = False) -> dict | None:
     """``{"uninterrupted": records, "resumed": {layout index: {point: records}}}`` on global rank 0 (None on
     the others): every rank's consumed micro-batches of the uninterrupted run on ``save_layout`` and of each
@@ -52,11 +52,11 @@ def elastic_resume(save_layout, resume_layouts, *, steps: int, points: list[int]
     (encoder replicas by encoder cost, then their language slots by real tokens)."""
 
     def new_loader(components, layout):
-        config = make_config(components, microbatch_size=microbatch_size, window_size=window, across=across, overlap=overlap,
-                             global_batch_size=microbatch_size * window, seed=seed, reorder_language_cost_weight=1.0 if two_level else 0.0)
+        config = make_config(components, micro_batch_size=micro_batch_size, window_size=window, across=across, overlap=overlap,
+                             global_batch_size=micro_batch_size * window, seed=seed, reorder_language_cost_weight=1.0 if two_level else 0.0)
         config.reorder.reorder_two_level = two_level
         dataset = SyntheticProcessedDataset(DATASET_SIZE, seed=seed)
-        skip = SkipBadRows(FailOn(bad_rows), dataset, microbatch_size=microbatch_size, seed=seed, dataloader_type="cyclic")
+        skip = SkipBadRows(FailOn(bad_rows), dataset, micro_batch_size=micro_batch_size, seed=seed, dataloader_type="cyclic")
         return pipeline(dataset, config, layout, map_fn=skip, image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES)
 
     joined = join_layout(save_layout)

@@ -7,9 +7,9 @@ import torch
 from mimo_pipes.config import PipelineConfig, ReorderConfig
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.exchange.process_groups import build_rank_groups
-from mimo_pipes.loader import graph_nodes
+from mimo_pipes.graph.loader import graph_nodes
+from mimo_pipes.parallel.topology import build_topology
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset, check_sample
-from mimo_pipes.topology import build_topology
 from mimo_pipes_recipes.vlm_sft import pipeline
 
 PAD_VALUES = {"input_ids": 0, "labels": -100}
@@ -26,13 +26,13 @@ def join_layout(components, *, exchange_backend="gloo", timeout_s=60.0):
     return topology, groups, RankLayout(position.dp_rank, position.dp_size, topology.grid_size, groups.exchange_group, device)
 
 
-def make_config(components, *, microbatch_size, reorder=True, window_size=1, across=False, overlap=True,
+def make_config(components, *, micro_batch_size, reorder=True, window_size=1, across=False, overlap=True,
                 dataloader_type="cyclic", global_batch_size=None, seed=0, seq_length=4096,
                 pack_sequences_in_batch=False, pack_pad_multiple=1, reorder_language_cost="tokens",
                 reorder_language_cost_weight=0.0) -> PipelineConfig:
     return PipelineConfig(
         components=tuple(components),
-        micro_batch_size=microbatch_size,
+        micro_batch_size=micro_batch_size,
         global_batch_size=global_batch_size,
         seq_length=seq_length,
         dataloader_type=dataloader_type,
@@ -125,7 +125,7 @@ def exchange_threads() -> list[str]:
     return sorted(t.name for t in threading.enumerate() if t.name.startswith("mimo-pipes"))
 
 
-def run_thread_lifecycle(components, *, microbatch_size=8, window_size=2):
+def run_thread_lifecycle(components, *, micro_batch_size=8, window_size=2):
     """Prefetch depth under a slow consumer, and no exchange thread left after finish, reset or delete."""
     import gc
     import time
@@ -138,7 +138,7 @@ def run_thread_lifecycle(components, *, microbatch_size=8, window_size=2):
     topology, groups, layout = joined
 
     def new_loader(dataset_size, dataloader_type="cyclic"):
-        config = make_config(components, microbatch_size=microbatch_size, window_size=window_size,
+        config = make_config(components, micro_batch_size=micro_batch_size, window_size=window_size,
                              dataloader_type=dataloader_type)
         dataset = SyntheticProcessedDataset(dataset_size, seed=0)
         return pipeline(dataset, config, layout, map_fn=None, image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES)

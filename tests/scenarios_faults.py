@@ -56,9 +56,9 @@ def run_fault(mode: str, *, bad_rank: int, overlap: bool, timeout_s: float = 20.
         return None
     topology, groups, layout = joined
     position = groups.position
-    config = make_config(COMPONENTS, microbatch_size=8, overlap=overlap, seed=1, seq_length=SEQ_LENGTH)
+    config = make_config(COMPONENTS, micro_batch_size=8, overlap=overlap, seed=1, seq_length=SEQ_LENGTH)
     # Index read by language dp rank (bad_rank % 2)'s shard at step 3: both modules read it on the matching rank.
-    from mimo_pipes.sharding import global_microbatch_indices
+    from mimo_pipes.parallel.sharding import global_microbatch_indices
 
     bad_index = int(global_microbatch_indices(3, 4096, 8, 1, True)[(bad_rank % 2) * 4 + 1])
     faulty = dist.get_rank() == bad_rank or mode == "packing"

@@ -13,13 +13,13 @@ RECORD_FIELDS = ("sequence", "first_step", "dp_rank", "bytes_sent", "bytes_recei
                  "on_training_thread", "wait_seconds", "exchange_seconds", "seconds")
 
 
-def run_observed(components, *, steps, microbatch_size, **config_kwargs):
+def run_observed(components, *, steps, micro_batch_size, **config_kwargs):
     """Consume ``steps`` micro-batches with an observer on the exchange; return its records and the batches."""
     joined = join_layout(components, exchange_backend="gloo", timeout_s=60.0)
     if joined is None:
         return None
     topology, groups, layout = joined
-    config = make_config(components, microbatch_size=microbatch_size, **config_kwargs)
+    config = make_config(components, micro_batch_size=micro_batch_size, **config_kwargs)
     position = groups.position
     loader = build(config, layout)
     records = []
@@ -41,14 +41,14 @@ def run_observed(components, *, steps, microbatch_size, **config_kwargs):
     }
 
 
-def cumulative_after_resume(components, *, steps, stop_at, microbatch_size, **config_kwargs):
+def cumulative_after_resume(components, *, steps, stop_at, micro_batch_size, **config_kwargs):
     """The last window's metrics of a run to ``steps``, and of runs stopped after each count in ``stop_at``,
     saved (through JSON, as a checkpoint holds it), restored into a new graph and continued to ``steps``."""
     joined = join_layout(components, exchange_backend="gloo", timeout_s=60.0)
     if joined is None:
         return None
     topology, groups, layout = joined
-    config = make_config(components, microbatch_size=microbatch_size, **config_kwargs)
+    config = make_config(components, micro_batch_size=micro_batch_size, **config_kwargs)
     position = groups.position
 
     def consume(until, state=None):

@@ -7,9 +7,9 @@ import torch
 from scenarios_exchange import PAD_VALUES, join_layout, make_config, rank_result
 from scenarios_plugin import DATASET_SIZE, SEQ_LENGTH, _rank, assert_batches_equal, graph_batches_and_wrapper
 
+from mimo_pipes.parallel.topology import build_topology
+from mimo_pipes.samples.thd import CU_SEQLENS, CU_SEQLENS_UNPADDED, MAX_SEQLEN
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset, check_sample
-from mimo_pipes.thd import CU_SEQLENS, CU_SEQLENS_UNPADDED, MAX_SEQLEN
-from mimo_pipes.topology import build_topology
 from mimo_pipes_recipes.vlm_sft import pipeline
 
 TOKEN_FIELDS = ("input_ids", "labels", "loss_mask", "position_ids")
@@ -65,19 +65,19 @@ def run_packed_graph(components, *, steps, pad_multiple=1, dataset_size=4096, **
     return rank_result(position, records, metrics=metrics)
 
 
-def run_wrapper_packed(components, *, steps, microbatch_size, seed, window_size=1, across=False, pad_multiple=8):
+def run_wrapper_packed(components, *, steps, micro_batch_size, seed, window_size=1, across=False, pad_multiple=8):
     """balance_iterator(pack_sequences=True) over a user's collated micro-batches gives, bitwise, what the
     recipe's graph with packing gives for the same samples."""
     rank = _rank(components)
     if rank is None:
         return None
     position, layout = rank
-    config = make_config(components, microbatch_size=microbatch_size, window_size=window_size, across=across, seed=seed,
-                         seq_length=SEQ_LENGTH, global_batch_size=microbatch_size * window_size,
+    config = make_config(components, micro_batch_size=micro_batch_size, window_size=window_size, across=across, seed=seed,
+                         seq_length=SEQ_LENGTH, global_batch_size=micro_batch_size * window_size,
                          pack_sequences_in_batch=True, pack_pad_multiple=pad_multiple)
     config.validate(world_size=build_topology(components).world_size)
     dataset = SyntheticProcessedDataset(DATASET_SIZE, seed=seed)
-    expected, wrapped = graph_batches_and_wrapper(dataset, config, layout, steps=steps, microbatch_size=microbatch_size, seed=seed,
+    expected, wrapped = graph_batches_and_wrapper(dataset, config, layout, steps=steps, micro_batch_size=micro_batch_size, seed=seed,
                                                   with_ids=True, pack_sequences=True, pack_pad_multiple=pad_multiple)
     records = []
     with wrapped:

@@ -9,7 +9,7 @@ from scenarios_exchange import join_layout
 from scenarios_resume import fingerprint
 
 from mimo_pipes.config import PipelineConfig, ReorderConfig
-from mimo_pipes.metrics import MovedPerWindow
+from mimo_pipes.observe.metrics import MovedPerWindow
 from mimo_pipes_recipes import vlm_sft
 
 

@@ -8,11 +8,11 @@ from scenarios_exchange import PAD_VALUES, check_batch, join_layout, make_config
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from mimo_pipes.adapters.microbatch_iterator import balance_iterator
-from mimo_pipes.collate import collate_microbatch
-from mimo_pipes.sample import SAMPLE_ID, STEP
-from mimo_pipes.sharding import global_microbatch_indices, shard_indices
+from mimo_pipes.parallel.sharding import global_microbatch_indices, shard_indices
+from mimo_pipes.parallel.topology import build_topology
+from mimo_pipes.samples.collate import collate_microbatch
+from mimo_pipes.samples.sample import SAMPLE_ID, STEP
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
-from mimo_pipes.topology import build_topology
 from mimo_pipes_recipes.existing_pipeline import build, example_samples
 from mimo_pipes_recipes.vlm_sft import pipeline
 
@@ -30,11 +30,11 @@ def _rank(components, timeout_s=60.0):
     return groups.position, layout
 
 
-def _wrapper_config(components, microbatch_size, window_size, across, seed):
+def _wrapper_config(components, micro_batch_size, window_size, across, seed):
     """One global batch per window, so across-micro-batch windows are allowed."""
     return make_config(
-        components, microbatch_size=microbatch_size, window_size=window_size, across=across, seed=seed,
-        seq_length=SEQ_LENGTH, global_batch_size=microbatch_size * window_size,
+        components, micro_batch_size=micro_batch_size, window_size=window_size, across=across, seed=seed,
+        seq_length=SEQ_LENGTH, global_batch_size=micro_batch_size * window_size,
     )
 
 
@@ -48,18 +48,18 @@ def tag_origin(sample):
     return sample
 
 
-def run_recipe(components, *, steps, microbatch_size, seed, window_size=1):
+def run_recipe(components, *, steps, micro_batch_size, seed, window_size=1):
     """recipes/existing_pipeline.py end to end: the user's sampler/mapper nodes, then the library tail."""
     rank = _rank(components)
     if rank is None:
         return None
     position, layout = rank
-    config = make_config(components, microbatch_size=microbatch_size, window_size=window_size, seed=seed, seq_length=SEQ_LENGTH)
+    config = make_config(components, micro_batch_size=micro_batch_size, window_size=window_size, seed=seed, seq_length=SEQ_LENGTH)
     config.validate(world_size=build_topology(components).world_size)
     dataset = SyntheticProcessedDataset(DATASET_SIZE, seed=seed)
-    samples = example_samples(dataset, micro_batch_size=microbatch_size, layout=layout, seed=seed, map_fn=tag_origin)
+    samples = example_samples(dataset, micro_batch_size=micro_batch_size, layout=layout, seed=seed, map_fn=tag_origin)
     loader = build(
-        samples, reorder=config.reorder, layout=layout, micro_batch_size=microbatch_size, seq_length=SEQ_LENGTH,
+        samples, reorder=config.reorder, layout=layout, micro_batch_size=micro_batch_size, seq_length=SEQ_LENGTH,
         image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES,
     )
     records = []
@@ -67,7 +67,7 @@ def run_recipe(components, *, steps, microbatch_size, seed, window_size=1):
         for batch in loader:
             check_batch(batch, dataset)
             assert batch["origin"] == [f"mapped:{i}" for i in batch["sample_ids"]], "the user's mapper output was lost"
-            assert batch["input_ids"].shape == (microbatch_size // layout.dp_size, SEQ_LENGTH)
+            assert batch["input_ids"].shape == (micro_batch_size // layout.dp_size, SEQ_LENGTH)
             records.append(_record(batch))
             if len(records) == steps:
                 break
@@ -79,9 +79,9 @@ def run_recipe(components, *, steps, microbatch_size, seed, window_size=1):
 class RankMicrobatches:
     """This rank's collated micro-batch of every global step, as a Megatron-style loop holds them."""
 
-    def __init__(self, dataset, layout, *, microbatch_size, seed, with_ids, pad_length=SEQ_LENGTH):
+    def __init__(self, dataset, layout, *, micro_batch_size, seed, with_ids, pad_length=SEQ_LENGTH):
         self.dataset, self.layout = dataset, layout
-        self.microbatch_size, self.seed, self.with_ids, self.pad_length = microbatch_size, seed, with_ids, pad_length
+        self.microbatch_size, self.seed, self.with_ids, self.pad_length = micro_batch_size, seed, with_ids, pad_length
 
     def __len__(self):
         return 1_000
@@ -108,10 +108,10 @@ class RankMicrobatches:
             step += 1
 
 
-def dataset_ids(derived_ids, *, microbatch_size, seed):
+def dataset_ids(derived_ids, *, micro_batch_size, seed):
     """Dataset indices of ids the wrapper derived from (step, position): step * B + position."""
     return [
-        int(global_microbatch_indices(sid // microbatch_size, DATASET_SIZE, microbatch_size, seed, True)[sid % microbatch_size])
+        int(global_microbatch_indices(sid // micro_batch_size, DATASET_SIZE, micro_batch_size, seed, True)[sid % micro_batch_size])
         for sid in derived_ids
     ]
 
@@ -127,7 +127,7 @@ def assert_batches_equal(got, expected, what, names=None):
         assert same, f"{what}: field {name!r} differs"
 
 
-def graph_batches_and_wrapper(dataset, config, layout, *, steps, microbatch_size, seed, with_ids, **wrapper_options):
+def graph_batches_and_wrapper(dataset, config, layout, *, steps, micro_batch_size, seed, with_ids, **wrapper_options):
     """The graph's first ``steps`` micro-batches of ``dataset``, and ``balance_iterator`` (not yet started) over
     the same rank's collated micro-batches of it."""
     graph = pipeline(dataset, config, layout, map_fn=None, image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES)
@@ -135,30 +135,30 @@ def graph_batches_and_wrapper(dataset, config, layout, *, steps, microbatch_size
         expected = [next(graph) for _ in range(steps)]
     finally:
         graph.close()
-    source = RankMicrobatches(dataset, layout, microbatch_size=microbatch_size, seed=seed, with_ids=with_ids)
+    source = RankMicrobatches(dataset, layout, micro_batch_size=micro_batch_size, seed=seed, with_ids=with_ids)
     wrapped = balance_iterator(
-        source.iterate(), config=config.reorder, layout=layout, micro_batch_size=microbatch_size,
+        source.iterate(), config=config.reorder, layout=layout, micro_batch_size=micro_batch_size,
         image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES, seq_length=SEQ_LENGTH, **wrapper_options,
     )
     return expected, wrapped
 
 
-def run_wrapper_vs_graph(components, *, steps, microbatch_size, seed, with_ids, window_size=1, across=False):
+def run_wrapper_vs_graph(components, *, steps, micro_batch_size, seed, with_ids, window_size=1, across=False):
     """balance_iterator over collated micro-batches gives what the graph gives for the same samples."""
     rank = _rank(components)
     if rank is None:
         return None
     position, layout = rank
-    config = _wrapper_config(components, microbatch_size, window_size, across, seed)
+    config = _wrapper_config(components, micro_batch_size, window_size, across, seed)
     config.validate(world_size=build_topology(components).world_size)
     dataset = SyntheticProcessedDataset(DATASET_SIZE, seed=seed)
-    expected, wrapped = graph_batches_and_wrapper(dataset, config, layout, steps=steps, microbatch_size=microbatch_size, seed=seed,
+    expected, wrapped = graph_batches_and_wrapper(dataset, config, layout, steps=steps, micro_batch_size=micro_batch_size, seed=seed,
                                                   with_ids=with_ids)
     records = []
     with wrapped:
         for step, want in enumerate(expected):
             got = next(wrapped)
-            ids = got["sample_ids"] if with_ids else dataset_ids(got["sample_ids"], microbatch_size=microbatch_size, seed=seed)
+            ids = got["sample_ids"] if with_ids else dataset_ids(got["sample_ids"], micro_batch_size=micro_batch_size, seed=seed)
             assert ids == want["sample_ids"], f"step {step}: wrapper holds {ids}, graph holds {want['sample_ids']}"
             assert got["step"] == want["step"] == step
             check_batch({**got, "sample_ids": ids}, dataset)
@@ -175,18 +175,18 @@ def _resume_source(kind, source, first=0):
     return source.iterate(first)
 
 
-def run_wrapper_resume(components, *, microbatch_size, seed, window_size, across, stop_after, total, kind):
+def run_wrapper_resume(components, *, micro_batch_size, seed, window_size, across, stop_after, total, kind):
     """state_dict after ``stop_after`` micro-batches (inside a window), restore, and the stream continues
     exactly; so does a fresh start from the count alone (``start_microbatch``) with a source factory."""
     rank = _rank(components)
     if rank is None:
         return None
     position, layout = rank
-    config = _wrapper_config(components, microbatch_size, window_size, across, seed)
+    config = _wrapper_config(components, micro_batch_size, window_size, across, seed)
     dataset = SyntheticProcessedDataset(DATASET_SIZE, seed=seed)
-    source = RankMicrobatches(dataset, layout, microbatch_size=microbatch_size, seed=seed, with_ids=False)
+    source = RankMicrobatches(dataset, layout, micro_batch_size=micro_batch_size, seed=seed, with_ids=False)
     common = dict(
-        config=config.reorder, layout=layout, micro_batch_size=microbatch_size, image_token_id=IMAGE_TOKEN_ID,
+        config=config.reorder, layout=layout, micro_batch_size=micro_batch_size, image_token_id=IMAGE_TOKEN_ID,
         pad_values=PAD_VALUES, seq_length=SEQ_LENGTH,
     )
     reference, state = [], None
@@ -213,5 +213,5 @@ def run_wrapper_resume(components, *, microbatch_size, seed, window_size, across
                 assert got["sample_ids"] == want["sample_ids"], f"{name}: micro-batch {count} holds other samples"
                 assert_batches_equal(got, want, f"{name}: micro-batch {count}")
             assert wrapped.num_yielded == total
-    records = [_record(b, dataset_ids(b["sample_ids"], microbatch_size=microbatch_size, seed=seed)) for b in reference]
+    records = [_record(b, dataset_ids(b["sample_ids"], micro_batch_size=micro_batch_size, seed=seed)) for b in reference]
     return rank_result(position, records)

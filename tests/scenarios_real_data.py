@@ -7,15 +7,15 @@ from real_data import num_images, replies
 from scenarios_exchange import rank_result
 from scenarios_plugin import _rank
 
-from mimo_pipes.collate import VISION_ROWS
 from mimo_pipes.config import DEFAULT_COMPONENTS, PipelineConfig, ReorderConfig
 from mimo_pipes.data.processor import load_processor
+from mimo_pipes.samples.collate import VISION_ROWS
 from mimo_pipes_recipes.vlm_sft import build
 
 
-def real_data_config(dataset, image_folder, processor, *, seed, microbatch_size=4, window_size=2) -> PipelineConfig:
+def real_data_config(dataset, image_folder, processor, *, seed, micro_batch_size=4, window_size=2) -> PipelineConfig:
     return PipelineConfig(
-        components=DEFAULT_COMPONENTS, micro_batch_size=microbatch_size, seq_length=1024, seed=seed, num_workers=1,
+        components=DEFAULT_COMPONENTS, micro_batch_size=micro_batch_size, seq_length=1024, seed=seed, num_workers=1,
         dataset=dataset, processor=processor, image_folder=image_folder,
         reorder=ReorderConfig(scalable_dp=True, intra_microbatch_reorder=True, reorder_window_size=window_size),
     )

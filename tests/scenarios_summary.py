@@ -9,14 +9,14 @@ from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
 from mimo_pipes_recipes.vlm_sft import pipeline
 
 
-def run_summary_records(components, *, steps, microbatch_size, seed, reorder, window_size=1, across=False):
+def run_summary_records(components, *, steps, micro_batch_size, seed, reorder, window_size=1, across=False):
     """This rank's records of ``steps`` consumed micro-batches, as `run` collects them (None off the layout)."""
     joined = join_layout(components, timeout_s=60)
     if joined is None:
         return None
     topology, groups, layout = joined
-    config = make_config(components, microbatch_size=microbatch_size, seed=seed, reorder=reorder, window_size=window_size,
-                         across=across, global_batch_size=microbatch_size * window_size)
+    config = make_config(components, micro_batch_size=micro_batch_size, seed=seed, reorder=reorder, window_size=window_size,
+                         across=across, global_batch_size=micro_batch_size * window_size)
     config.validate(world_size=topology.world_size)
     position = groups.position
     loader = pipeline(SyntheticProcessedDataset(4096, seed=seed), config, layout, map_fn=None, image_token_id=IMAGE_TOKEN_ID,

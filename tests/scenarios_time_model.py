@@ -10,15 +10,15 @@ from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
 from mimo_pipes_recipes.vlm_sft import pipeline
 
 
-def run_cost_model_graph(components, *, steps, microbatch_size, seed, time_model=None, two_level=False, reorder=True,
+def run_cost_model_graph(components, *, steps, micro_batch_size, seed, time_model=None, two_level=False, reorder=True,
                          window_size=1, across=False):
     """Every rank's micro-batches with their sample ids, costs, image tokens and real tokens."""
     joined = join_layout(components, timeout_s=60)
     if joined is None:
         return None
     topology, groups, layout = joined
-    config = make_config(components, microbatch_size=microbatch_size, seed=seed, reorder=reorder, window_size=window_size,
-                         across=across, global_batch_size=microbatch_size * window_size)
+    config = make_config(components, micro_batch_size=micro_batch_size, seed=seed, reorder=reorder, window_size=window_size,
+                         across=across, global_batch_size=micro_batch_size * window_size)
     config.reorder = dataclasses.replace(config.reorder, reorder_cost_model=time_model, reorder_two_level=two_level)
     config.validate(world_size=topology.world_size)
     dataset = SyntheticProcessedDataset(4096, seed=seed)

@@ -10,9 +10,9 @@ from mimo_pipes.config import PipelineConfig, TrainOptions
 SEQ_LENGTH = 1536  # the embedded data's longest sample fits; shorter than the default keeps the CPU test light
 
 
-def train_config(components, *, reorder: bool, window: int = 1, across: bool = False, microbatch_size: int = 4,
+def train_config(components, *, reorder: bool, window: int = 1, across: bool = False, micro_batch_size: int = 4,
                  global_batch_size: int = 8, seed: int = 0) -> PipelineConfig:
-    return make_config(components, microbatch_size=microbatch_size, reorder=reorder, window_size=window, across=across,
+    return make_config(components, micro_batch_size=micro_batch_size, reorder=reorder, window_size=window, across=across,
                        global_batch_size=global_batch_size, seed=seed, seq_length=SEQ_LENGTH)
 
 

@@ -9,10 +9,10 @@ from hypothesis import strategies as st
 from torchdata.nodes import IterableWrapper
 
 from mimo_pipes.analysis.replay import Planner, Schedule, critical_path_bound, critical_path_bounds, rank_loads, replay, spread_and_path
+from mimo_pipes.checkpoint.resume import resume_point
 from mimo_pipes.nodes import Windower
-from mimo_pipes.resume import resume_point
-from mimo_pipes.sample import STEP
-from mimo_pipes.sharding import global_microbatch_indices
+from mimo_pipes.parallel.sharding import global_microbatch_indices
+from mimo_pipes.samples.sample import STEP
 from mimo_pipes.testing import tail_settings
 
 

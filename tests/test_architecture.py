@@ -40,7 +40,7 @@ def test_the_check_sees_an_import_where_there_is_one() -> None:
     assert _imports_distributed(PACKAGE / "exchange" / "collectives.py")
     assert _imports_distributed(PACKAGE / "exchange" / "world.py")
     assert not _imports_distributed(PACKAGE / "balance" / "microbatch.py")
-    assert "mimo_pipes.summary" in _imports(PACKAGE / "analysis" / "analyze.py")
+    assert "mimo_pipes.observe.summary" in _imports(PACKAGE / "analysis" / "analyze.py")
 
 
 def test_the_library_never_imports_the_command_line() -> None:

@@ -16,7 +16,7 @@ from real_data import write_dataset
 from scenarios_jobs import run_job
 from test_cli_run import read_dumps
 
-from mimo_pipes.sharding import global_microbatch_indices
+from mimo_pipes.parallel.sharding import global_microbatch_indices
 
 SIZE, BATCH, STEPS, SEED = 24, 4, 6, 11  # 6 steps of 4 read the whole epoch: every bad row is met
 BAD = {1: "cannot be decoded", 2: "does not exist", 5: "no assistant text", 9: "more than --seq-length", 13: "outside the image folder"}

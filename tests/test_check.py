@@ -17,7 +17,8 @@ from PIL import Image
 
 from mimo_pipes.cli.main import main
 from mimo_pipes.data import bad_rows
-from mimo_pipes.data.processor import default_processor_path, load_processor
+from mimo_pipes.data.embedded_processor import default_processor_path
+from mimo_pipes.data.processor import load_processor
 from mimo_pipes.data.row_check import RowChecker
 
 SEQ_LENGTH = 256

@@ -16,7 +16,7 @@ def test_run_with_packing_prints_padding_before_and_after_per_rank(gloo_pool, tm
     stdout = outcome["stdout"]
     assert "sequence packing on (THD, pad multiple 4)" in stdout
     rows = re.findall(r"^(language|images)\s+(\d)\s+([\d.]+)%\s+([\d.]+)%\s+([\d.]+)$", stdout, re.M)
-    # Only the language module carries token fields (mimo_pipes/module_fields.py): only it packs.
+    # Only the language module carries token fields (mimo_pipes/samples/module_fields.py): only it packs.
     assert sorted((module, int(rank)) for module, rank, *_ in rows) == [("language", 0), ("language", 1)]
     dumps = read_dumps(tmp_path)
     for _, rank, before, after, per_row in rows:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from mimo_pipes.collate import Collator
-from mimo_pipes.sample import Window
+from mimo_pipes.samples.collate import Collator
+from mimo_pipes.samples.sample import Window
 from mimo_pipes.testing import SyntheticProcessedDataset
 
 

@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mimo_pipes.collate import check_collatable, collate_microbatch
 from mimo_pipes.errors import SampleError
+from mimo_pipes.samples.collate import check_collatable, collate_microbatch
 
 
 @st.composite

@@ -7,9 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mimo_pipes.collate import VISION_ROWS, collate_microbatch
 from mimo_pipes.errors import SampleError
 from mimo_pipes.nodes.uncollate import Uncollate
+from mimo_pipes.samples.collate import VISION_ROWS, collate_microbatch
 
 IMAGE = 9
 PATCH_DIM = 6

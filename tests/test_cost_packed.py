@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 from torchdata.nodes import IterableWrapper
 
 from mimo_pipes.config import ReorderConfig
-from mimo_pipes.cost import sample_cost
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.nodes import CostAnnotator
-from mimo_pipes.sample import COST
+from mimo_pipes.samples.cost import sample_cost
+from mimo_pipes.samples.sample import COST
 from mimo_pipes.testing import tail_settings
 
 weights = st.fractions(min_value=0, max_value=20, max_denominator=50)

@@ -34,7 +34,7 @@ from mimo_pipes.data.processor import (
 )
 from mimo_pipes.data.sources import open_source
 from mimo_pipes.errors import ConfigError, SampleError
-from mimo_pipes.warning_tally import collected, counts
+from mimo_pipes.observe.warning_tally import collected, counts
 
 N_SMALL = 40
 
@@ -382,7 +382,7 @@ def test_processor_reloads_with_auto_classes(processor_dir):
 def test_default_processor_is_deterministic_across_processes(processor_dir, tmp_path):
     """Every host builds the same tokenizer, so all modules count the same tokens."""
     env = dict(os.environ, MIMO_PIPES_CACHE=str(tmp_path / "cache"))
-    code = "from mimo_pipes.data.processor import default_processor_path as d; print(d())"
+    code = "from mimo_pipes.data.embedded_processor import default_processor_path as d; print(d())"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     built = Path(out.stdout.strip().splitlines()[-1])
     assert built == tmp_path / "cache" / "processor-v1"

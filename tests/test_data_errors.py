@@ -13,11 +13,12 @@ from mimo_pipes.cli.job_args import add_job_arguments, config_from_args
 from mimo_pipes.cli.main import build_parser
 from mimo_pipes.cli.run_rank import format_skip_report, skipped_rows
 from mimo_pipes.config import PipelineConfig
-from mimo_pipes.data.processor import default_processor_path, load_processor
+from mimo_pipes.data.embedded_processor import default_processor_path
+from mimo_pipes.data.processor import load_processor
 from mimo_pipes.data.skipping import REPLACED_REASONS, REPLACED_ROWS, SkipBadRows
 from mimo_pipes.data.sources import check_source, open_source
 from mimo_pipes.errors import ConfigError, SampleError
-from mimo_pipes.sample import SAMPLE_ID, SLOT, STEP
+from mimo_pipes.samples.sample import SAMPLE_ID, SLOT, STEP
 
 CHAT = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
 
@@ -103,7 +104,7 @@ def test_a_row_of_numbers_from_json_lines_is_skipped_with_its_reason(tmp_path):
     (tmp_path / "rows.jsonl").write_text("".join(lines))
     dataset = open_source(str(tmp_path / "rows.jsonl"))
     processor = load_processor(default_processor_path(), 256)
-    skip = SkipBadRows(processor, dataset, microbatch_size=4, seed=0, dataloader_type="single")
+    skip = SkipBadRows(processor, dataset, micro_batch_size=4, seed=0, dataloader_type="single")
     sample = skip({**dataset[1], SAMPLE_ID: 1, STEP: 0, SLOT: 0})
     assert sample[SAMPLE_ID] == 2 and sample[REPLACED_ROWS] == [1]
     assert sample[REPLACED_REASONS] == ["message 0: content must be a string or a list of parts, got int 42"]

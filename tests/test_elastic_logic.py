@@ -11,13 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mimo_pipes.balance import balance_composition, balance_composition_two_level, balance_window
+from mimo_pipes.checkpoint.resume import resume_point
 from mimo_pipes.data.skipping import SkipBadRows
 from mimo_pipes.errors import SampleError
 from mimo_pipes.exchange.plan import plan_exchange, validate_assignment
-from mimo_pipes.resume import resume_point
-from mimo_pipes.sample import SAMPLE_ID, SLOT, STEP
-from mimo_pipes.sharding import shard_indices
-from mimo_pipes.topology import canonical_slot_count, owned_positions
+from mimo_pipes.parallel.sharding import shard_indices
+from mimo_pipes.parallel.topology import canonical_slot_count, owned_positions
+from mimo_pipes.samples.sample import SAMPLE_ID, SLOT, STEP
 
 # (language dp, encoder dp): encoder dp divides language dp.
 LAYOUTS = [(1, 1), (2, 1), (2, 2), (3, 1), (3, 3), (4, 1), (4, 2), (4, 4), (6, 2), (6, 3)]
@@ -70,7 +70,7 @@ def cases(draw):
 def test_the_global_stream_after_the_resume_point_does_not_depend_on_the_layout(case):
     batch, saved, resumed, window, across, consumed, size, bad, costs = case
     dataset = [{"row": i} for i in range(size)]
-    skip = SkipBadRows(FailOn(bad), dataset, microbatch_size=batch, seed=SEED, dataloader_type="cyclic", max_tries=size * 8)
+    skip = SkipBadRows(FailOn(bad), dataset, micro_batch_size=batch, seed=SEED, dataloader_type="cyclic", max_tries=size * 8)
     old_grid, new_grid = canonical_slot_count(saved), canonical_slot_count(resumed)
     point = resume_point(consumed, window)
     assert point.first_step == consumed - consumed % window and point.skip_first == consumed % window

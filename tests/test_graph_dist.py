@@ -7,7 +7,7 @@ import pytest
 from layout_checks import baseline_spread, check_fanout, check_invariants, vision_spread
 from scenarios_exchange import run_graph, run_thread_lifecycle
 
-from mimo_pipes.sharding import global_microbatch_indices
+from mimo_pipes.parallel.sharding import global_microbatch_indices
 
 
 @pytest.fixture
@@ -29,8 +29,8 @@ LAYOUTS = {
 def test_scalable_shards_union_to_the_global_microbatch(pool, name):
     components, batch = LAYOUTS[name]
     steps = 5
-    results = pool.run(run_graph, components, steps=steps, microbatch_size=batch, seed=11, reorder=False)
-    check_invariants(results, microbatch_size=batch, seed=11)  # union over DP ranks == non-scalable reader
+    results = pool.run(run_graph, components, steps=steps, micro_batch_size=batch, seed=11, reorder=False)
+    check_invariants(results, micro_batch_size=batch, seed=11)  # union over DP ranks == non-scalable reader
     check_fanout(results, "images")
     for result in filter(None, results):
         dp_rank, dp_size = result["dp_rank"], result["dp_size"]
@@ -47,12 +47,12 @@ def test_scalable_shards_union_to_the_global_microbatch(pool, name):
 def test_layout_conserves_agrees_and_balances(pool, name):
     components, batch = LAYOUTS[name]
     steps = 12
-    results = pool.run(run_graph, components, steps=steps, microbatch_size=batch, seed=3)
-    check_invariants(results, microbatch_size=batch, seed=3)
+    results = pool.run(run_graph, components, steps=steps, micro_batch_size=batch, seed=3)
+    check_invariants(results, micro_batch_size=batch, seed=3)
     check_fanout(results, "images")
     language_dp = next(r["dp_size"] for r in results if r and r["module"] == "language")
     after = vision_spread(results, "language")
-    before = baseline_spread(language_dp, steps, microbatch_size=batch, seed=3)
+    before = baseline_spread(language_dp, steps, micro_batch_size=batch, seed=3)
     assert after < before, f"{name}: reordering did not lower the mean vision spread ({before} -> {after})"
 
 
@@ -62,10 +62,10 @@ def test_windows_with_short_last_window(pool, window_size, overlap):
     # single sampler over 88 samples = 11 micro-batches of 8: the last window is short for W=2 and W=3.
     components, batch = LAYOUTS["lang4-img2"]
     results = pool.run(
-        run_graph, components, steps=100, microbatch_size=batch, seed=5, window_size=window_size,
+        run_graph, components, steps=100, micro_batch_size=batch, seed=5, window_size=window_size,
         overlap=overlap, dataloader_type="single", dataset_size=88,
     )
-    sequences = check_invariants(results, microbatch_size=batch, seed=5, shuffle=False, dataset_size=88)
+    sequences = check_invariants(results, micro_batch_size=batch, seed=5, shuffle=False, dataset_size=88)
     assert len(sequences["language"]) == 11
     check_fanout(results, "images")
 
@@ -74,10 +74,10 @@ def test_across_microbatch_windows(pool):
     components, batch = LAYOUTS["lang2-img2"]
     steps = 16
     results = pool.run(
-        run_graph, components, steps=steps, microbatch_size=batch, seed=7, window_size=4, across=True,
+        run_graph, components, steps=steps, micro_batch_size=batch, seed=7, window_size=4, across=True,
         global_batch_size=batch * 4,
     )
-    sequences = check_invariants(results, microbatch_size=batch, seed=7, window_size=4, across=True)
+    sequences = check_invariants(results, micro_batch_size=batch, seed=7, window_size=4, across=True)
     check_fanout(results, "images")
     original_step = {
         int(i): step for step in range(steps) for i in global_microbatch_indices(step, 4096, batch, 7, True)

@@ -10,7 +10,7 @@ from torchdata.nodes import BaseNode, Batcher, IterableWrapper, ParallelMapper, 
 
 from mimo_pipes.config import PipelineConfig, ReorderConfig
 from mimo_pipes.exchange import RankLayout
-from mimo_pipes.loader import GraphLoader, graph_nodes
+from mimo_pipes.graph.loader import GraphLoader, graph_nodes
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
 from mimo_pipes_recipes.vlm_sft import pipeline
 

@@ -9,11 +9,11 @@ import pytest
 from node_checks import CountingSource
 from torchdata.nodes import BaseNode, Loader, Prefetcher
 
-from mimo_pipes.loader import GraphLoader
+from mimo_pipes.graph.loader import GraphLoader
 from mimo_pipes.nodes.microbatch_assembler import MicroBatchAssembler
 from mimo_pipes.nodes.snapshot_guard import SnapshotGuard
 from mimo_pipes.nodes.windower import Windower
-from mimo_pipes.sample import SAMPLE_ID
+from mimo_pipes.samples.sample import SAMPLE_ID
 from mimo_pipes.testing import tail_settings
 
 

@@ -15,12 +15,13 @@ from transformers import AutoImageProcessor
 from transformers.image_utils import load_image
 
 from mimo_pipes.analysis.row_counts import count_rows
+from mimo_pipes.data.embedded_processor import default_processor_path
 from mimo_pipes.data.offline import build_family_processor
-from mimo_pipes.data.processor import default_processor_path, load_processor
+from mimo_pipes.data.processor import load_processor
 from mimo_pipes.data.skipping import REPLACED_ROWS, SkipBadRows
 from mimo_pipes.data.sources import dataset_folder
 from mimo_pipes.errors import SampleError
-from mimo_pipes.sample import SAMPLE_ID, SLOT, STEP
+from mimo_pipes.samples.sample import SAMPLE_ID, SLOT, STEP
 
 CHAT = [{"role": "user", "content": "what is it?"}, {"role": "assistant", "content": "a picture"}]
 
@@ -114,7 +115,7 @@ def test_skip_bad_samples_skips_a_path_outside_the_folder(folders):
     inside, _ = folders
     processor = load_processor(default_processor_path(), 512, image_folder=str(inside))
     rows = [_row(["../elsewhere/secret.png" if i == 1 else "in.png"], sample_id=i) for i in range(4)]
-    skip = SkipBadRows(processor, rows, microbatch_size=4, seed=0, dataloader_type="single")
+    skip = SkipBadRows(processor, rows, micro_batch_size=4, seed=0, dataloader_type="single")
     sample = skip({**rows[1], STEP: 0, SLOT: 0})
     assert sample[SAMPLE_ID] == 2 and sample[REPLACED_ROWS] == [1]
 

@@ -12,9 +12,9 @@ from test_metrics_cli import read_scalars
 from mimo_pipes.balance import balance_window
 from mimo_pipes.config import PipelineConfig, ReorderConfig
 from mimo_pipes.exchange import RankLayout
-from mimo_pipes.metrics import MetricsAccumulator, load_figures, rank_loads, scalars, window_metrics
-from mimo_pipes.observer import PHASES, ExchangeRecord
-from mimo_pipes.tensorboard_sink import TensorBoardSink
+from mimo_pipes.observe.metrics import MetricsAccumulator, load_figures, rank_loads, scalars, window_metrics
+from mimo_pipes.observe.observer import PHASES, ExchangeRecord
+from mimo_pipes.observe.tensorboard_sink import TensorBoardSink
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
 from mimo_pipes_recipes.vlm_sft import pipeline
 
@@ -137,7 +137,7 @@ MODULE_WIDE = ("image_tokens/", "cost/", "moved/", "cumulative/image_tokens/", "
 def test_observer_gets_one_record_per_window_and_bytes_balance(gloo_pool, window, across, overlap):
     components = ["language=dp=2", "images=dp=4,rank_offset=2"]
     steps = 6
-    results = [r for r in gloo_pool.run(run_observed, components, steps=steps, microbatch_size=8, window_size=window,
+    results = [r for r in gloo_pool.run(run_observed, components, steps=steps, micro_batch_size=8, window_size=window,
                                         across=across, overlap=overlap, seed=5) if r is not None]
     for module in ("language", "images"):
         ranks = [r for r in results if r["module"] == module]
@@ -177,7 +177,7 @@ def test_cumulative_figures_survive_a_resume(gloo_pool, window, across, overlap)
     running totals as the uninterrupted run (times aside, which are the resumed run's own)."""
     components = ["language=dp=2", "images=dp=4,rank_offset=2"]
     steps, stop_at = 6, (1, window)
-    results = [r for r in gloo_pool.run(cumulative_after_resume, components, steps=steps, stop_at=stop_at, microbatch_size=8,
+    results = [r for r in gloo_pool.run(cumulative_after_resume, components, steps=steps, stop_at=stop_at, micro_batch_size=8,
                                         window_size=window, across=across, overlap=overlap, seed=5) if r is not None]
     assert len(results) == 6
     for r in results:

@@ -10,7 +10,7 @@ import pytest
 from job_runs import run_in_pool
 from test_cli_run import read_dumps
 
-from mimo_pipes.sharding import shard_indices
+from mimo_pipes.parallel.sharding import shard_indices
 
 SAMPLES, BATCH, SEED, STEPS, DP = 48, 4, 9, 8, 2
 COMMON = ["--component", f"language=dp={DP}", "--steps", str(STEPS), "--micro-batch-size", str(BATCH),

@@ -14,14 +14,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from mimo_pipes.cost import image_token_count, placeholder_runs
 from mimo_pipes.data.module_processor import ModuleProcessor, _expanded, _token_layout
 from mimo_pipes.data.offline import FAMILIES, build_family_processor
 from mimo_pipes.data.processor import load_processor
 from mimo_pipes.errors import SampleError
-from mimo_pipes.exchange.wire_format import pack_samples, unpack_samples
-from mimo_pipes.module_fields import LAYOUT_FIELDS, PIXEL_FIELDS, TOKEN_FIELDS, module_fields
-from mimo_pipes.sample import IMAGE_TOKENS, PLACEHOLDER_RUNS, REAL_TOKENS, TOKEN_LAYOUT
+from mimo_pipes.exchange.wire_format import decode_samples, encode_samples
+from mimo_pipes.samples.cost import image_token_count, placeholder_runs
+from mimo_pipes.samples.module_fields import LAYOUT_FIELDS, PIXEL_FIELDS, TOKEN_FIELDS, module_fields
+from mimo_pipes.samples.sample import IMAGE_TOKENS, PLACEHOLDER_RUNS, REAL_TOKENS, TOKEN_LAYOUT
 
 # (height, width): below the minimum area, at it, within, above the maximum (resized down), long and thin.
 SIZES = [(20, 30), (56, 56), (100, 300), (300, 100), (700, 500), (33, 990), (57, 85)]
@@ -123,7 +123,7 @@ def test_the_language_side_decodes_no_pixel(family, monkeypatch):
 def test_counted_rows_cross_the_wire_format_with_their_images_encoded(family):
     _, processor, data = family
     counted = [ModuleProcessor(processor).count(row) for row in data]
-    back = unpack_samples(pack_samples(counted), len(counted), copy=True)
+    back = decode_samples(encode_samples(counted), len(counted), copy=True)
     language = ModuleProcessor(processor, module_fields("language"))
     for row, moved in zip(counted, back):
         images = moved.get("images") or ([moved["image"]] if "image" in moved else [])

@@ -22,13 +22,13 @@ def pool():
 @pytest.mark.parametrize("overlap", [True, False])
 def test_nccl_exchange_conserves_and_balances(pool, overlap, window_size):
     steps = 12
-    results = pool.run(run_graph, ["language=dp=2"], steps=steps, microbatch_size=8, seed=3, overlap=overlap,
+    results = pool.run(run_graph, ["language=dp=2"], steps=steps, micro_batch_size=8, seed=3, overlap=overlap,
                        window_size=window_size, exchange_backend="nccl")
-    check_invariants(results, microbatch_size=8, seed=3)
-    assert vision_spread(results, "language") < baseline_spread(2, steps, microbatch_size=8, seed=3)
+    check_invariants(results, micro_batch_size=8, seed=3)
+    assert vision_spread(results, "language") < baseline_spread(2, steps, micro_batch_size=8, seed=3)
 
 
 def test_nccl_across_microbatch_windows(pool):
-    results = pool.run(run_graph, ["language=dp=2"], steps=16, microbatch_size=8, seed=7, window_size=4, across=True,
+    results = pool.run(run_graph, ["language=dp=2"], steps=16, micro_batch_size=8, seed=7, window_size=4, across=True,
                        global_batch_size=32, exchange_backend="nccl")
-    check_invariants(results, microbatch_size=8, seed=7, window_size=4, across=True)
+    check_invariants(results, micro_batch_size=8, seed=7, window_size=4, across=True)

@@ -8,11 +8,11 @@ from node_checks import assert_same, check_refused, check_save_load_everywhere, 
 from torchdata.nodes import BaseNode
 
 from mimo_pipes.balance import balance_window
-from mimo_pipes.collate import Collator
 from mimo_pipes.errors import StateMismatchError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.nodes import BalanceExchange, CanonicalShardReader, CostAnnotator, Windower
-from mimo_pipes.sample import COST, SAMPLE_ID
+from mimo_pipes.samples.collate import Collator
+from mimo_pipes.samples.sample import COST, SAMPLE_ID
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset, tail_settings
 
 BATCH, GRID, WINDOW = 4, 2, 3
@@ -22,7 +22,7 @@ COLLATOR = Collator(1600)
 def windows(window_size=WINDOW) -> BaseNode:
     """Costed windows of 7 micro-batches of 4 (DP 1 of a canonical grid of 2)."""
     dataset = SyntheticProcessedDataset(7 * BATCH, seed=11, text_tokens=2, patch_dim=1)
-    reader = CanonicalShardReader(dataset, microbatch_size=BATCH, dp_rank=0, dp_size=1, grid_size=GRID, dataloader_type="single")
+    reader = CanonicalShardReader(dataset, micro_batch_size=BATCH, dp_rank=0, dp_size=1, grid_size=GRID, dataloader_type="single")
     settings = tail_settings(samples_per_rank=BATCH, window_size=window_size, image_token_id=IMAGE_TOKEN_ID)
     return Windower(CostAnnotator(reader, settings=settings), settings=settings)
 

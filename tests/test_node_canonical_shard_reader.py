@@ -6,18 +6,18 @@ import datasets
 import pytest
 from node_checks import check_refused, check_save_load_everywhere, saved_after, take
 
+from mimo_pipes.checkpoint.validity import SAMPLED_ROWS, source_fingerprint
 from mimo_pipes.errors import StateMismatchError
 from mimo_pipes.nodes import CanonicalShardReader
-from mimo_pipes.sample import SAMPLE_ID, SLOT, STEP
-from mimo_pipes.sharding import global_microbatch_indices
+from mimo_pipes.parallel.sharding import global_microbatch_indices
+from mimo_pipes.samples.sample import SAMPLE_ID, SLOT, STEP
 from mimo_pipes.testing import SyntheticProcessedDataset
-from mimo_pipes.validity import SAMPLED_ROWS, source_fingerprint
 
 DATASET = SyntheticProcessedDataset(40, seed=3, text_tokens=4, patch_dim=2)
 
 
 def reader(dataset=DATASET, **overrides) -> CanonicalShardReader:
-    settings = dict(microbatch_size=8, dp_rank=1, dp_size=2, grid_size=4, seed=5, dataloader_type="cyclic")
+    settings = dict(micro_batch_size=8, dp_rank=1, dp_size=2, grid_size=4, seed=5, dataloader_type="cyclic")
     settings.update(overrides)
     return CanonicalShardReader(dataset, **settings)
 
@@ -51,7 +51,7 @@ def test_bad_settings():
 
 
 MISMATCHES = [
-    ("micro-batch size", dict(microbatch_size=4, grid_size=2), 8, 4),
+    ("micro-batch size", dict(micro_batch_size=4, grid_size=2), 8, 4),
     ("dp rank", dict(dp_rank=0), 1, 0),
     ("dp size", dict(dp_size=4, dp_rank=1), 2, 4),
     ("canonical grid size", dict(grid_size=2), 4, 2),

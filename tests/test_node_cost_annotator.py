@@ -9,14 +9,14 @@ from torchdata.nodes import IterableWrapper
 
 from mimo_pipes.errors import SampleError, StateMismatchError
 from mimo_pipes.nodes import CanonicalShardReader, CostAnnotator
-from mimo_pipes.sample import COST, IMAGE_TOKENS, REAL_TOKENS, SAMPLE_ID
+from mimo_pipes.samples.sample import COST, IMAGE_TOKENS, REAL_TOKENS, SAMPLE_ID
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset, image_tokens_for, tail_settings
 
 DATASET = SyntheticProcessedDataset(24, seed=7, text_tokens=4, patch_dim=2)
 
 
 def annotator(encoder_weight=3, language_weight=2, image_token_id=IMAGE_TOKEN_ID, node=CostAnnotator) -> CostAnnotator:
-    source = CanonicalShardReader(DATASET, microbatch_size=4, dp_rank=0, dp_size=1, grid_size=2, dataloader_type="single")
+    source = CanonicalShardReader(DATASET, micro_batch_size=4, dp_rank=0, dp_size=1, grid_size=2, dataloader_type="single")
     settings = tail_settings(samples_per_rank=4, image_token_id=image_token_id, encoder_weight=encoder_weight, language_weight=language_weight)
     return node(source, settings=settings)
 

@@ -11,7 +11,7 @@ from node_checks import as_saved, assert_same, check_save_load_everywhere, load_
 from mimo_pipes.config import PipelineConfig, ReorderConfig
 from mimo_pipes.errors import StateMismatchError
 from mimo_pipes.exchange import RankLayout
-from mimo_pipes.loader import GraphLoader
+from mimo_pipes.graph.loader import GraphLoader
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
 from mimo_pipes_recipes.vlm_sft import pipeline
 

@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 from node_checks import assert_same, check_refused, check_save_load_everywhere, saved_after, take, tiny_samples
 from torchdata.nodes import IterableWrapper
 
-from mimo_pipes.collate import Collator, collate_microbatch
 from mimo_pipes.nodes import MicroBatchAssembler, Windower
-from mimo_pipes.sample import Window
+from mimo_pipes.samples.collate import Collator, collate_microbatch
+from mimo_pipes.samples.sample import Window
 from mimo_pipes.testing import tail_settings
 
 

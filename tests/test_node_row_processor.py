@@ -9,11 +9,11 @@ import pytest
 import torch
 from node_checks import assert_same, check_refused, check_save_load_everywhere, saved_after, take, tiny_samples
 
-from mimo_pipes.collate import Collator
 from mimo_pipes.errors import SampleError
 from mimo_pipes.nodes import RowProcessor, Windower
 from mimo_pipes.nodes.row_processor import AHEAD
-from mimo_pipes.sample import SAMPLE_ID, Window
+from mimo_pipes.samples.collate import Collator
+from mimo_pipes.samples.sample import SAMPLE_ID, Window
 from mimo_pipes.testing import tail_settings
 
 PADDED = Collator(1600, {"labels": -100, "input_ids": 7})

@@ -8,12 +8,12 @@ import torch
 from node_checks import assert_same, check_refused, check_save_load_everywhere, saved_after
 
 from mimo_pipes.adapters.microbatch_iterator import balance_iterator
-from mimo_pipes.collate import collate_microbatch
 from mimo_pipes.config import ReorderConfig
 from mimo_pipes.errors import SampleError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.nodes import Uncollate
-from mimo_pipes.sample import SAMPLE_ID, STEP
+from mimo_pipes.samples.collate import collate_microbatch
+from mimo_pipes.samples.sample import SAMPLE_ID, STEP
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
 
 DATASET = SyntheticProcessedDataset(12, seed=5, text_tokens=3, patch_dim=2)

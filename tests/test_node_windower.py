@@ -9,7 +9,7 @@ from node_checks import check_refused, check_save_load_everywhere, saved_after, 
 from torchdata.nodes import IterableWrapper
 
 from mimo_pipes.nodes import Windower
-from mimo_pipes.sample import SAMPLE_ID, STEP
+from mimo_pipes.samples.sample import SAMPLE_ID, STEP
 from mimo_pipes.testing import tail_settings
 
 

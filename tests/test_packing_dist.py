@@ -28,8 +28,8 @@ def pool(gloo_pool):
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
 @pytest.mark.parametrize("reorder", [True, False])
 def test_packing_after_reordering_conserves_and_agrees(pool, name, reorder):
-    results = pool.run(run_packed_graph, LAYOUTS[name], steps=8, microbatch_size=BATCH, seed=3, reorder=reorder, pad_multiple=4)
-    check_invariants(results, microbatch_size=BATCH, seed=3)
+    results = pool.run(run_packed_graph, LAYOUTS[name], steps=8, micro_batch_size=BATCH, seed=3, reorder=reorder, pad_multiple=4)
+    check_invariants(results, micro_batch_size=BATCH, seed=3)
     check_fanout(results, "images")
     for result in filter(None, results):
         for record, metrics in zip(result["records"], result["metrics"]):
@@ -40,10 +40,10 @@ def test_packing_after_reordering_conserves_and_agrees(pool, name, reorder):
 def test_packing_with_windows_across_microbatches_and_the_packed_cost(pool):
     crossover = DEFAULT_ATTENTION_CROSSOVER
     results = pool.run(
-        run_packed_graph, LAYOUTS["lang4-img2"], steps=12, microbatch_size=BATCH, seed=7, window_size=4, across=True,
+        run_packed_graph, LAYOUTS["lang4-img2"], steps=12, micro_batch_size=BATCH, seed=7, window_size=4, across=True,
         global_batch_size=BATCH * 4, reorder_language_cost="packed", reorder_language_cost_weight=1.0,
     )
-    check_invariants(results, microbatch_size=BATCH, seed=7, window_size=4, across=True)
+    check_invariants(results, micro_batch_size=BATCH, seed=7, window_size=4, across=True)
     check_fanout(results, "images")
     for result in filter(None, results):
         for record in result["records"]:
@@ -54,14 +54,14 @@ def test_packing_with_windows_across_microbatches_and_the_packed_cost(pool):
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_resume_is_exact_with_packing(pool, layout):
-    results = pool.run(resume_points, LAYOUTS[layout], steps=STEPS, points=POINTS, microbatch_size=BATCH, window_size=3,
+    results = pool.run(resume_points, LAYOUTS[layout], steps=STEPS, points=POINTS, micro_batch_size=BATCH, window_size=3,
                        overlap=True, seed=2, pack_sequences_in_batch=True, pack_pad_multiple=8)
     check(results, POINTS)
 
 
 def test_resume_is_exact_with_packing_across_microbatches(pool):
     points = [0, 5, 8, 21]
-    results = pool.run(resume_points, LAYOUTS["lang2-img2"], steps=24, points=points, microbatch_size=BATCH, window_size=4,
+    results = pool.run(resume_points, LAYOUTS["lang2-img2"], steps=24, points=points, micro_batch_size=BATCH, window_size=4,
                        across=True, global_batch_size=32, overlap=True, seed=4, pack_sequences_in_batch=True,
                        reorder_language_cost="packed", reorder_language_cost_weight=0.5)
     for result in filter(None, results):
@@ -71,7 +71,7 @@ def test_resume_is_exact_with_packing_across_microbatches(pool):
 
 @pytest.mark.parametrize("window_size, across", [(1, False), (2, True)])
 def test_iterator_wrapper_packs_like_the_graph(pool, window_size, across):
-    results = pool.run(run_wrapper_packed, LAYOUTS["lang2-img2"], steps=6, microbatch_size=BATCH, seed=9,
+    results = pool.run(run_wrapper_packed, LAYOUTS["lang2-img2"], steps=6, micro_batch_size=BATCH, seed=9,
                        window_size=window_size, across=across)
-    check_invariants(results, microbatch_size=BATCH, seed=9, window_size=window_size, across=across)
+    check_invariants(results, micro_batch_size=BATCH, seed=9, window_size=window_size, across=across)
     check_fanout(results, "images")

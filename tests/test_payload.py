@@ -12,12 +12,12 @@ import pytest
 from node_checks import assert_same, check_save_load_everywhere, load_into_loader, take
 from PIL import Image
 
-from mimo_pipes.collate import METADATA_LIST_NAMES
 from mimo_pipes.config import PipelineConfig, ReorderConfig
 from mimo_pipes.data.offline import FAMILIES, build_family_processor
 from mimo_pipes.exchange import RankLayout
-from mimo_pipes.module_fields import LAYOUT_FIELDS, PIXEL_FIELDS, TOKEN_FIELDS
 from mimo_pipes.nodes import RowProcessor
+from mimo_pipes.samples.collate import METADATA_LIST_NAMES
+from mimo_pipes.samples.module_fields import LAYOUT_FIELDS, PIXEL_FIELDS, TOKEN_FIELDS
 from mimo_pipes_recipes import vlm_sft
 
 ROWS = 16
@@ -122,6 +122,6 @@ def test_a_pipeline_given_processed_samples_moves_samples(family):
 
 
 def _nodes(loader):
-    from mimo_pipes.loader import graph_nodes
+    from mimo_pipes.graph.loader import graph_nodes
 
     return graph_nodes(loader.root)

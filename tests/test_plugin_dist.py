@@ -10,12 +10,12 @@ from scenarios_exchange import PAD_VALUES
 from scenarios_plugin import run_recipe, run_wrapper_resume, run_wrapper_vs_graph
 
 from mimo_pipes.adapters.microbatch_iterator import balance_iterator
-from mimo_pipes.collate import collate_microbatch
 from mimo_pipes.config import ReorderConfig
 from mimo_pipes.errors import ConfigError, SampleError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.nodes.uncollate import Uncollate
-from mimo_pipes.sample import SAMPLE_ID, SLOT, STEP
+from mimo_pipes.samples.collate import collate_microbatch
+from mimo_pipes.samples.sample import SAMPLE_ID, SLOT, STEP
 from mimo_pipes.testing import IMAGE_TOKEN_ID, MERGE, TEXT_TOKEN_ID, SyntheticProcessedDataset
 from mimo_pipes_recipes.existing_pipeline import build
 
@@ -214,12 +214,12 @@ def pool(gloo_pool):
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
 def test_recipe_plugs_into_user_nodes(pool, name):
     steps, seed = 10, 21
-    results = pool.run(run_recipe, LAYOUTS[name], steps=steps, microbatch_size=BATCH, seed=seed)
+    results = pool.run(run_recipe, LAYOUTS[name], steps=steps, micro_batch_size=BATCH, seed=seed)
     assert sum(r is not None for r in results) == (4 if name == "lang2-img2" else 3)
-    check_invariants(results, microbatch_size=BATCH, seed=seed)
+    check_invariants(results, micro_batch_size=BATCH, seed=seed)
     check_fanout(results, "images")
     after = vision_spread(results, "language")
-    before = baseline_spread(2, steps, microbatch_size=BATCH, seed=seed)
+    before = baseline_spread(2, steps, micro_batch_size=BATCH, seed=seed)
     assert after < before, f"{name}: the plug-in did not lower the mean vision spread ({before} -> {after})"
 
 
@@ -229,10 +229,10 @@ def test_recipe_plugs_into_user_nodes(pool, name):
 )
 def test_wrapper_matches_the_graph(pool, name, with_ids, window_size, across):
     results = pool.run(
-        run_wrapper_vs_graph, LAYOUTS[name], steps=6, microbatch_size=BATCH, seed=9, with_ids=with_ids,
+        run_wrapper_vs_graph, LAYOUTS[name], steps=6, micro_batch_size=BATCH, seed=9, with_ids=with_ids,
         window_size=window_size, across=across,
     )
-    check_invariants(results, microbatch_size=BATCH, seed=9, window_size=window_size, across=across)
+    check_invariants(results, micro_batch_size=BATCH, seed=9, window_size=window_size, across=across)
     check_fanout(results, "images")
 
 
@@ -240,8 +240,8 @@ def test_wrapper_matches_the_graph(pool, name, with_ids, window_size, across):
 def test_wrapper_resumes_inside_a_window(pool, name, kind):
     # window of 3 with samples moving across its micro-batches; stop after 4 = one into the second window
     results = pool.run(
-        run_wrapper_resume, LAYOUTS[name], microbatch_size=BATCH, seed=13, window_size=3, across=True,
+        run_wrapper_resume, LAYOUTS[name], micro_batch_size=BATCH, seed=13, window_size=3, across=True,
         stop_after=4, total=9, kind=kind,
     )
-    check_invariants(results, microbatch_size=BATCH, seed=13, window_size=3, across=True)
+    check_invariants(results, micro_batch_size=BATCH, seed=13, window_size=3, across=True)
     check_fanout(results, "images")

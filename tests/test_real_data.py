@@ -15,15 +15,16 @@ from scenarios_real_data import run_dataloaders, run_mrope, run_real_data
 from test_analyze import assert_analysis_is_the_summary
 from test_cli_run import read_dumps
 
-from mimo_pipes.collate import VISION_ROWS, collate_microbatch
-from mimo_pipes.cost import image_token_count
+from mimo_pipes.data.embedded_processor import default_processor_path
 from mimo_pipes.data.offline import FAMILIES, INTERNVL_IMAGE_SEQ_LENGTH, build_family_processor
-from mimo_pipes.data.processor import default_processor_path, load_processor
+from mimo_pipes.data.processor import load_processor
 from mimo_pipes.data.sources import open_source
 from mimo_pipes.errors import ConfigError, SampleError
-from mimo_pipes.exchange.wire_format import pack_samples, unpack_samples
+from mimo_pipes.exchange.wire_format import decode_samples, encode_samples
 from mimo_pipes.nodes.uncollate import Uncollate
-from mimo_pipes.sharding import global_microbatch_indices
+from mimo_pipes.parallel.sharding import global_microbatch_indices
+from mimo_pipes.samples.collate import VISION_ROWS, collate_microbatch
+from mimo_pipes.samples.cost import image_token_count
 
 SIZE = 24
 
@@ -222,7 +223,7 @@ def test_every_family_field_crosses_the_wire_format(family_dirs, family):
         del rows["video"]
     samples = [processor(dict(row, sample_id=k)) for k, row in enumerate(rows.values())]
     samples[0]["position_ids"] = samples[0]["position_ids"].expand(3, -1).clone()  # M-RoPE rows
-    back = unpack_samples(pack_samples(samples), len(samples))
+    back = decode_samples(encode_samples(samples), len(samples))
     for original, got in zip(samples, back):
         assert set(got) == set(original)
         for name, value in original.items():

@@ -34,7 +34,7 @@ def check(results, points):
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 @pytest.mark.parametrize("overlap", [True, False])
 def test_resume_reproduces_the_stream(pool, layout, overlap):
-    results = pool.run(resume_points, LAYOUTS[layout], steps=STEPS, points=POINTS, microbatch_size=8,
+    results = pool.run(resume_points, LAYOUTS[layout], steps=STEPS, points=POINTS, micro_batch_size=8,
                        window_size=3, overlap=overlap, seed=2)
     check(results, POINTS)
 
@@ -42,7 +42,7 @@ def test_resume_reproduces_the_stream(pool, layout, overlap):
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_resume_with_across_microbatch_windows(pool, layout):
     points = [0, 5, 8, 21]
-    results = pool.run(resume_points, LAYOUTS[layout], steps=24, points=points, microbatch_size=8, window_size=4,
+    results = pool.run(resume_points, LAYOUTS[layout], steps=24, points=points, micro_batch_size=8, window_size=4,
                        across=True, global_batch_size=32, overlap=True, seed=4)
     for result in filter(None, results):
         for point in points:
@@ -50,7 +50,7 @@ def test_resume_with_across_microbatch_windows(pool, layout):
 
 
 def test_resume_without_reordering(pool):
-    results = pool.run(resume_points, LAYOUTS["dp4-dp2"], steps=STEPS, points=POINTS, microbatch_size=8, reorder=False, seed=6)
+    results = pool.run(resume_points, LAYOUTS["dp4-dp2"], steps=STEPS, points=POINTS, micro_batch_size=8, reorder=False, seed=6)
     check(results, POINTS)
 
 
@@ -58,7 +58,7 @@ def test_resume_without_reordering(pool):
 def test_resume_may_switch_the_overlap(pool, saved_with, restored_with):
     # `run --resume` lets --no-overlap-intra-microbatch-reorder change: the state and the stream are the same
     points = [4, 6]
-    results = pool.run(resume_points, LAYOUTS["equal-dp"], steps=10, points=points, microbatch_size=8, window_size=3,
+    results = pool.run(resume_points, LAYOUTS["equal-dp"], steps=10, points=points, micro_batch_size=8, window_size=3,
                        overlap=saved_with, restore_overlap=restored_with, seed=8)
     for result in filter(None, results):
         for point in points:

@@ -15,12 +15,12 @@ from test_plugin_dist import reorder_config, single_rank_batches
 
 from mimo_pipes.adapters.microbatch_iterator import balance_iterator
 from mimo_pipes.checkpoint import MANIFEST_FILE, RESUME_EXEMPT, check_resume_dir, setting_flag
+from mimo_pipes.checkpoint.validity import VALID_FOR_KEY, check_graph_state, check_valid_for, valid_for
 from mimo_pipes.cli.main import build_parser
 from mimo_pipes.config import JobOptions, PipelineConfig, ReorderConfig
 from mimo_pipes.errors import ConfigError, StateMismatchError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
-from mimo_pipes.validity import VALID_FOR_KEY, check_graph_state, check_valid_for, valid_for
 from mimo_pipes_recipes.existing_pipeline import build, example_samples
 from mimo_pipes_recipes.vlm_sft import pipeline
 
@@ -217,8 +217,8 @@ def test_a_collator_with_declared_vision_fields_is_described_and_compared() -> N
 
     import torch
 
-    from mimo_pipes.collate import Collator
-    from mimo_pipes.validity import VALID_FOR_KEY, check_valid_for, collation_settings, valid_for
+    from mimo_pipes.checkpoint.validity import VALID_FOR_KEY, check_valid_for, collation_settings, valid_for
+    from mimo_pipes.samples.collate import Collator
 
     collator = Collator(64, {"labels": -100}, {"pixel_values": ((1176,), torch.float32)})
     described = valid_for("MicroBatchAssembler", collation_settings(collator))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from scenarios_summary import run_summary_records
 
-from mimo_pipes.summary import summarize
+from mimo_pipes.observe.summary import summarize
 
 LAYOUTS = {
     "lang2+img1": ["language=dp=2", "images=dp=1,rank_offset=2"],
@@ -29,9 +29,9 @@ def _summaries(results, grid_size):
 def test_before_under_across_moves_is_the_run_with_reordering_off(pool, layout):
     components = LAYOUTS[layout]
     grid = 4 if "lang4" in layout else 2
-    off = _summaries(pool.run(run_summary_records, components, steps=STEPS, microbatch_size=BATCH, seed=SEED, reorder=False), grid)
+    off = _summaries(pool.run(run_summary_records, components, steps=STEPS, micro_batch_size=BATCH, seed=SEED, reorder=False), grid)
     for window in (2, 4):
-        results = pool.run(run_summary_records, components, steps=STEPS, microbatch_size=BATCH, seed=SEED, reorder=True,
+        results = pool.run(run_summary_records, components, steps=STEPS, micro_batch_size=BATCH, seed=SEED, reorder=True,
                            window_size=window, across=True)
         moved = [step for records in results if records for r in records for step in r["read_steps"] if step != r["step"]]
         assert moved, f"window {window}: no sample moved across micro-batches, the comparison would prove nothing"

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-from mimo_pipes.metrics import MovedPerWindow
-from mimo_pipes.observer import ExchangeRecord
-from mimo_pipes.summary import ModuleSummary, summary_document
+from mimo_pipes.observe.metrics import MovedPerWindow
+from mimo_pipes.observe.observer import ExchangeRecord
+from mimo_pipes.observe.summary import ModuleSummary, summary_document
 
 KEYS = {"dp_size", "steps", "samples", "image_tokens", "spread_before", "spread_after", "critical_path_before",
         "critical_path_after", "moved_samples", "moved_bytes"}

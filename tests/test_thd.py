@@ -8,11 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torchdata.nodes import IterableWrapper
 
-from mimo_pipes.collate import collate_microbatch
 from mimo_pipes.errors import SampleError
 from mimo_pipes.nodes import SequencePacker
-from mimo_pipes.testing import tail_settings
-from mimo_pipes.thd import (
+from mimo_pipes.samples.collate import collate_microbatch
+from mimo_pipes.samples.thd import (
     CU_SEQLENS,
     CU_SEQLENS_UNPADDED,
     MAX_SEQLEN,
@@ -21,6 +20,7 @@ from mimo_pipes.thd import (
     token_fields,
     unpack_sequences,
 )
+from mimo_pipes.testing import tail_settings
 
 PAD_VALUES = {"input_ids": 7, "labels": -100}
 PATCH_DIM = 6

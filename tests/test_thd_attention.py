@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from mimo_pipes.thd import CU_SEQLENS, CU_SEQLENS_UNPADDED, pack_microbatch
+from mimo_pipes.samples.thd import CU_SEQLENS, CU_SEQLENS_UNPADDED, pack_microbatch
 
 VOCAB, DIM, HEADS, MAX_POSITION = 64, 32, 4, 128
 ATOL, RTOL = 1e-5, 1e-4

@@ -12,7 +12,7 @@ import pytest
 
 from mimo_pipes.data.sources import open_source
 from mimo_pipes.errors import ConfigError
-from mimo_pipes.third_party import quiet_known_warnings
+from mimo_pipes.observe.third_party import quiet_known_warnings
 
 
 def _rows(path, count: int) -> str:

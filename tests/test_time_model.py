@@ -14,12 +14,12 @@ from hypothesis import strategies as st
 
 from mimo_pipes.balance import balance_microbatch, balance_two_level, balance_window
 from mimo_pipes.config import ReorderConfig, planner_settings
-from mimo_pipes.cost import placeholder_runs
 from mimo_pipes.errors import ConfigError
+from mimo_pipes.parallel.topology import build_topology
+from mimo_pipes.samples.cost import placeholder_runs
 from mimo_pipes.testing import tail_settings
 from mimo_pipes.time_model import TimeModel, TimeModelError, fit_time_model, load_time_model, save_time_model
 from mimo_pipes.time_model.fit import fit_error, relative_errors
-from mimo_pipes.topology import build_topology
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from window_exact import exact_window_path  # noqa: E402 - benchmarks folder put on the path just above
@@ -185,7 +185,7 @@ def test_cost_annotator_uses_the_model():
     from torchdata.nodes import IterableWrapper
 
     from mimo_pipes.nodes import CostAnnotator
-    from mimo_pipes.sample import COST, ENCODER_COST
+    from mimo_pipes.samples.sample import COST, ENCODER_COST
 
     ids = torch.tensor([TEXT, START, *[IMAGE] * 30, END, START, *[IMAGE] * 6, END, TEXT])
     sample = {"input_ids": ids, "attention_mask": torch.ones(len(ids), dtype=torch.int64)}

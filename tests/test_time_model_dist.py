@@ -8,7 +8,7 @@ import pytest
 from layout_checks import check_fanout, check_invariants
 from scenarios_time_model import run_cost_model_graph
 
-from mimo_pipes.cost import placeholder_runs
+from mimo_pipes.samples.cost import placeholder_runs
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
 from mimo_pipes.time_model.model import TimeModel, save_time_model
 
@@ -43,14 +43,14 @@ def test_modules_agree_on_costs_and_assignment_and_both_spreads_drop(pool, tmp_p
     path = str(save_time_model(MODEL, tmp_path / "model.json"))
     dataset = SyntheticProcessedDataset(4096, seed=SEED)
     runs = {
-        "off": pool.run(run_cost_model_graph, COMPONENTS, steps=STEPS, microbatch_size=BATCH, seed=SEED, reorder=False),
-        "model": pool.run(run_cost_model_graph, COMPONENTS, steps=STEPS, microbatch_size=BATCH, seed=SEED, time_model=path),
+        "off": pool.run(run_cost_model_graph, COMPONENTS, steps=STEPS, micro_batch_size=BATCH, seed=SEED, reorder=False),
+        "model": pool.run(run_cost_model_graph, COMPONENTS, steps=STEPS, micro_batch_size=BATCH, seed=SEED, time_model=path),
         "two-level": pool.run(
-            run_cost_model_graph, COMPONENTS, steps=STEPS, microbatch_size=BATCH, seed=SEED, time_model=path, two_level=True
+            run_cost_model_graph, COMPONENTS, steps=STEPS, micro_batch_size=BATCH, seed=SEED, time_model=path, two_level=True
         ),
     }
     for name, results in runs.items():
-        check_invariants(results, microbatch_size=BATCH, seed=SEED)  # conservation; both modules, same order
+        check_invariants(results, micro_batch_size=BATCH, seed=SEED)  # conservation; both modules, same order
         check_fanout(results, "images")  # encoder replica i feeds language replicas 2i, 2i+1
         costs: dict[str, dict[int, int]] = defaultdict(dict)
         for result in filter(None, results):

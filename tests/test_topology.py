@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mimo_pipes.errors import ConfigError
-from mimo_pipes.topology import (
+from mimo_pipes.parallel.topology import (
     GRID_DIMS,
     ModuleSpec,
     build_topology,

@@ -9,7 +9,7 @@ import threading
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mimo_pipes.warning_tally import WarningKind, WarningTally, collected, counts, merge, warn
+from mimo_pipes.observe.warning_tally import WarningKind, WarningTally, collected, counts, merge, warn
 
 A = WarningKind("samples truncated to --seq-length")
 B = WarningKind("images resized", subject="image", note="kept")

@@ -16,14 +16,14 @@ from hypothesis import strategies as st
 from mimo_pipes.errors import SampleError
 from mimo_pipes.exchange.wire_format import (
     ALIGN,
-    layout_sample,
-    pack_into,
-    pack_sample,
-    pack_samples,
-    packed_size,
+    decode_sample,
+    decode_samples,
+    encode_into,
+    encode_sample,
+    encode_samples,
+    encoded_size,
+    sample_encoding,
     supported_torch_dtypes,
-    unpack_sample,
-    unpack_samples,
 )
 
 # The library itself must not warn (read-only buffers, experimental dtypes...).
@@ -168,25 +168,25 @@ def realistic(sample_id: int, rows: int, dtype=torch.float32) -> dict:
 @FAST
 @given(samples)
 def test_round_trip_exact_and_size_exact(sample):
-    data = pack_sample(sample)
-    assert len(data) == packed_size(sample)
+    data = encode_sample(sample)
+    assert len(data) == encoded_size(sample)
     assert len(data) % ALIGN == 0
-    out, end = unpack_sample(data)
+    out, end = decode_sample(data)
     assert end == len(data)
     assert_same(sample, out)
-    copied, _ = unpack_sample(bytes(data), copy=True)
+    copied, _ = decode_sample(bytes(data), copy=True)
     assert_same(sample, copied)
 
 
 @FAST
 @given(st.lists(samples, max_size=5), st.booleans())
 def test_back_to_back_records_unpack_in_order(batch, as_bytes):
-    buf = pack_samples(batch)
+    buf = encode_samples(batch)
     assert buf.dtype == torch.uint8 and buf.dim() == 1
-    sizes = [packed_size(s) for s in batch]
+    sizes = [encoded_size(s) for s in batch]
     assert buf.numel() == sum(sizes)
     src = bytes(buf.numpy()) if as_bytes else buf
-    for got in (unpack_samples(src), unpack_samples(src, len(batch)), unpack_samples(src, sizes=sizes)):
+    for got in (decode_samples(src), decode_samples(src, len(batch)), decode_samples(src, sizes=sizes)):
         assert len(got) == len(batch)
         for a, b in zip(batch, got):
             assert_same(a, b)
@@ -198,35 +198,35 @@ def test_pack_into_at_offsets_of_a_shared_buffer(batch, lead):
     offsets, pos = [], lead * ALIGN
     for s in batch:
         offsets.append(pos)
-        pos += packed_size(s)
+        pos += encoded_size(s)
     for kind in ("tensor", "ndarray", "bytearray"):
         out = {"tensor": torch.full((pos + 5,), 0xAB, dtype=torch.uint8),
                "ndarray": np.full(pos + 5, 0xAB, dtype=np.uint8),
                "bytearray": bytearray(b"\xab" * (pos + 5))}[kind]
         for s, off in zip(batch, offsets):
-            assert pack_into(s, out, off) == off + packed_size(s)
+            assert encode_into(s, out, off) == off + encoded_size(s)
         for s, off in zip(batch, offsets):
-            got, end = unpack_sample(out, off)
-            assert end == off + packed_size(s)
+            got, end = decode_sample(out, off)
+            assert end == off + encoded_size(s)
             assert_same(s, got)
 
 
 def test_layout_is_reusable_and_matches_pack_sample():
     s = realistic(1, 40)
-    lay = layout_sample(s)
+    lay = sample_encoding(s)
     a = bytearray(lay.size)
     b = bytearray(lay.size)
     lay.write_into(a)
     lay.write_into(b)
-    assert a == b == pack_sample(s)
+    assert a == b == encode_sample(s)
 
 
 def test_packing_is_deterministic_including_padding():
     # Padding bytes are zeroed, so the same sample always packs to the same bytes (whatever was in the buffer).
     s = {"sample_id": 5, "x": torch.arange(3, dtype=torch.int8), "s": "abc", "y": b"12345", "z": np.ones(1, "u1")}
-    out = torch.full((packed_size(s),), 0xFF, dtype=torch.uint8)
-    pack_into(s, out)
-    assert bytes(out.numpy()) == bytes(pack_sample(s))
+    out = torch.full((encoded_size(s),), 0xFF, dtype=torch.uint8)
+    encode_into(s, out)
+    assert bytes(out.numpy()) == bytes(encode_sample(s))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -244,7 +244,7 @@ def test_every_dtype_zero_d_empty_and_noncontiguous(dtype):
         "contig": full,
         "nested": {"deep": [full[1], (full[:, 0],)]},
     }
-    out = unpack_sample(pack_sample(sample))[0]
+    out = decode_sample(encode_sample(sample))[0]
     assert_same(sample, out)
     assert out["noncontig"].is_contiguous()
 
@@ -270,14 +270,14 @@ def test_nan_payloads_survive_in_float_tensors():
         c = carriers[dtype.itemsize]
         ints = torch.tensor([b - (1 << (8 * dtype.itemsize)) if b >= 1 << (8 * dtype.itemsize - 1) else b for b in bits], dtype=c)
         t = ints.view(dtype)
-        out = unpack_sample(pack_sample({"x": t}))[0]["x"]
+        out = decode_sample(encode_sample({"x": t}))[0]["x"]
         assert torch.equal(out.view(c), ints), dtype
     for name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu"):
         dtype = getattr(torch, name, None)
         if dtype is None:
             continue
         everything = torch.arange(256, dtype=torch.int64).to(torch.uint8)
-        out = unpack_sample(pack_sample({"x": everything.view(dtype)}))[0]["x"]
+        out = decode_sample(encode_sample({"x": everything.view(dtype)}))[0]["x"]
         assert out.dtype == dtype and torch.equal(out.view(torch.uint8), everything), name
 
 
@@ -287,7 +287,7 @@ def test_python_scalars_keep_their_exact_type():
         "t": (1, [2, (3,)]), "l": [(), []], "none": None, "s": "", "by": b"", "ba": bytearray(),
         "np_i": np.int64(3), "np_b": np.bool_(True), "np_f": np.float16(1.5), "np_c": np.complex64(1 + 2j),
     }
-    out = unpack_sample(pack_sample(sample))[0]
+    out = decode_sample(encode_sample(sample))[0]
     assert_same(sample, out)
     assert [type(v) for v in out.values()] == [type(v) for v in sample.values()]
 
@@ -296,7 +296,7 @@ def test_key_order_preserved():
     keys = ["z", "a", "m", "pixel_values", "b", "0", ""]
     sample = {k: i for i, k in enumerate(keys)}
     sample["nested"] = {k: None for k in reversed(keys)}
-    out = unpack_sample(pack_sample(sample))[0]
+    out = decode_sample(encode_sample(sample))[0]
     assert list(out) == list(sample) and list(out["nested"]) == list(reversed(keys))
 
 
@@ -307,9 +307,9 @@ def test_key_order_preserved():
 def test_zero_copy_views_alias_the_buffer_and_copy_true_does_not():
     s = realistic(9, 8)
     s["boxes"] = np.arange(4, dtype=np.int32) + 1
-    buf = pack_samples([s])
-    view = unpack_samples(buf)[0]
-    own = unpack_samples(buf, copy=True)[0]
+    buf = encode_samples([s])
+    view = decode_samples(buf)[0]
+    own = decode_samples(buf, copy=True)[0]
     assert_same(s, view)
     assert_same(s, own)
     buf.zero_()
@@ -320,7 +320,7 @@ def test_zero_copy_views_alias_the_buffer_and_copy_true_does_not():
 
 def test_views_keep_the_buffer_alive():
     s = realistic(2, 16)
-    view = unpack_samples(pack_samples([s]))[0]  # buffer only referenced through the views
+    view = decode_samples(encode_samples([s]))[0]  # buffer only referenced through the views
     import gc
 
     gc.collect()
@@ -329,27 +329,27 @@ def test_views_keep_the_buffer_alive():
 
 def test_read_only_buffer_unpacks_without_warnings():
     s = realistic(3, 4)
-    data = bytes(pack_sample(s))
+    data = bytes(encode_sample(s))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        out, _ = unpack_sample(data)
+        out, _ = decode_sample(data)
     assert_same(s, out)
     out["input_ids"][0] = 99  # its own storage: writable, and the bytes object is untouched
-    assert unpack_sample(data)[0]["input_ids"][0] == 0
+    assert decode_sample(data)[0]["input_ids"][0] == 0
 
 
 def test_misaligned_offset_still_unpacks():
     s = {"x": torch.arange(5, dtype=torch.float64), "y": np.arange(3, dtype=np.int32)}
-    out = bytearray(packed_size(s) + 3)
-    pack_into(s, out, 3)
-    got, end = unpack_sample(out, 3)
+    out = bytearray(encoded_size(s) + 3)
+    encode_into(s, out, 3)
+    got, end = decode_sample(out, 3)
     assert end == len(out)
     assert_same(s, got)
 
 
 def test_realistic_samples_round_trip():
     batch = [realistic(i, rows, dtype) for i, (rows, dtype) in enumerate([(0, torch.float32), (1000, torch.float32), (37, torch.bfloat16)])]
-    got = unpack_samples(pack_samples(batch), 3)
+    got = decode_samples(encode_samples(batch), 3)
     for a, b in zip(batch, got):
         assert_same(a, b)
     assert got[0]["pixel_values"].shape == (0, 1176)
@@ -359,13 +359,13 @@ def test_realistic_samples_round_trip():
 def test_buffer_errors():
     s = {"x": 1}
     with pytest.raises(ValueError, match="too small"):
-        pack_into(s, bytearray(packed_size(s) - 1))
+        encode_into(s, bytearray(encoded_size(s) - 1))
     with pytest.raises(ValueError, match="read-only"):
-        pack_into(s, bytes(packed_size(s)))
+        encode_into(s, bytes(encoded_size(s)))
     with pytest.raises(ValueError, match="uint8"):
-        pack_into(s, torch.zeros(packed_size(s), dtype=torch.int16))
+        encode_into(s, torch.zeros(encoded_size(s), dtype=torch.int16))
     with pytest.raises(ValueError, match="record 0 .* expected"):
-        unpack_samples(pack_samples([s]), sizes=[packed_size(s) + 16])
+        decode_samples(encode_samples([s]), sizes=[encoded_size(s) + 16])
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -413,7 +413,7 @@ BAD = [
 @pytest.mark.parametrize("make, words", BAD, ids=[w for _, w in BAD])
 def test_unsupported_values_raise_sample_error_naming_field(make, words):
     sample = {"sample_id": 42, "ok": torch.zeros(3), "meta": {"boxes": [1, 2, make()]}}
-    for fn in (packed_size, pack_sample, lambda s: pack_samples([{"sample_id": 1}, s])):
+    for fn in (encoded_size, encode_sample, lambda s: encode_samples([{"sample_id": 1}, s])):
         with pytest.raises(SampleError) as info:
             fn(sample)
         assert info.value.sample_id == 42
@@ -424,16 +424,16 @@ def test_unsupported_values_raise_sample_error_naming_field(make, words):
 
 def test_non_str_dict_key_names_the_dict():
     with pytest.raises(SampleError) as info:
-        packed_size({"sample_id": "abc", "a": {"b": {3: "x"}}})
+        encoded_size({"sample_id": "abc", "a": {"b": {3: "x"}}})
     assert info.value.sample_id == "abc" and info.value.field == "a.b"
     assert "3" in str(info.value) and "str" in str(info.value)
 
 
 def test_sample_must_be_a_plain_dict():
     with pytest.raises(SampleError, match="plain dict"):
-        packed_size([("a", 1)])
+        encoded_size([("a", 1)])
     with pytest.raises(SampleError, match="plain dict"):
-        packed_size(collections.OrderedDict(a=1))
+        encoded_size(collections.OrderedDict(a=1))
 
 
 @FAST
@@ -453,7 +453,7 @@ def test_bad_value_anywhere_is_located(path, sid):
     want = "root" + "".join(f"[{step}]" if isinstance(step, int) else f".{step}" for step in path)
     sample = {"sample_id": sid, "root": node}
     with pytest.raises(SampleError) as info:
-        packed_size(sample)
+        encoded_size(sample)
     assert info.value.field == want
     assert info.value.sample_id == sid
 
@@ -463,26 +463,26 @@ def test_bad_value_anywhere_is_located(path, sid):
 
 
 def test_corrupt_headers():
-    data = pack_sample({"x": torch.arange(4)})
+    data = encode_sample({"x": torch.arange(4)})
     with pytest.raises(ValueError, match="magic"):
-        unpack_sample(b"XXXX" + bytes(data[4:]))
+        decode_sample(b"XXXX" + bytes(data[4:]))
     with pytest.raises(ValueError, match="version"):
-        unpack_sample(bytes(data[:4]) + b"\x09\x00" + bytes(data[6:]))
+        decode_sample(bytes(data[:4]) + b"\x09\x00" + bytes(data[6:]))
     with pytest.raises(ValueError):
-        unpack_sample(bytes(data[:-16]))
+        decode_sample(bytes(data[:-16]))
     with pytest.raises(ValueError):
-        unpack_sample(b"")
+        decode_sample(b"")
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.data())
 def test_random_corruption_never_crashes_differently(data):
-    base = pack_sample({"sample_id": 1, "a": [1, "xy", (None, 2.0)], "t": torch.arange(6).reshape(2, 3),
+    base = encode_sample({"sample_id": 1, "a": [1, "xy", (None, 2.0)], "t": torch.arange(6).reshape(2, 3),
                         "n": np.ones(2, dtype="<f4"), "b": b"zz", "big": 2**70})
     buf = bytearray(base)
     for _ in range(data.draw(st.integers(1, 4))):
         buf[data.draw(st.integers(0, len(buf) - 1))] = data.draw(st.integers(0, 255))
     try:
-        unpack_sample(buf)
+        decode_sample(buf)
     except ValueError:
         pass

@@ -1,7 +1,7 @@
 """The balance exchange for training loops that hold an iterator of collated micro-batches (Megatron style).
 
 ``balance_iterator`` composes existing nodes: the source (IterableWrapper) -> Uncollate -> the tail every
-entry point shares (:func:`~mimo_pipes.tail.balanced_tail`: CostAnnotator -> Windower -> BalanceExchange
+entry point shares (:func:`~mimo_pipes.graph.tail.balanced_tail`: CostAnnotator -> Windower -> BalanceExchange
 -> MicroBatchAssembler (-> SequencePacker)), under a GraphLoader. Only the wiring lives here.
 
 Resuming: a plain iterator cannot be rewound, so the state only records counters (micro-batches taken
@@ -19,15 +19,15 @@ from typing import Any
 
 from torchdata.nodes import BaseNode, IterableWrapper, Stateful
 
+from mimo_pipes.checkpoint.resume import ResumePoint
 from mimo_pipes.config import ReorderConfig, flag
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange import RankLayout
-from mimo_pipes.loader import GraphLoader
+from mimo_pipes.graph.loader import GraphLoader
+from mimo_pipes.graph.tail import balanced_tail
+from mimo_pipes.graph.tail_settings import resolve_tail
 from mimo_pipes.nodes import Uncollate
-from mimo_pipes.resume import ResumePoint
-from mimo_pipes.tail import balanced_tail
-from mimo_pipes.tail_settings import resolve_tail
-from mimo_pipes.topology import build_topology
+from mimo_pipes.parallel.topology import build_topology
 
 SourceFactory = Callable[[int], Iterable[Mapping[str, Any]]]
 
@@ -139,10 +139,10 @@ def balance_iterator(
     With ``source_factory``, a start in the middle of a window reads from the window's start and skips
     ahead, exactly as a restored state does; an iterator that starts mid-window gets a short first
     window. With ``pack_sequences``, each output micro-batch is packed into one THD row (see
-    :mod:`mimo_pipes.thd`), every sequence padded to a multiple of ``pack_pad_multiple``. ``components``:
+    :mod:`mimo_pipes.samples.thd`), every sequence padded to a multiple of ``pack_pad_multiple``. ``components``:
     every module's spec (as ``--component`` takes them), needed with a time model or two-level balance so
     that the planner's floor and encoder replicas are the run's. ``layout.module`` decides the fields the
-    output carries and the exchange moves (a language rank: no pixels; see mimo_pipes/module_fields.py).
+    output carries and the exchange moves (a language rank: no pixels; see mimo_pipes/samples/module_fields.py).
     Raises ConfigError, naming the flag, on a bad setting.
     """
     if (microbatches is None) == (source_factory is None):

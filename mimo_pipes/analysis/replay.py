@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mimo_pipes.balance import balance_two_level, balance_window, window_lower_bound
+from mimo_pipes.checkpoint.resume import resume_point
 from mimo_pipes.data.skipping import MAX_TRIES, successor_rows, too_many_bad
-from mimo_pipes.resume import resume_point
-from mimo_pipes.sharding import epoch_order, global_microbatch_indices, microbatches_per_epoch
+from mimo_pipes.parallel.sharding import epoch_order, global_microbatch_indices, microbatches_per_epoch
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ class Schedule:
     read as the next good row of the global order, as ``SkipBadRows`` replaces it in the graph."""
 
     dataset_size: int
-    microbatch_size: int
+    micro_batch_size: int
     grid_size: int
     seed: int
     cyclic: bool

@@ -10,12 +10,12 @@ from typing import Any
 import torch
 from torchdata.nodes import BaseNode, IterableWrapper
 
-from mimo_pipes.collate import CONCAT_FIELDS, METADATA_LIST_NAMES, SEQUENCE_FIELDS, VISION_ROWS
-from mimo_pipes.cost import image_token_count
+from mimo_pipes.checkpoint.resume import ResumePoint
+from mimo_pipes.checkpoint.validity import VALID_FOR_KEY, check_valid_for, valid_for
 from mimo_pipes.errors import SampleError
-from mimo_pipes.resume import ResumePoint
-from mimo_pipes.sample import SAMPLE_ID, STEP, Sample
-from mimo_pipes.validity import VALID_FOR_KEY, check_valid_for, valid_for
+from mimo_pipes.samples.collate import CONCAT_FIELDS, METADATA_LIST_NAMES, SEQUENCE_FIELDS, VISION_ROWS
+from mimo_pipes.samples.cost import image_token_count
+from mimo_pipes.samples.sample import SAMPLE_ID, STEP, Sample
 
 NUM_IMAGES = "num_images"  # optional per-row image counts in a collated batch
 _METADATA_BY_LIST_NAME = {list_name: key for key, list_name in METADATA_LIST_NAMES.items()}

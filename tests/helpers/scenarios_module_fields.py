@@ -41,7 +41,7 @@ def _consume(loader, exchange, steps: int) -> dict:
     return {"keys": sorted(keys), "ids": ids, "moved": moved.windows}
 
 
-def entry_points(components, *, steps: int, microbatch_size: int, seed: int, window_size: int = 1) -> dict | None:
+def entry_points(components, *, steps: int, micro_batch_size: int, seed: int, window_size: int = 1) -> dict | None:
     """Per entry point: the fields this rank's micro-batches carried, their sample ids and the bytes moved
     per window; ``run`` is the recipe's graph, ``all-fields`` the same graph built without a module."""
     joined = join_layout(components, timeout_s=60)
@@ -49,8 +49,8 @@ def entry_points(components, *, steps: int, microbatch_size: int, seed: int, win
         return None
     _, groups, plain = joined
     layout = dataclasses.replace(plain, module=groups.position.module.name)
-    config = make_config(components, microbatch_size=microbatch_size, window_size=window_size, seed=seed, seq_length=SEQ_LENGTH,
-                         global_batch_size=microbatch_size * window_size)
+    config = make_config(components, micro_batch_size=micro_batch_size, window_size=window_size, seed=seed, seq_length=SEQ_LENGTH,
+                         global_batch_size=micro_batch_size * window_size)
     dataset = SyntheticProcessedDataset(DATASET_SIZE, seed=seed)
     out: dict = {"module": layout.module, "dp_rank": layout.dp_rank}
 
@@ -58,8 +58,8 @@ def entry_points(components, *, steps: int, microbatch_size: int, seed: int, win
         return pipeline(dataset, config, for_layout, map_fn=None, image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES)
 
     def plugged():
-        samples = existing_pipeline.example_samples(dataset, micro_batch_size=microbatch_size, layout=layout, seed=seed)
-        return existing_pipeline.build(samples, reorder=config.reorder, layout=layout, micro_batch_size=microbatch_size,
+        samples = existing_pipeline.example_samples(dataset, micro_batch_size=micro_batch_size, layout=layout, seed=seed)
+        return existing_pipeline.build(samples, reorder=config.reorder, layout=layout, micro_batch_size=micro_batch_size,
                                        seq_length=SEQ_LENGTH, image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES)
 
     for name, make in (("run", lambda: graph(layout)), ("all-fields", lambda: graph(plain)), ("existing_pipeline", plugged)):
@@ -68,8 +68,8 @@ def entry_points(components, *, steps: int, microbatch_size: int, seed: int, win
             out[name] = _consume(loader, loader.exchange_node(), steps)
         finally:
             loader.close()
-    source = RankMicrobatches(dataset, layout, microbatch_size=microbatch_size, seed=seed, with_ids=True)
-    with balance_iterator(source.iterate(), config=config.reorder, layout=layout, micro_batch_size=microbatch_size,
+    source = RankMicrobatches(dataset, layout, micro_batch_size=micro_batch_size, seed=seed, with_ids=True)
+    with balance_iterator(source.iterate(), config=config.reorder, layout=layout, micro_batch_size=micro_batch_size,
                           image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES, seq_length=SEQ_LENGTH) as wrapped:
         out["balance_iterator"] = _consume(wrapped, wrapped.exchange_node(), steps)
     view = RankMicroBatches(plugged)

@@ -9,8 +9,8 @@ import pytest
 from scenarios_module_fields import entry_points
 
 from mimo_pipes.exchange import RankLayout
-from mimo_pipes.module_fields import PIXEL_FIELDS, TOKEN_FIELDS
-from mimo_pipes.tail import balanced_tail
+from mimo_pipes.graph.tail import balanced_tail
+from mimo_pipes.samples.module_fields import PIXEL_FIELDS, TOKEN_FIELDS
 from mimo_pipes.testing import tail_settings
 
 LAYOUTS = {
@@ -32,7 +32,7 @@ def same_bytes(got, run) -> bool:
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
 def test_every_entry_point_carries_and_moves_only_its_module_fields(gloo_pool, name):
     components, batch, window = LAYOUTS[name]
-    results = [r for r in gloo_pool.run(entry_points, components, steps=4, microbatch_size=batch, seed=5, window_size=window)
+    results = [r for r in gloo_pool.run(entry_points, components, steps=4, micro_batch_size=batch, seed=5, window_size=window)
                if r is not None]
     assert {r["module"] for r in results} == {"language", "images"}
     sent = {module: {"run": 0, "all-fields": 0} for module in ("language", "images")}

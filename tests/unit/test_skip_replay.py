@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from mimo_pipes.analysis.replay import Schedule
 from mimo_pipes.data.skipping import REPLACED_ROWS, SkipBadRows
 from mimo_pipes.errors import SampleError
-from mimo_pipes.sample import SAMPLE_ID, SLOT, STEP
-from mimo_pipes.sharding import global_microbatch_indices
+from mimo_pipes.parallel.sharding import global_microbatch_indices
+from mimo_pipes.samples.sample import SAMPLE_ID, SLOT, STEP
 
 
 @settings(max_examples=150, deadline=None)
@@ -26,7 +26,7 @@ def test_the_replay_replaces_bad_rows_as_the_graph_does(batches, batch, seed, cy
             raise SampleError(row[SAMPLE_ID], f"dataset row {row[SAMPLE_ID]}: bad row {row[SAMPLE_ID]}")
         return dict(row)
 
-    skipper = SkipBadRows(process, rows, microbatch_size=batch, seed=seed, dataloader_type="cyclic" if cyclic else "single")
+    skipper = SkipBadRows(process, rows, micro_batch_size=batch, seed=seed, dataloader_type="cyclic" if cyclic else "single")
     schedule = Schedule(size, batch, 1, seed, cyclic, {row: f"bad row {row}" for row in bad})
     steps = range(3 * batches if cyclic else batches)
     replayed = schedule.rows(steps)

@@ -65,7 +65,7 @@ def test_a_window_cut_at_the_start_by_a_resume_is_incomplete():
 @settings(max_examples=200, deadline=None)
 @given(st.integers(0, 40), st.integers(1, 40), st.sampled_from([1, 2, 3, 4, 8]), st.booleans(), st.booleans())
 def test_cut_window_is_a_window_of_moving_samples_cut_by_the_range(start, length, window, across, cyclic):
-    schedule = Schedule(dataset_size=8 * 30, microbatch_size=8, grid_size=2, seed=1, cyclic=cyclic)
+    schedule = Schedule(dataset_size=8 * 30, micro_batch_size=8, grid_size=2, seed=1, cyclic=cyclic)
     stop = start + length
     end = schedule.end(stop)
     if end <= start:

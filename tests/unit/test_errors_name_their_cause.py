@@ -20,10 +20,10 @@ from mimo_pipes.checkpoint.generation import open_generation
 from mimo_pipes.checkpoint.settings import WHY, resume_settings
 from mimo_pipes.cli.balance_cmd import serve
 from mimo_pipes.cli.rank_job import _os_error
-from mimo_pipes.collate import INTEGER_FIELDS, check_collatable, collate_microbatch
 from mimo_pipes.config import JobOptions, PipelineConfig, TrainOptions
 from mimo_pipes.errors import ConfigError, SampleError, json_error_text
 from mimo_pipes.nodes.uncollate import Uncollate
+from mimo_pipes.samples.collate import INTEGER_FIELDS, check_collatable, collate_microbatch
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
 
 # --- JSON errors -------------------------------------------------------------------------------------
