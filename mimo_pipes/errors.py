@@ -116,3 +116,12 @@ class PositionMismatchError(PeerError):
             self, f"ranks restored different positions: {where}; their states come from different saves, and every rank "
                   "must restore the same one (the modules would pair the wrong samples)",
         )
+
+
+def json_error_text(error: ValueError, *, line: bool = True) -> str:
+    """What a ``json.JSONDecodeError`` found and where, as one phrase: "Expecting value at line 3 column 15",
+    "Unterminated string starting at column 4" (``line`` False: the caller names the line). Some of the
+    decoder's messages end in "at" already ("... starting at", "Invalid control character at")."""
+    message = getattr(error, "msg", str(error))
+    where = f"line {getattr(error, 'lineno', '?')} column {getattr(error, 'colno', '?')}" if line else f"column {getattr(error, 'colno', '?')}"
+    return f"{message} {where}" if message.endswith(" at") else f"{message} at {where}"

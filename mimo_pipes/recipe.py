@@ -7,7 +7,9 @@ A recipe builds one module rank's graph. ``mimo-pipes run``, ``analyze`` and ``t
 * ``build(config, layout, *, consumed_microbatches=0)``: on every rank, its loader (a GraphLoader).
 * ``row_counts(config, *, real_tokens, runs, progress)``: for ``analyze``, every dataset row's counts as
   ``build``'s graph would make them (a :class:`~mimo_pipes.analysis.row_counts.RowCounts`);
-  ``progress(description, total)`` gives the callback that takes the rows done.
+  ``progress(description, total)`` gives the callback that takes the rows done. With
+  ``config.skip_bad_samples`` the rows ``build``'s graph would replace are listed in ``bad_rows`` (row ->
+  why) instead of raised, found as the graph finds them under ``config.exchange_payload``.
 * ``Trainer`` (training recipes): ``Trainer(config, options, groups, topology, loader)`` with ``step()``,
   ``iteration``, ``state_dict()`` / ``load_state_dict()`` and ``close()``; optionally ``check_layout(topology)``.
 

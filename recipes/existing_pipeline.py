@@ -53,8 +53,10 @@ def build(
     ``samples`` starts at global micro-batch ``first_step(reorder, consumed_microbatches)``; the loader
     skips what was already consumed of that window. ``micro_batch_size`` is the global B. ``components``:
     every module's spec (as ``--component`` takes them), needed with a time model or two-level balance so
-    that the planner's floor and encoder replicas are the run's. Bad settings raise ConfigError naming the
-    flag. The loader's ``state_dict`` holds your nodes' state too, so restoring it restores your reader.
+    that the planner's floor and encoder replicas are the run's. ``layout.module`` decides the fields this
+    rank's micro-batches carry and the exchange moves (a language rank: no pixels; see
+    mimo_pipes/samples/module_fields.py). Bad settings raise ConfigError naming the flag. The loader's
+    ``state_dict`` holds your nodes' state too, so restoring it restores your reader.
     """
     tail = resolve_tail(
         reorder,
@@ -66,6 +68,7 @@ def build(
         pad_values=pad_values,
         topology=build_topology(components) if components is not None else None,
         consumed_microbatches=consumed_microbatches,
+        module=layout.module,
     )
     return GraphLoader(balanced_tail(samples, settings=tail, layout=layout), start_count=tail.resume.consumed)
 

@@ -176,10 +176,15 @@ def build(
 
 def row_counts(config: PipelineConfig, *, real_tokens: bool, runs: bool, progress: Callable[[str, int], Callable[[int], None]] | None = None) -> Any:
     """Every row's image tokens, real tokens and (with ``runs``) placeholder runs, as :func:`build`'s graph
-    would count them: the same source, image folder and processor (for ``mimo-pipes analyze``).
+    would count them: the same source, image folder and processor (for ``mimo-pipes analyze``); with
+    ``--skip-bad-samples`` the rows that cannot be counted are listed in ``bad_rows``, not raised.
     ``progress(description, total)`` returns the callback that takes the rows done."""
     from mimo_pipes.analysis.row_counts import count_rows
 
     dataset = open_source(dataset_path(config))
     tick = progress("costs", len(dataset)) if progress is not None else None
-    return count_rows(dataset, open_processor(config), real_tokens=real_tokens, runs=runs, progress=tick)
+    # Under the samples payload the graph processes every row whole before counting it: a row bad only when its
+    # images are decoded is replaced there, so with --skip-bad-samples the count decodes them too.
+    decode = config.skip_bad_samples and config.exchange_payload == "samples"
+    return count_rows(dataset, open_processor(config), real_tokens=real_tokens, runs=runs, progress=tick, skip_bad=config.skip_bad_samples,
+                      decode=decode)

@@ -153,7 +153,8 @@ def balance_iterator(
     :mod:`mimo_pipes.samples.thd`), every sequence padded to a multiple of ``pack_pad_multiple``. ``components``:
     every module's spec (as ``--component`` takes them), needed with a time model or two-level balance so
     that the planner's floor and encoder replicas are the run's. Raises ConfigError, naming the flag, on a
-    bad setting.
+    bad setting. ``layout.module`` decides the fields the output carries and the exchange moves (a language
+    rank: no pixels; see mimo_pipes/samples/module_fields.py).
 
     Position ids may have three rows (M-RoPE): ``[rows, 3, L]``, or with ``mrope_first`` ``[3, rows, L]``
     (Megatron's layout); each sample keeps its three rows, and they come out in the layout they came in
@@ -175,6 +176,7 @@ def balance_iterator(
         consumed_microbatches=start_microbatch if source_factory is not None else 0,
         pack_sequences=pack_sequences,
         pack_pad_multiple=pack_pad_multiple,
+        module=layout.module,
     )
     if source_factory is not None:
         source = IterableWrapper(_CountedSource(source_factory, tail.resume.first_step))

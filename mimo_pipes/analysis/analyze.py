@@ -7,7 +7,7 @@ import dataclasses
 import functools
 import multiprocessing
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -77,6 +77,7 @@ class Analysis:
     schedule: Schedule
     start: int
     stop: int
+    incomplete: frozenset[str] = frozenset()  # what-ifs with a window cut by the consumed range (see cut_window)
 
     def given_what_if(self) -> str | None:
         """The what-if name that replays the settings given (None: a window not among the compared ones)."""
@@ -85,6 +86,16 @@ class Analysis:
             return NO_REORDER
         name = f"across_window_{window}" if across else PER_MICROBATCH
         return name if name in self.what_ifs else None
+
+
+def cut_window(schedule: Schedule, start: int, stop: int, window_size: int, across_microbatches: bool) -> bool:
+    """Whether a window whose samples may move across micro-batches is cut by ``start`` or ``stop`` (--resume,
+    --steps, --stop-after): its consumed micro-batches were balanced with samples of micro-batches the run
+    never consumes, so the setting's figures cover part of its windows and compare with no other setting's."""
+    if not across_microbatches:
+        return False
+    end = schedule.end(stop)
+    return any((first < start or last > end) and max(first, start) < min(last, end) for first, last in schedule.windows(start, stop, window_size))
 
 
 def _no_progress(_description: str, _total: int) -> Callable[[int], None]:
@@ -119,13 +130,16 @@ def analyze(
     encoder_costs: np.ndarray | None = None,
     compare_window_sizes: Sequence[int] = (2, 4, 8),
     progress: Progress = _no_progress,
+    bad_rows: Mapping[int, str] | None = None,
 ) -> Analysis:
     """Figures of micro-batches ``start .. stop-1`` of a run with ``config``, from per-row token counts.
 
     With a time model (``reorder_cost_model``) ``encoder_costs`` are each row's modelled encoder ns
     (``RowCounts.encoder_costs``); the planner then balances on them with the model's floor, and every
     encoder module also gets its figures in modelled time (``modelled_encoder_time``). With two-level
-    balance ``real_tokens`` must be counted; every module also gets its figures in real tokens."""
+    balance ``real_tokens`` must be counted; every module also gets its figures in real tokens. ``bad_rows``
+    (``--skip-bad-samples``: row -> why it cannot be processed): each is read as the next good row of the
+    global order, as the graph replaces it."""
     reorder = config.reorder
     # The plan a run would balance with; the what-ifs reorder even where the given settings do not.
     plan = resolve_plan(dataclasses.replace(reorder, scalable_dp=True, intra_microbatch_reorder=True), topology)
@@ -142,7 +156,8 @@ def analyze(
     if planning.encoder_groups and (real_tokens < 0).any():
         raise ValueError("two-level balance needs every row's real tokens, and some were not counted")
     planner = Planner(costs, planning.floor, planning.encoder_groups, encoder, real_tokens)
-    schedule = Schedule(len(image_tokens), config.micro_batch_size, topology.grid_size, config.seed, config.dataloader_type == "cyclic")
+    schedule = Schedule(len(image_tokens), config.micro_batch_size, topology.grid_size, config.seed, config.dataloader_type == "cyclic",
+                        dict(bad_rows or {}))
     consumed = max(schedule.end(stop) - start, 0)
     variants: dict[str, Setting] = {PER_MICROBATCH: (True, 1, False), **{f"across_window_{w}": (True, w, True) for w in compare_window_sizes}}
     off: Setting = (False, 1, False)
@@ -151,6 +166,7 @@ def analyze(
     replays = _replay_all(schedule, planner, settings, start, stop, progress("replay", consumed * len(settings)))
     result, unreordered = replays[given], replays[off]
     what_ifs = {NO_REORDER: unreordered, **{name: replays[setting] for name, setting in variants.items()}}
+    incomplete = frozenset(name for name, (_, window, across) in variants.items() if cut_window(schedule, start, stop, window, across))
     summaries = {s.module: s for s in summarize(run_records(result, image_tokens, topology), topology.grid_size)}
     figures: dict[str, dict[str, Any]] = {}
     balanced: dict[str, Quantity] = {}
@@ -158,7 +174,7 @@ def analyze(
     bound_of = functools.partial(critical_path_bound, schedule, start=start, stop=stop)
     for module in topology.modules:
         summary = summaries.get(module.name)
-        what_if, bounds = _what_ifs(what_ifs, variants, tokens, module.dp, bound_of)
+        what_if, bounds = _what_ifs(what_ifs, variants, tokens, module.dp, bound_of, incomplete)
         figures[module.name] = {
             "dp_size": module.dp,
             "steps": summary.steps if summary else 0,
@@ -184,23 +200,42 @@ def analyze(
                 balanced[module.name] = real
         for quantity in extra:
             block = {"unit": MODELLED_TIME_UNIT, "floor": quantity.floor} if quantity.block == "modelled_encoder_time" else {}
-            what_if, bounds = _what_ifs(what_ifs, variants, quantity, module.dp, bound_of)
+            what_if, bounds = _what_ifs(what_ifs, variants, quantity, module.dp, bound_of, incomplete)
             figures[module.name][str(quantity.block)] = {
                 **block, **_figures(result, quantity.values, module.dp, topology.grid_size, quantity.floor),
                 "what_if": what_if, "critical_path_lower_bound": bounds,
             }
-    return Analysis(figures, result, unreordered, what_ifs, given, balanced, schedule, start, stop)
+    return Analysis(figures, result, unreordered, what_ifs, given, balanced, schedule, start, stop, incomplete)
+
+
+def skipped_rows(analysis: Analysis) -> tuple[dict[int, str], int]:
+    """``--skip-bad-samples``: each distinct bad row the consumed samples stand in for, with why, and how many
+    times bad rows were met (per consumed sample, the rows skipped to reach it), as the run's summary counts them."""
+    schedule, replayed = analysis.schedule, analysis.replay
+    if not schedule.bad_rows or replayed.after_positions is None:
+        return {}, 0
+    rows: dict[int, str] = {}
+    attempts = 0
+    by_step: dict[int, dict[int, list[int]]] = {}
+    for step, position in zip(replayed.after_read_steps.reshape(-1).tolist(), replayed.after_positions.reshape(-1).tolist()):
+        if step not in by_step:
+            by_step[step] = schedule.replaced_rows(step)
+        for row in by_step[step].get(position, []):
+            rows.setdefault(row, schedule.bad_rows[row])
+            attempts += 1
+    return dict(sorted(rows.items())), attempts
 
 
 def _what_ifs(what_ifs: dict[str, GridReplay], variants: dict[str, Setting], quantity: Quantity, dp_size: int,
-              bound_of: Callable[..., int | None]) -> tuple[dict[str, dict[str, float | int]], dict[str, int | None]]:
-    """Spread and critical path of every what-if in ``quantity`` (no_reorder: the readers' shards), and the
-    lower bound of each balancing setting."""
-    figures = {}
+              bound_of: Callable[..., int | None], incomplete: frozenset[str] = frozenset(),
+              ) -> tuple[dict[str, dict[str, float | int | bool]], dict[str, int | None]]:
+    """Spread and critical path of every what-if in ``quantity`` (no_reorder: the readers' shards), marked
+    ``incomplete`` where the run cuts one of its windows, and the lower bound of each balancing setting."""
+    figures: dict[str, dict[str, float | int | bool]] = {}
     for name, replayed in what_ifs.items():
         rows = replayed.before if name == NO_REORDER else replayed.after
         spread, path = spread_and_path(np.maximum(rank_loads(rows, quantity.values, dp_size), quantity.floor))
-        figures[name] = {"spread": spread, "critical_path": path}
+        figures[name] = {"spread": spread, "critical_path": path, **({"incomplete": True} if name in incomplete else {})}
     bounds = {name: bound_of(quantity.values, dp_size, window_size=window, across_microbatches=across, floor=quantity.floor)
               for name, (_, window, across) in variants.items()}
     return figures, bounds
@@ -270,7 +305,7 @@ def module_plot(analysis: Analysis, module: ModuleSpec, title: str) -> ModulePlo
     given = analysis.given_what_if()
     what_ifs = [
         WhatIf(what_if_label(name), figures["critical_path"] / quantity.scale, _scaled(block["critical_path_lower_bound"].get(name), quantity),
-               name == given)
+               name == given, name in analysis.incomplete)
         for name, figures in block["what_if"].items()
     ]
     on, window, across = analysis.given
@@ -279,7 +314,8 @@ def module_plot(analysis: Analysis, module: ModuleSpec, title: str) -> ModulePlo
                                   window_size=bound_window, across_microbatches=bound_across, floor=quantity.floor)
     if given is None:
         what_ifs.append(WhatIf(f"given (window {window})", block["critical_path_after"] / quantity.scale,
-                               None if bounds is None else sum(b for _, b in bounds) / quantity.scale, True))
+                               None if bounds is None else sum(b for _, b in bounds) / quantity.scale, True,
+                               on and cut_window(analysis.schedule, analysis.start, analysis.stop, window, across)))
     bound_name = f"across {window}" if on and across else "per micro-batch"
     return ModulePlot(
         title=f"{module.name} dp={module.dp}: {title}",

@@ -19,13 +19,15 @@ BOUND_COLOR = "black"
 
 @dataclass(frozen=True)
 class WhatIf:
-    """One bar of the what-if chart: a setting's critical path, its lower bound (None: none known), and
-    whether it is the setting given."""
+    """One bar of the what-if chart: a setting's critical path, its lower bound (None: none known), whether
+    it is the setting given, and whether the run leaves one of its windows unfilled (``incomplete``: drawn
+    hatched, labelled so and left out of the comparison with the others)."""
 
     label: str
     critical_path: float
     bound: float | None = None
     given: bool = False
+    incomplete: bool = False
 
 
 @dataclass(frozen=True)
@@ -95,7 +97,7 @@ def _loads(axes: Any, plot: ModulePlot) -> None:
 
 
 def _what_ifs(axes: Any, plot: ModulePlot) -> None:
-    labels = [w.label.replace(" ", "\n", 1) for w in plot.what_ifs]
+    labels = [w.label.replace(" ", "\n", 1) + ("\n(incomplete)" if w.incomplete else "") for w in plot.what_ifs]
     paths = [w.critical_path for w in plot.what_ifs]
     x = np.arange(len(plot.what_ifs))
     colors = [AFTER_COLOR if w.given else BEFORE_COLOR for w in plot.what_ifs]
@@ -103,7 +105,11 @@ def _what_ifs(axes: Any, plot: ModulePlot) -> None:
     baseline = paths[0] if paths and paths[0] else None
     for bar, what_if in zip(bars, plot.what_ifs):
         text = _number(what_if.critical_path, plot.integer)
-        if baseline is not None and what_if is not plot.what_ifs[0]:
+        if what_if.incomplete:  # a window cut by the steps: part of its windows, not comparable with the others
+            bar.set_hatch("//")
+            bar.set_alpha(0.45)
+            text += "\nincomplete"
+        elif baseline is not None and what_if is not plot.what_ifs[0]:
             text += f"\n{what_if.critical_path / baseline - 1:+.1%}"
         axes.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=7,
                       xytext=(0, 2), textcoords="offset points")

@@ -10,14 +10,15 @@ size d gives DP rank r the slots ``[r*G/d, (r+1)*G/d)``, i.e. canonical position
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from mimo_pipes.balance import PlannerSettings, assign_window, window_lower_bound
 from mimo_pipes.checkpoint.resume import resume_point
-from mimo_pipes.parallel.sharding import epoch_order, microbatches_per_epoch
+from mimo_pipes.data.skipping import MAX_TRIES, successor_rows, too_many_bad
+from mimo_pipes.parallel.sharding import epoch_order, global_microbatch_indices, microbatches_per_epoch
 
 
 @dataclass(frozen=True)
@@ -26,13 +27,15 @@ class GridReplay:
 
     ``before``: dataset rows as the readers hold them; ``after``: as the ranks consume them (equal to
     ``before`` without reordering); ``after_slots`` and ``after_read_steps``: the canonical slot each
-    consumed row was read into and the step it was read at."""
+    consumed row was read into and the step it was read at; ``after_positions``: its canonical position in
+    the micro-batch it was read for."""
 
     steps: np.ndarray
     before: np.ndarray
     after: np.ndarray
     after_slots: np.ndarray
     after_read_steps: np.ndarray
+    after_positions: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -64,13 +67,16 @@ class Planner:
 
 @dataclass(frozen=True)
 class Schedule:
-    """What a run reads: dataset size, global micro-batch size B, canonical grid G, seed, shuffling."""
+    """What a run reads: dataset size, global micro-batch size B, canonical grid G, seed, shuffling, and with
+    ``--skip-bad-samples`` the rows that cannot be processed (``bad_rows``: row -> why), each of which is
+    read as the next good row of the global order, as ``SkipBadRows`` replaces it in the graph."""
 
     dataset_size: int
     micro_batch_size: int
     grid_size: int
     seed: int
     cyclic: bool
+    bad_rows: Mapping[int, str] = field(default_factory=dict, compare=False)
     _orders: dict[int, np.ndarray] = field(default_factory=dict, compare=False, repr=False)  # epoch -> order, last one kept
 
     @property
@@ -97,7 +103,41 @@ class Schedule:
         for i, step in enumerate(steps):
             epoch, within = divmod(step, per_epoch)
             out[i] = self._order(epoch)[within * batch : (within + 1) * batch]
+            if self.bad_rows:
+                out[i] = self._replaced(step, out[i])[0]
         return out
+
+    def replaced_rows(self, step: int) -> dict[int, list[int]]:
+        """Per canonical position of global micro-batch ``step`` whose row is bad: the bad rows skipped there,
+        in order (the row read, then any bad successors), as the run reports them."""
+        if not self.bad_rows:
+            return {}
+        epoch, within = divmod(step, self.per_epoch)
+        read = epoch_order(self.dataset_size, epoch, self.seed, self.cyclic)[within * self.micro_batch_size : (within + 1) * self.micro_batch_size]
+        return self._replaced(step, read)[1]
+
+    def _replaced(self, step: int, rows: np.ndarray) -> tuple[np.ndarray, dict[int, list[int]]]:
+        """``rows`` of ``step`` with every bad row replaced by the next good one, and the rows skipped per position."""
+        positions = [p for p, row in enumerate(rows.tolist()) if row in self.bad_rows]
+        if not positions:
+            return rows, {}
+        out, skipped = rows.copy(), {}
+
+        def indices_of(at: int) -> np.ndarray:
+            return global_microbatch_indices(at, self.dataset_size, self.micro_batch_size, self.seed, self.cyclic)
+
+        for position in positions:
+            first = int(rows[position])
+            chain = [first]
+            for tries, candidate in enumerate(successor_rows(indices_of, step, first, cyclic=self.cyclic, per_epoch=self.per_epoch)):
+                if tries >= MAX_TRIES:
+                    raise too_many_bad(first, f"dataset row {first}: {self.bad_rows[first]}", MAX_TRIES)
+                if candidate not in self.bad_rows:
+                    out[position] = candidate
+                    break
+                chain.append(candidate)
+            skipped[position] = chain
+        return out, skipped
 
     def _order(self, epoch: int) -> np.ndarray:
         if epoch not in self._orders:
@@ -121,7 +161,7 @@ def replay(
     window_size = window_size if reorder else 1
     batch, grid = schedule.micro_batch_size, schedule.grid_size
     canonical_slot = np.arange(batch) // (batch // grid)
-    steps, befores, afters, slots, read_steps = [], [], [], [], []
+    steps, befores, afters, slots, read_steps, positions = [], [], [], [], [], []
     for first, last in schedule.windows(start, stop, window_size):
         rows = schedule.rows(range(first, last))
         if reorder:
@@ -135,13 +175,14 @@ def replay(
         afters.append(rows.reshape(-1)[flat[keep]])
         slots.append(canonical_slot[flat[keep] % batch])
         read_steps.append(first + flat[keep] // batch)
+        positions.append(flat[keep] % batch)
         if progress is not None:
             progress(len(keep))
     if not steps:
         empty = np.empty((0, batch), dtype=np.int64)
-        return GridReplay(np.empty(0, dtype=np.int64), empty, empty, empty, empty)
+        return GridReplay(np.empty(0, dtype=np.int64), empty, empty, empty, empty, empty)
     return GridReplay(np.array(steps, dtype=np.int64), np.concatenate(befores), np.concatenate(afters), np.concatenate(slots),
-                      np.concatenate(read_steps))
+                      np.concatenate(read_steps), np.concatenate(positions))
 
 
 def rank_loads(rows: np.ndarray, tokens: np.ndarray, dp_size: int) -> np.ndarray:

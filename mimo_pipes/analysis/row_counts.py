@@ -24,7 +24,9 @@ import numpy as np
 from mimo_pipes.data.cache import cache_root
 from mimo_pipes.data.module_processor import ModuleProcessor, RowCount
 from mimo_pipes.data.processor import SampleProcessor
+from mimo_pipes.data.skipping import reason
 from mimo_pipes.data.sources import read_rows
+from mimo_pipes.errors import SampleError
 from mimo_pipes.samples.cost import image_token_count, placeholder_runs, real_token_count
 from mimo_pipes.time_model.model import TimeModel
 
@@ -54,6 +56,7 @@ class RowCounts:
     runs_per_row: np.ndarray | None = None
     processed_for_cost: int | None = None
     processed_reasons: Mapping[str, int] = field(default_factory=dict)
+    bad_rows: Mapping[int, str] = field(default_factory=dict)  # with skip_bad: each row that cannot be counted, and why
 
     def encoder_costs(self, model: TimeModel) -> np.ndarray:
         """Each row's modelled encoder time in ns, exactly as the graph's CostAnnotator prices it."""
@@ -82,7 +85,8 @@ def processed_counter(processor: Callable[[Mapping[str, Any]], Mapping[str, Any]
     return lambda row: count(row)[:2]
 
 
-def fingerprint(dataset: Any, processor: Any, real_tokens: bool = True, runs: bool = False) -> str | None:
+def fingerprint(dataset: Any, processor: Any, real_tokens: bool = True, runs: bool = False, skip_bad: bool = False,
+                decode: bool = False) -> str | None:
     """Cache key of a dataset's counts under a processor's settings; None when the dataset has none."""
     data_key = getattr(dataset, "_fingerprint", None)
     if data_key is None:
@@ -99,6 +103,10 @@ def fingerprint(dataset: Any, processor: Any, real_tokens: bool = True, runs: bo
         "image_processor": image_processor.to_dict() if hasattr(image_processor, "to_dict") else repr(image_processor),
         "tokenizer": hashlib.sha256(processor._tokenizer.to_str().encode()).hexdigest() if hasattr(processor, "_tokenizer") else repr(processor),
     }
+    if skip_bad:  # only then are bad rows kept (without, the first one stops the count and nothing is cached)
+        settings["skip_bad"] = True
+    if decode:  # rows processed whole: a row bad only when its images are decoded is bad here
+        settings["decode"] = True
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
@@ -126,6 +134,8 @@ def count_rows(
     runs: bool = False,
     use_cache: bool = True,
     progress: Callable[[int], None] | None = None,
+    skip_bad: bool = False,
+    decode: bool = False,
 ) -> RowCounts:
     """Image tokens, real tokens and, with ``runs``, the placeholder runs of every row of ``dataset`` as
     ``processor`` would produce them (runs are what a time model prices; finding them costs a pass over
@@ -135,25 +145,31 @@ def count_rows(
     no placeholder runs); by default the resize rule where it applies, else the processor itself.
     ``progress(n)`` is called with the rows done after each chunk. Counts are cached under the dataset's
     fingerprint and the processor's settings (HF datasets only). ``real_tokens=False`` reports real tokens
-    as ``UNCOUNTED``: a vision-only cost needs none."""
+    as ``UNCOUNTED``: a vision-only cost needs none. ``skip_bad`` (``--skip-bad-samples``): a row whose
+    counting raises SampleError counts 0 and is listed in ``bad_rows`` with its reason, as the run reports
+    it; without, its SampleError is raised. ``decode``: every row processed whole, images decoded (what a
+    graph under ``--exchange-payload samples`` does before counting), so a row whose image fails only when
+    decoded is a bad row here too; slower, the counts are the same."""
     runs = runs and row_counter is None
-    key = fingerprint(dataset, processor, real_tokens, runs) if use_cache and row_counter is None else None
+    key = fingerprint(dataset, processor, real_tokens, runs, skip_bad, decode) if use_cache and row_counter is None else None
     path = cache_root() / "analyze" / f"tokens-{key}.npz" if key else None
     if path is not None and path.is_file():
         with np.load(path) as cached:
             counts = RowCounts(cached["image_tokens"], cached["real_tokens"], *(cached[name] for name in ("run_lengths", "runs_per_row") if runs),
                                processed_for_cost=int(cached["processed_for_cost"]),
-                               processed_reasons=json.loads(str(cached["processed_reasons"])))
+                               processed_reasons=json.loads(str(cached["processed_reasons"])),
+                               bad_rows={int(row): why for row, why in json.loads(str(cached["bad_rows"])).items()} if "bad_rows" in cached else {})
         if progress is not None:
             progress(len(dataset))
         return counts
-    counts = _count_all(dataset, processor, row_counter, real_tokens, runs, progress)
+    counts = _count_all(dataset, processor, row_counter, real_tokens, runs, progress, skip_bad, decode)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{np.random.default_rng().integers(1 << 30)}.tmp.npz")
         kept = {"run_lengths": counts.run_lengths, "runs_per_row": counts.runs_per_row} if runs else {}
         np.savez(partial, image_tokens=counts.image_tokens, real_tokens=counts.real_tokens, **kept,
-                 processed_for_cost=np.int64(counts.processed_for_cost), processed_reasons=np.str_(json.dumps(counts.processed_reasons)))
+                 processed_for_cost=np.int64(counts.processed_for_cost), processed_reasons=np.str_(json.dumps(counts.processed_reasons)),
+                 bad_rows=np.str_(json.dumps(counts.bad_rows)))
         partial.replace(path)
     return counts
 
@@ -169,10 +185,10 @@ class _SizeCounter:
         return self.sized.counts(dict(row), runs=self.runs)
 
 
-def _row_counter(processor: Any, row_counter: RowCounter | None, runs: bool) -> Callable[[Mapping[str, Any]], RowCount]:
+def _row_counter(processor: Any, row_counter: RowCounter | None, runs: bool, decode: bool = False) -> Callable[[Mapping[str, Any]], RowCount]:
     if row_counter is not None:
         return _without_runs(row_counter)
-    if type(processor) is SampleProcessor:
+    if type(processor) is SampleProcessor and not decode:
         return _SizeCounter(processor, runs)
     return _processed_count(processor, getattr(processor, "placeholder_ids", processor.image_token_id), runs)
 
@@ -183,14 +199,15 @@ def _without_runs(row_counter: RowCounter) -> Callable[[Mapping[str, Any]], RowC
 
 
 def _count_all(dataset: Any, processor: Any, row_counter: RowCounter | None, real: bool, runs: bool,
-               progress: Callable[[int], None] | None) -> RowCounts:
+               progress: Callable[[int], None] | None, skip_bad: bool = False, decode: bool = False) -> RowCounts:
     size = len(dataset)
     image_tokens = np.zeros(size, dtype=np.int64)
     real_tokens = np.zeros(size, dtype=np.int64)
     runs_per_row = np.zeros(size, dtype=np.int64)
     run_lengths: list[int] = []
-    counter = _row_counter(processor, row_counter, runs)
+    counter = _row_counter(processor, row_counter, runs, decode)
     sized = isinstance(counter, _SizeCounter)
+    bad: dict[int, str] = {}  # with skip_bad: a row that cannot be counted counts 0, and why is kept
     for start in range(0, size, CHUNK_ROWS):
         stop = min(start + CHUNK_ROWS, size)
         # Rows counted from their sizes are read a chunk at a time, images left encoded; a processor gets them as indexed.
@@ -198,7 +215,15 @@ def _count_all(dataset: Any, processor: Any, row_counter: RowCounter | None, rea
         for offset, row in enumerate(rows):
             if isinstance(row, dict):  # so a bad row's error names its index, as in the graph
                 row.setdefault("sample_id", start + offset)
-        counts = [counter(row) for row in rows]
+        counts = []
+        for offset, row in enumerate(rows):
+            try:
+                counts.append(counter(row))
+            except SampleError as error:
+                if not skip_bad:
+                    raise
+                bad[start + offset] = reason(error)
+                counts.append((0, 0, []))
         for offset, (images, text_and_images, lengths) in enumerate(counts):
             image_tokens[start + offset] = images
             real_tokens[start + offset] = text_and_images if real else UNCOUNTED
@@ -206,11 +231,13 @@ def _count_all(dataset: Any, processor: Any, row_counter: RowCounter | None, rea
             run_lengths.extend(lengths)
         if progress is not None:
             progress(stop - start)
-    counts = RowCounts(image_tokens, real_tokens)
+    counts = RowCounts(image_tokens, real_tokens, bad_rows=dict(sorted(bad.items())))
     if runs:
-        counts = RowCounts(image_tokens, real_tokens, np.array(run_lengths, dtype=np.int64), runs_per_row)
+        counts = RowCounts(image_tokens, real_tokens, np.array(run_lengths, dtype=np.int64), runs_per_row, bad_rows=dict(sorted(bad.items())))
     if sized:
         counts = replace(counts, processed_for_cost=counter.sized.processed_for_cost, processed_reasons=counter.sized.processed_for_cost_reasons)
     elif row_counter is None:  # a processor of the caller's: every row processed
-        counts = replace(counts, processed_for_cost=size, processed_reasons={f"{type(processor).__name__} counts no header": size})
+        why = (f"{type(processor).__name__} counts no header" if not decode
+               else "every image decoded to find rows bad only when decoded (--exchange-payload samples)")
+        counts = replace(counts, processed_for_cost=size, processed_reasons={why: size})
     return counts

@@ -56,7 +56,8 @@ def format_analysis(analysis: Analysis) -> str:
               for name in names),
         ])
     run = _table(["module", "dp", "unit", "steps", "samples", "spread before", "after", "crit. path before", "after", "saved"], run_rows, (0, 2))
-    labels = [what_if_label(name) + ("*" if name == given else "") for name in names]
+    labels = [what_if_label(name) + ("*" if name == given else "") + (" (incomplete)" if name in analysis.incomplete else "")
+              for name in names]
     what_ifs = _table(["module", "unit", *labels], what_if_rows, (0, 1))
     notes = [
         "spread: mean over micro-batches of heaviest minus lightest rank; crit. path: sum over micro-batches of the heaviest rank",
@@ -66,5 +67,8 @@ def format_analysis(analysis: Analysis) -> str:
         + ("; * the settings given" if given is not None else ""),
         *what_ifs,
         "across W: windows of W micro-batches whose samples may move between micro-batches",
+        *(["(incomplete): the micro-batches consumed cut a window of that setting, whose consumed part was balanced with samples of "
+           "micro-batches never consumed; its figure covers part of its windows and compares with no other (the plot leaves it "
+           "out of its comparison)"] if analysis.incomplete else []),
     ]
     return "\n".join([*run, *notes])

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mimo_pipes.errors import ConfigError
+from mimo_pipes.errors import ConfigError, json_error_text
 from mimo_pipes.parallel.topology import Topology, build_topology
 
 STATE_FORMAT = 3  # 3: generations committed by a manifest; 2: meta.json beside the rank files (refused)
@@ -59,11 +59,17 @@ def new_generation_id() -> str:
 
 
 def _write_file(path: Path, data: bytes) -> None:
-    """Write ``data`` and make it durable before returning."""
-    with open(path, "wb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
+    """Write ``data`` and make it durable before returning. An OSError names ``path`` (a full disk fails in
+    write, flush or fsync, whose errors name no file)."""
+    try:
+        with open(path, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+    except OSError as error:
+        if error.filename is not None:
+            raise
+        raise OSError(error.errno, error.strerror or str(error), str(path)) from error
 
 
 def _make_folder(path: Path) -> None:
@@ -301,7 +307,7 @@ def open_generation(directory: str | Path, flag: str = RESUME_FLAG) -> Generatio
     try:
         manifest = json.loads(path.read_bytes())
     except json.JSONDecodeError as error:
-        raise ConfigError(flag, f"{path} is not a complete manifest ({error.msg} at character {error.pos}): it was cut short or edited") from None
+        raise ConfigError(flag, f"{path} is not a complete manifest ({json_error_text(error)}): it was cut short or edited") from None
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(flag, f"{path} cannot be read ({getattr(error, 'strerror', None) or error})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != STATE_FORMAT:

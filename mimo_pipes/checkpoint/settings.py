@@ -61,6 +61,13 @@ WHY = {
     "reorder_two_level": "it decides where samples move",
     "pack_sequences_in_batch": "it decides what each micro-batch holds",
     "pack_pad_multiple": "it decides what each micro-batch holds",
+    "drop_last": "it decides where the data ends",
+    "exchange_payload": "the saved state holds the graph of that payload (rows are processed after the exchange, samples before it) "
+                        "and its window in flight in that form",
+    "exchange_image_paths": "the saved window in flight holds its rows' images in that form (paths or the files' bytes)",
+    "recipe": "the recipe builds the graph whose state was saved",
+    "lr": "the saved optimizer state was made with it",
+    "vision_tower": "the saved model state holds that vision tower's weights",
 }
 # Fields whose flag is not the field name with dashes.
 FLAGS = {

@@ -1,11 +1,12 @@
 """``mimo-pipes analyze``: what reordering would do for a run's flags, offline, in one process.
 
 Takes ``mimo-pipes run``'s flags (so ``run`` can be swapped for ``analyze`` on one command line) plus
-``--out DIR``. Flags that change what a run consumes are honoured (data, image folder, recipe, layout,
-batch, seed, dataloader type, window, cost weights and time model, two-level balance, --steps,
---stop-after, --resume); the others (transport, overlap, workers, --dump-assignments, --save-state) are
-accepted and ignored. Rows are counted by the recipe (``row_counts``), as its graph would count them, and
-a line says how many had to be processed to be counted (no header gave their sizes) and why.
+``--out DIR``. Every flag is one of three kinds (tests hold every flag of ``run`` to one): honoured with
+run's meaning (:data:`HONOURED`: what decides the micro-batches consumed, ``--skip-bad-samples`` and
+``--exchange-payload`` included), accepted and ignored because it changes no sample's place (:data:`IGNORED`,
+each saying so in its help, with run's checks still applied), or refused as not applying (:data:`REFUSED`).
+Rows are counted by the recipe (``row_counts``), as its graph would count them, and a line says how many had
+to be processed to be counted (no header gave their sizes) and why.
 Writes ``DIR/analysis.json`` and one PNG per module.
 """
 
@@ -27,6 +28,35 @@ from mimo_pipes.errors import ConfigError, SampleError
 
 RESULT_FILE = "analysis.json"
 
+HONOURED = (
+    "--component", "--micro-batch-size", "--global-batch-size", "--seq-length", "--scalable-dp", "--intra-microbatch-reorder",
+    "--reorder-encoder-cost-weight", "--reorder-language-cost-weight", "--reorder-window-size", "--reorder-across-microbatches",
+    "--reorder-cost-model", "--reorder-two-level", "--reorder-language-cost", "--reorder-attention-crossover", "--dataloader-type",
+    "--drop-last", "--steps", "--seed", "--dataset", "--processor", "--image-folder", "--skip-bad-samples", "--embedded-samples",
+    "--exchange-payload", "--stop-after", "--resume", "--recipe", "--quiet",
+)
+"""Flags of ``run`` that mean to analyze what they mean to run. ``--exchange-payload`` decides which rows
+``--skip-bad-samples`` replaces: under ``samples`` a row whose image fails only when decoded is bad, so its
+images are decoded then; ``--quiet``: no progress bar."""
+IGNORED = {
+    "--pad-to-seq-length": "padding moves no sample; its checks apply",
+    "--no-overlap-intra-microbatch-reorder": "which thread exchanges; the micro-batches are the same",
+    "--pack-sequences-in-batch": "packing comes after the exchange and moves no sample; its checks apply",
+    "--pack-pad-multiple": "packing comes after the exchange and moves no sample; its checks apply",
+    "--num-workers": "processing threads of a rank; analyze counts in one process",
+    "--exchange-transport": "how the bytes travel, not which",
+    "--exchange-image-paths": "how rows travel, not which",
+    "--exchange-timeout": "analyze runs no collective",
+    "--dump-assignments": "analyze writes no dump; DIR/analysis.json holds its figures",
+    "--save-state": "analyze saves no state; --stop-after still needs it, as in run",
+    "--tensorboard": "analyze writes no exchange metrics; its checks apply",
+    "--log-interval": "analyze prints no metrics lines",
+}
+"""Flags of ``run`` that analyze accepts so that a run's command line works unchanged, and ignores: each
+changes no sample's place (its help says so)."""
+REFUSED = {"--summary-json": "analyze writes its figures to DIR/analysis.json (--out)"}
+"""Flags of ``run`` that do not apply to analyze: given, they are refused with exit 2."""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
@@ -35,6 +65,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "and critical path per module, what-ifs for other windows, lower bounds) and one PNG per module."
     )
     add_job_arguments(parser)
+    for action in parser._actions:  # each ignored flag says so in its help
+        flag = action.option_strings[0] if action.option_strings else None
+        if flag in IGNORED:
+            action.help = f"analyze: accepted and ignored ({IGNORED[flag]}). run: {action.help}"
+    for flag, why in REFUSED.items():
+        parser.add_argument(flag, dest=f"refused_{flag.lstrip('-').replace('-', '_')}", default=None, metavar="...",
+                            help=f"run only; refused here: {why} (default: not given)")
     parser.add_argument("--out", type=path, required=True, metavar="DIR", help="folder for analysis.json and the PNG plots")
     parser.add_argument("--compare-window-sizes", type=positive_ints, default=(2, 4, 8), metavar="W,W,...",
                         help="across-micro-batch window sizes to report besides the given settings (default: 2,4,8)")
@@ -74,6 +111,9 @@ def run(args: argparse.Namespace) -> int:
     from mimo_pipes.recipe import load_recipe
 
     try:
+        for flag, why in REFUSED.items():
+            if getattr(args, f"refused_{flag.lstrip('-').replace('-', '_')}", None) is not None:
+                raise ConfigError(flag, f"does not apply to analyze: {why}")
         config, options = config_from_args(args)
         topology = config.validate()
         config.check_cost_range(topology, max(config.reorder.reorder_window_size, *args.compare_window_sizes))  # the what-ifs' windows
@@ -98,13 +138,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"mimo-pipes analyze: error: {error}", file=sys.stderr)
         return EXIT_FAILED
     image_tokens = counts.image_tokens
+    bad_rows = getattr(counts, "bad_rows", None) if config.skip_bad_samples else None  # a recipe's own counts may list none
     try:
         result = analyze(config, topology, image_tokens, counts.real_tokens, start=start, stop=stop,
                          encoder_costs=counts.encoder_costs(model) if model is not None else None,
-                         compare_window_sizes=args.compare_window_sizes, progress=progress)
+                         compare_window_sizes=args.compare_window_sizes, progress=progress, bad_rows=bad_rows)
     except ConfigError as error:  # counts beyond what --seq-length allows (a recipe's own counter)
         print(f"mimo-pipes analyze: error: {error}", file=sys.stderr)
         return EXIT_CONFIG
+    except SampleError as error:  # --skip-bad-samples: a bad row followed by MAX_TRIES bad ones, as the run stops
+        print(f"mimo-pipes analyze: error: {error}", file=sys.stderr)
+        return EXIT_FAILED
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / RESULT_FILE).write_text(json.dumps(result.figures, indent=1) + "\n")
@@ -113,6 +157,11 @@ def run(args: argparse.Namespace) -> int:
     plots = write_plots(out, result, topology, f"micro-batch {config.micro_batch_size}, micro-batches {start}..{end - 1}, {mode}")
     print(headline(config, topology, start, end, command="mimo-pipes analyze", mode=mode))
     print(format_analysis(result))
+    if config.skip_bad_samples:
+        from mimo_pipes.analysis.analyze import skipped_rows
+        from mimo_pipes.cli.run_rank import format_skip_report
+
+        print(format_skip_report(*skipped_rows(result)))
     for count in warnings:
         print(count.line())
     processed = getattr(counts, "processed_for_cost", None)  # a recipe's own counts may not say

@@ -21,6 +21,7 @@ import sys
 from typing import BinaryIO, TextIO
 
 from mimo_pipes.balance import balance_microbatch, balance_window
+from mimo_pipes.errors import json_error_text
 
 EXIT_BAD_INPUT = 2
 _KEYS = ("costs", "slots", "across_microbatches")
@@ -83,7 +84,7 @@ def serve(stdin: BinaryIO, stdout: TextIO, stderr: TextIO) -> int:
             request = json.loads(text)
         except json.JSONDecodeError as exc:
             stderr.write(
-                f"mimo-pipes balance: line {number}: invalid JSON: {exc.msg} (column {exc.colno})\n"
+                f"mimo-pipes balance: line {number}: invalid JSON: {json_error_text(exc, line=False)}\n"
             )
             return EXIT_BAD_INPUT
         except RecursionError:  # the decoder recurses once per nesting level

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from mimo_pipes.cli.peer_loss import lost_peer_line
 from mimo_pipes.errors import ConfigError, PeerError, SampleError
 
 EXIT_CONFIG = 2
@@ -70,11 +71,12 @@ def rank_entry(rank_main: RankMain, rank: int, world_size: int, port: int | None
         if port is None and rank == 0:
             say(f"{command}: {stop}")
         return exit_status(stop.signum)
-    except (ConfigError, SampleError, PeerError) as error:
-        print(f"{command}: rank {rank}: {error}", file=sys.stderr, flush=True)
     except Exception as error:  # noqa: BLE001 - one line per rank, then a non-zero exit
-        print(f"{command}: rank {rank}: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
-        if os.environ.get("MIMO_PIPES_TRACEBACK"):
+        own = isinstance(error, (ConfigError, SampleError, PeerError))
+        # A transport's text (Gloo's pair.cc ... Connection reset by peer) names a socket, not the rank that
+        # ended: said in a few words here; the launcher names the rank.
+        say(lost_peer_line(command, rank, error) or f"{command}: rank {rank}: {error if own else f'{type(error).__name__}: {error}'}")
+        if os.environ.get("MIMO_PIPES_TRACEBACK") and not own:
             raise
     return EXIT_FAILED
 
@@ -145,6 +147,15 @@ class _Stop:
             signal.signal(signum, handler)
 
 
+def _ended_by_signal(processes: list, killed_here: set[int]) -> tuple[int, int] | None:
+    """(rank, signal) of a rank that a signal ended which this launcher did not send (a kill -9, the OOM killer)."""
+    for rank, process in enumerate(processes):
+        code = process.exitcode
+        if code is not None and code < 0 and rank not in killed_here:
+            return rank, -code
+    return None
+
+
 def _spawn(rank_main: RankMain, config: Any, options: Any, world_size: int, command: str) -> int:
     import multiprocessing
     from multiprocessing.connection import wait
@@ -169,6 +180,8 @@ def _spawn(rank_main: RankMain, config: Any, options: Any, world_size: int, comm
         joined: set[int] = set()
         saved: int | None = None
         failed_at: float | None = None
+        killed_here: set[int] = set()  # ranks this launcher killed (overdue, or past the stop grace)
+        ended_by_signal: tuple[int, int] | None = None  # (rank, signal) of the first rank that a signal ended
         while any(process.is_alive() for process in processes):
             for connection in wait(list(reports), timeout=0.05):
                 try:
@@ -184,12 +197,18 @@ def _spawn(rank_main: RankMain, config: Any, options: Any, world_size: int, comm
                     saved = value
             if failed_at is None and any(process.exitcode not in (None, 0) for process in processes):
                 failed_at = time.monotonic()
+            if ended_by_signal is None and stop.signum is None:
+                ended_by_signal = _ended_by_signal(processes, killed_here)
+                if ended_by_signal is not None:
+                    say(f"{command}: rank {ended_by_signal[0]} was killed by {signal_name(ended_by_signal[1])}; "
+                        "the other ranks cannot go on without it")
             # A failed rank makes its peers fail within the exchange timeout; past that, or past the grace
             # after a stop signal, stop them.
             overdue = failed_at is not None and time.monotonic() - failed_at > config.exchange_timeout_s + 30
             if overdue or (stop.at is not None and time.monotonic() - stop.at > STOP_GRACE_S):
-                for process in processes:
+                for rank, process in enumerate(processes):
                     if process.is_alive():
+                        killed_here.add(rank)
                         process.kill()
         for process in processes:
             process.join()
@@ -213,6 +232,7 @@ def _spawn(rank_main: RankMain, config: Any, options: Any, world_size: int, comm
     codes = [process.exitcode for process in processes]
     if any(codes):
         bad = [rank for rank, code in enumerate(codes) if code]
-        say(f"{command}: failed on rank(s) {', '.join(map(str, bad))}")
+        first = f" (rank {ended_by_signal[0]} was killed by {signal_name(ended_by_signal[1])} first)" if ended_by_signal else ""
+        say(f"{command}: failed on rank(s) {', '.join(map(str, bad))}{first}")
         return EXIT_FAILED
     return 0

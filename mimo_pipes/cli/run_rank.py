@@ -13,6 +13,7 @@ from typing import Any
 
 from mimo_pipes.checkpoint import read_rank_state, resume_settings
 from mimo_pipes.cli.headline import headline
+from mimo_pipes.cli.launcher import report_phase
 from mimo_pipes.cli.metrics_log import attach_metrics
 from mimo_pipes.cli.rank_job import (
     AssignmentDump,
@@ -28,6 +29,7 @@ from mimo_pipes.cli.rank_job import (
     watch_moves,
     write_summary_json,
 )
+from mimo_pipes.cli.stop_signal import StopRequested, signal_name
 from mimo_pipes.config import JobOptions, PipelineConfig
 from mimo_pipes.exchange.world import check_same_position, gather_from_every_rank, join_world, leave_world, world_rank
 from mimo_pipes.graph.loader import graph_nodes
@@ -84,6 +86,21 @@ def run_rank(config: PipelineConfig, options: JobOptions) -> RunResult | None:
 
 
 def _run(setup: RankSetup, config: PipelineConfig, options: JobOptions, tally: WarningTally) -> RunResult:
+    # The handlers stay until the summary is printed: a SIGTERM after the last micro-batch (during the save,
+    # the gathering or the summary) is held, the summary printed, and then the rank stops for it.
+    with StopAtBoundary(setup, saving=options.save_state is not None) as stopper:
+        result = _run_and_report(setup, config, options, tally, stopper)
+        late = stopper.signal.signum
+    if late:
+        if world_rank() == 0:
+            saved = f"; the state after {result.end} micro-batches is saved in {options.save_state}" if options.save_state else ""
+            print(f"{signal_name(late)} came after the last micro-batch: the summary above is complete{saved}", flush=True)
+        raise StopRequested(late, options.save_state)
+    return result
+
+
+def _run_and_report(setup: RankSetup, config: PipelineConfig, options: JobOptions, tally: WarningTally,
+                    stopper: StopAtBoundary) -> RunResult:
     rank, position = world_rank(), setup.position
     loader = load_recipe(options.recipe).build(config, setup.layout)
     if options.resume:
@@ -98,23 +115,23 @@ def _run(setup: RankSetup, config: PipelineConfig, options: JobOptions, tally: W
     records: list[dict[str, Any]] = []
     progress = progress_bar(rank == 0 and options.progress, total=options.steps, initial=start)
     try:
-        with StopAtBoundary(setup, saving=options.save_state is not None) as stopper:
-            signum = 0
-            while loader.num_yielded < stop and not (signum := stopper.requested()):
-                try:
-                    batch = next(loader)
-                except StopIteration:
-                    break
-                record = consumed_record(batch, position)
-                dump.write(record)
-                records.append({**record, "replaced_rows": _replaced(batch)})  # --skip-bad-samples
-                if packer is not None:
-                    records[-1]["packing"] = packer.last_metrics
-                if progress is not None:
-                    progress.update(1)
+        signum = 0
+        while loader.num_yielded < stop and not (signum := stopper.requested()):
+            try:
+                batch = next(loader)
+            except StopIteration:
+                break
+            record = consumed_record(batch, position)
+            dump.write(record)
+            records.append({**record, "replaced_rows": _replaced(batch)})  # --skip-bad-samples
+            if packer is not None:
+                records[-1]["packing"] = packer.last_metrics
+            if progress is not None:
+                progress.update(1)
         end = loader.num_yielded  # below stop when the data ended first (or a signal came)
         if options.save_state:
             save_state(setup, options.save_state, loader.state_dict(), resume_settings(config, options), end)
+            report_phase("saved", end)  # the launcher says so if a signal comes now
         if signum:
             raise stop_job(signum, options.save_state, end)
         metrics = loader.exchange_metrics()

@@ -33,6 +33,24 @@ def reason(error: SampleError) -> str:
     return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."
 
 
+def successor_rows(indices_of: Callable[[int], Any], step: int, index: int, *, cyclic: bool, per_epoch: int) -> Iterator[int]:
+    """The rows after global position (``step``, place of ``index``) in the global order: the rest of that global
+    micro-batch, then the following ones (``indices_of(step)``: a global micro-batch's rows; ``single`` data
+    wraps around after ``per_epoch`` micro-batches). What stands in for a bad row is the first good one."""
+    current = [int(i) for i in indices_of(step)]
+    yield from current[current.index(index) + 1 :]
+    later = step + 1
+    while True:
+        probe = later if cyclic else later % per_epoch
+        yield from (int(i) for i in indices_of(probe))
+        later += 1
+
+
+def too_many_bad(index: int, error: object, max_tries: int) -> SampleError:
+    """The error when the ``max_tries`` rows after a bad one are all bad too."""
+    return SampleError(index, f"{error} (and the {max_tries} rows after it failed too)")
+
+
 class SkipBadRows:
     """Wraps a per-sample ``process`` (a map function): on :class:`SampleError`, processes the rows that follow
     the sample in the global order until one succeeds. The result keeps the step and slot, takes the good row's
@@ -72,15 +90,7 @@ class SkipBadRows:
         return global_microbatch_indices(step, len(self.dataset), self.micro_batch_size, self.seed, self.shuffle)
 
     def _successors(self, step: int, index: int) -> Iterator[int]:
-        """The rows after global position (``step``, place of ``index``): the rest of the global micro-batch,
-        then the following ones."""
-        current = [int(i) for i in self._indices(step)]
-        yield from current[current.index(index) + 1 :]
-        later = step + 1
-        while True:
-            probe = later if self.cyclic else later % self.per_epoch
-            yield from (int(i) for i in self._indices(probe))
-            later += 1
+        return successor_rows(self._indices, step, index, cyclic=self.cyclic, per_epoch=self.per_epoch)
 
     def _replace(self, row: dict, error: SampleError) -> Sample:
         step, slot, index = int(row[STEP]), int(row[SLOT]), int(row[SAMPLE_ID])
@@ -99,4 +109,4 @@ class SkipBadRows:
             sample[REPLACED_ROWS] = skipped
             sample[REPLACED_REASONS] = reasons
             return sample
-        raise SampleError(index, f"{error} (and the {self.max_tries} rows after it failed too)") from error
+        raise too_many_bad(index, error, self.max_tries) from error

@@ -19,7 +19,7 @@ from typing import Any
 from mimo_pipes.data import bad_rows
 from mimo_pipes.data.energon_source import is_energon
 from mimo_pipes.data.sources import data_files, open_source, read_rows
-from mimo_pipes.errors import ConfigError
+from mimo_pipes.errors import ConfigError, json_error_text
 
 
 @dataclass(frozen=True, order=True)
@@ -173,7 +173,7 @@ def _whole(index: int, name: str) -> tuple[list | None, Finding | None]:
         if error.msg == "Extra data":  # more than one value: JSON lines in a .json file
             return None, None
         place = Place((index, error.lineno), f"{name} line {error.lineno}")
-        return None, Finding(place, bad_rows.INVALID_JSON, f"{error.msg} (column {error.colno}); none of the file's rows can be read", row=False)
+        return None, Finding(place, bad_rows.INVALID_JSON, f"{json_error_text(error, line=False)}; none of the file's rows can be read", row=False)
     except UnicodeDecodeError as error:
         return None, Finding(Place((index, 0), name), bad_rows.INVALID_JSON, f"not UTF-8 text ({error.reason} at byte {error.start})", row=False)
     if not isinstance(value, list):
@@ -187,7 +187,7 @@ def _line(raw: bytes, place: Place) -> dict | Finding:
     except UnicodeDecodeError:
         return Finding(place, bad_rows.INVALID_JSON, "not UTF-8 text", row=True)
     except json.JSONDecodeError as error:
-        return Finding(place, bad_rows.INVALID_JSON, f"{error.msg} (column {error.colno})", row=True)
+        return Finding(place, bad_rows.INVALID_JSON, f"{json_error_text(error, line=False)}", row=True)
     return value if isinstance(value, dict) else Finding(place, bad_rows.NOT_A_ROW, _not_a_row(value), row=True)
 
 

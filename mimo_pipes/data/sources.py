@@ -16,7 +16,7 @@ from pathlib import Path
 
 from mimo_pipes.data.cache import cache_root
 from mimo_pipes.data.energon_source import EnergonDataset, is_energon
-from mimo_pipes.errors import ConfigError
+from mimo_pipes.errors import ConfigError, json_error_text
 from mimo_pipes.observe.third_party import quiet_datasets
 
 BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json"}
@@ -183,7 +183,7 @@ def _json_problems(files: list[str]) -> Iterator[str]:
                 continue
             except json.JSONDecodeError as e:
                 if e.msg != "Extra data":  # more than one value: JSON lines in a .json file
-                    yield f"{name} line {e.lineno}: invalid JSON: {e.msg} (column {e.colno})"
+                    yield f"{name} line {e.lineno}: invalid JSON: {json_error_text(e, line=False)}"
                     return
             except UnicodeDecodeError as e:
                 yield f"{name}: not UTF-8 text ({e.reason} at byte {e.start})"
@@ -198,7 +198,7 @@ def _json_problems(files: list[str]) -> Iterator[str]:
                     yield f"{name} line {number}: not UTF-8 text"
                     return
                 except json.JSONDecodeError as e:
-                    yield f"{name} line {number}: invalid JSON: {e.msg} (column {e.colno})"
+                    yield f"{name} line {number}: invalid JSON: {json_error_text(e, line=False)}"
                     return
 
 

@@ -33,13 +33,13 @@ __all__ = [
 
 
 def _check_layout(dp_size: int, num_slots: int, micro_batch_size: int) -> None:
-    for name, value in (("dp_size", dp_size), ("num_slots", num_slots), ("microbatch_size", micro_batch_size)):
+    for name, value in (("dp_size", dp_size), ("num_slots", num_slots), ("micro_batch_size", micro_batch_size)):
         if type(value) is not int or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     if num_slots % dp_size:
         raise ValueError(f"num_slots {num_slots} is not a multiple of dp_size {dp_size}")
     if micro_batch_size % num_slots:
-        raise ValueError(f"microbatch_size {micro_batch_size} is not a multiple of num_slots {num_slots}")
+        raise ValueError(f"micro_batch_size {micro_batch_size} is not a multiple of num_slots {num_slots}")
 
 
 def owner_of(flat_index: int, micro_batch_size: int, dp_size: int) -> int:

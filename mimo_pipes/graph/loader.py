@@ -4,7 +4,9 @@ torchdata 0.11's Loader (a) counts one item twice after a restore (its look-ahea
 ``num_yielded``), (b) ignores ``load_state_dict`` when ``state_dict`` was called first (the iterator
 made for that call is reused as is), and (c) hands out state dicts that may alias live node state.
 This loader never looks ahead, applies a loaded state on the next ``iter``, reports that pending state
-from ``state_dict`` until then, and deep-copies every state it hands out or takes in. ``load_state_dict``
+from ``state_dict`` until then, and deep-copies every state it hands out or takes in. A loaded state stays
+the loader's starting point: every later ``iter`` starts there again (torchdata's Loader restarts a
+restored loader at step 0 on a second ``iter``, silently dropping the restored position). ``load_state_dict``
 checks the state against every node of the graph at once (what each is valid for), so a state made for
 other settings is refused right there, not at the next ``iter``; a state saved under another layout of the
 same run continues the same global stream.
@@ -46,14 +48,15 @@ class GraphLoader(Loader[dict]):
     def __init__(self, root: BaseNode[dict], start_count: int = 0) -> None:
         super().__init__(root, restart_on_stop_iteration=False)
         self.start_count = start_count  # micro-batches consumed before this graph was built
+        # Where every fresh iter() starts: the last loaded (or closed-at) state, or a start on another layout.
         self._pending_state: dict[str, Any] | None = None
         self._pending_start: tuple[ResumePoint, list[tuple[BaseNode, Any]]] | None = None
         self._started = False
         self._num_yielded = start_count
 
     def __iter__(self) -> Iterator[dict]:
+        """Start (again) at the restored position, or at ``start_count`` when nothing was restored."""
         state, start = self._pending_state, self._pending_start
-        self._pending_state = self._pending_start = None
         nodes = graph_nodes(self.root)
         if start is not None:
             self._start_at(*start)
@@ -79,14 +82,15 @@ class GraphLoader(Loader[dict]):
     @property
     def num_yielded(self) -> int:
         """Micro-batches handed out since the start of training (continues across restores)."""
-        if self._pending_state is not None:
+        if not self._started and self._pending_state is not None:
             return int(self._pending_state[self.NUM_YIELDED_KEY])
-        if self._pending_start is not None:
+        if not self._started and self._pending_start is not None:
             return self._pending_start[0].consumed
         return self._num_yielded
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore on the next ``iter``; raises StateMismatchError now if a node's settings differ.
+        """Restore on the next ``iter`` (and on every later one: the state stays the loader's starting
+        point); raises StateMismatchError now if a node's settings differ.
 
         A state saved by a rank of another layout (another DP rank, DP size or canonical grid: TP and PP
         peers hold the same state) is taken when every other setting of every node is the same, the
@@ -123,7 +127,7 @@ class GraphLoader(Loader[dict]):
         self.start_count = point.consumed
 
     def state_dict(self) -> dict[str, Any]:
-        if self._pending_state is not None:
+        if not self._started and self._pending_state is not None:
             return copy.deepcopy(self._pending_state)
         if not self._started:
             iter(self)
@@ -144,7 +148,7 @@ class GraphLoader(Loader[dict]):
         workers); safe to call twice. The position is kept: iterating again resumes exactly there
         (windows that were prefetched are exchanged again)."""
         if self._started:
-            self._pending_state = self.state_dict()
+            self._pending_state, self._pending_start = self.state_dict(), None
             self._started = False
         # Consumers first: the exchange's prefetcher finishes the exchanges its peers may be in, reading
         # from its source, so the threads that feed it stop after it.

@@ -141,6 +141,7 @@ class Uncollate(BaseNode[Sample]):
         rows = batch["input_ids"].shape[0]
         if self.rows_per_batch is not None and rows != self.rows_per_batch:
             raise ValueError(f"micro-batch {step} has {rows} rows, expected {self.rows_per_batch} (B / dp size)")
+        _check_metadata_lists(batch, rows, step)
         ids = batch.get(METADATA_LIST_NAMES[SAMPLE_ID])
         if ids is None or any(value is None for value in ids):
             first = step * rows * self.dp_size + self.dp_rank * rows
@@ -244,6 +245,18 @@ class Uncollate(BaseNode[Sample]):
             per_row.append(count)
             image += count
         return per_row
+
+
+def _check_metadata_lists(batch: Mapping[str, Any], rows: int, step: int) -> None:
+    """Every metadata list (``sample_ids``, ``image_tokens``, ...) holds one entry per row: a list one short
+    would shift every sample's metadata onto the wrong row, or fail deep inside with a bare IndexError."""
+    for name in _METADATA_BY_LIST_NAME:
+        if name == METADATA_LIST_NAMES[STEP] or name not in batch:
+            continue
+        value = batch[name]
+        if not isinstance(value, (list, tuple)) or len(value) != rows:
+            size = f"{len(value)} entries" if isinstance(value, (list, tuple)) else f"a {type(value).__name__}"
+            raise ValueError(f"micro-batch {step}: metadata list {name!r} has {size}, expected one per row ({rows})")
 
 
 def _check_token_lengths(batch: Mapping[str, Any], samples: list[Sample], step: int) -> None:

@@ -24,6 +24,9 @@ SEQUENCE_FIELDS = ("input_ids", "attention_mask", "labels", "loss_mask", "positi
 CONCAT_FIELDS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "image_num_tiles")
 VISION_ROWS = "vision_rows"
 """Batch key: per concatenated field, each sample's number of rows (how ``Uncollate`` splits them back)."""
+# Token ids, targets and positions index embeddings and vocabularies: integer tensors only (a float cast
+# would be truncated silently by the model, or fail far from the sample that carried it).
+INTEGER_FIELDS = ("input_ids", "labels", "position_ids")
 DEFAULT_PAD_VALUES: Mapping[str, int | float] = {"labels": -100}
 # Per-sample metadata becomes one list per micro-batch under these names (canonical order). ``read_steps``
 # differs from the batch's ``step`` only for samples that moved across the micro-batches of a window.
@@ -138,6 +141,8 @@ def _check_tokens(value: Any, sample: Sample, name: str, length: int | None) -> 
     if not isinstance(value, torch.Tensor) or value.dim() not in (1, 2):
         shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
         raise SampleError(sample.get(SAMPLE_ID), f"must be [L] or [rows, L], got {shape}", field=name)
+    if name in INTEGER_FIELDS and (value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool):
+        raise SampleError(sample.get(SAMPLE_ID), f"must be an integer tensor, got {value.dtype}", field=name)
     if length is not None and value.shape[-1] > length:
         raise SampleError(sample.get(SAMPLE_ID), f"has {value.shape[-1]} tokens, more than the pad length {length}", field=name)
 

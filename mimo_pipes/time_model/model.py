@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from mimo_pipes.balance.validate import MAX_TOTAL_COST
+from mimo_pipes.errors import json_error_text
 
 FORMAT = "mimo-pipes-cost-model"
 VERSION = 1
@@ -146,7 +147,7 @@ def _read_time_model(path: str | Path) -> TimeModel:
     try:
         body = json.loads(Path(path).expanduser().read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise TimeModelError(path, None, f"is not JSON ({error})") from None
+        raise TimeModelError(path, None, f"is not JSON ({json_error_text(error) if isinstance(error, json.JSONDecodeError) else error})") from None
     if not isinstance(body, dict):
         raise TimeModelError(path, None, f"must hold a JSON object, got {type(body).__name__}")
     if body.get("format") != FORMAT:

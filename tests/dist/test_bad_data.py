@@ -83,3 +83,42 @@ def test_a_resumed_run_skips_the_same_rows(gloo_pool, bad_dataset, skipped_run, 
     run_in_pool(gloo_pool, [*flags, "--stop-after", "3", "--save-state", str(state)])
     run_in_pool(gloo_pool, [*flags, "--resume", str(state)])
     assert read_dumps(dumps) == full
+
+
+def _skip_report(stdout: str) -> list[str]:
+    """The --skip-bad-samples lines of a summary: the head (rows and attempts) and one line per row."""
+    lines = stdout.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("skipped "))
+    return [lines[head], *(line for line in lines[head + 1 :] if line.startswith("  row "))]
+
+
+def test_analyze_takes_skip_bad_samples_and_predicts_the_run(skipped_run, bad_dataset, tmp_path):
+    from job_runs import analyze_here, summary_lines
+    from test_analyze import assert_analysis_is_the_summary
+
+    outcome, _ = skipped_run
+    flags = [*bad_dataset, *COMMON, "--steps", str(STEPS), "--skip-bad-samples"]
+    status, stdout, stderr = analyze_here([*flags, "--out", str(tmp_path / "analysis")])
+    assert status == 0, stderr
+    analysis = json.loads((tmp_path / "analysis" / "analysis.json").read_text())
+    assert_analysis_is_the_summary(analysis, summary_lines(outcome["stdout"]))
+    assert _skip_report(stdout) == _skip_report(outcome["stdout"])
+    # without the flag, analyze stops at a bad row as run does: exit 1, one line naming it
+    status, _, stderr = analyze_here([*bad_dataset, *COMMON, "--steps", str(STEPS), "--out", str(tmp_path / "strict")])
+    errors = [line for line in stderr.splitlines() if line.startswith("mimo-pipes analyze: error: ")]
+    assert status == 1 and len(errors) == 1, stderr
+    assert int(re.search(r"dataset row (\d+)", errors[0]).group(1)) in BAD
+
+
+def test_analyze_predicts_a_skipping_run_on_another_layout_and_window(gloo_pool, bad_dataset, tmp_path):
+    from job_runs import analyze_here, summary_lines
+    from test_analyze import assert_analysis_is_the_summary
+
+    flags = [*bad_dataset, "--component", "language=dp=2", "--component", "images=dp=1,rank_offset=2", "--micro-batch-size", "4",
+             "--seq-length", "256", "--seed", "3", "--quiet", "--exchange-timeout", "30", "--scalable-dp", "--intra-microbatch-reorder",
+             "--reorder-window-size", "4", "--reorder-across-microbatches", "--steps", "7", "--skip-bad-samples"]
+    outcome = run_in_pool(gloo_pool, flags)
+    status, stdout, stderr = analyze_here([*flags, "--out", str(tmp_path)])
+    assert status == 0, stderr
+    assert_analysis_is_the_summary(json.loads((tmp_path / "analysis.json").read_text()), summary_lines(outcome["stdout"]))
+    assert _skip_report(stdout) == _skip_report(outcome["stdout"])

@@ -81,7 +81,7 @@ def test_resume_compares_every_training_option_but_the_exempt_ones(tmp_path) -> 
         with pytest.raises(ConfigError) as raised:
             check_resume_dir(str(tmp_path), PipelineConfig(), 4, options)
         before, now = (show_setting(getattr(o, name)) for o in (saved, options))
-        assert str(raised.value) == f"--resume: {tmp_path} was saved with {setting_flag(name)} {before}, this run has {now}"
+        assert str(raised.value) == f"--resume: {tmp_path} was saved with {setting_flag(name)} {before}, this run has {now}: {WHY[name]}"
         compared.add(name)
     assert compared == {"recipe", "lr", "vision_tower"}
 
@@ -94,7 +94,7 @@ def test_resume_compares_a_vision_tower_folders_config(tmp_path) -> None:
     assert check_resume_dir(str(tmp_path), PipelineConfig(), 4, TrainOptions(vision_tower=str(tower))) == 2
     vision_tower_config("tiny", depth=3).save_pretrained(tower)  # same folder, another model
     with pytest.raises(ConfigError, match=rf"saved with --vision-tower {tower} \(config.json sha256 [0-9a-f]{{12}}\), this run has "
-                                          rf"{tower} \(config.json sha256 [0-9a-f]{{12}}\)$"):
+                                          rf"{tower} \(config.json sha256 [0-9a-f]{{12}}\): {WHY['vision_tower']}$"):
         check_resume_dir(str(tmp_path), PipelineConfig(), 4, TrainOptions(vision_tower=str(tower)))
 
 
@@ -107,7 +107,7 @@ def test_train_resume_with_another_option_exits_2_naming_it(tmp_path, capsys, fl
     save_meta(tmp_path, TrainOptions())
     assert main(["train", "--steps", "4", "--resume", str(tmp_path), *flags]) == 2  # before any rank starts
     err = capsys.readouterr().err.strip().splitlines()
-    why = f": {WHY['seed']}" if named == "--seed" else ""  # a setting of the stream says why it must match
+    why = f": {WHY[named.lstrip('-').replace('-', '_')]}"  # every compared setting says why it must match
     assert err == [f"mimo-pipes train: error: --resume: {tmp_path} was saved with {named} {saved}, this run has {given}{why}"]
 
 
@@ -143,7 +143,7 @@ def test_stop_save_refuse_another_lr_and_resume_with_running_totals(gloo_pool, t
     assert metrics_lines(stderr)["language"].startswith("1 windows, 2 micro-batches")
     assert main(["train", *flags, "--resume", str(tmp_path / "ckpt"), "--lr", "0.05"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        f"mimo-pipes train: error: --resume: {tmp_path / 'ckpt'} was saved with --lr 0.1, this run has 0.05"]
+        f"mimo-pipes train: error: --resume: {tmp_path / 'ckpt'} was saved with --lr 0.1, this run has 0.05: {WHY['lr']}"]
     resumed = train_in_pool(gloo_pool, [*flags, "--resume", str(tmp_path / "ckpt"), "--log-interval", "0"])
     lines = metrics_lines("".join(outcome["stderr"] for outcome in resumed if outcome))
     assert lines["language"].startswith("2 windows, 4 micro-batches") and lines["images"].startswith("2 windows, 4 micro-batches")

@@ -99,7 +99,7 @@ def test_a_window_outside_the_compared_ones_gets_its_own_bar():
     what_ifs = _figure(analysis, topology, "images").axes[1]
     assert len(what_ifs.patches) == 6  # the five compared settings, then the given one
     assert what_ifs.patches[-1].get_height() == analysis.figures["images"]["critical_path_after"]
-    assert what_ifs.get_xticklabels()[-1].get_text() == "given\n(window 3)"
+    assert what_ifs.get_xticklabels()[-1].get_text() == "given\n(window 3)\n(incomplete)"  # 16 steps cut a window of 3
 
 
 def test_a_cut_window_has_no_bound_line():

@@ -198,10 +198,10 @@ def test_bad_assignments_are_refused(assignment, words):
     "args, words",
     [
         ((GOOD, 0, 2, 3, 6), "num_slots 3 is not a multiple of dp_size 2"),
-        ((GOOD, 0, 2, 2, 5), "microbatch_size 5 is not a multiple of num_slots 2"),
+        ((GOOD, 0, 2, 2, 5), "micro_batch_size 5 is not a multiple of num_slots 2"),
         ((GOOD, 2, 2, 2, 4), "dp_rank must be in [0, 2)"),
         ((GOOD, 0, 0, 2, 4), "dp_size must be a positive int"),
-        ((GOOD, 0, 2, 2, 0), "microbatch_size must be a positive int"),
+        ((GOOD, 0, 2, 2, 0), "micro_batch_size must be a positive int"),
     ],
 )
 def test_bad_layouts_are_refused(args, words):

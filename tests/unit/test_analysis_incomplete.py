@@ -1,0 +1,76 @@
+"""A what-if whose windows the consumed micro-batches cut (--steps, --stop-after or --resume inside a window
+whose samples may move) is marked incomplete in analysis.json, the table and the plot, and the plot leaves it
+out of its comparison: its consumed micro-batches were balanced with samples of micro-batches never consumed."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_analysis_plot import _analysis, _figure
+
+from mimo_pipes.analysis.analyze import analyze, cut_window
+from mimo_pipes.analysis.replay import Schedule
+from mimo_pipes.analysis.table import format_analysis
+from mimo_pipes.config import PipelineConfig, ReorderConfig
+
+NAMES = ["no_reorder", "per_microbatch", "across_window_2", "across_window_4", "across_window_8"]
+
+
+def _expected_incomplete(start: int, stop: int) -> set[str]:
+    return {f"across_window_{w}" for w in (2, 4, 8) if start % w or stop % w}
+
+
+@pytest.mark.parametrize(("dp", "steps"), [(2, 6), (8, 12), (2, 16), (4, 3)])
+def test_cut_what_ifs_are_marked_in_the_json_the_table_and_the_plot(dp, steps):
+    analysis, topology = _analysis(dp, steps=steps)
+    incomplete = _expected_incomplete(0, steps)
+    assert analysis.incomplete == incomplete
+    for module in ("language", "images"):
+        what_if = analysis.figures[module]["what_if"]
+        assert {name for name in NAMES if what_if[name].get("incomplete")} == incomplete
+        assert all(what_if[name].get("incomplete", True) is True for name in NAMES)  # absent, or true
+        bounds = analysis.figures[module]["critical_path_lower_bound"]
+        assert {name for name in NAMES[1:] if bounds[name] is None} == incomplete  # the same windows have no bound
+        axes = _figure(analysis, topology, module).axes[1]
+        labels = [label.get_text() for label in axes.get_xticklabels()]
+        texts = [text.get_text() for text in axes.texts]
+        for name, bar, label, text in zip(NAMES, axes.patches, labels, texts):
+            if name in incomplete:
+                assert label.endswith("(incomplete)") and text.endswith("incomplete") and "%" not in text and bar.get_hatch() == "//"
+            else:
+                assert "incomplete" not in label and not bar.get_hatch()
+                assert name == "no_reorder" or "%" in text  # the complete ones are compared with no reorder
+    table = format_analysis(analysis)
+    header = next(line for line in table.splitlines() if line.startswith("module    unit"))
+    for label in ("across 2", "across 4", "across 8"):
+        name = "across_window_" + label.split()[1]
+        assert (re.search(rf"{label}\*? \(incomplete\)", header) is not None) == (name in incomplete)
+    assert ("(incomplete): the micro-batches consumed cut a window" in table) == bool(incomplete)
+
+
+def test_a_window_cut_at_the_start_by_a_resume_is_incomplete():
+    rows = np.random.default_rng(3).integers(0, 2000, 4 * 2 * 16)
+    config = PipelineConfig(components=("language=dp=2", "images=dp=2,rank_offset=2"), micro_batch_size=8,
+                            reorder=ReorderConfig(scalable_dp=True, intra_microbatch_reorder=True, reorder_window_size=2,
+                                                  reorder_across_microbatches=True))
+    analysis = analyze(config, config.validate(), rows, rows + 50, start=2, stop=10)
+    assert analysis.incomplete == {"across_window_4", "across_window_8"}  # 2..9: windows of 4 and 8 are cut at 2 or 10
+    assert analysis.given_what_if() == "across_window_2" and "incomplete" not in analysis.figures["images"]["what_if"]["across_window_2"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 40), st.integers(1, 40), st.sampled_from([1, 2, 3, 4, 8]), st.booleans(), st.booleans())
+def test_cut_window_is_a_window_of_moving_samples_cut_by_the_range(start, length, window, across, cyclic):
+    schedule = Schedule(dataset_size=8 * 30, micro_batch_size=8, grid_size=2, seed=1, cyclic=cyclic)
+    stop = start + length
+    end = schedule.end(stop)
+    if end <= start:
+        assert not cut_window(schedule, start, stop, window, across)
+        return
+    # a window is cut where the range does not start or end at a window edge; a single pass ends where the data ends
+    edge_end = end % window == 0 or (not cyclic and end == schedule.per_epoch)
+    assert cut_window(schedule, start, stop, window, across) == (across and window > 1 and (start % window != 0 or not edge_end))

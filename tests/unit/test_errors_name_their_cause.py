@@ -1,0 +1,189 @@
+"""Failures name their cause in one line: JSON errors (no "starting at at character"), a full disk (the file,
+not the folder), metadata lists of the wrong length, non-integer token fields, and every setting a resume
+refuses to change (saved, requested and why)."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_plugin_dist import single_rank_batches
+
+from mimo_pipes.checkpoint import generation as generation_module
+from mimo_pipes.checkpoint import settings as settings_module
+from mimo_pipes.checkpoint.generation import open_generation
+from mimo_pipes.checkpoint.settings import WHY, resume_settings
+from mimo_pipes.cli.balance_cmd import serve
+from mimo_pipes.cli.rank_job import _os_error
+from mimo_pipes.config import JobOptions, PipelineConfig, TrainOptions
+from mimo_pipes.errors import ConfigError, SampleError, json_error_text
+from mimo_pipes.nodes.uncollate import Uncollate
+from mimo_pipes.samples.collate import INTEGER_FIELDS, check_collatable, collate_microbatch
+from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
+
+# --- JSON errors -------------------------------------------------------------------------------------
+
+BROKEN_JSON = ['{"a": "unterminated', '{"a": 1,, "b": 2}', '{"a": "tab\tin string"}', '[1, 2', '{"a": \\u}', '', '{"a": 1} x', '{"a" 1}']
+
+
+@pytest.mark.parametrize("text", BROKEN_JSON)
+def test_json_errors_read_as_one_phrase(text):
+    with pytest.raises(json.JSONDecodeError) as caught:
+        json.loads(text)
+    for line in (True, False):
+        phrase = json_error_text(caught.value, line=line)
+        assert " at at " not in phrase and not phrase.endswith(" at")
+        assert phrase.startswith(caught.value.msg) and f"column {caught.value.colno}" in phrase
+        assert ("line " in phrase) == line
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet='{}[]":,\\ \tab01etrunl', max_size=24))
+def test_every_decoder_message_reads_as_one_phrase(text):
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as error:
+        phrase = json_error_text(error)
+        assert " at at " not in phrase and f"line {error.lineno} column {error.colno}" in phrase
+
+
+def test_a_cut_manifest_names_where_it_stops(tmp_path):
+    (tmp_path / "manifest.json").write_text('{"format": 3, "generation": "ab')
+    with pytest.raises(ConfigError) as caught:
+        open_generation(tmp_path)
+    message = str(caught.value)
+    assert "Unterminated string starting at line 1 column 29" in message and " at at " not in message
+
+
+@pytest.mark.parametrize(("line", "problem"), [
+    (b'{"costs": "ab', "Unterminated string starting at column 11"),
+    (b'{"costs": "ab\n', "Invalid control character at column 14"),
+    (b'{"costs" [1]}', "Expecting ':' delimiter at column 10"),
+])
+def test_balance_names_a_bad_json_line_in_one_phrase(line, problem):
+    stdout, stderr = io.StringIO(), io.StringIO()
+    status = serve(io.BytesIO(b'{"costs": [1, 2], "slots": 2}\n' + line), stdout, stderr)
+    assert status == 2
+    assert stderr.getvalue() == f"mimo-pipes balance: line 2: invalid JSON: {problem}\n"
+
+
+# --- a full disk names the file ----------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (a device that is always full)")
+def test_a_full_disk_names_the_file_not_the_folder():
+    with pytest.raises(OSError) as caught:
+        generation_module._write_file(Path("/dev/full"), b"x" * 100)
+    assert caught.value.filename == "/dev/full"
+    assert _os_error(caught.value, "/some/state/folder") == "could not write /dev/full (No space left on device)"
+
+
+# --- metadata lists and token dtypes -----------------------------------------------------------------
+
+
+def _split(batch):
+    node = Uncollate(iter([]), image_token_id=IMAGE_TOKEN_ID, rows_per_batch=4)
+    return node.split(batch, 0)
+
+
+@pytest.mark.parametrize("name", ["sample_ids", "image_tokens", "slots", "costs", "real_tokens"])
+@pytest.mark.parametrize("change", [-1, 1])
+def test_a_metadata_list_of_the_wrong_length_is_named(name, change):
+    batch = next(single_rank_batches())
+    batch[name] = list(range(100, 104 + change))
+    with pytest.raises(ValueError) as caught:
+        _split(batch)
+    assert str(caught.value) == f"micro-batch 0: metadata list {name!r} has {4 + change} entries, expected one per row (4)"
+
+
+def test_metadata_lists_of_the_right_length_split():
+    batch = next(single_rank_batches())
+    batch["sample_ids"] = [7, 8, 9, 10]
+    assert [sample["sample_id"] for sample in _split(batch)] == [7, 8, 9, 10]
+
+
+@pytest.mark.parametrize("name", INTEGER_FIELDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bool])
+def test_non_integer_token_fields_are_refused_naming_field_and_sample(name, dtype):
+    dataset = SyntheticProcessedDataset(8, seed=4)
+    samples = [{**dataset[i], "sample_id": i, "step": 0} for i in range(3)]
+    samples[1][name] = samples[1][name].to(dtype)
+    for attempt in (lambda: collate_microbatch(samples, pad_length=None), lambda: check_collatable(samples, None)):
+        with pytest.raises(SampleError) as caught:
+            attempt()
+        assert caught.value.sample_id == 1 and caught.value.field == name
+        assert f"must be an integer tensor, got {dtype}" in str(caught.value)
+
+
+def test_integer_token_fields_of_any_width_collate():
+    dataset = SyntheticProcessedDataset(8, seed=4)
+    samples = [{**dataset[i], "sample_id": i, "step": 0} for i in range(3)]
+    samples[0]["input_ids"] = samples[0]["input_ids"].to(torch.int32)
+    assert collate_microbatch(samples, pad_length=None)["input_ids"].shape[0] == 3
+
+
+# --- resume refusals say why ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("options", [JobOptions(), TrainOptions()], ids=["run", "train"])
+def test_every_setting_a_resume_compares_says_why(options):
+    assert set(resume_settings(PipelineConfig(), options)) <= set(WHY)
+
+
+@pytest.mark.parametrize(("saved", "requested"), [("rows", "samples"), ("samples", "rows")])
+def test_switching_the_payload_on_resume_names_both_and_why(monkeypatch, saved, requested):
+    class Saved:
+        settings = resume_settings(PipelineConfig(exchange_payload=saved), JobOptions())
+        consumed = 3
+
+    monkeypatch.setattr(settings_module, "open_generation", lambda directory: Saved())
+    with pytest.raises(ConfigError) as caught:
+        settings_module.check_resume_dir("STATE", PipelineConfig(exchange_payload=requested), 4, JobOptions())
+    message = str(caught.value)
+    assert message.startswith(f"--resume: STATE was saved with --exchange-payload {saved}, this run has {requested}: ")
+    assert message.endswith(WHY["exchange_payload"])
+
+
+# --- a lost peer, in one line --------------------------------------------------------------------------
+
+GLOO_RESET = "[../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:52014: Connection reset by peer"
+GLOO_CLOSED = "[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 30000ms for recv operation to complete"
+
+
+@pytest.mark.parametrize(("text", "cause"), [
+    (GLOO_RESET, "connection reset by peer"),
+    ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection closed by peer [127.0.0.1]:41197", "connection closed by peer"),
+    (GLOO_CLOSED, "timed out waiting for a peer"),
+    ("NCCL communicator was aborted on rank 3", "NCCL communicator aborted"),
+])
+def test_a_transport_failure_becomes_one_line_without_its_text(text, cause):
+    from mimo_pipes.cli.peer_loss import lost_peer_line
+    from mimo_pipes.errors import PeerError
+
+    raw = lost_peer_line("mimo-pipes run", 3, RuntimeError(text))
+    assert raw == f"mimo-pipes run: rank 3: stopped: a peer rank exited or stopped answering during a collective ({cause})"
+    wrapped = PeerError(None, f"the exchange's all_to_all failed ({text}); a peer rank may have exited or stalled past the timeout")
+    line = lost_peer_line("mimo-pipes run", 1, wrapped)
+    assert line == (f"mimo-pipes run: rank 1: a peer rank failed: the exchange's all_to_all failed; a peer rank may have exited "
+                    f"or stalled past the timeout ({cause})")
+    try:  # raised from one: the chain is searched
+        raise ValueError("the save could not finish") from RuntimeError(text)
+    except ValueError as error:
+        assert lost_peer_line("mimo-pipes run", 0, error) is not None
+
+
+@pytest.mark.parametrize("error", [
+    SampleError(4, "is missing while other samples of its micro-batch have it", field="labels"),
+    ConfigError("--exchange-timeout", "must be > 0"),
+    RuntimeError("CUDA out of memory"),
+    ValueError("a timeout of 0 is not allowed"),  # a timeout, but no transport's text
+])
+def test_other_errors_are_not_a_lost_peer(error):
+    from mimo_pipes.cli.peer_loss import lost_peer_line
+
+    assert lost_peer_line("mimo-pipes run", 0, error) is None
