@@ -70,27 +70,27 @@ def build(
         consumed_microbatches=consumed_microbatches,
         module=layout.module,
     )
-    return GraphLoader(balanced_tail(samples, settings=tail, layout=layout), start_count=tail.resume.consumed)
+    return GraphLoader(balanced_tail(samples, settings=tail, layout=layout), consumed_microbatches=tail.resume.consumed)
 
 
 class RankShardSampler(Sampler):
     """Example reader: ``(step, dataset index)`` for this rank's positions of every global micro-batch
-    from ``start_step`` on, reshuffling each epoch from the seed. Never ends."""
+    from ``first_step`` on, reshuffling each epoch from the seed. Never ends."""
 
-    def __init__(self, dataset_size: int, *, micro_batch_size: int, layout: RankLayout, seed: int, start_step: int = 0) -> None:
+    def __init__(self, dataset_size: int, *, micro_batch_size: int, layout: RankLayout, seed: int, first_step: int = 0) -> None:
         self.dataset_size = dataset_size
         self.micro_batch_size = micro_batch_size
         self.layout = layout
         self.seed = seed
-        self.start_step = start_step
+        self.first_step = first_step
 
     def start_at(self, point: ResumePoint, saved_state: Any = None) -> None:
         """From the next fresh start on, begin at ``point.first_step``: what lets the loader continue a state
         saved under another layout (see ``GraphLoader.load_state_dict``)."""
-        self.start_step = point.first_step
+        self.first_step = point.first_step
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
-        rank, step = self.layout, self.start_step
+        rank, step = self.layout, self.first_step
         while True:
             for index in shard_indices(step, rank.dp_rank, rank.dp_size, self.dataset_size, self.micro_batch_size, self.seed, True):
                 yield step, int(index)
@@ -116,12 +116,12 @@ def example_samples(
     micro_batch_size: int,
     layout: RankLayout,
     seed: int,
-    start_step: int = 0,
+    first_step: int = 0,
     map_fn: Callable[[Sample], Sample] | None = None,
     num_workers: int = 2,
 ) -> BaseNode[Sample]:
     """A pipeline as a user might already have one: sampler -> SamplerWrapper -> Mapper -> ParallelMapper."""
-    sampler = RankShardSampler(len(dataset), micro_batch_size=micro_batch_size, layout=layout, seed=seed, start_step=start_step)
+    sampler = RankShardSampler(len(dataset), micro_batch_size=micro_batch_size, layout=layout, seed=seed, first_step=first_step)
     node: BaseNode[Sample] = Mapper(SamplerWrapper(sampler), _LoadRow(dataset))
     if map_fn is not None:
         # ParallelMapper keeps its source's state without copying it: SnapshotGuard hands it copies.

@@ -72,7 +72,7 @@ def pipeline(
         grid_size=layout.grid_size,
         seed=config.seed,
         dataloader_type=config.dataloader_type,
-        start_step=tail.resume.first_step,
+        first_step=tail.resume.first_step,
     )
     if map_fn is not None:
         # Processing, or with rows the counting (cheap: on threads). ParallelMapper keeps its source's state
@@ -83,7 +83,7 @@ def pipeline(
             multiprocessing_context="spawn" if method == "process" else None,
         )
     # CostAnnotator -> Windower -> BalanceExchange -> (RowProcessor ->) MicroBatchAssembler (-> SequencePacker).
-    return GraphLoader(balanced_tail(node, settings=tail, layout=layout, process_rows=process_rows), start_count=tail.resume.consumed)
+    return GraphLoader(balanced_tail(node, settings=tail, layout=layout, process_rows=process_rows), consumed_microbatches=tail.resume.consumed)
 
 
 def dataset_path(config: PipelineConfig) -> str:

@@ -6,8 +6,8 @@ entry point shares (:func:`~mimo_pipes.graph.tail.balanced_tail`: CostAnnotator 
 
 Resuming: a plain iterator cannot be rewound, so the state only records counters (micro-batches taken
 from the source up to the start of the current window, and how many of that window were handed out).
-Restoring needs a source that can be positioned again: either ``source_factory(start_microbatch)``,
-which must return an iterator whose first micro-batch is global micro-batch ``start_microbatch``, or an
+Restoring needs a source that can be positioned again: either ``source_factory(first_step)``,
+which must return an iterator whose first micro-batch is global micro-batch ``first_step``, or an
 iterable with its own ``state_dict`` / ``load_state_dict`` (a StatefulDataLoader, a GraphLoader), whose
 state is saved and restored inside ours.
 """
@@ -40,8 +40,8 @@ class BalancedIterator(GraphLoader):
     Iterate it once; ``close()`` (or ``with``) stops the exchange's background thread.
     """
 
-    def __init__(self, root, *, start_count: int, restorable: bool, mrope_first: bool = False) -> None:
-        super().__init__(root, start_count=start_count)
+    def __init__(self, root, *, consumed_microbatches: int, restorable: bool, mrope_first: bool = False) -> None:
+        super().__init__(root, consumed_microbatches=consumed_microbatches)
         self.restorable = restorable
         self.mrope_first = mrope_first
 
@@ -130,7 +130,7 @@ def balance_iterator(
     seq_length: int | None,
     pad_to_seq_length: bool = True,
     merge_size: int = 2,
-    start_microbatch: int = 0,
+    consumed_microbatches: int = 0,
     source_factory: SourceFactory | None = None,
     pack_sequences: bool = False,
     pack_pad_multiple: int = 1,
@@ -140,7 +140,7 @@ def balance_iterator(
     """Balanced micro-batches from this rank's collated ones, in the same format plus metadata lists.
 
     ``microbatches`` (or ``source_factory``, exactly one) yields this rank's micro-batch of every global
-    micro-batch from ``start_microbatch`` on: ``micro_batch_size // layout.dp_size`` rows in canonical
+    micro-batch from ``consumed_microbatches`` on: ``micro_batch_size // layout.dp_size`` rows in canonical
     order, right-padded ``[rows, L]`` token fields, ``pixel_values`` / ``image_grid_thw`` concatenated over
     the rows (see :class:`~mimo_pipes.nodes.uncollate.Uncollate` for how rows are split, and where
     ``sample_ids`` come from when the batch has none). ``micro_batch_size`` is the global B that all
@@ -173,20 +173,19 @@ def balance_iterator(
         pad_length=seq_length if pad_to_seq_length else None,
         pad_values=pad_values,
         topology=build_topology(components) if components is not None else None,
-        consumed_microbatches=start_microbatch if source_factory is not None else 0,
+        consumed_microbatches=consumed_microbatches if source_factory is not None else 0,
         pack_sequences=pack_sequences,
         pack_pad_multiple=pack_pad_multiple,
         module=layout.module,
     )
     if source_factory is not None:
         source = IterableWrapper(_CountedSource(source_factory, tail.resume.first_step))
-        start_count, restorable = tail.resume.consumed, True
+        consumed_microbatches, restorable = tail.resume.consumed, True
     else:  # a live iterator starts where it stands: its first window may be short
         restorable = isinstance(microbatches, Stateful)
         # A stateful source's own state is saved and restored inside ours.
-        counted = microbatches if restorable else _CountedSource(_open_once(microbatches, start_microbatch), start_microbatch)
+        counted = microbatches if restorable else _CountedSource(_open_once(microbatches, consumed_microbatches), consumed_microbatches)
         source = IterableWrapper(counted)
-        start_count = start_microbatch
     node: BaseNode[Any] = Uncollate(
         source,
         image_token_id=image_token_id,
@@ -194,8 +193,8 @@ def balance_iterator(
         rows_per_batch=tail.samples_per_rank,
         dp_rank=layout.dp_rank,
         dp_size=layout.dp_size,
-        start_step=tail.resume.first_step if source_factory is not None else start_microbatch,
+        first_step=tail.resume.first_step if source_factory is not None else consumed_microbatches,
         mrope_first=mrope_first,
     )
     root = balanced_tail(node, settings=tail, layout=layout)
-    return BalancedIterator(root, start_count=start_count, restorable=restorable, mrope_first=mrope_first)
+    return BalancedIterator(root, consumed_microbatches=consumed_microbatches, restorable=restorable, mrope_first=mrope_first)

@@ -45,22 +45,22 @@ class GraphLoader(Loader[dict]):
     ROOT_KEY = "root"
     NUM_YIELDED_KEY = "num_yielded"
 
-    def __init__(self, root: BaseNode[dict], start_count: int = 0) -> None:
+    def __init__(self, root: BaseNode[dict], consumed_microbatches: int = 0) -> None:
         super().__init__(root, restart_on_stop_iteration=False)
-        self.start_count = start_count  # micro-batches consumed before this graph was built
+        self.consumed_microbatches = consumed_microbatches  # micro-batches consumed before this graph was built
         # Where every fresh iter() starts: the last loaded (or closed-at) state, or a start on another layout.
         self._pending_state: dict[str, Any] | None = None
         self._pending_start: tuple[ResumePoint, list[tuple[BaseNode, Any]]] | None = None
         self._started = False
-        self._num_yielded = start_count
+        self._num_yielded = consumed_microbatches
 
     def __iter__(self) -> Iterator[dict]:
-        """Start (again) at the restored position, or at ``start_count`` when nothing was restored."""
+        """Start (again) at the restored position, or at ``consumed_microbatches`` when nothing was restored."""
         state, start = self._pending_state, self._pending_start
         nodes = graph_nodes(self.root)
         if start is not None:
             self._start_at(*start)
-        position = self.start_count if state is None else int(state[self.NUM_YIELDED_KEY])
+        position = self.consumed_microbatches if state is None else int(state[self.NUM_YIELDED_KEY])
         composition = None if state is None else _saved_composition(self.root, state[self.ROOT_KEY])
         for node in nodes:
             if isinstance(node, BalanceExchange):  # every exchange then checks that the module's ranks agree
@@ -124,7 +124,7 @@ class GraphLoader(Loader[dict]):
                 start_at = getattr(target, "start_at", None)
                 if callable(start_at):
                     start_at(point, states.get(id(node)))
-        self.start_count = point.consumed
+        self.consumed_microbatches = point.consumed
 
     def state_dict(self) -> dict[str, Any]:
         if not self._started and self._pending_state is not None:

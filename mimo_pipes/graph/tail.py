@@ -16,6 +16,7 @@ from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.graph.tail_settings import TailSettings
 from mimo_pipes.nodes import BalanceExchange, CostAnnotator, MicroBatchAssembler, RowProcessor, SequencePacker, Windower
+from mimo_pipes.samples.module_fields import module_fields
 from mimo_pipes.samples.sample import Sample
 
 
@@ -29,7 +30,13 @@ def balanced_tail(
     """This rank's micro-batches from ``items`` (its B/d samples of every global micro-batch, in canonical
     order, from the first step of ``settings.resume`` on). Under the ``rows`` payload ``items`` are
     counted rows, which ``process_rows`` turns into this module's samples after the exchange. Wrap the
-    result in a GraphLoader with ``start_count=settings.resume.consumed``."""
+    result in a GraphLoader with ``consumed_microbatches=settings.resume.consumed``. ``settings`` must be resolved for
+    ``layout.module`` (``resolve_tail(..., module=layout.module)``): the module decides what moves."""
+    if settings.fields != module_fields(layout.module):
+        raise ValueError(
+            f"the tail's settings carry the fields of role {settings.fields.role!r} but the layout's module "
+            f"{layout.module!r} carries role {module_fields(layout.module).role!r}: resolve the tail with module=layout.module"
+        )
     rows = settings.processing.rows
     if rows and process_rows is None:
         raise ConfigError("--exchange-payload", "rows needs the function that processes a row after the exchange; "

@@ -4,7 +4,7 @@ Megatron adds its global batch size to ``consumed_train_samples`` after every it
 is ``num_microbatches`` global micro-batches of ``B`` samples (``B`` = Megatron's ``--micro-batch-size``
 times the language model's data-parallel size: the pipeline's ``--micro-batch-size``). So the pipeline has
 consumed ``consumed_train_samples / B`` micro-batches, and a graph built with that count
-(``build(config, layout, consumed_microbatches=...)``, ``balance_iterator(start_microbatch=...)``)
+(``build(config, layout, consumed_microbatches=...)``, ``balance_iterator(consumed_microbatches=...)``)
 continues the stream exactly where the checkpoint stopped (see :mod:`mimo_pipes.checkpoint.resume`).
 """
 

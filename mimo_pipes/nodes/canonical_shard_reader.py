@@ -26,7 +26,7 @@ class CanonicalShardReader(GraphNode[Sample]):
 
     ``single`` reads the dataset once in order; ``cyclic`` reshuffles each epoch from the seed and never
     ends. Each sample gets its dataset index, global step and canonical slot. The state is two counters,
-    so resuming from a consumed-sample count (``start_step = consumed // B``) is the same as restoring it.
+    so resuming from a consumed-sample count (``first_step = consumed // B``) is the same as restoring it.
     It is valid for one dataset (length and fingerprint: ``dataset_fingerprint`` if given, else
     :func:`~mimo_pipes.checkpoint.validity.source_fingerprint` of the rows it reads first), B, DP layout, seed and
     dataloader type.
@@ -45,7 +45,7 @@ class CanonicalShardReader(GraphNode[Sample]):
         grid_size: int,
         seed: int = 0,
         dataloader_type: str = "cyclic",
-        start_step: int = 0,
+        first_step: int = 0,
         dataset_fingerprint: str | None = None,
     ) -> None:
         super().__init__()
@@ -57,7 +57,7 @@ class CanonicalShardReader(GraphNode[Sample]):
         self.grid_size = grid_size
         self.seed = seed
         self.cyclic = dataloader_type == "cyclic"
-        self.start_step = start_step
+        self.first_step = first_step
         self.positions = owned_positions(dp_rank, dp_size, micro_batch_size)
         self.samples_per_slot = micro_batch_size // grid_size
         self.per_epoch = microbatches_per_epoch(len(dataset), micro_batch_size)
@@ -98,11 +98,11 @@ class CanonicalShardReader(GraphNode[Sample]):
 
     def start_at(self, point: ResumePoint, saved_state: Any = None) -> None:
         """From the next ``reset(None)`` on, read from global micro-batch ``point.first_step``."""
-        self.start_step = point.first_step
+        self.first_step = point.first_step
 
     def restore(self, initial_state: dict | None) -> None:
         if initial_state is None:
-            self._next_step, self._next_position = self.start_step, 0
+            self._next_step, self._next_position = self.first_step, 0
         else:
             self._next_step = int(initial_state[self.NEXT_STEP_KEY])
             self._next_position = int(initial_state[self.NEXT_POSITION_KEY])

@@ -44,11 +44,11 @@ class CountingSource(BaseNode[dict]):
         return self._state  # live on purpose
 
 
-def tiny_samples(per_microbatch: int, steps: int, start_step: int = 0) -> CanonicalShardReader:
-    """``steps`` micro-batches of ``per_microbatch`` tiny samples (DP 1), read from ``start_step`` on."""
+def tiny_samples(per_microbatch: int, steps: int, first_step: int = 0) -> CanonicalShardReader:
+    """``steps`` micro-batches of ``per_microbatch`` tiny samples (DP 1), read from ``first_step`` on."""
     dataset = SyntheticProcessedDataset(per_microbatch * steps, text_tokens=2, patch_dim=1)
     return CanonicalShardReader(dataset, micro_batch_size=per_microbatch, dp_rank=0, dp_size=1, grid_size=1,
-                                dataloader_type="single", start_step=start_step)
+                                dataloader_type="single", first_step=first_step)
 
 
 def assert_same(got: Any, want: Any, where: str = "item") -> None:

@@ -177,7 +177,7 @@ def _resume_source(kind, source, first=0):
 
 def run_wrapper_resume(components, *, micro_batch_size, seed, window_size, across, stop_after, total, kind):
     """state_dict after ``stop_after`` micro-batches (inside a window), restore, and the stream continues
-    exactly; so does a fresh start from the count alone (``start_microbatch``) with a source factory."""
+    exactly; so does a fresh start from the count alone (``consumed_microbatches``) with a source factory."""
     rank = _rank(components)
     if rank is None:
         return None
@@ -204,7 +204,7 @@ def run_wrapper_resume(components, *, micro_batch_size, seed, window_size, acros
     restored.load_state_dict(state)
     outcomes["restored"] = restored
     if kind == "factory":
-        outcomes["from_count"] = balance_iterator(source_factory=source.iterate, start_microbatch=stop_after, **common)
+        outcomes["from_count"] = balance_iterator(source_factory=source.iterate, consumed_microbatches=stop_after, **common)
     for name, wrapped in outcomes.items():
         with wrapped:
             for count in range(stop_after, total):

@@ -40,7 +40,7 @@ def test_ranks_read_their_own_slots_of_each_global_microbatch():
 def test_start_step_is_the_restore_of_a_count():
     restored = reader()
     restored.reset(saved_after(reader(), 3 * 4))
-    assert [s[SAMPLE_ID] for s in take(reader(start_step=3), 12)] == [s[SAMPLE_ID] for s in take(restored, 12)]
+    assert [s[SAMPLE_ID] for s in take(reader(first_step=3), 12)] == [s[SAMPLE_ID] for s in take(restored, 12)]
 
 
 def test_bad_settings():

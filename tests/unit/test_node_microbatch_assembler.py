@@ -16,8 +16,8 @@ from mimo_pipes.samples.sample import Window
 from mimo_pipes.testing import tail_settings
 
 
-def windower(per_microbatch=3, window_size=3, steps=7, start_step=0) -> Windower:
-    return Windower(tiny_samples(per_microbatch, steps, start_step), settings=tail_settings(samples_per_rank=per_microbatch, window_size=window_size))
+def windower(per_microbatch=3, window_size=3, steps=7, first_step=0) -> Windower:
+    return Windower(tiny_samples(per_microbatch, steps, first_step), settings=tail_settings(samples_per_rank=per_microbatch, window_size=window_size))
 
 
 PADDED = Collator(1600, {"labels": -100, "input_ids": 7})

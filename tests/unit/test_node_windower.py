@@ -13,8 +13,8 @@ from mimo_pipes.samples.sample import SAMPLE_ID, STEP
 from mimo_pipes.testing import tail_settings
 
 
-def windower(per_microbatch=3, window_size=3, steps=7, start_step=0) -> Windower:
-    return Windower(tiny_samples(per_microbatch, steps, start_step), settings=tail_settings(samples_per_rank=per_microbatch, window_size=window_size))
+def windower(per_microbatch=3, window_size=3, steps=7, first_step=0) -> Windower:
+    return Windower(tiny_samples(per_microbatch, steps, first_step), settings=tail_settings(samples_per_rank=per_microbatch, window_size=window_size))
 
 
 def test_restores_at_every_position():
