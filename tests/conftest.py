@@ -3,7 +3,9 @@
 Tests live in folders by tier: ``unit/`` (pure logic and single-process nodes), ``dist/`` (multi-rank scenarios
 in the warm Gloo pool), ``launch/`` (real launches), with their helpers in ``helpers/``. Every test under
 ``dist/`` or using the ``gloo_pool`` fixture is marked ``dist``, every test under ``launch/`` ``launch``, so
-``pytest -m "not dist and not launch"`` is the unit run.
+``pytest -m "not dist and not launch"`` is the unit run. A few tests beside their module's fixtures in
+``unit/`` or ``dist/`` start real processes (fresh interpreters, worker processes, spawned ranks): they carry
+the ``launch`` mark themselves.
 """
 
 from __future__ import annotations

@@ -148,11 +148,3 @@ def test_bad_flags_exit_2_with_one_line(tmp_path):
     assert stderr.strip().splitlines() == [
         "mimo-pipes analyze: error: --micro-batch-size: 3 is not divisible by the canonical grid size 2 (lcm of the modules' dp sizes)"
     ]
-
-
-@pytest.mark.launch  # a benchmark script run end to end
-def test_the_benchmark_script_runs_small():
-    result = subprocess.run([sys.executable, "benchmarks/analyze.py", "--samples", "200", "--base", "48"], cwd=Path(__file__).resolve().parents[2],
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "| total, cold cache |" in result.stdout

@@ -6,8 +6,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -214,13 +212,3 @@ def test_a_row_no_header_sizes_is_processed_as_the_run_would(processor, monkeypa
     row = {"sample_id": 0, "images": [png((60, 40))], "prompt": "what?", "response": "white."}
     verdict = RowChecker(processor)(row)
     assert not verdict.bad and verdict.processed == "ValueError: no rule here"
-
-
-@pytest.mark.launch  # a benchmark script run end to end
-@pytest.mark.parametrize("command", ["check", "analyze"])
-def test_the_benchmark_script_runs_small(command):
-    result = subprocess.run([sys.executable, "benchmarks/llava_paths.py", command, "--rows", "100"], cwd=Path(__file__).resolve().parents[2],
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "| 100 | " in result.stdout
-    assert ("`bad: none of 100 rows`" if command == "check" else "`costs: all 100 rows counted from their text and image headers") in result.stdout

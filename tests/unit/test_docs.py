@@ -109,6 +109,7 @@ def test_page_blocks_run(page, docs_run):
             assert list(Path(results[job["name"]]["folder"]).rglob("analysis.json")), job["name"]
 
 
+@pytest.mark.launch  # a fresh interpreter runs the blocks
 def test_a_failing_block_fails_its_page(tmp_path):
     """Blocks share an interpreter, not names; a raise, a non-zero exit or a thread left running (here one
     that never ends) fails the block (and so its page), the blocks after it still run, and the run ends."""

@@ -259,14 +259,3 @@ def test_an_index_of_another_length_than_info_json_says_is_out_of_date(tmp_path)
         assert fault["kind"] == bad_rows.STALE_INDEX
         assert fault["reason"] == (f"shard-0000.tar key {(1, 3)[row]:06d}: its index holds 1 samples but .info.json says 2: "
                                    "prepare the dataset again")
-
-
-@pytest.mark.launch  # a benchmark script run end to end
-def test_the_benchmark_script_runs_small(tmp_path):
-    import subprocess
-
-    result = subprocess.run([sys.executable, "benchmarks/energon_source.py", "--samples", "300", "--cache", str(tmp_path / "data")],
-                            cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-2000:]
-    rows = [line.split("|") for line in result.stdout.splitlines() if line.startswith("| energon |") or line.startswith("| mimo |")]
-    assert [row[1].strip() for row in rows] == ["energon", "mimo"] and all(row[2].strip() == "300" for row in rows)

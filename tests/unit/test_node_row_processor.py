@@ -67,6 +67,7 @@ def test_reads_one_window_ahead_of_the_one_it_hands_out(window_size):
         assert len(node.processed_ahead()) <= AHEAD
 
 
+@pytest.mark.launch  # starts worker processes
 def test_worker_processes_give_the_threads_stream():
     threads = take(row_processor(steps=4), None)
     node = row_processor(steps=4, method="process", workers=2)

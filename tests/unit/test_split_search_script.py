@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from pathlib import Path
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -47,23 +45,3 @@ def test_keys_name_the_images_a_rank_runs():
     assert split_search_gpu.key_of(samples, (0, 1)) == "1,4,6"
     assert split_search_gpu.key_of(samples, (2, 0)) == split_search_gpu.key_of(samples, (0, 2)) == "1,2,2;1,4,6;1,8,8"
     assert split_search_gpu.grids_of("1,2,2;1,4,6") == [[1, 2, 2], [1, 4, 6]] and split_search_gpu.grids_of("") == []
-
-
-@pytest.mark.launch  # a benchmark script run end to end
-def test_cpu_smoke_measures_every_split_and_validates_the_chosen_ones(tmp_path):
-    measured, validated = tmp_path / "measured", tmp_path / "validated"
-    assert split_search_gpu.main(["--device", "cpu", "--smoke", "--layouts", "4x8", "--steps", "1", "--out", str(measured)]) == 0
-    body = json.loads((measured / "results.json").read_text())
-    assert body["steps_timed"] == {"4x8": 1} and all(t >= 0 for t in body["tables"]["4x8"].values())
-    result = json.loads((measured / "evaluation.json").read_text())[0]
-    best = result["methods"]["best"]["slowest_ms"]
-    # The best split is the minimum over every split of the same table, so no planner beats it there.
-    assert all(best <= m["slowest_ms"] + 1e-9 for m in result["methods"].values())
-    assert split_search_gpu.main(["--device", "cpu", "--smoke", "--layouts", "4x8", "--from-results", str(measured / "results.json"),
-                                  "--validate", "--repeats", "1", "--out", str(validated)]) == 0
-    fresh = json.loads((validated / "validation.json").read_text())["timings"]["4x8"]
-    config = split_search_gpu.PipelineConfig
-    samples = split_search_gpu.processed_samples(16, config.seq_length, lambda line: None)
-    model = split_search_gpu.TimeModel(**{k: v for k, v in body["model"].items() if k not in ("format", "version")})
-    chosen = split_search_gpu.chosen_splits(samples, body["tables"]["4x8"], model, 4, 8, 1, config.seed)
-    assert set(fresh) == {k for per_step in chosen.values() for ks in per_step for k in ks}

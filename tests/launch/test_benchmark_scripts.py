@@ -1,0 +1,96 @@
+"""Every benchmark script run end to end on a small input, so none of them rots (real processes: launch tier)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import split_search_gpu  # noqa: E402 - benchmarks/ is put on the path just above
+import time_model_gpu  # noqa: E402
+
+
+def test_analyze_benchmark_runs_small():
+    result = subprocess.run([sys.executable, "benchmarks/analyze.py", "--samples", "200", "--base", "48"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "| total, cold cache |" in result.stdout
+
+
+@pytest.mark.parametrize("command", ["check", "analyze"])
+def test_llava_paths_benchmark_runs_small(command):
+    result = subprocess.run([sys.executable, "benchmarks/llava_paths.py", command, "--rows", "100"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "| 100 | " in result.stdout
+    assert ("`bad: none of 100 rows`" if command == "check" else "`costs: all 100 rows counted from their text and image headers") in result.stdout
+
+
+def test_encoder_step_benchmark_smoke(tmp_path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "benchmarks/encoder_step_gpu.py", "--device", "cpu", "--smoke", "--out", str(tmp_path)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "encoder_step.json").read_text())
+    results = {r["mode"]: r for r in report["results"]}
+    assert set(results) == {"off", "on, window 1", "on, window 4", "on, window 4, across"}
+    for result in results.values():
+        assert result["dp"] == 2 and result["steps_timed"] == 2
+        for step in result["steps"]:
+            assert len(step["rank_ms"]) == 2 and all(ms > 0 for ms in step["rank_ms"])
+            assert sum(len(ids) for ids in step["sample_ids"]) == 2
+        assert result["slowest_sum_ms"] >= result["mean_sum_ms"] > 0
+    off, on = results["off"]["steps"], results["on, window 1"]["steps"]
+    for before, after in zip(off, on, strict=True):
+        # The same global micro-batch, balanced: the heaviest rank never carries more image tokens (exact search).
+        assert sorted(sum(before["sample_ids"], [])) == sorted(sum(after["sample_ids"], []))
+        assert max(after["image_tokens"]) <= max(before["image_tokens"])
+    assert "| dp | micro-batch | mode |" in (tmp_path / "encoder_step.md").read_text()
+
+
+def test_energon_source_benchmark_runs_small(tmp_path):
+    import subprocess
+
+    result = subprocess.run([sys.executable, "benchmarks/energon_source.py", "--samples", "300", "--cache", str(tmp_path / "data")],
+                            cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [line.split("|") for line in result.stdout.splitlines() if line.startswith("| energon |") or line.startswith("| mimo |")]
+    assert [row[1].strip() for row in rows] == ["energon", "mimo"] and all(row[2].strip() == "300" for row in rows)
+
+
+def test_split_search_smoke_measures_every_split_and_validates_the_chosen_ones(tmp_path):
+    measured, validated = tmp_path / "measured", tmp_path / "validated"
+    assert split_search_gpu.main(["--device", "cpu", "--smoke", "--layouts", "4x8", "--steps", "1", "--out", str(measured)]) == 0
+    body = json.loads((measured / "results.json").read_text())
+    assert body["steps_timed"] == {"4x8": 1} and all(t >= 0 for t in body["tables"]["4x8"].values())
+    result = json.loads((measured / "evaluation.json").read_text())[0]
+    best = result["methods"]["best"]["slowest_ms"]
+    # The best split is the minimum over every split of the same table, so no planner beats it there.
+    assert all(best <= m["slowest_ms"] + 1e-9 for m in result["methods"].values())
+    assert split_search_gpu.main(["--device", "cpu", "--smoke", "--layouts", "4x8", "--from-results", str(measured / "results.json"),
+                                  "--validate", "--repeats", "1", "--out", str(validated)]) == 0
+    fresh = json.loads((validated / "validation.json").read_text())["timings"]["4x8"]
+    config = split_search_gpu.PipelineConfig
+    samples = split_search_gpu.processed_samples(16, config.seq_length, lambda line: None)
+    model = split_search_gpu.TimeModel(**{k: v for k, v in body["model"].items() if k not in ("format", "version")})
+    chosen = split_search_gpu.chosen_splits(samples, body["tables"]["4x8"], model, 4, 8, 1, config.seed)
+    assert set(fresh) == {k for per_step in chosen.values() for ks in per_step for k in ks}
+
+
+def test_time_model_gpu_smoke_run(tmp_path):
+    assert time_model_gpu.main(["--device", "cpu", "--smoke", "--out", str(tmp_path)]) == 0
+    body = json.loads((tmp_path / "results.json").read_text())
+    modes = sorted((r["cost"], r["mode"]) for r in body["results"])
+    assert modes == [("calibrated", "across"), ("calibrated", "micro-batch"), ("calibrated, no floor", "across"),
+                     ("linear", "across"), ("linear", "micro-batch"), ("linear", "off")]
+    for result in body["results"]:
+        assert len(result["steps"]) == 2 and all(len(step["measured_s"]) == 2 for step in result["steps"])
+    assert "| vision dp 2, micro-batch 8 |" in (tmp_path / "results.md").read_text()
+    assert (tmp_path / "time_model.json").is_file()
