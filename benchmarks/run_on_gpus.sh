@@ -16,7 +16,7 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/install-self
     >"$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 echo "== NCCL exchange tests"
-timeout 300 python3 -m pytest -q -p no:cacheprovider tests/dist/test_nccl_exchange.py 2>&1 | tail -15 | tee "$OUT/tests.txt"
+timeout 300 python3 -m pytest -q -p no:cacheprovider tests/distributed/test_nccl_exchange.py 2>&1 | tail -15 | tee "$OUT/tests.txt"
 for part in overlap memory bandwidth metrics_cost; do
     echo "== exchange benchmark ($part), NCCL"
     timeout 420 python3 benchmarks/exchange_$part.py --backend nccl --no-docs --out "$OUT/nccl" >"$OUT/${part}_nccl.log" 2>&1

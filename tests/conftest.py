@@ -1,10 +1,10 @@
 """Fixtures and tiers shared by the test modules.
 
-Tests live in folders by tier: ``unit/`` (pure logic and single-process nodes), ``dist/`` (multi-rank scenarios
+Tests live in folders by tier: ``unit/`` (pure logic and single-process nodes), ``distributed/`` (multi-rank scenarios
 in the warm Gloo pool), ``launch/`` (real launches), with their helpers in ``helpers/``. Every test under
-``dist/`` or using the ``gloo_pool`` fixture is marked ``dist``, every test under ``launch/`` ``launch``, so
+``distributed/`` or using the ``gloo_pool`` fixture is marked ``dist``, every test under ``launch/`` ``launch``, so
 ``pytest -m "not dist and not launch"`` is the unit run. A few tests beside their module's fixtures in
-``unit/`` or ``dist/`` start real processes (fresh interpreters, worker processes, spawned ranks): they carry
+``unit/`` or ``distributed/`` start real processes (fresh interpreters, worker processes, spawned ranks): they carry
 the ``launch`` mark themselves.
 """
 
@@ -17,7 +17,7 @@ import pytest
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # Helpers and the modules of every tier import each other by name (a scenario's function is found by module).
-sys.path[:0] = [os.path.join(_HERE, tier) for tier in ("helpers", "unit", "dist", "launch")]
+sys.path[:0] = [os.path.join(_HERE, tier) for tier in ("helpers", "unit", "distributed", "launch")]
 
 from dist_pool import DistPool, close_shared_pool, shared_pool  # noqa: E402 - the folders are put on the path just above
 
@@ -33,7 +33,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         tier = os.path.basename(os.path.dirname(str(item.fspath)))
         if tier == "launch":
             item.add_marker(pytest.mark.launch)
-        elif tier == "dist" or "gloo_pool" in getattr(item, "fixturenames", ()):
+        elif tier == "distributed" or "gloo_pool" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.dist)
 
 

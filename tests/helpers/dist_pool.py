@@ -18,7 +18,7 @@ from typing import Any
 
 # Scenarios live in the helpers folder and in the test modules of every tier: a worker unpickles them by name.
 TESTS_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TEST_DIRS = [os.path.join(TESTS_ROOT, tier) for tier in ("helpers", "unit", "dist", "launch")]
+TEST_DIRS = [os.path.join(TESTS_ROOT, tier) for tier in ("helpers", "unit", "distributed", "launch")]
 
 
 def free_port() -> int:
