@@ -22,7 +22,7 @@ otherwise.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -98,8 +98,8 @@ def _plan_path(flat: np.ndarray, plan: list[np.ndarray], floor: int) -> int:
     return _path(np.stack([flat[rows].sum(axis=1) for rows in plan]), floor)
 
 
-def _compositions(order: np.ndarray, count: int, num_slots: int, floor: int) -> np.ndarray:
-    """Ways to choose which samples form each micro-batch: (n, W, B) flat indices, every row in sorted
+def _compositions(order: np.ndarray, count: int, num_slots: int, floor: int) -> Iterator[np.ndarray]:
+    """Ways to choose which samples form each micro-batch: (W, B) flat indices each, every row in sorted
     order, in the order of preference on ties (the window as it stands is the caller's, before these).
 
     ``runs`` gives micro-batch m the m-th run of B sorted samples (like samples together: right without a
@@ -107,18 +107,19 @@ def _compositions(order: np.ndarray, count: int, num_slots: int, floor: int) -> 
     micro-batches back and forth, so every micro-batch gets heavy and light samples, none sits below the
     floor, and a heavy chunk's samples can each have a slot of their own. With a floor, hybrids keep the
     h heaviest runs and deal the rest. Runs with f fillers (f a power of two or a multiple of G below B)
-    complete each run of B - f with the f lightest samples left. All of them together are a few dozen
-    times the window at most (their number grows with log B, W and B/G), scored in one batched bound."""
+    complete each run of B - f with the f lightest samples left. Their number grows with W and B/G, so
+    they are made one at a time: a caller that scores each and keeps the best holds a few windows' worth
+    of memory, never all of them at once."""
     size = order.shape[0] // count
     runs = order.reshape(count, size)
-    found = [runs, _snake(order, count, num_slots)]
+    yield runs
+    yield _snake(order, count, num_slots)
     if floor and size > num_slots:
         for heads in range(1, count - 1):
-            found.append(np.concatenate((runs[:heads], _snake(order[heads * size :], count - heads, num_slots))))
+            yield np.concatenate((runs[:heads], _snake(order[heads * size :], count - heads, num_slots)))
     if count > 1 and size > num_slots:
         for fillers in _filler_counts(size, num_slots):
-            found.append(_with_fillers(order, count, size, fillers))
-    return np.stack(found)
+            yield _with_fillers(order, count, size, fillers)
 
 
 def _filler_counts(size: int, num_slots: int) -> list[int]:
@@ -148,13 +149,11 @@ def _snake(order: np.ndarray, count: int, num_slots: int) -> np.ndarray:
     return chunks.transpose(1, 0, 2).reshape(count, -1)
 
 
-def _estimates(sorted_rows: np.ndarray, num_slots: int, floor: int) -> np.ndarray:
-    """Lower bounds on the critical path of compositions (n, W, B), rows sorted heaviest first: each
+def _estimate(sorted_rows: np.ndarray, num_slots: int, floor: int) -> int:
+    """Lower bound on the critical path of a composition (W, B), rows sorted heaviest first: each
     balanced micro-batch costs at least max(floor, its lower bound). Balanced by the engine they come
     close to it, so it ranks compositions without balancing them."""
-    count, rows, size = sorted_rows.shape
-    bounds = rows_lower_bound(sorted_rows.reshape(count * rows, size), num_slots)
-    return np.maximum(bounds, floor).reshape(count, rows).sum(axis=1)
+    return int(np.maximum(rows_lower_bound(sorted_rows, num_slots), floor).sum())
 
 
 def _balanced(
@@ -369,10 +368,14 @@ def balance_window(
     # The window as it stands is a composition too (and no plan that keeps every sample in its
     # micro-batch costs less than its estimate): estimated first, so it wins ties.
     still_rows = np.argsort(-window, axis=1, kind="stable") + still[:, :1]  # rows sorted, flat indices
-    compositions = np.concatenate((still_rows[None], _compositions(order, count, num_slots, floor)))
-    estimates = _estimates(flat[compositions], num_slots, floor)
-    pick = int(np.argmin(estimates))  # the first of the lowest
-    chosen, still_estimate = compositions[pick], int(estimates[0])
+    # Scored one at a time (memory stays a few windows, however many compositions there are); the first
+    # of the lowest wins.
+    pick, chosen = 0, still_rows
+    still_estimate = best = _estimate(flat[still_rows], num_slots, floor)
+    for number, rows in enumerate(_compositions(order, count, num_slots, floor), start=1):
+        value = _estimate(flat[rows], num_slots, floor)
+        if value < best:
+            pick, chosen, best = number, rows, value
     search = size // num_slots > 1 and flat.shape[0] <= SEARCH_MAX_SAMPLES
     if search:
         # The starts of the former planner stay (sorted runs, balanced as before; the engine on every
