@@ -10,7 +10,8 @@ former starts (sorted runs, and the search across micro-batches when they are mo
 the window bound) and add the chosen composition, heads then fill, fill to level, and pairs filled to
 a level as starts, so none is planned worse than before. The result is compared with balancing every
 micro-batch where it stands (when a bound says it could win); windows of at most 64 samples then go
-to a branch and bound over every plan (``window_search``) with that result as the incumbent; last,
+to a branch and bound over every plan (``bin_search``, then ``window_search``) with that result as the
+incumbent; last,
 the window as it stands (contiguous slots, nothing moves) wins if it is no worse. docs/balancing.md
 has the details.
 
@@ -26,6 +27,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from mimo_pipes.balance.bin_search import search_bins
 from mimo_pipes.balance.canonical import loads_of, sort_order
 from mimo_pipes.balance.lpt import lpt_members
 from mimo_pipes.balance.microbatch import plan_indices, plan_members
@@ -328,7 +330,15 @@ def _searched(
     lower = window_path_bound(costs, count, num_slots, floor)
     if (path - lower) * NEAR_BOUND <= lower:
         return plans, path  # within 0.1% of the bound: the search cannot gain enough to pay for itself
-    result = search_window(costs.tolist(), count, num_slots, floor, path, lower, EXACT_NODES)
+    # First over bins alone (no micro-batch labels: equal costs and equal bins are tried once, whatever
+    # micro-batch they would sit in), then, unless that proved its result, the labelled search (its
+    # per-micro-batch room bound cuts other branches) from the best plan so far; one budget for both.
+    values = costs.tolist()
+    result = search_bins(values, count, num_slots, floor, path, lower, EXACT_NODES // 2)
+    if not result.proven:
+        labelled = search_window(values, count, num_slots, floor, result.best, lower, EXACT_NODES - result.nodes)
+        if labelled.bins is not None:
+            result = labelled
     if result.bins is None:
         return plans, path
     bins = np.asarray(result.bins, dtype=np.int64)
