@@ -34,7 +34,7 @@ from mimo_pipes.balance.microbatch import plan_indices, plan_members
 from mimo_pipes.balance.quality import rows_lower_bound, window_lower_bound, window_path_bound
 from mimo_pipes.balance.refine import refine_members
 from mimo_pipes.balance.validate import check_floor, check_window
-from mimo_pipes.balance.window_search import search_window
+from mimo_pipes.balance.window_search import WindowSearch, search_window
 
 # Budgets of the search across micro-batches (counts, so the result never depends on the machine):
 # swaps taken, and candidate swaps looked at (a few ms of numpy on a busy 2-core machine).
@@ -55,6 +55,9 @@ LIGHT_ROUNDS = 2
 # plan (``window_search``), the best plan so far as incumbent, with this budget of samples placed.
 EXACT_MAX_SAMPLES = 64
 EXACT_NODES = 500
+# The search over unlabelled bins goes first when the window has at most 1/TIES as many distinct costs as
+# samples (equal costs are what it does not repeat).
+TIES = 2
 # Windows too large to search (up to CERTIFY_MAX_SAMPLES) get one more start, fill to level, only when
 # the path bound cannot certify the plan within 1/CERTIFY_GAP (3%) of the optimum: it places one sample at
 # a time (tens of ms at 4096 samples), which windows near their bound do not pay.
@@ -330,11 +333,14 @@ def _searched(
     lower = window_path_bound(costs, count, num_slots, floor)
     if (path - lower) * NEAR_BOUND <= lower:
         return plans, path  # within 0.1% of the bound: the search cannot gain enough to pay for itself
-    # First over bins alone (no micro-batch labels: equal costs and equal bins are tried once, whatever
-    # micro-batch they would sit in), then, unless that proved its result, the labelled search (its
-    # per-micro-batch room bound cuts other branches) from the best plan so far; one budget for both.
+    # With many equal costs (at most half as many distinct costs as samples: text-only zeros, images of a few
+    # resolutions), first over bins alone (no micro-batch labels: equal costs and equal bins are tried once,
+    # whatever micro-batch they would sit in), on half the budget; then, unless that proved its result, the
+    # labelled search (its per-micro-batch room bound cuts more where costs differ) from the best plan so far.
     values = costs.tolist()
-    result = search_bins(values, count, num_slots, floor, path, lower, EXACT_NODES // 2)
+    result = WindowSearch(None, path, False, 0)
+    if len(set(values)) * TIES <= len(values):
+        result = search_bins(values, count, num_slots, floor, path, lower, EXACT_NODES // 2)
     if not result.proven:
         labelled = search_window(values, count, num_slots, floor, result.best, lower, EXACT_NODES - result.nodes)
         if labelled.bins is not None:
