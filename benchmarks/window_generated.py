@@ -1,5 +1,5 @@
 """The across-micro-batch planner on many generated windows of varied shapes against exact optima or the
-best plans known (part of balance.py's "Balancing" section; runs alone too).
+best plans known (docs/benchmarks.md, "Generated windows"; balance.py's own windows are in "Balancing").
 
 Shapes: W from 2 to 8 micro-batches, G from 2 to 16 slots, 1 to 4 samples per slot, at most 128 samples.
 Costs: a text-only share from 0 to 80% (cost 0), the rest heavy-tailed image costs, either free (Pareto
