@@ -4,7 +4,7 @@ the driver that starts the ranks, summarizes and writes the docs. Each ``exchang
 The ranks run one module of DP 2 (``language=dp=2``) or, with ``--ranks 4``, ``language=dp=2`` +
 ``images=dp=2``, on SyntheticProcessedDataset samples (Qwen2-VL-sized pixel rows, ``--patch-dim 1176``),
 micro-batch 8 (4 samples per rank). Everything they learn about an exchange comes from the exchange's
-timing hook (:mod:`mimo_pipes.observer`) and public node methods: nothing of the library is patched.
+timing hook (:mod:`mimo_pipes.observe.observer`) and public node methods: nothing of the library is patched.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 import _dist
 
-from mimo_pipes.collate import Collator
+from mimo_pipes.samples.collate import Collator
 
 COMPONENTS = {
     2: ("language=tp=1,pp=1,dp=2,rank_offset=0",),
@@ -98,8 +98,8 @@ def rank_env(world_size: int, opts: dict) -> dict:
     import torch
 
     from mimo_pipes.exchange.process_groups import build_rank_groups
+    from mimo_pipes.parallel.topology import build_topology
     from mimo_pipes.testing import SyntheticProcessedDataset
-    from mimo_pipes.topology import build_topology
 
     torch.set_num_threads(1)
     components = COMPONENTS[world_size]
@@ -211,7 +211,7 @@ def training_run(env: dict, opts: dict, loader: Any, window: int, *, observe: bo
 
 def own_positions(record: Any) -> range:
     """Canonical positions this rank held before the exchange."""
-    per_rank = record.microbatch_size // record.dp_size
+    per_rank = record.micro_batch_size // record.dp_size
     return range(record.dp_rank * per_rank, (record.dp_rank + 1) * per_rank)
 
 

@@ -29,7 +29,8 @@ from mimo_pipes.analysis.row_counts import count_rows  # noqa: E402
 from mimo_pipes.config import PipelineConfig, ReorderConfig  # noqa: E402
 from mimo_pipes.data.cache import CACHE_ENV  # noqa: E402
 from mimo_pipes.data.dataset import default_dataset_path, open_dataset  # noqa: E402
-from mimo_pipes.data.processor import default_processor_path, load_processor  # noqa: E402
+from mimo_pipes.data.embedded_processor import default_processor_path  # noqa: E402
+from mimo_pipes.data.processor import load_processor
 
 
 def repeated_dataset(base: int, samples: int):

@@ -32,8 +32,8 @@ def collation_contention(opts: dict, repeats: int = 40, rounds: int = 3) -> dict
     the GIL). Tells whether a concurrent exchange slows collation through the GIL or through the machine."""
     import torch
 
-    from mimo_pipes.collate import collate_microbatch
-    from mimo_pipes.exchange.wire_format import layout_sample, unpack_samples
+    from mimo_pipes.exchange.wire_format import decode_samples, sample_encoding
+    from mimo_pipes.samples.collate import collate_microbatch
     from mimo_pipes.testing import SyntheticProcessedDataset
 
     torch.set_num_threads(1)
@@ -47,12 +47,12 @@ def collation_contention(opts: dict, repeats: int = 40, rounds: int = 3) -> dict
 
     def exchange_work() -> None:
         while not stop.is_set():
-            layouts = [layout_sample(sample) for sample in moved]
+            layouts = [sample_encoding(sample) for sample in moved]
             buffer = torch.empty(sum(layout.size for layout in layouts), dtype=torch.uint8)
             offset = 0
             for layout in layouts:
                 offset = layout.write_into(buffer, offset)
-            unpack_samples(buffer, sizes=[layout.size for layout in layouts])
+            decode_samples(buffer, sizes=[layout.size for layout in layouts])
 
     def copies_new() -> None:
         while not stop.is_set():

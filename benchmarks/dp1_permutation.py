@@ -46,7 +46,7 @@ def make_windows(samples: int, slots: int, count: int, dataset_size: int, patch_
             return items[index]
 
     node: BaseNode = CanonicalShardReader(
-        Cached(), microbatch_size=samples, dp_rank=0, dp_size=1, grid_size=slots, seed=seed, dataloader_type="cyclic"
+        Cached(), micro_batch_size=samples, dp_rank=0, dp_size=1, grid_size=slots, seed=seed, dataloader_type="cyclic"
     )
     node = CostAnnotator(node, image_token_id=IMAGE_TOKEN_ID, encoder_weight=1, language_weight=0)
     node = Windower(node, samples_per_microbatch=samples, window_size=1)

@@ -90,7 +90,8 @@ def _loader_rank(rank: int, world: int, port: int, dps: list[int], tasks: Any, b
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=3600))
     groups = {dp: dist.new_group(list(range(dp))) for dp in dps}  # collective: every rank, same order
-    from mimo_pipes.data.processor import default_processor_path, load_processor
+    from mimo_pipes.data.embedded_processor import default_processor_path
+    from mimo_pipes.data.processor import load_processor
     from mimo_pipes.exchange import RankLayout
     from mimo_pipes_recipes import vlm_sft
 
@@ -211,7 +212,7 @@ class Timer:
 
 def fwd_bwd(tower: Any, payload: dict, device: str) -> Any:
     """Forward and backward of one rank's micro-batch; inputs are on the device before the timer starts."""
-    from mimo_pipes.encoders import encode
+    from mimo_pipes.train.encoders import encode
 
     if payload["pixel_values"].shape[0] == 0:
         return None
@@ -225,7 +226,7 @@ def warm_up(tower: Any, device: str) -> None:
     kernel selection), so the first case is not charged for them."""
     import torch
 
-    from mimo_pipes.encoders import patch_dim
+    from mimo_pipes.train.encoders import patch_dim
 
     dtype = next(tower.parameters()).dtype
     for grids in ([[1, 32, 32]], [[1, 64, 64]], [[4, 16, 16]], [[1, 96, 96]], [[2, 40, 60]]):
@@ -334,8 +335,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from mimo_pipes.data.processor import default_processor_path
-    from mimo_pipes.encoders import build_vision_tower
+    from mimo_pipes.data.embedded_processor import default_processor_path
+    from mimo_pipes.train.encoders import build_vision_tower
 
     dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
     loader_args = {"seq_length": args.seq_length, "seed": args.seed, "embedded_samples": args.embedded_samples,

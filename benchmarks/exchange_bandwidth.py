@@ -3,7 +3,7 @@
 On ready windows (reader, cost annotator, windower as the graph builds them), each rank alternates
 ``exchange_window`` (reusing its byte buffers, as the node does) with a raw ``all_to_all_single`` of the
 same splits on the same group, on preallocated buffers and on fresh ones. The splits and the phase times
-come from the exchange's own record (``exchange_window(..., record=...)``, mimo_pipes.observer).
+come from the exchange's own record (``exchange_window(..., record=...)``, mimo_pipes.observe.observer).
 
     python benchmarks/exchange_bandwidth.py [--ranks 2|4] [--windows 1 4] [--out DIR]
     torchrun --nproc-per-node 2 benchmarks/exchange_bandwidth.py --backend nccl --out DIR   # or spawned: without torchrun
@@ -31,7 +31,7 @@ def make_windows(env: dict, opts: dict, window: int, count: int) -> list:
     position, topology = env["groups"].position, env["topology"]
     config = common.pipeline_config(env["components"], opts, True, False, window)
     encoder_weight, language_weight = config.reorder.integer_cost_weights()
-    node = CanonicalShardReader(env["dataset"], microbatch_size=opts["micro_batch_size"], dp_rank=position.dp_rank,
+    node = CanonicalShardReader(env["dataset"], micro_batch_size=opts["micro_batch_size"], dp_rank=position.dp_rank,
                                 dp_size=position.dp_size, grid_size=topology.grid_size,
                                 seed=opts["seed"] + 1,  # other windows than the training runs'
                                 dataloader_type="cyclic")
@@ -54,7 +54,7 @@ def splits_of(record: Any) -> tuple[list[int], list[int]] | None:
 
     if not record.bytes_sent and not record.bytes_received:
         return None
-    plan = plan_exchange(record.assignment, record.dp_rank, record.dp_size, record.grid_size, record.microbatch_size)
+    plan = plan_exchange(record.assignment, record.dp_rank, record.dp_size, record.grid_size, record.micro_batch_size)
     sizes = [size for row in record.packed_bytes for size in row]
     if not plan.any_moves:
         return None
@@ -66,7 +66,7 @@ def bandwidth(env: dict, opts: dict, window: int) -> dict:
     import torch.distributed as dist
 
     from mimo_pipes.exchange import ExchangeBuffers, ExchangeContext, exchange_window
-    from mimo_pipes.observer import ExchangeRecord
+    from mimo_pipes.observe.observer import ExchangeRecord
 
     groups, topology, device = env["groups"], env["topology"], env["device"]
     position = groups.position

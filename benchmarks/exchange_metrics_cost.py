@@ -44,7 +44,7 @@ def rank_main(rank: int, world_size: int, opts: dict) -> dict:
 def arithmetic(env: dict, opts: dict, window: int, repeats: int = 20) -> dict:
     """The metrics' own work, timed alone on records of real windows: the figures (on the exchanging thread)
     and the fold into the running totals (on delivery)."""
-    from mimo_pipes.metrics import MetricsAccumulator, window_metrics
+    from mimo_pipes.observe.metrics import MetricsAccumulator, window_metrics
 
     loader = common.build_loader(env, opts, reorder=True, overlap=False, window=window)
     records = []

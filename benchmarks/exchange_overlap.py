@@ -6,7 +6,7 @@ number over its DP group (the gradient all-reduce that keeps ranks in step). Mod
 round: reordering with overlap, without overlap, and no reordering (and, with ``--prefetch-delay-ms``, overlap
 with each background exchange held until that long after the consumer took the previous window). The share
 of the exchange that overlap hides is 1 - (on - none) / (off - none) of mean next() times. The waits and
-collation times come from the exchange's records (mimo_pipes.observer).
+collation times come from the exchange's records (mimo_pipes.observe.observer).
 
     python benchmarks/exchange_overlap.py [--ranks 2|4] [--compute-ms 150] [--rounds 4] [--out DIR]
     torchrun --nproc-per-node 2 benchmarks/exchange_overlap.py --backend nccl --out DIR   # or spawned: without torchrun

@@ -119,7 +119,7 @@ def processor_folder(folder: Path, max_pixels: int) -> Path:
     """The built-in processor with another ``max_pixels`` (the same tokenizer and patches)."""
     from transformers import Qwen2VLImageProcessorPil
 
-    from mimo_pipes.data.processor import MERGE_SIZE, MIN_PIXELS, PATCH_SIZE, TEMPORAL_PATCH_SIZE, build_tokenizer
+    from mimo_pipes.data.embedded_processor import MERGE_SIZE, MIN_PIXELS, PATCH_SIZE, TEMPORAL_PATCH_SIZE, build_tokenizer
 
     if not (folder / "preprocessor_config.json").is_file():
         folder.mkdir(parents=True, exist_ok=True)
@@ -161,7 +161,7 @@ class Sampler(threading.Thread):
         self.peak_exchanged = self.peak_processed = self.peak_total = 0
 
     def run(self) -> None:
-        from mimo_pipes.sample import held_bytes
+        from mimo_pipes.samples.sample import held_bytes
 
         while not self.done.wait(0.005):  # errors end the run: a sampler that stopped would under-report
             exchanged = sum(held_bytes(window) for window in self.exchange.prefetched_windows())
@@ -184,9 +184,9 @@ def rank_main(rank: int, world_size: int, case: dict[str, Any]) -> dict[str, Any
     from mimo_pipes.config import PipelineConfig, ReorderConfig
     from mimo_pipes.data.module_processor import ModuleProcessor
     from mimo_pipes.data.sources import open_source
-    from mimo_pipes.module_fields import module_fields
     from mimo_pipes.nodes import RowProcessor
-    from mimo_pipes.observer import ExchangeRecord
+    from mimo_pipes.observe.observer import ExchangeRecord
+    from mimo_pipes.samples.module_fields import module_fields
     from mimo_pipes_recipes import vlm_sft
 
     config = PipelineConfig(
@@ -242,7 +242,7 @@ def rank_main(rank: int, world_size: int, case: dict[str, Any]) -> dict[str, Any
 
 
 def _nodes(loader: Any) -> list[Any]:
-    from mimo_pipes.loader import graph_nodes
+    from mimo_pipes.graph.loader import graph_nodes
 
     return graph_nodes(loader.root)
 
@@ -352,7 +352,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from mimo_pipes.data.dataset import default_dataset_path
-    from mimo_pipes.data.processor import MAX_PIXELS, default_processor_path
+    from mimo_pipes.data.embedded_processor import MAX_PIXELS, default_processor_path
 
     info = _dist.machine()
     max_pixels = args.max_pixels or MAX_PIXELS

@@ -29,9 +29,9 @@ from typing import Any
 
 import torch
 
-from mimo_pipes.collate import collate_microbatch
 from mimo_pipes.data import KIND_MIX, default_dataset_path, default_processor_path, load_processor, open_dataset
-from mimo_pipes.thd import CU_SEQLENS, CU_SEQLENS_UNPADDED, pack_microbatch
+from mimo_pipes.samples.collate import collate_microbatch
+from mimo_pipes.samples.thd import CU_SEQLENS, CU_SEQLENS_UNPADDED, pack_microbatch
 
 WHOLE_MIX = "embedded (all kinds)"
 LAYOUTS = ("padded to seq-length", "padded to longest", "packed", "packed, multiple K")

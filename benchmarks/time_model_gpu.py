@@ -37,18 +37,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mimo_pipes.balance import balance_window  # noqa: E402
 from mimo_pipes.config import PipelineConfig, ReorderConfig, planner_settings  # noqa: E402
-from mimo_pipes.cost import (
+from mimo_pipes.data.embedded_processor import default_processor_path  # noqa: E402
+from mimo_pipes.data.processor import load_processor
+from mimo_pipes.data.synthetic import KINDS, kind_counts, make_row  # noqa: E402
+from mimo_pipes.parallel.sharding import global_microbatch_indices  # noqa: E402
+from mimo_pipes.parallel.topology import build_topology  # noqa: E402
+from mimo_pipes.samples.cost import (
     image_token_count,  # noqa: E402
     placeholder_runs,  # noqa: E402
 )
-from mimo_pipes.data.processor import default_processor_path, load_processor  # noqa: E402
-from mimo_pipes.data.synthetic import KINDS, kind_counts, make_row  # noqa: E402
-from mimo_pipes.encoders import build_vision_tower, encode, patch_dim  # noqa: E402
-from mimo_pipes.sharding import global_microbatch_indices  # noqa: E402
 from mimo_pipes.time_model.calibrate import calibrate, fit_report, time_in_rounds  # noqa: E402
 from mimo_pipes.time_model.model import TimeModel, load_time_model, save_time_model
 from mimo_pipes.time_model.sweep import SWEEPS  # noqa: E402
-from mimo_pipes.topology import build_topology  # noqa: E402
+from mimo_pipes.train.encoders import build_vision_tower, encode, patch_dim  # noqa: E402
 
 LAYOUTS = ((2, 8), (4, 8), (4, 16))  # (vision dp, micro-batch size): the layouts docs/benchmarks.md reports
 COSTS = ("linear", "calibrated", "calibrated, no floor")
@@ -78,12 +79,12 @@ def processed_samples(num_samples: int, seq_length: int, log) -> list[dict]:
     return samples
 
 
-def rank_assignments(costs: list[list[int]], dp: int, microbatch_size: int, reorder: bool, across: bool, floor: int) -> list[list[list[int]]]:
+def rank_assignments(costs: list[list[int]], dp: int, micro_batch_size: int, reorder: bool, across: bool, floor: int) -> list[list[list[int]]]:
     """Per micro-batch of the window, per vision rank: positions (m*B + j) of the samples it gets."""
     count = len(costs)
-    per_rank = microbatch_size // dp
+    per_rank = micro_batch_size // dp
     if not reorder:
-        return [[list(range(m * microbatch_size + r * per_rank, m * microbatch_size + (r + 1) * per_rank)) for r in range(dp)] for m in range(count)]
+        return [[list(range(m * micro_batch_size + r * per_rank, m * micro_batch_size + (r + 1) * per_rank)) for r in range(dp)] for m in range(count)]
     plan = balance_window(costs, dp, across_microbatches=across, floor=floor)  # grid = vision dp: one slot per rank
     return [[sorted(slot) for slot in slots] for slots in plan]
 
@@ -126,19 +127,19 @@ def planner_floor(dp: int, reorder: ReorderConfig, model: TimeModel | None) -> i
     return planner_settings(build_topology(components_of(dp)), reorder, model).floor
 
 
-def plan_layout(samples, model: TimeModel, dp: int, microbatch_size: int, steps: int, window: int, cost: str, mode: str,
+def plan_layout(samples, model: TimeModel, dp: int, micro_batch_size: int, steps: int, window: int, cost: str, mode: str,
                 seed: int) -> dict:
     """One configuration's assignment: per step, each vision rank's image grids, modelled time and image tokens."""
     components = components_of(dp)
     reorder = ReorderConfig(scalable_dp=True, intra_microbatch_reorder=mode != "off",
                             reorder_window_size=window, reorder_across_microbatches=mode == "across")
-    config = PipelineConfig(components=components, micro_batch_size=microbatch_size, seed=seed, reorder=reorder)
+    config = PipelineConfig(components=components, micro_batch_size=micro_batch_size, seed=seed, reorder=reorder)
     config.validate(world_size=2 * dp)
     # "calibrated, no floor": the model's costs, planned as if a forward cost the sum of its images (floor 0)
     floor = planner_floor(dp, reorder, model if cost == "calibrated" else None)
     per_step = []
     for first in range(0, steps, window):
-        ids = [global_microbatch_indices(s, len(samples), microbatch_size, seed, True).tolist() for s in range(first, min(first + window, steps))]
+        ids = [global_microbatch_indices(s, len(samples), micro_batch_size, seed, True).tolist() for s in range(first, min(first + window, steps))]
         flat = [i for row in ids for i in row]
         if cost == "linear":
             costs = [[samples[i]["image_tokens"] for i in row] for row in ids]
@@ -146,13 +147,13 @@ def plan_layout(samples, model: TimeModel, dp: int, microbatch_size: int, steps:
             raise ValueError(f"cost {cost!r} is not one of {COSTS}")
         else:
             costs = [[model.encoder_time_ns(samples[i]["runs"]) for i in row] for row in ids]
-        for ranks in rank_assignments(costs, dp, microbatch_size, mode != "off", mode == "across", floor):
+        for ranks in rank_assignments(costs, dp, micro_batch_size, mode != "off", mode == "across", floor):
             per_step.append({
                 "grids": [[g for position in positions for g in samples[flat[position]]["grid"]] for positions in ranks],
                 "modelled_s": [model.forward_time_ns([r for p in positions for r in samples[flat[p]]["runs"]]) / 1e9 for positions in ranks],
                 "image_tokens": [sum(samples[flat[p]]["image_tokens"] for p in positions) for positions in ranks],
             })
-    return {"dp": dp, "microbatch_size": microbatch_size, "window": window, "cost": cost, "mode": mode, "steps": per_step}
+    return {"dp": dp, "microbatch_size": micro_batch_size, "window": window, "cost": cost, "mode": mode, "steps": per_step}
 
 
 def time_layout(plan: dict, timer: Timer) -> dict:

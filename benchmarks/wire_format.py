@@ -5,11 +5,11 @@ Realistic samples: input_ids (2048 int64) plus pixel_values of R rows x 1176 flo
 
   clone        ``t.clone()`` of every tensor (fresh allocation each time)
   copy_        ``dst.copy_(t)`` into preallocated tensors (a pure memcpy, the floor for packing)
-  pack_into    ``pack_into`` into a preallocated buffer (how the exchange fills its send buffer)
-  pack_sample  ``pack_sample`` (allocates its output)
-  unpack view  ``unpack_sample`` zero-copy (tensors are views of the buffer)
-  unpack copy  ``unpack_sample(copy=True)``
-  round trip   pack_into + unpack copy
+  encode_into    ``encode_into`` into a preallocated buffer (how the exchange fills its send buffer)
+  encode_sample  ``encode_sample`` (allocates its output)
+  unpack view  ``decode_sample`` zero-copy (tensors are views of the buffer)
+  unpack copy  ``decode_sample(copy=True)``
+  round trip   encode_into + unpack copy
 
 Throughput is tensor payload bytes / time (GB/s, 1e9). Prints a Markdown table.
 
@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from mimo_pipes.exchange.wire_format import layout_sample, pack_into, pack_sample, packed_size, unpack_sample
+from mimo_pipes.exchange.wire_format import decode_sample, encode_into, encode_sample, encoded_size, sample_encoding
 
 ROWS = [0, 64, 256, 1024, 2500, 5000]
 
@@ -66,33 +66,33 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} intra-op threads, median of {args.repeats}")
     print()
     cols = ["clone", "copy_", "pack_into", "pack_sample", "unpack view", "unpack copy", "round trip"]
-    print("| pixel rows | payload MB | packed MB | " + " | ".join(f"{c} GB/s" for c in cols) + " | pack_into / copy_ |")
+    print("| pixel rows | payload MB | packed MB | " + " | ".join(f"{c} GB/s" for c in cols) + " | encode_into / copy_ |")
     print("|" + "---:|" * (len(cols) + 4))
     for rows in ROWS:
         s = make_sample(rows)
         tensors = [v for v in s.values() if isinstance(v, torch.Tensor)]
         payload = sum(t.numel() * t.element_size() for t in tensors)
-        size = packed_size(s)
+        size = encoded_size(s)
         buf = torch.empty(size, dtype=torch.uint8)
         dsts = [torch.empty_like(t) for t in tensors]
-        pack_into(s, buf)
-        assert layout_sample(s).size == size
+        encode_into(s, buf)
+        assert sample_encoding(s).size == size
 
         def copy_into():
             for d, t in zip(dsts, tensors):
                 d.copy_(t)
 
         def round_trip():
-            pack_into(s, buf)
-            unpack_sample(buf, copy=True)
+            encode_into(s, buf)
+            decode_sample(buf, copy=True)
 
         times = {
             "clone": timed(lambda: [t.clone() for t in tensors], args.repeats),
             "copy_": timed(copy_into, args.repeats),
-            "pack_into": timed(lambda: pack_into(s, buf), args.repeats),
-            "pack_sample": timed(lambda: pack_sample(s), args.repeats),
-            "unpack view": timed(lambda: unpack_sample(buf), args.repeats),
-            "unpack copy": timed(lambda: unpack_sample(buf, copy=True), args.repeats),
+            "pack_into": timed(lambda: encode_into(s, buf), args.repeats),
+            "pack_sample": timed(lambda: encode_sample(s), args.repeats),
+            "unpack view": timed(lambda: decode_sample(buf), args.repeats),
+            "unpack copy": timed(lambda: decode_sample(buf, copy=True), args.repeats),
             "round trip": timed(round_trip, args.repeats),
         }
         gbps = {k: payload / v / 1e9 for k, v in times.items()}

@@ -2,6 +2,6 @@
 
 __version__ = "0.1.0"
 
-from mimo_pipes.third_party import quiet_known_warnings as _quiet_known_warnings  # noqa: E402 - after the version
+from mimo_pipes.observe.third_party import quiet_known_warnings as _quiet_known_warnings  # noqa: E402 - after the version
 
 _quiet_known_warnings()

@@ -13,10 +13,10 @@ import os
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from mimo_pipes.cost_range import check_cost_range
 from mimo_pipes.errors import ConfigError
+from mimo_pipes.parallel.topology import COMPONENT_FLAG, Topology, build_topology
+from mimo_pipes.samples.cost_range import check_cost_range
 from mimo_pipes.time_model.model import TimeModel, TimeModelError, load_time_model
-from mimo_pipes.topology import COMPONENT_FLAG, Topology, build_topology
 
 DATALOADER_TYPES = ("single", "cyclic")
 EXCHANGE_TRANSPORTS = ("auto", "gloo", "nccl")
@@ -267,13 +267,13 @@ class PipelineConfig:
     def check_cost_range(self, topology: Topology, window_microbatches: int | None = None) -> None:
         """Every cost a sample of --seq-length tokens can have fits the planners' int64 sums over a window
         (``window_microbatches``, default the run's own): ConfigError naming the weight, the time model or
-        --seq-length (see :mod:`mimo_pipes.cost_range`)."""
+        --seq-length (see :mod:`mimo_pipes.samples.cost_range`)."""
         reorder = self.reorder
         model = reorder.load_time_model()
         window = window_microbatches or (reorder.reorder_window_size if reorder.intra_microbatch_reorder else 1)
         check_cost_range(
             (*reorder.integer_cost_weights(), reorder.integer_language_square_weight()), model,
-            max_tokens=self.seq_length, microbatch_size=self.micro_batch_size, window_microbatches=window,
+            max_tokens=self.seq_length, micro_batch_size=self.micro_batch_size, window_microbatches=window,
             floor=planner_settings(topology, reorder, model).floor,
         )
 
@@ -364,7 +364,7 @@ class JobOptions:
     save_state: str | None = None
     resume: str | None = None
     progress: bool = True
-    # Exchange metrics (mimo_pipes.metrics), written by DP rank 0 of each module.
+    # Exchange metrics (mimo_pipes.observe.metrics), written by DP rank 0 of each module.
     tensorboard: str | None = None  # event files under DIR/<module>/
     log_interval: int = 20  # a metrics line every N windows and at the end (0: only at the end)
     summary_json: str | None = None  # `run` writes its summary here as JSON (rank 0)

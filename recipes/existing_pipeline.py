@@ -5,7 +5,7 @@ your reader -> your mappers (Mapper / ParallelMapper) -> CostAnnotator -> Window
 
 Your part must yield this rank's B/d samples of every global micro-batch, in canonical order (DP rank r
 of d holds positions r*B/d .. (r+1)*B/d - 1), each a dict of unpadded tensors with ``sample_id`` and
-``step`` (see mimo_pipes/sample.py). :func:`build` appends the library's part; :func:`example_samples`
+``step`` (see mimo_pipes/samples/sample.py). :func:`build` appends the library's part; :func:`example_samples`
 shows one way to write the reader: a torch Sampler over this rank's positions, SamplerWrapper, Mapper.
 """
 
@@ -17,16 +17,16 @@ from typing import Any
 from torch.utils.data import Sampler
 from torchdata.nodes import BaseNode, Mapper, ParallelMapper, SamplerWrapper
 
+from mimo_pipes.checkpoint.resume import ResumePoint, reorder_window_size, resume_point
 from mimo_pipes.config import ReorderConfig
 from mimo_pipes.exchange import RankLayout
-from mimo_pipes.loader import GraphLoader
+from mimo_pipes.graph.loader import GraphLoader
+from mimo_pipes.graph.tail import balanced_tail
+from mimo_pipes.graph.tail_settings import resolve_tail
 from mimo_pipes.nodes import SnapshotGuard
-from mimo_pipes.resume import ResumePoint, reorder_window_size, resume_point
-from mimo_pipes.sample import SAMPLE_ID, STEP, Sample
-from mimo_pipes.sharding import shard_indices
-from mimo_pipes.tail import balanced_tail
-from mimo_pipes.tail_settings import resolve_tail
-from mimo_pipes.topology import build_topology
+from mimo_pipes.parallel.sharding import shard_indices
+from mimo_pipes.parallel.topology import build_topology
+from mimo_pipes.samples.sample import SAMPLE_ID, STEP, Sample
 
 
 def first_step(reorder: ReorderConfig, consumed_microbatches: int = 0) -> int:
@@ -66,27 +66,27 @@ def build(
         topology=build_topology(components) if components is not None else None,
         consumed_microbatches=consumed_microbatches,
     )
-    return GraphLoader(balanced_tail(samples, settings=tail, layout=layout), start_count=tail.resume.consumed)
+    return GraphLoader(balanced_tail(samples, settings=tail, layout=layout), consumed_microbatches=tail.resume.consumed)
 
 
 class RankShardSampler(Sampler):
     """Example reader: ``(step, dataset index)`` for this rank's positions of every global micro-batch
-    from ``start_step`` on, reshuffling each epoch from the seed. Never ends."""
+    from ``first_step`` on, reshuffling each epoch from the seed. Never ends."""
 
-    def __init__(self, dataset_size: int, *, micro_batch_size: int, layout: RankLayout, seed: int, start_step: int = 0) -> None:
+    def __init__(self, dataset_size: int, *, micro_batch_size: int, layout: RankLayout, seed: int, first_step: int = 0) -> None:
         self.dataset_size = dataset_size
         self.micro_batch_size = micro_batch_size
         self.layout = layout
         self.seed = seed
-        self.start_step = start_step
+        self.first_step = first_step
 
     def start_at(self, point: ResumePoint, saved_state: Any = None) -> None:
         """From the next fresh start on, begin at ``point.first_step``: what lets the loader continue a state
         saved under another layout (see ``GraphLoader.load_state_dict``)."""
-        self.start_step = point.first_step
+        self.first_step = point.first_step
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
-        rank, step = self.layout, self.start_step
+        rank, step = self.layout, self.first_step
         while True:
             for index in shard_indices(step, rank.dp_rank, rank.dp_size, self.dataset_size, self.micro_batch_size, self.seed, True):
                 yield step, int(index)
@@ -112,12 +112,12 @@ def example_samples(
     micro_batch_size: int,
     layout: RankLayout,
     seed: int,
-    start_step: int = 0,
+    first_step: int = 0,
     map_fn: Callable[[Sample], Sample] | None = None,
     num_workers: int = 2,
 ) -> BaseNode[Sample]:
     """A pipeline as a user might already have one: sampler -> SamplerWrapper -> Mapper -> ParallelMapper."""
-    sampler = RankShardSampler(len(dataset), micro_batch_size=micro_batch_size, layout=layout, seed=seed, start_step=start_step)
+    sampler = RankShardSampler(len(dataset), micro_batch_size=micro_batch_size, layout=layout, seed=seed, first_step=first_step)
     node: BaseNode[Sample] = Mapper(SamplerWrapper(sampler), _LoadRow(dataset))
     if map_fn is not None:
         # ParallelMapper keeps its source's state without copying it: SnapshotGuard hands it copies.

@@ -13,22 +13,23 @@ from typing import Any
 
 from torchdata.nodes import BaseNode, ParallelMapper
 
-from mimo_pipes.collate import FieldSpec
 from mimo_pipes.config import PipelineConfig, flag
 from mimo_pipes.data.dataset import default_dataset_path
+from mimo_pipes.data.embedded_processor import default_processor_path
 from mimo_pipes.data.module_processor import ModuleProcessor
-from mimo_pipes.data.processor import SampleProcessor, check_processor_path, default_processor_path, load_processor
+from mimo_pipes.data.processor import SampleProcessor, check_processor_path, load_processor
 from mimo_pipes.data.skipping import SkipBadRows
 from mimo_pipes.data.sources import check_source, dataset_folder, open_source
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange import RankLayout
-from mimo_pipes.loader import GraphLoader
-from mimo_pipes.module_fields import module_fields
+from mimo_pipes.graph.loader import GraphLoader
+from mimo_pipes.graph.tail import balanced_tail
+from mimo_pipes.graph.tail_settings import resolve_pipeline_tail
 from mimo_pipes.nodes import CanonicalShardReader, SnapshotGuard
 from mimo_pipes.nodes.canonical_shard_reader import MapStyleDataset
-from mimo_pipes.sample import Sample
-from mimo_pipes.tail import balanced_tail
-from mimo_pipes.tail_settings import resolve_pipeline_tail
+from mimo_pipes.samples.collate import FieldSpec
+from mimo_pipes.samples.module_fields import module_fields
+from mimo_pipes.samples.sample import Sample
 from mimo_pipes.time_model import TimeModelError
 
 
@@ -63,13 +64,13 @@ def pipeline(
     # This rank's B/d samples of every global micro-batch, from the window that holds the next one.
     node: BaseNode[Any] = CanonicalShardReader(
         dataset,
-        microbatch_size=config.micro_batch_size,
+        micro_batch_size=config.micro_batch_size,
         dp_rank=layout.dp_rank,
         dp_size=layout.dp_size,
         grid_size=layout.grid_size,
         seed=config.seed,
         dataloader_type=config.dataloader_type,
-        start_step=tail.resume.first_step,
+        first_step=tail.resume.first_step,
     )
     if map_fn is not None:
         # Processing, or with rows the counting (cheap: on threads). ParallelMapper keeps its source's state
@@ -80,7 +81,7 @@ def pipeline(
             multiprocessing_context="spawn" if method == "process" else None,
         )
     # CostAnnotator -> Windower -> BalanceExchange -> (RowProcessor ->) MicroBatchAssembler (-> SequencePacker).
-    return GraphLoader(balanced_tail(node, settings=tail, layout=layout, process_rows=process_rows), start_count=tail.resume.consumed)
+    return GraphLoader(balanced_tail(node, settings=tail, layout=layout, process_rows=process_rows), consumed_microbatches=tail.resume.consumed)
 
 
 def dataset_path(config: PipelineConfig) -> str:
@@ -158,7 +159,7 @@ def build(
                                whole_files=config.skip_bad_samples)
         map_fn = rows.count
     if config.skip_bad_samples:
-        map_fn = SkipBadRows(map_fn, dataset, microbatch_size=config.micro_batch_size, seed=config.seed,
+        map_fn = SkipBadRows(map_fn, dataset, micro_batch_size=config.micro_batch_size, seed=config.seed,
                              dataloader_type=config.dataloader_type)
     return pipeline(
         dataset,

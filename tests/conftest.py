@@ -1,4 +1,12 @@
-"""Fixtures shared by the test modules."""
+"""Fixtures and tiers shared by the test modules.
+
+Tests live in folders by tier: ``unit/`` (pure logic and single-process nodes), ``distributed/`` (multi-rank scenarios
+in the warm Gloo pool), ``launch/`` (real launches), with their helpers in ``helpers/``. Every test under
+``distributed/`` or using the ``gloo_pool`` fixture is marked ``dist``, every test under ``launch/`` ``launch``, so
+``pytest -m "not dist and not launch"`` is the unit run. A few tests beside their module's fixtures in
+``unit/`` or ``distributed/`` start real processes (fresh interpreters, worker processes, spawned ranks): they carry
+the ``launch`` mark themselves.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +15,26 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+# Helpers and the modules of every tier import each other by name (a scenario's function is found by module).
+sys.path[:0] = [os.path.join(_HERE, tier) for tier in ("helpers", "unit", "distributed", "launch")]
 
-from dist_pool import DistPool, close_shared_pool, shared_pool  # noqa: E402 - the tests folder is put on the path just above
+from dist_pool import DistPool, close_shared_pool, shared_pool  # noqa: E402 - the folders are put on the path just above
 
 
 @pytest.fixture
 def gloo_pool() -> DistPool:
     """One pool of real Gloo ranks for the whole test run (see :func:`dist_pool.shared_pool`)."""
     return shared_pool()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        tier = os.path.basename(os.path.dirname(str(item.fspath)))
+        if tier == "launch":
+            item.add_marker(pytest.mark.launch)
+        elif tier == "distributed" or "gloo_pool" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.dist)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -1,6 +1,6 @@
 """A module rank's graph served through ``torch.utils.data.DataLoader`` or torchdata's ``StatefulDataLoader``.
 
-:class:`RankMicroBatches` is an ``IterableDataset`` view of the rank's :class:`~mimo_pipes.loader.GraphLoader`:
+:class:`RankMicroBatches` is an ``IterableDataset`` view of the rank's :class:`~mimo_pipes.graph.loader.GraphLoader`:
 its items are the rank's collated micro-batches. Serve it with ``batch_size=None`` and ``num_workers=0``:
 the exchange's collectives must run in the process that joined the process group, so the loader's own
 worker processes are refused; per-sample processing runs in worker processes of the graph itself (the
@@ -18,7 +18,7 @@ from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from mimo_pipes.loader import GraphLoader
+from mimo_pipes.graph.loader import GraphLoader
 
 
 class RankMicroBatches(IterableDataset):

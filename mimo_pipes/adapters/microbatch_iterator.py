@@ -1,13 +1,13 @@
 """The balance exchange for training loops that hold an iterator of collated micro-batches (Megatron style).
 
 ``balance_iterator`` composes existing nodes: the source (IterableWrapper) -> Uncollate -> the tail every
-entry point shares (:func:`~mimo_pipes.tail.balanced_tail`: CostAnnotator -> Windower -> BalanceExchange
+entry point shares (:func:`~mimo_pipes.graph.tail.balanced_tail`: CostAnnotator -> Windower -> BalanceExchange
 -> MicroBatchAssembler (-> SequencePacker)), under a GraphLoader. Only the wiring lives here.
 
 Resuming: a plain iterator cannot be rewound, so the state only records counters (micro-batches taken
 from the source up to the start of the current window, and how many of that window were handed out).
-Restoring needs a source that can be positioned again: either ``source_factory(start_microbatch)``,
-which must return an iterator whose first micro-batch is global micro-batch ``start_microbatch``, or an
+Restoring needs a source that can be positioned again: either ``source_factory(first_step)``,
+which must return an iterator whose first micro-batch is global micro-batch ``first_step``, or an
 iterable with its own ``state_dict`` / ``load_state_dict`` (a StatefulDataLoader, a GraphLoader), whose
 state is saved and restored inside ours.
 """
@@ -19,15 +19,15 @@ from typing import Any
 
 from torchdata.nodes import BaseNode, IterableWrapper, Stateful
 
+from mimo_pipes.checkpoint.resume import ResumePoint
 from mimo_pipes.config import ReorderConfig, flag
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange import RankLayout
-from mimo_pipes.loader import GraphLoader
+from mimo_pipes.graph.loader import GraphLoader
+from mimo_pipes.graph.tail import balanced_tail
+from mimo_pipes.graph.tail_settings import resolve_tail
 from mimo_pipes.nodes import Uncollate
-from mimo_pipes.resume import ResumePoint
-from mimo_pipes.tail import balanced_tail
-from mimo_pipes.tail_settings import resolve_tail
-from mimo_pipes.topology import build_topology
+from mimo_pipes.parallel.topology import build_topology
 
 SourceFactory = Callable[[int], Iterable[Mapping[str, Any]]]
 
@@ -38,8 +38,8 @@ class BalancedIterator(GraphLoader):
     Iterate it once; ``close()`` (or ``with``) stops the exchange's background thread.
     """
 
-    def __init__(self, root, *, start_count: int, restorable: bool) -> None:
-        super().__init__(root, start_count=start_count)
+    def __init__(self, root, *, consumed_microbatches: int, restorable: bool) -> None:
+        super().__init__(root, consumed_microbatches=consumed_microbatches)
         self.restorable = restorable
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -120,7 +120,7 @@ def balance_iterator(
     seq_length: int | None,
     pad_to_seq_length: bool = True,
     merge_size: int = 2,
-    start_microbatch: int = 0,
+    consumed_microbatches: int = 0,
     source_factory: SourceFactory | None = None,
     pack_sequences: bool = False,
     pack_pad_multiple: int = 1,
@@ -129,7 +129,7 @@ def balance_iterator(
     """Balanced micro-batches from this rank's collated ones, in the same format plus metadata lists.
 
     ``microbatches`` (or ``source_factory``, exactly one) yields this rank's micro-batch of every global
-    micro-batch from ``start_microbatch`` on: ``micro_batch_size // layout.dp_size`` rows in canonical
+    micro-batch from ``consumed_microbatches`` on: ``micro_batch_size // layout.dp_size`` rows in canonical
     order, right-padded ``[rows, L]`` token fields, ``pixel_values`` / ``image_grid_thw`` concatenated over
     the rows (see :class:`~mimo_pipes.nodes.uncollate.Uncollate` for how rows are split, and where
     ``sample_ids`` come from when the batch has none). ``micro_batch_size`` is the global B that all
@@ -139,7 +139,7 @@ def balance_iterator(
     With ``source_factory``, a start in the middle of a window reads from the window's start and skips
     ahead, exactly as a restored state does; an iterator that starts mid-window gets a short first
     window. With ``pack_sequences``, each output micro-batch is packed into one THD row (see
-    :mod:`mimo_pipes.thd`), every sequence padded to a multiple of ``pack_pad_multiple``. ``components``:
+    :mod:`mimo_pipes.samples.thd`), every sequence padded to a multiple of ``pack_pad_multiple``. ``components``:
     every module's spec (as ``--component`` takes them), needed with a time model or two-level balance so
     that the planner's floor and encoder replicas are the run's. Raises ConfigError, naming the flag, on a
     bad setting.
@@ -157,19 +157,19 @@ def balance_iterator(
         pad_length=seq_length if pad_to_seq_length else None,
         pad_values=pad_values,
         topology=build_topology(components) if components is not None else None,
-        consumed_microbatches=start_microbatch if source_factory is not None else 0,
+        consumed_microbatches=consumed_microbatches if source_factory is not None else 0,
         pack_sequences=pack_sequences,
         pack_pad_multiple=pack_pad_multiple,
     )
     if source_factory is not None:
         source = IterableWrapper(_CountedSource(source_factory, tail.resume.first_step))
-        start_count, restorable = tail.resume.consumed, True
+        consumed_microbatches, restorable = tail.resume.consumed, True
     else:  # a live iterator starts where it stands: its first window may be short
         restorable = isinstance(microbatches, Stateful)
         # A stateful source's own state is saved and restored inside ours.
-        counted = microbatches if restorable else _CountedSource(_open_once(microbatches, start_microbatch), start_microbatch)
+        counted = microbatches if restorable else _CountedSource(_open_once(microbatches, consumed_microbatches), consumed_microbatches)
         source = IterableWrapper(counted)
-        start_count = start_microbatch
+        consumed_microbatches = consumed_microbatches
     node: BaseNode[Any] = Uncollate(
         source,
         image_token_id=image_token_id,
@@ -177,6 +177,6 @@ def balance_iterator(
         rows_per_batch=tail.samples_per_rank,
         dp_rank=layout.dp_rank,
         dp_size=layout.dp_size,
-        start_step=tail.resume.first_step if source_factory is not None else start_microbatch,
+        first_step=tail.resume.first_step if source_factory is not None else consumed_microbatches,
     )
-    return BalancedIterator(balanced_tail(node, settings=tail, layout=layout), start_count=start_count, restorable=restorable)
+    return BalancedIterator(balanced_tail(node, settings=tail, layout=layout), consumed_microbatches=consumed_microbatches, restorable=restorable)

@@ -25,11 +25,11 @@ from mimo_pipes.analysis.replay import (
     spread_and_path,
 )
 from mimo_pipes.config import PipelineConfig
-from mimo_pipes.cost import CostFunction
-from mimo_pipes.cost_range import window_budget
-from mimo_pipes.summary import summarize
-from mimo_pipes.tail_settings import resolve_plan
-from mimo_pipes.topology import ModuleSpec, Topology
+from mimo_pipes.graph.tail_settings import resolve_plan
+from mimo_pipes.observe.summary import summarize
+from mimo_pipes.parallel.topology import ModuleSpec, Topology
+from mimo_pipes.samples.cost import CostFunction
+from mimo_pipes.samples.cost_range import window_budget
 
 if TYPE_CHECKING:
     from mimo_pipes.analysis.plot import ModulePlot

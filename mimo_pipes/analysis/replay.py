@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mimo_pipes.balance import balance_two_level, balance_window, window_lower_bound
-from mimo_pipes.resume import resume_point
-from mimo_pipes.sharding import epoch_order, microbatches_per_epoch
+from mimo_pipes.checkpoint.resume import resume_point
+from mimo_pipes.parallel.sharding import epoch_order, microbatches_per_epoch
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class Schedule:
     """What a run reads: dataset size, global micro-batch size B, canonical grid G, seed, shuffling."""
 
     dataset_size: int
-    microbatch_size: int
+    micro_batch_size: int
     grid_size: int
     seed: int
     cyclic: bool
@@ -73,7 +73,7 @@ class Schedule:
 
     @property
     def per_epoch(self) -> int:
-        return microbatches_per_epoch(self.dataset_size, self.microbatch_size)
+        return microbatches_per_epoch(self.dataset_size, self.micro_batch_size)
 
     def end(self, stop: int) -> int:
         """One past the last step consumed when asked for ``stop``: a single pass ends with the data."""
@@ -90,7 +90,7 @@ class Schedule:
     def rows(self, steps: range) -> np.ndarray:
         """(len(steps), B) dataset rows of global micro-batches ``steps`` in canonical order
         (``sharding.global_microbatch_indices``, with one epoch order computed per epoch)."""
-        batch, per_epoch = self.microbatch_size, self.per_epoch
+        batch, per_epoch = self.micro_batch_size, self.per_epoch
         out = np.empty((len(steps), batch), dtype=np.int64)
         for i, step in enumerate(steps):
             epoch, within = divmod(step, per_epoch)
@@ -117,7 +117,7 @@ def replay(
 ) -> GridReplay:
     """The consumed micro-batches ``start .. stop-1`` as a run with these settings consumes them."""
     window_size = window_size if reorder else 1
-    batch, grid = schedule.microbatch_size, schedule.grid_size
+    batch, grid = schedule.micro_batch_size, schedule.grid_size
     canonical_slot = np.arange(batch) // (batch // grid)
     steps, befores, afters, slots, read_steps = [], [], [], [], []
     for first, last in schedule.windows(start, stop, window_size):

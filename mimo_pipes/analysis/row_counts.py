@@ -21,11 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from mimo_pipes.cost import image_token_count, placeholder_runs, real_token_count
 from mimo_pipes.data.cache import cache_root
 from mimo_pipes.data.module_processor import ModuleProcessor, RowCount
 from mimo_pipes.data.processor import SampleProcessor
 from mimo_pipes.data.sources import read_rows
+from mimo_pipes.samples.cost import image_token_count, placeholder_runs, real_token_count
 from mimo_pipes.time_model.model import TimeModel
 
 CACHE_VERSION = "v3"  # v2: placeholder runs kept when asked for; v3: rows processed for their cost, and why

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from mimo_pipes.errors import ConfigError
-from mimo_pipes.topology import Topology, build_topology
+from mimo_pipes.parallel.topology import Topology, build_topology
 
 STATE_FORMAT = 3  # 3: generations committed by a manifest; 2: meta.json beside the rank files (refused)
 MANIFEST_FILE = "manifest.json"

@@ -7,10 +7,10 @@ import json
 from typing import Any
 
 from mimo_pipes.checkpoint.generation import open_generation
+from mimo_pipes.checkpoint.validity import MISSING, show_setting
 from mimo_pipes.config import JobOptions, PipelineConfig, TrainOptions, exact_weight, flag
 from mimo_pipes.errors import ConfigError
-from mimo_pipes.topology import COMPONENT_FLAG, parse_component
-from mimo_pipes.validity import MISSING, show_setting
+from mimo_pipes.parallel.topology import COMPONENT_FLAG, parse_component
 
 # Settings of PipelineConfig (and the configs inside it) that do not change the stream or the saved state,
 # so a resumed run may change them. Every other field, present or added later, must match.
@@ -109,7 +109,7 @@ def resume_settings(config: PipelineConfig, options: JobOptions) -> dict[str, An
         if item.name not in OPTION_EXEMPT:
             settings[item.name] = getattr(options, item.name)
     if isinstance(options, TrainOptions):
-        from mimo_pipes.encoders import vision_tower_identity
+        from mimo_pipes.train.encoders import vision_tower_identity
 
         settings["vision_tower"] = vision_tower_identity(options.vision_tower)  # a folder's config, not only its path
     return json.loads(json.dumps(settings))

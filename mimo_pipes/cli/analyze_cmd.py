@@ -70,8 +70,8 @@ def analysis_mode(config: PipelineConfig, time_model: bool) -> str:
 def run(args: argparse.Namespace) -> int:
     from mimo_pipes.analysis.analyze import analyze, write_plots
     from mimo_pipes.analysis.table import format_analysis
+    from mimo_pipes.observe.warning_tally import collected, merge
     from mimo_pipes.recipe import load_recipe
-    from mimo_pipes.warning_tally import collected, merge
 
     try:
         config, options = config_from_args(args)

@@ -174,9 +174,9 @@ def _measure(args: argparse.Namespace, sweep: Sweep, device: Any, dtype: Any, th
     """Build the tower and calibrate it with ``threads`` CPU threads (the process's own count is restored after)."""
     import torch
 
-    from mimo_pipes.encoders import build_vision_tower, encode, patch_dim
     from mimo_pipes.time_model.calibrate import calibrate, time_in_rounds
     from mimo_pipes.time_model.sweep import forward_shapes
+    from mimo_pipes.train.encoders import build_vision_tower, encode, patch_dim
 
     own_threads = torch.get_num_threads()
     torch.set_num_threads(threads)

@@ -164,7 +164,7 @@ def _start(checker) -> None:
 
 
 def _check(rows: list[dict]) -> list:
-    from mimo_pipes.warning_tally import collected
+    from mimo_pipes.observe.warning_tally import collected
 
     with collected():  # a truncation is the verdict's to report, not a warning to log
         return [_CHECKER(row) for row in rows]  # type: ignore[misc]

@@ -4,7 +4,7 @@ when the job starts and above its summary). Light: no torch, so it can be printe
 from __future__ import annotations
 
 from mimo_pipes.config import PipelineConfig
-from mimo_pipes.topology import Topology
+from mimo_pipes.parallel.topology import Topology
 
 
 def job_mode(config: PipelineConfig) -> str:

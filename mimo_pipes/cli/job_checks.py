@@ -9,7 +9,7 @@ from mimo_pipes.checkpoint import SaveLock, acquire_save_lock, check_save_lock_f
 from mimo_pipes.cli.output_paths import check_output_folder
 from mimo_pipes.config import JobOptions, PipelineConfig, resolve_exchange_transport
 from mimo_pipes.errors import ConfigError
-from mimo_pipes.topology import Topology
+from mimo_pipes.parallel.topology import Topology
 
 OUTPUT_FOLDERS = {"--save-state": "save_state", "--dump-assignments": "dump_assignments", "--tensorboard": "tensorboard"}
 

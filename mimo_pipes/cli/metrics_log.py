@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from mimo_pipes.config import JobOptions
-from mimo_pipes.metrics import summary_line
-from mimo_pipes.observer import ExchangeRecord
+from mimo_pipes.observe.metrics import summary_line
+from mimo_pipes.observe.observer import ExchangeRecord
 
 
 class MetricsLog:
@@ -24,7 +24,7 @@ class MetricsLog:
         self.periodic = periodic
         self.sink = None
         if options.tensorboard is not None:
-            from mimo_pipes.tensorboard_sink import TensorBoardSink
+            from mimo_pipes.observe.tensorboard_sink import TensorBoardSink
 
             self.sink = TensorBoardSink(str(Path(options.tensorboard) / module))
         self.printed_at = 0

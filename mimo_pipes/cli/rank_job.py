@@ -34,10 +34,10 @@ from mimo_pipes.exchange.world import (
     world_rank,
     world_size,
 )
-from mimo_pipes.metrics import MovedPerWindow
-from mimo_pipes.summary import SUMMARY_ONLY_KEYS, ModuleSummary, summary_document
-from mimo_pipes.topology import RankPosition, Topology
-from mimo_pipes.warning_tally import Snapshot
+from mimo_pipes.observe.metrics import MovedPerWindow
+from mimo_pipes.observe.summary import SUMMARY_ONLY_KEYS, ModuleSummary, summary_document
+from mimo_pipes.observe.warning_tally import Snapshot
+from mimo_pipes.parallel.topology import RankPosition, Topology
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,7 @@ def watch_moves(loader: Any) -> MovedPerWindow:
 
 
 def write_summary_json(path: str, summaries: list[ModuleSummary], moved: dict[str, tuple[int, int]]) -> None:
-    """``--summary-json``: the document of :func:`~mimo_pipes.summary.summary_document` (rank 0)."""
+    """``--summary-json``: the document of :func:`~mimo_pipes.observe.summary.summary_document` (rank 0)."""
     import json
 
     target = Path(path)
@@ -122,7 +122,7 @@ def write_summary_json(path: str, summaries: list[ModuleSummary], moved: dict[st
 
 def consumed_record(batch: dict[str, Any], position: RankPosition) -> dict[str, Any]:
     """What the run summary keeps of one consumed micro-batch of the rank at ``position``: the
-    ``--dump-assignments`` line plus :data:`~mimo_pipes.summary.SUMMARY_ONLY_KEYS`."""
+    ``--dump-assignments`` line plus :data:`~mimo_pipes.observe.summary.SUMMARY_ONLY_KEYS`."""
     return {
         "module": position.module.name,
         "dp_rank": position.dp_rank,

@@ -20,7 +20,7 @@ from mimo_pipes.cli.job_checks import hold_save_lock, validate_job
 from mimo_pipes.cli.launcher import EXIT_CONFIG, RankMain, launch, say, under_torchrun
 from mimo_pipes.config import JobOptions, PipelineConfig
 from mimo_pipes.errors import ConfigError
-from mimo_pipes.topology import Topology
+from mimo_pipes.parallel.topology import Topology
 
 COMMAND = "mimo-pipes run"
 

@@ -30,10 +30,9 @@ from mimo_pipes.cli.rank_job import (
 )
 from mimo_pipes.config import JobOptions, PipelineConfig
 from mimo_pipes.exchange.world import check_same_position, gather_from_every_rank, join_world, leave_world, world_rank
-from mimo_pipes.loader import graph_nodes
+from mimo_pipes.graph.loader import graph_nodes
 from mimo_pipes.nodes import SequencePacker
-from mimo_pipes.recipe import load_recipe
-from mimo_pipes.summary import (
+from mimo_pipes.observe.summary import (
     ModuleSummary,
     PackingSummary,
     format_packing_summary,
@@ -41,8 +40,9 @@ from mimo_pipes.summary import (
     summarize,
     summarize_packing,
 )
-from mimo_pipes.topology import Topology
-from mimo_pipes.warning_tally import WarningCount, WarningTally, collected, merge
+from mimo_pipes.observe.warning_tally import WarningCount, WarningTally, collected, merge
+from mimo_pipes.parallel.topology import Topology
+from mimo_pipes.recipe import load_recipe
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,7 @@ def validate_training(config: PipelineConfig, options: TrainOptions) -> int:
             raise ConfigError(name, f"{value} micro-batches are not whole iterations of {per_iteration} micro-batches (one global batch)")
     if not (options.lr > 0 and math.isfinite(options.lr)):
         raise ConfigError("--lr", f"must be positive and finite, got {options.lr}")
-    from mimo_pipes.encoders import vision_tower_config
+    from mimo_pipes.train.encoders import vision_tower_config
 
     try:
         vision_tower_config(options.vision_tower)

@@ -25,9 +25,9 @@ from mimo_pipes.cli.rank_job import (
 )
 from mimo_pipes.config import PipelineConfig, TrainOptions
 from mimo_pipes.exchange.world import check_same_position, gather_from_every_rank, join_world, leave_world, world_rank
+from mimo_pipes.observe.summary import ModuleSummary, format_summary, summarize
+from mimo_pipes.observe.warning_tally import WarningCount, WarningTally, collected, merge
 from mimo_pipes.recipe import load_recipe
-from mimo_pipes.summary import ModuleSummary, format_summary, summarize
-from mimo_pipes.warning_tally import WarningCount, WarningTally, collected, merge
 
 
 @dataclass(frozen=True)

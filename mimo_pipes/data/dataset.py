@@ -7,7 +7,7 @@ from pathlib import Path
 from mimo_pipes.data.cache import build_atomically, cache_root
 from mimo_pipes.data.paths import existing_folder
 from mimo_pipes.errors import ConfigError
-from mimo_pipes.third_party import quiet_datasets
+from mimo_pipes.observe.third_party import quiet_datasets
 
 DATASET_VERSION = "v1"
 """Bumped whenever the synthetic generator changes, so a stale cached copy is never reused."""

@@ -6,7 +6,7 @@ tokenizer and each image's and video's header size through the family's own resi
 (:meth:`~mimo_pipes.data.families.PatchFamily.image_layout`), laid out by
 :meth:`~mimo_pipes.data.processor.SampleProcessor.token_layout`, so no pixel is decoded and the counts
 are the processed ones. The rank that trains on the row then processes it after the exchange
-(:meth:`ModuleProcessor.__call__`) into its module's fields (:mod:`mimo_pipes.module_fields`): the
+(:meth:`ModuleProcessor.__call__`) into its module's fields (:mod:`mimo_pipes.samples.module_fields`): the
 language module from the text and the image sizes alone, an encoder module by processing the row. Either
 way the result is, field for field and bit for bit, what :class:`~mimo_pipes.data.processor.SampleProcessor`
 makes of the row with the module's other fields dropped (a test holds every family to it).
@@ -29,14 +29,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from mimo_pipes.cost import image_token_count, placeholder_runs
 from mimo_pipes.data.complete_files import check_row_images
 from mimo_pipes.data.conversation import conversation
 from mimo_pipes.data.media_sizes import UnreadableHeader, encoded_media, media_sizes
 from mimo_pipes.data.processor import CONSUMED_KEYS, SampleProcessor, token_fields
 from mimo_pipes.errors import SampleError
-from mimo_pipes.module_fields import ModuleFields
-from mimo_pipes.sample import IMAGE_TOKENS, PLACEHOLDER_RUNS, REAL_TOKENS, SAMPLE_ID, TOKEN_LAYOUT, Sample
+from mimo_pipes.samples.cost import image_token_count, placeholder_runs
+from mimo_pipes.samples.module_fields import ModuleFields
+from mimo_pipes.samples.sample import IMAGE_TOKENS, PLACEHOLDER_RUNS, REAL_TOKENS, SAMPLE_ID, TOKEN_LAYOUT, Sample
 
 logger = logging.getLogger(__name__)
 

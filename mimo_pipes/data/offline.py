@@ -36,7 +36,7 @@ def build_family_processor(path: str | Path, family: str, *, tile_size: int = 28
     """Write a tiny ``family`` processor folder (one of :data:`FAMILIES`) into ``path``."""
     from transformers import GotOcr2ImageProcessorPil, Qwen2VLImageProcessorPil
 
-    from mimo_pipes.data.processor import build_tokenizer
+    from mimo_pipes.data.embedded_processor import build_tokenizer
 
     if family not in FAMILIES:
         raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {family!r}")

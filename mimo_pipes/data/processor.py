@@ -30,7 +30,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from mimo_pipes.cost import image_token_count as count_image_tokens  # noqa: F401 - re-exported
 from mimo_pipes.data import bad_rows
 from mimo_pipes.data.cache import build_atomically, cache_root
 from mimo_pipes.data.conversation import chatml, conversation, row_images, row_videos, template, trained_segments
@@ -38,9 +37,10 @@ from mimo_pipes.data.families import family_for
 from mimo_pipes.data.media import open_image, open_video
 from mimo_pipes.data.paths import existing_folder
 from mimo_pipes.errors import ConfigError, SampleError
-from mimo_pipes.sample import SAMPLE_ID
-from mimo_pipes.third_party import quiet_transformers
-from mimo_pipes.warning_tally import WarningKind, warn
+from mimo_pipes.observe.third_party import quiet_transformers
+from mimo_pipes.observe.warning_tally import WarningKind, warn
+from mimo_pipes.samples.cost import image_token_count as count_image_tokens  # noqa: F401 - re-exported
+from mimo_pipes.samples.sample import SAMPLE_ID
 
 TRUNCATED = WarningKind(
     "samples truncated to --seq-length", note="later turns first, then the prompt's start and the reply's end; every image placeholder kept"

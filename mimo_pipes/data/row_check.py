@@ -22,7 +22,7 @@ from mimo_pipes.data.module_processor import ModuleProcessor, cost_reason
 from mimo_pipes.data.processor import SampleProcessor
 from mimo_pipes.data.skipping import reason
 from mimo_pipes.errors import SampleError
-from mimo_pipes.sample import SAMPLE_ID
+from mimo_pipes.samples.sample import SAMPLE_ID
 
 
 @dataclass(frozen=True)

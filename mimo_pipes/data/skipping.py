@@ -14,8 +14,8 @@ from typing import Any
 
 from mimo_pipes.errors import SampleError
 from mimo_pipes.nodes.canonical_shard_reader import MapStyleDataset
-from mimo_pipes.sample import SAMPLE_ID, SLOT, STEP, Sample
-from mimo_pipes.sharding import global_microbatch_indices, microbatches_per_epoch
+from mimo_pipes.parallel.sharding import global_microbatch_indices, microbatches_per_epoch
+from mimo_pipes.samples.sample import SAMPLE_ID, SLOT, STEP, Sample
 
 REPLACED_ROWS = "replaced_rows"
 """Sample key: the dataset rows this sample stands in for (empty when it is its own row)."""
@@ -44,18 +44,18 @@ class SkipBadRows:
         process: Callable[[dict], Sample],
         dataset: MapStyleDataset,
         *,
-        microbatch_size: int,
+        micro_batch_size: int,
         seed: int,
         dataloader_type: str,
         max_tries: int = MAX_TRIES,
     ) -> None:
         self.process = process
         self.dataset = dataset
-        self.microbatch_size = microbatch_size
+        self.micro_batch_size = micro_batch_size
         self.seed = seed
         self.shuffle = dataloader_type == "cyclic"
         self.cyclic = self.shuffle
-        self.per_epoch = microbatches_per_epoch(len(dataset), microbatch_size)
+        self.per_epoch = microbatches_per_epoch(len(dataset), micro_batch_size)
         self.max_tries = max_tries
 
     def __call__(self, row: dict) -> Sample:
@@ -69,7 +69,7 @@ class SkipBadRows:
         return sample
 
     def _indices(self, step: int):
-        return global_microbatch_indices(step, len(self.dataset), self.microbatch_size, self.seed, self.shuffle)
+        return global_microbatch_indices(step, len(self.dataset), self.micro_batch_size, self.seed, self.shuffle)
 
     def _successors(self, step: int, index: int) -> Iterator[int]:
         """The rows after global position (``step``, place of ``index``): the rest of the global micro-batch,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from mimo_pipes.data.cache import cache_root
 from mimo_pipes.errors import ConfigError
-from mimo_pipes.third_party import quiet_datasets
+from mimo_pipes.observe.third_party import quiet_datasets
 
 BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json"}
 HINT = "pass a save_to_disk folder, or .parquet / .json / .jsonl files or a glob of them"

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from mimo_pipes.third_party import quiet_datasets
+from mimo_pipes.observe.third_party import quiet_datasets
 
 KIND_MIX: dict[str, float] = {
     "receipt": 0.15,

@@ -20,9 +20,9 @@ from mimo_pipes.errors import PeerError, PositionMismatchError
 from mimo_pipes.exchange.buffers import ExchangeBuffers, new_buffer
 from mimo_pipes.exchange.context import ExchangeContext
 from mimo_pipes.exchange.plan import ExchangePlan, permute_local, plan_exchange
-from mimo_pipes.exchange.wire_format import SampleLayout, layout_sample, unpack_samples
-from mimo_pipes.observer import ExchangeRecord
-from mimo_pipes.sample import COST, ENCODER_COST, IMAGE_TOKENS, REAL_TOKENS, Sample, Window
+from mimo_pipes.exchange.wire_format import SampleEncoding, decode_samples, sample_encoding
+from mimo_pipes.observe.observer import ExchangeRecord
+from mimo_pipes.samples.sample import COST, ENCODER_COST, IMAGE_TOKENS, REAL_TOKENS, Sample, Window
 
 STATUS_OK, STATUS_FAILED, STATUS_END = 0, 1, 2
 # status, number of micro-batches, first step, window sequence number, and the micro-batch the rank's loader
@@ -132,16 +132,16 @@ def agree_after_exchange(ctx: ExchangeContext, sequence: int, error: BaseExcepti
         raise error
 
 
-def local_costs_and_layouts(window: Window, need_layouts: bool) -> tuple[list[int], list[SampleLayout | None]]:
+def local_costs_and_encodings(window: Window, need_layouts: bool) -> tuple[list[int], list[SampleEncoding | None]]:
     """Interleaved per local sample (cost, encoder cost, real tokens, packed bytes, image tokens), and the
     layouts (measured once, reused to pack).
 
     Laying out validates packability, so a bad sample fails here, before any collective."""
     values: list[int] = []
-    layouts: list[SampleLayout | None] = []
+    layouts: list[SampleEncoding | None] = []
     for microbatch in window.microbatches:
         for sample in microbatch:
-            layout = layout_sample(sample) if need_layouts else None
+            layout = sample_encoding(sample) if need_layouts else None
             layouts.append(layout)
             values.extend((int(sample[COST]), int(sample.get(ENCODER_COST, 0)), int(sample.get(REAL_TOKENS, 0))))
             values.append(layout.size if layout is not None else 0)
@@ -166,10 +166,10 @@ def exchange_window(
     before its next exchange, or pass ``copy`` (received samples get storage of their own). ``validate``
     checks this rank's samples before anything is sent (what the caller's work on the result needs), so a
     bad sample fails on every rank at once. With ``record`` (see
-    :mod:`mimo_pipes.observer`) the exchange fills in what it did: the window's gathered figures, its
+    :mod:`mimo_pipes.observe.observer`) the exchange fills in what it did: the window's gathered figures, its
     assignment, phase times and bytes moved. ``position``: the micro-batch this rank's loader started or
     restored at (see :data:`POSITION_AT`; -1: not known). ``composition``: which samples form each output
-    micro-batch (flat indices per micro-batch, as :class:`~mimo_pipes.sample.Window` records them) of a
+    micro-batch (flat indices per micro-batch, as :class:`~mimo_pipes.samples.sample.Window` records them) of a
     window restored inside, whose first micro-batches were consumed under it (perhaps on another layout):
     the planner's plan when it forms those micro-batches, else each of them balanced over the slots where
     it is. With samples moving between micro-batches the result records its composition."""
@@ -179,7 +179,7 @@ def exchange_window(
             raise ValueError(f"window at step {window.first_step}: every micro-batch must hold {ctx.samples_per_rank} samples")
         if validate is not None:
             validate([sample for microbatch in window.microbatches for sample in microbatch])
-        costs_sizes, layouts = local_costs_and_layouts(window, need_layouts=ctx.dp_size > 1)
+        costs_sizes, layouts = local_costs_and_encodings(window, need_layouts=ctx.dp_size > 1)
     except Exception as error:  # noqa: BLE001 - forwarded to every rank, then re-raised here
         announce_failure(ctx, sequence, error)
     clock.lap("layout")
@@ -187,7 +187,7 @@ def exchange_window(
     local_samples = [sample for microbatch in window.microbatches for sample in microbatch]
     if ctx.dp_size == 1:
         # Nothing to exchange: a local permutation into canonical order, no collective.
-        local = torch.tensor(costs_sizes, dtype=torch.int64).reshape(count, ctx.microbatch_size, PER_SAMPLE)
+        local = torch.tensor(costs_sizes, dtype=torch.int64).reshape(count, ctx.micro_batch_size, PER_SAMPLE)
         plan, chosen = _plan(ctx, local, record, composition)
         clock.lap("plan")
         result = Window(window.first_step, permute_local(local_samples, plan), composition=chosen)
@@ -198,7 +198,7 @@ def exchange_window(
     # gathered[r] holds rank r's samples, micro-batch by micro-batch: reorder into canonical flat indices.
     width = PER_SAMPLE * count * ctx.samples_per_rank
     values = gathered[:, HEADER : HEADER + width].reshape(ctx.dp_size, count, ctx.samples_per_rank, PER_SAMPLE)
-    canonical = values.permute(1, 0, 2, 3).reshape(count, ctx.microbatch_size, PER_SAMPLE)
+    canonical = values.permute(1, 0, 2, 3).reshape(count, ctx.micro_batch_size, PER_SAMPLE)
     plan, chosen = _plan(ctx, canonical, record, composition)
     clock.lap("plan")
     sizes = canonical[:, :, PACKED_BYTES_AT].reshape(-1).tolist()
@@ -246,7 +246,7 @@ def _plan(
         record.costs, record.assignment = costs, assignment
         record.packed_bytes = values[:, :, PACKED_BYTES_AT].tolist()  # zeros at DP 1: nothing is packed
         record.image_tokens = values[:, :, IMAGE_TOKENS_AT].tolist()
-    plan = plan_exchange(assignment, ctx.dp_rank, ctx.dp_size, ctx.grid_size, ctx.microbatch_size)
+    plan = plan_exchange(assignment, ctx.dp_rank, ctx.dp_size, ctx.grid_size, ctx.micro_batch_size)
     return plan, _composition(assignment) if across or composition is not None else None
 
 
@@ -257,14 +257,14 @@ def _composition(assignment: list[list[list[int]]]) -> list[list[int]]:
 
 def _flat_index(ctx: ExchangeContext, local_position: int) -> int:
     microbatch, within = divmod(local_position, ctx.samples_per_rank)
-    return microbatch * ctx.microbatch_size + ctx.dp_rank * ctx.samples_per_rank + within
+    return microbatch * ctx.micro_batch_size + ctx.dp_rank * ctx.samples_per_rank + within
 
 
 def _move(
     ctx: ExchangeContext,
     plan: ExchangePlan,
     local_samples: list[Sample],
-    layouts: list[SampleLayout | None],
+    layouts: list[SampleEncoding | None],
     sizes: list[int],
     buffers: ExchangeBuffers | None,
     clock: _Clock,
@@ -275,7 +275,7 @@ def _move(
     by_flat = dict(zip(flat, local_samples))
     if not plan.any_moves:  # identical on every rank: all of them skip the collective together
         return by_flat
-    layout_by_flat = dict(zip(flat, layouts))
+    encoding_by_flat = dict(zip(flat, layouts))
     allocate = buffers.get if buffers is not None else new_buffer
     staged = ctx.device is not None  # NCCL: host bytes go through the GPU
     send_splits, recv_splits = plan.send_split_bytes(sizes), plan.recv_split_bytes(sizes)
@@ -286,7 +286,7 @@ def _move(
     send_buffer = allocate("send", sum(send_splits), pinned=staged)
     offset = 0
     for index in plan.send_order():
-        offset = layout_by_flat[index].write_into(send_buffer, offset)
+        offset = encoding_by_flat[index].write_into(send_buffer, offset)
     recv_buffer = allocate("recv", sum(recv_splits), pinned=staged)
     if not staged:
         clock.lap("pack")
@@ -303,7 +303,7 @@ def _move(
         clock.lap("all_to_all")
         recv_buffer.copy_(recv_device)
     # Received tensors are views of recv_buffer (no copy) unless ``copy``; the buffer lives as long as its samples.
-    incoming = unpack_samples(recv_buffer, sizes=plan.recv_sizes(sizes), copy=copy)
+    incoming = decode_samples(recv_buffer, sizes=plan.recv_sizes(sizes), copy=copy)
     kept = {index: by_flat[index] for index in plan.keep_indices}
     kept.update(zip(plan.recv_order(), incoming))
     return kept

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 if TYPE_CHECKING:
-    from mimo_pipes.tail_settings import TailSettings
+    from mimo_pipes.graph.tail_settings import TailSettings
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,7 @@ class RankLayout:
     grid_size: int  # G: the canonical grid, lcm of every module's DP size
     exchange_group: dist.ProcessGroup | None = None  # None only when dp_size == 1
     exchange_device: torch.device | None = None  # cuda when the exchange group is NCCL
-    module: str | None = None  # the module's name: what its micro-batches carry (mimo_pipes/module_fields.py); None: all
+    module: str | None = None  # the module's name: what its micro-batches carry (mimo_pipes/samples/module_fields.py); None: all
 
 
 @dataclass(frozen=True)
@@ -56,5 +56,5 @@ class ExchangeContext:
         )
 
     @property
-    def microbatch_size(self) -> int:
+    def micro_batch_size(self) -> int:
         return self.samples_per_rank * self.dp_size

@@ -32,19 +32,19 @@ __all__ = [
 ]
 
 
-def _check_layout(dp_size: int, num_slots: int, microbatch_size: int) -> None:
-    for name, value in (("dp_size", dp_size), ("num_slots", num_slots), ("microbatch_size", microbatch_size)):
+def _check_layout(dp_size: int, num_slots: int, micro_batch_size: int) -> None:
+    for name, value in (("dp_size", dp_size), ("num_slots", num_slots), ("microbatch_size", micro_batch_size)):
         if type(value) is not int or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     if num_slots % dp_size:
         raise ValueError(f"num_slots {num_slots} is not a multiple of dp_size {dp_size}")
-    if microbatch_size % num_slots:
-        raise ValueError(f"microbatch_size {microbatch_size} is not a multiple of num_slots {num_slots}")
+    if micro_batch_size % num_slots:
+        raise ValueError(f"microbatch_size {micro_batch_size} is not a multiple of num_slots {num_slots}")
 
 
-def owner_of(flat_index: int, microbatch_size: int, dp_size: int) -> int:
+def owner_of(flat_index: int, micro_batch_size: int, dp_size: int) -> int:
     """DP rank that holds window sample ``flat_index`` before the exchange."""
-    return (flat_index % microbatch_size) // (microbatch_size // dp_size)
+    return (flat_index % micro_batch_size) // (micro_batch_size // dp_size)
 
 
 def slot_owner(slot: int, num_slots: int, dp_size: int) -> int:
@@ -52,22 +52,22 @@ def slot_owner(slot: int, num_slots: int, dp_size: int) -> int:
     return slot // (num_slots // dp_size)
 
 
-def local_flat_indices(dp_rank: int, dp_size: int, microbatch_size: int, num_microbatches: int) -> list[int]:
+def local_flat_indices(dp_rank: int, dp_size: int, micro_batch_size: int, num_microbatches: int) -> list[int]:
     """Flat indices DP rank ``dp_rank`` holds before the exchange, ascending (its window, in order)."""
-    per_rank = microbatch_size // dp_size
+    per_rank = micro_batch_size // dp_size
     first = dp_rank * per_rank
-    return [m * microbatch_size + first + j for m in range(num_microbatches) for j in range(per_rank)]
+    return [m * micro_batch_size + first + j for m in range(num_microbatches) for j in range(per_rank)]
 
 
-def validate_assignment(assignment: Sequence[Sequence[Sequence[int]]], num_slots: int, microbatch_size: int) -> int:
+def validate_assignment(assignment: Sequence[Sequence[Sequence[int]]], num_slots: int, micro_batch_size: int) -> int:
     """Check ``assignment`` is a permutation of the window laid out as W x G slots of B/G; return W.
 
     Raises ``ValueError`` naming the first micro-batch / slot / index at fault."""
-    per_slot = microbatch_size // num_slots
+    per_slot = micro_batch_size // num_slots
     num_microbatches = len(assignment)
     if num_microbatches < 1:
         raise ValueError("assignment is empty: expected at least one micro-batch")
-    total = num_microbatches * microbatch_size
+    total = num_microbatches * micro_batch_size
     seen = [-1] * total  # slot (m * G + g) each index was seen in
     for m, slots in enumerate(assignment):
         if len(slots) != num_slots:
@@ -76,7 +76,7 @@ def validate_assignment(assignment: Sequence[Sequence[Sequence[int]]], num_slots
             if len(members) != per_slot:
                 raise ValueError(
                     f"assignment micro-batch {m} slot {g} has {len(members)} samples, expected {per_slot} "
-                    f"(microbatch_size {microbatch_size} / num_slots {num_slots})"
+                    f"(micro_batch_size {micro_batch_size} / num_slots {num_slots})"
                 )
             for i in members:
                 if type(i) is not int:
@@ -84,7 +84,7 @@ def validate_assignment(assignment: Sequence[Sequence[Sequence[int]]], num_slots
                 if not 0 <= i < total:
                     raise ValueError(
                         f"assignment micro-batch {m} slot {g}: index {i} outside the window [0, {total}) "
-                        f"({num_microbatches} micro-batches of {microbatch_size})"
+                        f"({num_microbatches} micro-batches of {micro_batch_size})"
                     )
                 if seen[i] >= 0:
                     pm, pg = divmod(seen[i], num_slots)
@@ -128,7 +128,7 @@ class ExchangePlan:
     dp_rank: int
     dp_size: int
     num_slots: int
-    microbatch_size: int
+    micro_batch_size: int
     num_microbatches: int
     send_indices: list[list[int]]
     recv_indices: list[list[int]]
@@ -155,7 +155,7 @@ class ExchangePlan:
         return [sum(packed_sizes[i] for i in chunk) for chunk in self.recv_indices]
 
     def recv_sizes(self, packed_sizes: Sequence[int] | Mapping[int, int]) -> list[int]:
-        """Per-record sizes in receive-buffer order (for ``unpack_samples(..., sizes=...)``)."""
+        """Per-record sizes in receive-buffer order (for ``decode_samples(..., sizes=...)``)."""
         return [packed_sizes[i] for chunk in self.recv_indices for i in chunk]
 
 
@@ -164,7 +164,7 @@ def plan_exchange(
     dp_rank: int,
     dp_size: int,
     num_slots: int,
-    microbatch_size: int,
+    micro_batch_size: int,
     *,
     num_microbatches: int | None = None,
 ) -> ExchangePlan:
@@ -174,10 +174,10 @@ def plan_exchange(
     windows balanced across micro-batches a sample may land in another micro-batch. Raises
     ``ValueError`` on an inconsistent layout or an assignment that is not a permutation of the window
     (``num_microbatches``, if given, must equal ``len(assignment)``)."""
-    _check_layout(dp_size, num_slots, microbatch_size)
+    _check_layout(dp_size, num_slots, micro_batch_size)
     if type(dp_rank) is not int or not 0 <= dp_rank < dp_size:
         raise ValueError(f"dp_rank must be in [0, {dp_size}), got {dp_rank!r}")
-    w = validate_assignment(assignment, num_slots, microbatch_size)
+    w = validate_assignment(assignment, num_slots, micro_batch_size)
     if num_microbatches is not None and num_microbatches != w:
         raise ValueError(f"assignment has {w} micro-batches, expected num_microbatches {num_microbatches}")
 
@@ -188,38 +188,38 @@ def plan_exchange(
             dp_rank=0,
             dp_size=1,
             num_slots=num_slots,
-            microbatch_size=microbatch_size,
+            micro_batch_size=micro_batch_size,
             num_microbatches=w,
             send_indices=[[]],
             recv_indices=[[]],
-            keep_indices=list(range(w * microbatch_size)),
+            keep_indices=list(range(w * micro_batch_size)),
             output_order=output_order,
             any_moves=False,
         )
 
-    per_rank = microbatch_size // dp_size
+    per_rank = micro_batch_size // dp_size
     dest = destinations(assignment, num_slots, dp_size)
     send: list[list[int]] = [[] for _ in range(dp_size)]
     keep: list[int] = []
     # Samples this rank holds, ascending: fill send/keep in ascending order for free.
-    for i in local_flat_indices(dp_rank, dp_size, microbatch_size, w):
+    for i in local_flat_indices(dp_rank, dp_size, micro_batch_size, w):
         s = dest[i]
         (keep if s == dp_rank else send[s]).append(i)
     # Samples coming here: the flattened output lists, minus the kept ones, grouped by source, sorted.
     recv: list[list[int]] = [[] for _ in range(dp_size)]
     for order in output_order:
         for i in order:
-            src = (i % microbatch_size) // per_rank
+            src = (i % micro_batch_size) // per_rank
             if src != dp_rank:
                 recv[src].append(i)
     for chunk in recv:
         chunk.sort()
-    any_moves = any(dest[i] != (i % microbatch_size) // per_rank for i in range(w * microbatch_size))
+    any_moves = any(dest[i] != (i % micro_batch_size) // per_rank for i in range(w * micro_batch_size))
     return ExchangePlan(
         dp_rank=dp_rank,
         dp_size=dp_size,
         num_slots=num_slots,
-        microbatch_size=microbatch_size,
+        micro_batch_size=micro_batch_size,
         num_microbatches=w,
         send_indices=send,
         recv_indices=recv,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from mimo_pipes.topology import RankPosition, Topology
+from mimo_pipes.parallel.topology import RankPosition, Topology
 
 
 @dataclass

@@ -22,7 +22,7 @@ Refused, with :class:`~mimo_pipes.errors.SampleError` naming the sample id and t
 sparse / quantized / nested tensors, tensor subclasses (``nn.Parameter`` ...), numpy arrays of other
 kinds (object, str, structured, datetime), any other object, and dict keys that are not ``str``.
 Refusing rather than converting (``detach()``, ``.cpu()``) keeps samples that stay on their rank (never
-packed) and samples that move identical in kind. :func:`packed_size` performs the full check without
+packed) and samples that move identical in kind. :func:`encoded_size` performs the full check without
 copying any data, so calling it on every sample of a window validates samples that stay local too.
 
 Format (all integers little-endian)
@@ -47,12 +47,12 @@ Meta tags (one byte each, then the payload)::
     0x0D numpy array   u8 n, n bytes dtype string (e.g. "<f4"), u8 ndim, ndim x u64 dims, u64 offset
     0x0E numpy scalar  as 0x0D with ndim 0
 
-Records are self-delimiting, so records written back to back (as :func:`pack_samples` does) are read
-back with :func:`unpack_samples`.
+Records are self-delimiting, so records written back to back (as :func:`encode_samples` does) are read
+back with :func:`decode_samples`.
 
 Aliasing
 --------
-By default :func:`unpack_sample` builds tensors and arrays as zero-copy views over the buffer it is
+By default :func:`decode_sample` builds tensors and arrays as zero-copy views over the buffer it is
 given (when the buffer is writable and the data suitably aligned): they share memory with it and keep
 the whole buffer alive. Pass ``copy=True`` to get independent storage (worth it when a few samples of a
 large receive buffer are kept for long). Read-only buffers (``bytes``) are always copied from.
@@ -69,7 +69,7 @@ import numpy as np
 import torch
 
 from mimo_pipes.errors import SampleError
-from mimo_pipes.sample import SAMPLE_ID
+from mimo_pipes.samples.sample import SAMPLE_ID
 
 __all__ = [
     "ALIGN",
@@ -178,7 +178,7 @@ def _child(path: str, key: str) -> str:
 # Layout (validation + sizes, no data copied)
 
 
-class SampleLayout:
+class SampleEncoding:
     """A validated sample, measured: ``size`` bytes once packed. ``write_into`` packs it.
 
     Holds references to the sample's tensors/arrays; build it right before writing. Computing a layout
@@ -381,7 +381,7 @@ def _unsupported_type_message(v: Any) -> str:
     return f"value of type {name} cannot be packed{hint}"
 
 
-def layout_sample(sample: dict) -> SampleLayout:
+def sample_encoding(sample: dict) -> SampleEncoding:
     """Validate ``sample`` and compute its packed layout (no tensor data copied).
 
     Raises :class:`SampleError` naming the sample id and the field path on unsupported content."""
@@ -400,30 +400,30 @@ def layout_sample(sample: dict) -> SampleLayout:
         _u64.pack_into(meta, fix, pos)
         placed.append((pos, nbytes, src))
         pos = _align(pos + nbytes)
-    return SampleLayout(pos, bytes(meta), placed)
+    return SampleEncoding(pos, bytes(meta), placed)
 
 
-def packed_size(sample: dict) -> int:
-    """Exact number of bytes :func:`pack_sample` produces for ``sample`` (validates it; copies no data)."""
-    return layout_sample(sample).size
+def encoded_size(sample: dict) -> int:
+    """Exact number of bytes :func:`encode_sample` produces for ``sample`` (validates it; copies no data)."""
+    return sample_encoding(sample).size
 
 
-def pack_into(sample: dict, out: Any, offset: int = 0) -> int:
+def encode_into(sample: dict, out: Any, offset: int = 0) -> int:
     """Pack ``sample`` into the writable uint8 buffer ``out`` at ``offset``; return the end offset."""
-    return layout_sample(sample).write_into(out, offset)
+    return sample_encoding(sample).write_into(out, offset)
 
 
-def pack_sample(sample: dict) -> bytearray:
+def encode_sample(sample: dict) -> bytearray:
     """Pack one sample into a new ``bytearray`` (writable, so unpacking can view it without copies)."""
-    lay = layout_sample(sample)
+    lay = sample_encoding(sample)
     out = bytearray(lay.size)
     lay.write_into(out, 0)
     return out
 
 
-def pack_samples(samples: Iterable[dict]) -> torch.Tensor:
+def encode_samples(samples: Iterable[dict]) -> torch.Tensor:
     """Pack samples back to back into one new 1-D ``torch.uint8`` tensor (every record 16-aligned)."""
-    layouts = [layout_sample(s) for s in samples]
+    layouts = [sample_encoding(s) for s in samples]
     out = torch.empty(sum(lay.size for lay in layouts), dtype=torch.uint8)
     arr = out.numpy()
     pos = 0
@@ -596,7 +596,7 @@ class _Decoder:
         return raw.view(dt).reshape(shape)
 
 
-def _unpack_at(arr: np.ndarray, offset: int, copy: bool, addr: int | None = None) -> tuple[dict, int]:
+def _decode_at(arr: np.ndarray, offset: int, copy: bool, addr: int | None = None) -> tuple[dict, int]:
     total = arr.shape[0]
     if offset < 0 or offset + HEADER_SIZE > total:
         raise ValueError(f"no packed sample at offset {offset}: buffer has {total} bytes")
@@ -623,17 +623,17 @@ def _unpack_at(arr: np.ndarray, offset: int, copy: bool, addr: int | None = None
     return sample, offset + size
 
 
-def unpack_sample(buffer: Any, offset: int = 0, *, copy: bool = False) -> tuple[dict, int]:
+def decode_sample(buffer: Any, offset: int = 0, *, copy: bool = False) -> tuple[dict, int]:
     """Read the record at ``buffer[offset:]``; return ``(sample, end_offset)``.
 
     ``buffer``: bytes-like, uint8 ``np.ndarray`` or CPU uint8 ``torch.Tensor``. With ``copy=False``
     tensors and arrays may be views sharing memory with ``buffer`` (see the module doc); ``copy=True``
     gives them their own storage. Raises ``ValueError`` on bytes that are not a valid record."""
     arr, readonly = _as_u8_array(buffer)
-    return _unpack_at(arr, offset, copy or readonly)
+    return _decode_at(arr, offset, copy or readonly)
 
 
-def unpack_samples(
+def decode_samples(
     buffer: Any,
     count: int | None = None,
     *,
@@ -655,17 +655,17 @@ def unpack_samples(
         if count is not None and count != len(sizes):
             raise ValueError(f"count {count} does not match {len(sizes)} sizes")
         for i, n in enumerate(sizes):
-            sample, end = _unpack_at(arr, pos, copy, addr)
+            sample, end = _decode_at(arr, pos, copy, addr)
             if end - pos != n:
                 raise ValueError(f"record {i} at offset {pos} is {end - pos} bytes, expected {n}")
             out.append(sample)
             pos = end
     elif count is not None:
         for _ in range(count):
-            sample, pos = _unpack_at(arr, pos, copy, addr)
+            sample, pos = _decode_at(arr, pos, copy, addr)
             out.append(sample)
     else:
         while pos < arr.shape[0]:
-            sample, pos = _unpack_at(arr, pos, copy, addr)
+            sample, pos = _decode_at(arr, pos, copy, addr)
             out.append(sample)
     return out

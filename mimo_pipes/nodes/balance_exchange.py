@@ -14,7 +14,8 @@ from typing import Any, NamedTuple
 import torch
 from torchdata.nodes import BaseNode, IterableWrapper
 
-from mimo_pipes.collate import Collator
+from mimo_pipes.checkpoint.resume import ResumePoint
+from mimo_pipes.checkpoint.validity import VALID_FOR_KEY, check_valid_for, collation_settings, valid_for
 from mimo_pipes.exchange import (
     ExchangeBuffers,
     ExchangeContext,
@@ -24,12 +25,11 @@ from mimo_pipes.exchange import (
     announce_failure,
     exchange_window,
 )
-from mimo_pipes.metrics import MetricsAccumulator, window_metrics
-from mimo_pipes.observer import ExchangeObserver, ExchangeRecord
-from mimo_pipes.resume import ResumePoint
-from mimo_pipes.sample import Window, held_bytes
-from mimo_pipes.tail_settings import TailSettings
-from mimo_pipes.validity import VALID_FOR_KEY, check_valid_for, collation_settings, valid_for
+from mimo_pipes.graph.tail_settings import TailSettings
+from mimo_pipes.observe.metrics import MetricsAccumulator, window_metrics
+from mimo_pipes.observe.observer import ExchangeObserver, ExchangeRecord
+from mimo_pipes.samples.collate import Collator
+from mimo_pipes.samples.sample import Window, held_bytes
 
 # Windows exchanged ahead of the consumer. Every rank's thread runs at most this far ahead, which bounds
 # memory (two extra windows per rank) and tells a stopping thread which exchanges its peers may have begun.
@@ -210,9 +210,9 @@ class BalanceExchange(BaseNode[Window]):
     :meth:`metrics` when that node hands the window on (:meth:`confirm`), so they follow the consumer;
     :meth:`fail` lets that node's failures reach the module's other ranks.
 
-    Each delivered window is described by an :class:`~mimo_pipes.observer.ExchangeRecord` handed to
+    Each delivered window is described by an :class:`~mimo_pipes.observe.observer.ExchangeRecord` handed to
     ``observers`` (on the training thread, in order). With ``collect_metrics`` (default) the node also
-    keeps :mod:`mimo_pipes.metrics`' figures: :meth:`metrics` is the last delivered window's dict,
+    keeps :mod:`mimo_pipes.observe.metrics`' figures: :meth:`metrics` is the last delivered window's dict,
     cumulative figures included (since the start of training: a restored state brings its totals).
     Neither costs a collective. It is valid for one DP layout, B/d, W, across-micro-batch setting and
     collation; with overlap or without, the state is the same (but for the metrics' time totals).
@@ -274,7 +274,7 @@ class BalanceExchange(BaseNode[Window]):
 
     def pin(self, first_step: int, composition: list[list[int]] | None) -> None:
         """Exchange the window at ``first_step`` with the micro-batches ``composition`` gives (flat window
-        indices per micro-batch, see :class:`~mimo_pipes.sample.Window`), only balancing each over the slots:
+        indices per micro-batch, see :class:`~mimo_pipes.samples.sample.Window`), only balancing each over the slots:
         a window restored inside, whose first micro-batches were consumed under that composition."""
         self.pinned = None if composition is None else (int(first_step), [list(map(int, m)) for m in composition])
 
@@ -312,7 +312,7 @@ class BalanceExchange(BaseNode[Window]):
         self.observers.append(observer)
 
     def metrics(self) -> dict[str, Any] | None:
-        """The last delivered window's metrics (see :mod:`mimo_pipes.metrics`), cumulative figures included;
+        """The last delivered window's metrics (see :mod:`mimo_pipes.observe.metrics`), cumulative figures included;
         None before the first window or while ``collect_metrics`` is off."""
         return self._last_metrics
 

@@ -9,11 +9,11 @@ from typing import Any, Protocol
 import numpy as np
 from torchdata.nodes import BaseNode
 
-from mimo_pipes.resume import ResumePoint
-from mimo_pipes.sample import SAMPLE_ID, SLOT, STEP, Sample
-from mimo_pipes.sharding import epoch_order, microbatches_per_epoch
-from mimo_pipes.topology import owned_positions
-from mimo_pipes.validity import VALID_FOR_KEY, check_valid_for, on_saved_layout, source_fingerprint, valid_for
+from mimo_pipes.checkpoint.resume import ResumePoint
+from mimo_pipes.checkpoint.validity import VALID_FOR_KEY, check_valid_for, on_saved_layout, source_fingerprint, valid_for
+from mimo_pipes.parallel.sharding import epoch_order, microbatches_per_epoch
+from mimo_pipes.parallel.topology import owned_positions
+from mimo_pipes.samples.sample import SAMPLE_ID, SLOT, STEP, Sample
 
 
 class MapStyleDataset(Protocol):
@@ -27,9 +27,9 @@ class CanonicalShardReader(BaseNode[Sample]):
 
     ``single`` reads the dataset once in order; ``cyclic`` reshuffles each epoch from the seed and never
     ends. Each sample gets its dataset index, global step and canonical slot. The state is two counters,
-    so resuming from a consumed-sample count (``start_step = consumed // B``) is the same as restoring it.
+    so resuming from a consumed-sample count (``first_step = consumed // B``) is the same as restoring it.
     It is valid for one dataset (length and fingerprint: ``dataset_fingerprint`` if given, else
-    :func:`~mimo_pipes.validity.source_fingerprint` of the rows it reads first), B, DP layout, seed and
+    :func:`~mimo_pipes.checkpoint.validity.source_fingerprint` of the rows it reads first), B, DP layout, seed and
     dataloader type.
     """
 
@@ -41,37 +41,37 @@ class CanonicalShardReader(BaseNode[Sample]):
         self,
         dataset: MapStyleDataset,
         *,
-        microbatch_size: int,
+        micro_batch_size: int,
         dp_rank: int,
         dp_size: int,
         grid_size: int,
         seed: int = 0,
         dataloader_type: str = "cyclic",
-        start_step: int = 0,
+        first_step: int = 0,
         dataset_fingerprint: str | None = None,
     ) -> None:
         super().__init__()
         if dataloader_type not in ("single", "cyclic"):
             raise ValueError(f"dataloader_type must be single or cyclic, got {dataloader_type!r}")
         self.dataset = dataset
-        self.microbatch_size = microbatch_size
+        self.micro_batch_size = micro_batch_size
         self.dp_rank = dp_rank
         self.grid_size = grid_size
         self.seed = seed
         self.cyclic = dataloader_type == "cyclic"
-        self.start_step = start_step
-        self.positions = owned_positions(dp_rank, dp_size, microbatch_size)
-        self.samples_per_slot = microbatch_size // grid_size
-        self.per_epoch = microbatches_per_epoch(len(dataset), microbatch_size)
+        self.first_step = first_step
+        self.positions = owned_positions(dp_rank, dp_size, micro_batch_size)
+        self.samples_per_slot = micro_batch_size // grid_size
+        self.per_epoch = microbatches_per_epoch(len(dataset), micro_batch_size)
         if self.per_epoch == 0:
-            raise ValueError(f"dataset has {len(dataset)} samples, fewer than one micro-batch of {microbatch_size}")
+            raise ValueError(f"dataset has {len(dataset)} samples, fewer than one micro-batch of {micro_batch_size}")
         self._order_epoch = -1
         self._order = np.empty(0, dtype=np.int64)
         self._fingerprint_of_rows = dataset_fingerprint is None
         if dataset_fingerprint is None:  # rows this rank reads first (its own slots of step 0), never others
             dataset_fingerprint = source_fingerprint(dataset, self._first_rows(self.positions))
         self.valid_for = valid_for(type(self).__name__, {
-            "micro-batch size": microbatch_size,
+            "micro-batch size": micro_batch_size,
             "dp rank": dp_rank,
             "dp size": dp_size,
             "canonical grid size": grid_size,
@@ -93,21 +93,21 @@ class CanonicalShardReader(BaseNode[Sample]):
         dp_rank, dp_size = saved.get("dp rank"), saved.get("dp size")
         if self._fingerprint_of_rows and isinstance(dp_rank, int) and isinstance(dp_size, int) and 0 <= dp_rank < dp_size:
             own = str(self.valid_for["dataset fingerprint"])
-            if own.startswith("rows:") and self.microbatch_size % dp_size == 0:
-                rows = self._first_rows(owned_positions(dp_rank, dp_size, self.microbatch_size))
+            if own.startswith("rows:") and self.micro_batch_size % dp_size == 0:
+                rows = self._first_rows(owned_positions(dp_rank, dp_size, self.micro_batch_size))
                 adjusted["dataset fingerprint"] = source_fingerprint(self.dataset, rows)
         return adjusted
 
     def start_at(self, point: ResumePoint, saved_state: Any = None) -> None:
         """From the next ``reset(None)`` on, read from global micro-batch ``point.first_step``."""
-        self.start_step = point.first_step
+        self.first_step = point.first_step
 
     def reset(self, initial_state: dict | None = None) -> None:
         if initial_state is not None:
             check_valid_for(initial_state, self.valid_for)
         super().reset(initial_state)
         if initial_state is None:
-            self._next_step, self._next_position = self.start_step, 0
+            self._next_step, self._next_position = self.first_step, 0
         else:
             self._next_step = int(initial_state[self.NEXT_STEP_KEY])
             self._next_position = int(initial_state[self.NEXT_POSITION_KEY])
@@ -117,7 +117,7 @@ class CanonicalShardReader(BaseNode[Sample]):
         if epoch != self._order_epoch:
             self._order = epoch_order(len(self.dataset), epoch, self.seed, shuffle=self.cyclic)
             self._order_epoch = epoch
-        return int(self._order[within * self.microbatch_size + position])
+        return int(self._order[within * self.micro_batch_size + position])
 
     def next(self) -> Sample:
         step = self._next_step

@@ -7,17 +7,17 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
-from mimo_pipes.cost import image_token_count, real_token_count
-from mimo_pipes.cost_range import window_budget
+from mimo_pipes.checkpoint.validity import VALID_FOR_KEY, check_valid_for, valid_for
 from mimo_pipes.errors import SampleError
-from mimo_pipes.sample import COST, ENCODER_COST, IMAGE_TOKENS, PLACEHOLDER_RUNS, REAL_TOKENS, SAMPLE_ID, Sample
-from mimo_pipes.tail_settings import TailSettings
-from mimo_pipes.validity import VALID_FOR_KEY, check_valid_for, valid_for
+from mimo_pipes.graph.tail_settings import TailSettings
+from mimo_pipes.samples.cost import image_token_count, real_token_count
+from mimo_pipes.samples.cost_range import window_budget
+from mimo_pipes.samples.sample import COST, ENCODER_COST, IMAGE_TOKENS, PLACEHOLDER_RUNS, REAL_TOKENS, SAMPLE_ID, Sample
 
 
 class CostAnnotator(BaseNode[Sample]):
     """Counts vision placeholders in ``input_ids`` and real tokens in ``attention_mask``, and prices the
-    sample with ``settings.plan.cost`` (:class:`~mimo_pipes.cost.CostFunction`): integer weights, so every
+    sample with ``settings.plan.cost`` (:class:`~mimo_pipes.samples.cost.CostFunction`): integer weights, so every
     process gets the same cost; with a time model the encoder term is the modelled time of the sample's
     images (ns) instead of their token count. Then drops the fields its module does not carry
     (``settings.fields``), before they move.

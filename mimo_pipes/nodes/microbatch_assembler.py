@@ -7,10 +7,10 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
-from mimo_pipes.resume import ResumePoint
-from mimo_pipes.sample import Window
-from mimo_pipes.tail_settings import TailSettings
-from mimo_pipes.validity import VALID_FOR_KEY, check_valid_for, collation_settings, valid_for
+from mimo_pipes.checkpoint.resume import ResumePoint
+from mimo_pipes.checkpoint.validity import VALID_FOR_KEY, check_valid_for, collation_settings, valid_for
+from mimo_pipes.graph.tail_settings import TailSettings
+from mimo_pipes.samples.sample import Window
 
 
 class MicroBatchAssembler(BaseNode[dict]):

@@ -6,12 +6,12 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
-from mimo_pipes.tail_settings import TailSettings
-from mimo_pipes.thd import check_pad_multiple, pack_microbatch, packing_metrics
+from mimo_pipes.graph.tail_settings import TailSettings
+from mimo_pipes.samples.thd import check_pad_multiple, pack_microbatch, packing_metrics
 
 
 class SequencePacker(BaseNode[dict]):
-    """Yields the THD form of each micro-batch of its source (:func:`mimo_pipes.thd.pack_microbatch`).
+    """Yields the THD form of each micro-batch of its source (:func:`mimo_pipes.samples.thd.pack_microbatch`).
 
     Every sequence is padded to a multiple of ``settings.pack_pad_multiple`` with the collator's pad values.
     Stateless per micro-batch, so its state is its source's. ``last_metrics`` holds the counts of the

@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 from torchdata.nodes import BaseNode
 
-from mimo_pipes.validity import VALID_FOR_KEY, check_valid_for, valid_for
+from mimo_pipes.checkpoint.validity import VALID_FOR_KEY, check_valid_for, valid_for
 
 T = TypeVar("T")
 

@@ -10,12 +10,12 @@ from typing import Any
 import torch
 from torchdata.nodes import BaseNode, IterableWrapper
 
-from mimo_pipes.collate import CONCAT_FIELDS, METADATA_LIST_NAMES, SEQUENCE_FIELDS, VISION_ROWS
-from mimo_pipes.cost import image_token_count
+from mimo_pipes.checkpoint.resume import ResumePoint
+from mimo_pipes.checkpoint.validity import VALID_FOR_KEY, check_valid_for, valid_for
 from mimo_pipes.errors import SampleError
-from mimo_pipes.resume import ResumePoint
-from mimo_pipes.sample import SAMPLE_ID, STEP, Sample
-from mimo_pipes.validity import VALID_FOR_KEY, check_valid_for, valid_for
+from mimo_pipes.samples.collate import CONCAT_FIELDS, METADATA_LIST_NAMES, SEQUENCE_FIELDS, VISION_ROWS
+from mimo_pipes.samples.cost import image_token_count
+from mimo_pipes.samples.sample import SAMPLE_ID, STEP, Sample
 
 NUM_IMAGES = "num_images"  # optional per-row image counts in a collated batch
 _METADATA_BY_LIST_NAME = {list_name: key for key, list_name in METADATA_LIST_NAMES.items()}
@@ -35,7 +35,7 @@ class Uncollate(BaseNode[Sample]):
       ``num_images`` when the batch has that field, else the fewest grid rows whose image tokens
       (``prod(t, h, w) / merge_size**2`` each) add up to the row's placeholder count in ``input_ids``.
       Each image owns the next ``prod(t, h, w)`` rows of ``pixel_values``.
-    * ``step`` counts micro-batches from ``start_step`` (the batch's own ``step`` and ``read_steps`` are
+    * ``step`` counts micro-batches from ``first_step`` (the batch's own ``step`` and ``read_steps`` are
       ignored: the samples are read anew at the step of the batch that holds them).
     * ``sample_id`` comes from ``sample_ids`` when present, else it is the row's position counted over
       global micro-batches: ``step * rows * dp_size + dp_rank * rows + row``.
@@ -60,7 +60,7 @@ class Uncollate(BaseNode[Sample]):
         rows_per_batch: int | None = None,
         dp_rank: int = 0,
         dp_size: int = 1,
-        start_step: int = 0,
+        first_step: int = 0,
     ) -> None:
         super().__init__()
         if merge_size < 1:
@@ -71,7 +71,7 @@ class Uncollate(BaseNode[Sample]):
         self.rows_per_batch = rows_per_batch
         self.dp_rank = dp_rank
         self.dp_size = dp_size
-        self.start_step = start_step
+        self.first_step = first_step
         self.valid_for = valid_for(type(self).__name__, {
             "image token id": image_token_id,
             "merge size": merge_size,
@@ -83,7 +83,7 @@ class Uncollate(BaseNode[Sample]):
     def start_at(self, point: ResumePoint, saved_state: Any = None) -> None:
         """From the next ``reset(None)`` on, count steps from ``point.first_step`` (the source must start
         there too: it is restarted on its own)."""
-        self.start_step = point.first_step
+        self.first_step = point.first_step
 
     def reset(self, initial_state: dict | None = None) -> None:
         if initial_state is not None:
@@ -94,7 +94,7 @@ class Uncollate(BaseNode[Sample]):
         self._batch_start_state: dict[str, Any] | None = None
         if initial_state is None:
             self.source.reset(None)
-            self._step = self.start_step
+            self._step = self.first_step
             return
         self.source.reset(copy.deepcopy(initial_state[self.SOURCE_KEY]))
         self._step = int(initial_state[self.STEP_KEY])

@@ -7,9 +7,9 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
-from mimo_pipes.sample import STEP, Sample, Window
-from mimo_pipes.tail_settings import TailSettings
-from mimo_pipes.validity import VALID_FOR_KEY, check_valid_for, valid_for
+from mimo_pipes.checkpoint.validity import VALID_FOR_KEY, check_valid_for, valid_for
+from mimo_pipes.graph.tail_settings import TailSettings
+from mimo_pipes.samples.sample import STEP, Sample, Window
 
 
 class Windower(BaseNode[Window]):

@@ -1,0 +1,50 @@
+"""The graph's tail, added to any node of samples or counted rows: costs -> windows -> exchange -> (processing
+->) micro-batches (-> THD).
+
+Every entry point builds its tail here from one :class:`~mimo_pipes.graph.tail_settings.TailSettings`, so a
+recipe, ``balance_iterator`` and the DataLoader adapter plan, exchange and collate alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torchdata.nodes import BaseNode
+
+from mimo_pipes.errors import ConfigError
+from mimo_pipes.exchange import RankLayout
+from mimo_pipes.graph.tail_settings import TailSettings
+from mimo_pipes.nodes import BalanceExchange, CostAnnotator, MicroBatchAssembler, RowProcessor, SequencePacker, Windower
+from mimo_pipes.samples.sample import Sample
+
+
+def balanced_tail(
+    items: BaseNode[Sample],
+    *,
+    settings: TailSettings,
+    layout: RankLayout,
+    process_rows: Callable[[Sample], Sample] | None = None,
+) -> BaseNode[dict]:
+    """This rank's micro-batches from ``items`` (its B/d samples of every global micro-batch, in canonical
+    order, from the first step of ``settings.resume`` on). Under the ``rows`` payload ``items`` are
+    counted rows, which ``process_rows`` turns into this module's samples after the exchange. Wrap the
+    result in a GraphLoader with ``consumed_microbatches=settings.resume.consumed``."""
+    rows = settings.processing.rows
+    if rows and process_rows is None:
+        raise ConfigError("--exchange-payload", "rows needs the function that processes a row after the exchange; "
+                          "this pipeline gives none (use --exchange-payload samples)")
+    node: BaseNode[Any] = CostAnnotator(items, settings=settings)
+    node = Windower(node, settings=settings)
+    if settings.plan.reorder:
+        # Collates each window right after moving it (on the prefetch thread with overlap), unless it moves rows.
+        node = BalanceExchange(node, settings=settings, layout=layout, collate=not rows, confirm_delivery=rows)
+    if rows:
+        # Rows become this module's samples here, on the rank that trains on them, and are collated.
+        assert process_rows is not None
+        node = RowProcessor(node, settings=settings, process=process_rows)
+    node = MicroBatchAssembler(node, settings=settings)
+    if settings.pack_sequences and settings.fields.tokens:
+        # One THD row per micro-batch, after the exchange: packing never changes which samples a rank holds.
+        node = SequencePacker(node, settings=settings)
+    return node

@@ -1,0 +1,78 @@
+"""What each module's micro-batches carry, declared once.
+
+A module's role follows from its name (``--component``): ``language`` is the language model, every
+other module a vision encoder. Each makes and moves only the fields it trains on:
+
+===========  =====================================================================================
+role         model fields its micro-batches carry
+===========  =====================================================================================
+language     token fields (``input_ids``, ``attention_mask``, ``labels``, ``loss_mask``,
+             ``position_ids``) and layout fields
+encoder      pixel fields (``pixel_values``, ``pixel_values_videos``) and layout fields
+all          every field (a graph built without a module name: ``RankLayout.module`` None)
+===========  =====================================================================================
+
+Every module also carries the layout fields (``image_grid_thw``, ``video_grid_thw``,
+``image_num_tiles``: how many images a sample has and their shapes, which the language side needs for its
+positions and the bridge for its pairing checks), the metadata lists (``sample_ids``, ``image_tokens``,
+...) and every key a row passes through unchanged. The costs are computed before any field is dropped,
+from values identical on every module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mimo_pipes.samples.collate import CONCAT_FIELDS, SEQUENCE_FIELDS
+from mimo_pipes.samples.sample import Sample
+
+LANGUAGE = "language"
+ENCODER = "encoder"
+ALL = "all"
+ROLES = (LANGUAGE, ENCODER, ALL)
+
+TOKEN_FIELDS: tuple[str, ...] = SEQUENCE_FIELDS
+PIXEL_FIELDS: tuple[str, ...] = ("pixel_values", "pixel_values_videos")
+LAYOUT_FIELDS: tuple[str, ...] = tuple(name for name in CONCAT_FIELDS if name not in PIXEL_FIELDS)
+
+
+@dataclass(frozen=True)
+class ModuleFields:
+    """The fields one module's micro-batches carry (see the module doc)."""
+
+    role: str = ALL
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}, got {self.role!r}")
+
+    @property
+    def dropped(self) -> tuple[str, ...]:
+        """The model fields this module never carries."""
+        return {LANGUAGE: PIXEL_FIELDS, ENCODER: TOKEN_FIELDS, ALL: ()}[self.role]
+
+    @property
+    def tokens(self) -> bool:
+        """Whether the micro-batches carry token fields (what sequence packing packs)."""
+        return self.role != ENCODER
+
+    @property
+    def pixels(self) -> bool:
+        """Whether the micro-batches carry pixels (only then are images decoded)."""
+        return self.role != LANGUAGE
+
+    def carries(self, name: str) -> bool:
+        return name not in self.dropped
+
+    def select(self, sample: Sample) -> Sample:
+        """``sample`` without the fields this module does not carry (the same dict when it has none)."""
+        if not any(name in sample for name in self.dropped):
+            return sample
+        return {name: value for name, value in sample.items() if name not in self.dropped}
+
+
+def module_fields(module: str | None) -> ModuleFields:
+    """The fields of the module named ``module`` (None: every field)."""
+    if module is None:
+        return ModuleFields(ALL)
+    return ModuleFields(LANGUAGE if module == LANGUAGE else ENCODER)

@@ -1,0 +1,113 @@
+"""BalanceExchange at DP 1 (a local permutation, no group): the balanced order, restore at every position,
+and what its state is valid for. Multi-rank exchanges are tested over Gloo in test_graph_dist.py."""
+
+from __future__ import annotations
+
+import pytest
+from node_checks import assert_same, check_refused, check_save_load_everywhere, saved_after, take
+from torchdata.nodes import BaseNode
+
+from mimo_pipes.balance import balance_window
+from mimo_pipes.errors import StateMismatchError
+from mimo_pipes.exchange import RankLayout
+from mimo_pipes.nodes import BalanceExchange, CanonicalShardReader, CostAnnotator, Windower
+from mimo_pipes.samples.collate import Collator
+from mimo_pipes.samples.sample import COST, SAMPLE_ID
+from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset, tail_settings
+
+BATCH, GRID, WINDOW = 4, 2, 3
+COLLATOR = Collator(1600)
+
+
+def windows(window_size=WINDOW) -> BaseNode:
+    """Costed windows of 7 micro-batches of 4 (DP 1 of a canonical grid of 2)."""
+    dataset = SyntheticProcessedDataset(7 * BATCH, seed=11, text_tokens=2, patch_dim=1)
+    reader = CanonicalShardReader(dataset, micro_batch_size=BATCH, dp_rank=0, dp_size=1, grid_size=GRID, dataloader_type="single")
+    settings = tail_settings(samples_per_rank=BATCH, window_size=window_size, image_token_id=IMAGE_TOKEN_ID)
+    return Windower(CostAnnotator(reader, settings=settings), settings=settings)
+
+
+def exchange(collator=None, *, dp_rank=0, dp_size=1, grid_size=GRID, samples_per_rank=BATCH, window_size=WINDOW,
+             across_microbatches=False) -> BalanceExchange:
+    """The exchange of a rank at ``dp_rank`` of ``dp_size`` (no group: only DP 1 exchanges; the others are
+    built to test what their states are valid for); with ``collator`` it collates each window."""
+    settings = tail_settings(samples_per_rank=samples_per_rank, dp_size=dp_size, window_size=window_size, reorder=True,
+                             across_microbatches=across_microbatches, collator=collator or COLLATOR)
+    layout = RankLayout(dp_rank, dp_size, grid_size)
+    return BalanceExchange(windows(window_size), settings=settings, layout=layout, collate=collator is not None)
+
+
+@pytest.mark.parametrize("across", [False, True])
+def test_dp1_puts_each_window_in_the_balanced_order(across):
+    for before, after in zip(take(windows(), None), take(exchange(across_microbatches=across), None)):
+        flat = [sample for microbatch in before.microbatches for sample in microbatch]
+        plan = balance_window([[s[COST] for s in mb] for mb in before.microbatches], GRID, across_microbatches=across)
+        expected = [[flat[i][SAMPLE_ID] for slot in slots for i in slot] for slots in plan]
+        assert [[s[SAMPLE_ID] for s in mb] for mb in after.microbatches] == expected
+        assert after.first_step == before.first_step
+        assert sorted(s[SAMPLE_ID] for mb in after.microbatches for s in mb) == sorted(s[SAMPLE_ID] for s in flat)
+
+
+@pytest.mark.parametrize("collator", [None, COLLATOR], ids=["samples", "collated"])
+@pytest.mark.parametrize("across", [False, True])
+def test_restores_at_every_position(collator, across):
+    out = check_save_load_everywhere(lambda: exchange(collator, across_microbatches=across))
+    assert [len(w.microbatches) for w in out] == [3, 3, 1] and all(w.collated == (collator is not None) for w in out)
+
+
+def test_collating_on_the_exchange_is_collating_after_it():
+    for plain, collated in zip(take(exchange(), None), take(exchange(COLLATOR), None)):
+        assert_same(collated.microbatches, [COLLATOR.microbatch(mb, plain.first_step + m) for m, mb in enumerate(plain.microbatches)])
+
+
+MISMATCHES = [
+    ("dp rank", dict(dp_rank=1, dp_size=2), 0, 1),
+    ("dp size", dict(dp_size=2, samples_per_rank=2), 1, 2),
+    ("canonical grid size", dict(grid_size=4), 2, 4),
+    ("micro-batch size per rank", dict(samples_per_rank=2), 4, 2),
+    ("window size", dict(window_size=2), 3, 2),
+    ("reorder across micro-batches", dict(across_microbatches=True), False, True),
+    ("collation pad length", dict(collator=Collator(None)), 1600, None),
+]
+
+
+@pytest.mark.parametrize("setting, overrides, saved, now", MISMATCHES, ids=[m[0] for m in MISMATCHES])
+def test_refuses_a_state_made_for_other_settings(setting, overrides, saved, now):
+    # refused in reset, before any collective: a DP 2 context without a group never gets to talk
+    state = saved_after(exchange(COLLATOR), 1)
+    check_refused(exchange(**{"collator": COLLATOR, **overrides}).reset, state, "BalanceExchange", setting, saved, now)
+
+
+def test_a_state_saved_without_collation_is_refused_with_it():
+    with pytest.raises(StateMismatchError, match=r"made with collation pad length \(not recorded\), this graph has 1600"):
+        exchange(COLLATOR).reset(saved_after(exchange(), 1))
+
+
+def cumulative(node: BalanceExchange) -> dict:
+    """The node's running totals as its metrics show them, wall-clock times aside."""
+    return {k: v for k, v in node.metrics().items() if k.startswith("cumulative/") and not k.startswith("cumulative/time/")}
+
+
+@pytest.mark.parametrize("across", [False, True])
+def test_state_carries_the_metrics_totals_across_a_restore(across):
+    reference = exchange(COLLATOR, across_microbatches=across)
+    take(reference, None)
+    assert reference.metrics()["cumulative/windows"] == 3 and reference.metrics()["cumulative/microbatches"] == 7
+    for position in range(4):
+        node = exchange(COLLATOR, across_microbatches=across)
+        state = saved_after(node, position)
+        totals = state[BalanceExchange.METRICS_KEY]
+        assert totals["windows"] == position and totals["microbatches"] == [0, 3, 6, 7][position]
+        if position:
+            assert node.metrics()["cumulative/image_tokens/after/critical_path"] == totals["sums"]["image_tokens/after/critical_path"]
+        restored = exchange(COLLATOR, across_microbatches=across)
+        restored.reset(state)
+        assert restored.metrics() is None  # nothing delivered since the restore
+        if take(restored, None):
+            assert cumulative(restored) == cumulative(reference), position
+            assert restored.metrics()["cumulative/time/exchange_s"] >= totals["sums"].get("time/exchange_s", 0)
+    restarted = exchange(COLLATOR, across_microbatches=across)
+    take(restarted, 2)
+    restarted.reset(None)  # a fresh start, not a restore: the totals start again
+    take(restarted, 1)
+    assert restarted.metrics()["cumulative/windows"] == 1

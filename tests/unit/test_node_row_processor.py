@@ -1,0 +1,111 @@
+"""RowProcessor: windows of rows processed into collated micro-batches on worker threads or processes,
+one window ahead; restore at every position, failures, its workers' lifecycle, what its state is valid for."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from node_checks import assert_same, check_refused, check_save_load_everywhere, saved_after, take, tiny_samples
+
+from mimo_pipes.errors import SampleError
+from mimo_pipes.nodes import RowProcessor, Windower
+from mimo_pipes.nodes.row_processor import AHEAD
+from mimo_pipes.samples.collate import Collator
+from mimo_pipes.samples.sample import SAMPLE_ID, Window
+from mimo_pipes.testing import tail_settings
+
+PADDED = Collator(1600, {"labels": -100, "input_ids": 7})
+
+
+def process(row: dict) -> dict:
+    """A row's processing: a field it did not have, and a changed one (picklable for worker processes)."""
+    return {**row, "input_ids": row["input_ids"] * 3, "processed": torch.tensor([row[SAMPLE_ID]])}
+
+
+def fail_on_row_5(row: dict) -> dict:
+    if row[SAMPLE_ID] == 5:
+        raise SampleError(5, "dataset row 5: image 0 cannot be decoded", field="images")
+    return process(row)
+
+
+def settings_for(per_microbatch=3, window_size=2, collator=PADDED, module=None, workers=2, method="thread"):
+    return tail_settings(samples_per_rank=per_microbatch, window_size=window_size, collator=collator, module=module,
+                         payload="rows", workers=workers, method=method)
+
+
+def row_processor(per_microbatch=3, window_size=2, steps=7, fn=process, **kwargs) -> RowProcessor:
+    settings = settings_for(per_microbatch, window_size, **kwargs)
+    return RowProcessor(Windower(tiny_samples(per_microbatch, steps), settings=settings), settings=settings, process=fn)
+
+
+def expected(per_microbatch=3, window_size=2, steps=7, collator=PADDED) -> list[Window]:
+    settings = settings_for(per_microbatch, window_size, collator)
+    windows = take(Windower(tiny_samples(per_microbatch, steps), settings=settings), None)
+    return [collator.window(Window(w.first_step, [[process(row) for row in mb] for mb in w.microbatches])) for w in windows]
+
+
+def test_windows_are_the_rows_processed_and_collated():
+    got = take(row_processor(), None)
+    assert_same(got, expected())
+    assert all(w.collated for w in got) and [w.first_step for w in got] == [0, 2, 4, 6]
+
+
+def test_restores_at_every_position():
+    check_save_load_everywhere(row_processor)
+
+
+@pytest.mark.parametrize("window_size", [1, 3])
+def test_reads_one_window_ahead_of_the_one_it_hands_out(window_size):
+    node = row_processor(window_size=window_size, steps=9)
+    windows = 9 // window_size
+    for delivered in range(1, windows + 1):
+        take(node, 1)
+        reader = node.source.source  # Windower -> CanonicalShardReader
+        assert reader.state_dict()[reader.NEXT_STEP_KEY] // window_size == min(delivered + AHEAD, windows)
+        assert len(node.processed_ahead()) <= AHEAD
+
+
+def test_worker_processes_give_the_threads_stream():
+    threads = take(row_processor(steps=4), None)
+    node = row_processor(steps=4, method="process", workers=2)
+    try:
+        assert_same(take(node, None), threads)
+    finally:
+        node.close()
+
+
+def test_a_row_that_fails_raises_its_error_and_a_restore_starts_over():
+    node = row_processor(fn=fail_on_row_5)
+    state = saved_after(node, 0)
+    with pytest.raises(SampleError, match="sample 5, field 'images': dataset row 5: image 0 cannot be decoded"):
+        take(node, None)
+    restored = row_processor()
+    restored.reset(state)
+    assert_same(take(restored, None), expected())
+
+
+def test_close_stops_its_workers_and_iterating_again_restarts_them():
+    def workers() -> list[str]:
+        return [t.name for t in threading.enumerate() if t.name.startswith(("mimo-pipes-process", "mimo-pipes-collate"))]
+
+    node = row_processor()
+    first = take(node, 1)
+    assert workers()
+    state = node.state_dict()
+    node.close()
+    assert not workers()
+    node.reset(state)
+    assert_same(take(node, None), expected()[1:])
+    assert_same(first, expected()[:1])
+    node.close()
+
+
+@pytest.mark.parametrize(("change", "setting", "saved", "now"), [
+    ({"module": "language"}, "module fields", "all", "language"),
+    ({"collator": Collator(None)}, "collation pad length", 1600, None),
+])
+def test_refuses_a_state_made_for_other_settings(change, setting, saved, now):
+    state = saved_after(row_processor(), 1)
+    check_refused(lambda s: row_processor(**change).reset(s), state, "RowProcessor", setting, saved, now)
