@@ -155,7 +155,10 @@ def build(
     map_fn: Callable[[Sample], Sample] = processor
     if config.exchange_payload == "rows":
         # Rows move, counted from their text and image headers; each module processes its own fields after the exchange.
-        rows = ModuleProcessor(processor, module_fields(layout.module), image_paths=config.exchange_image_paths)
+        # Under --skip-bad-samples every module also refuses image files that are not whole, before the exchange:
+        # a row that would fail only where it is decoded is replaced alike on every module (data/complete_files.py).
+        rows = ModuleProcessor(processor, module_fields(layout.module), image_paths=config.exchange_image_paths,
+                               whole_files=config.skip_bad_samples)
         map_fn = rows.count
     if config.skip_bad_samples:
         map_fn = SkipBadRows(map_fn, dataset, micro_batch_size=config.micro_batch_size, seed=config.seed,

@@ -27,6 +27,8 @@ import numpy as np
 from mimo_pipes.balance.validate import check_costs, check_window
 
 _NONE = np.iinfo(np.int64).max
+# Most elements of one block of the crowded-slot table (int64).
+CROWDED_ELEMENTS = 1 << 16
 
 
 def _crowded_bound(
@@ -43,14 +45,18 @@ def _crowded_bound(
     extra = size - slots if max_extra is None else min(size - slots, max_extra)
     if extra < 1:
         return 0
-    j = np.arange(1, extra + 1)[:, None]
     m = np.arange(1, slots + 1)[None, :]
-    rest = m * (per_slot - 1) - j
-    feasible = (m <= j) & (rest >= 0)
-    numerator = heads[slots + j] - heads[slots - m] + tails[np.clip(rest, 0, size)]
-    mean = -(-numerator // m)
-    crowded = np.where(feasible, mean, _NONE).min(axis=1)
-    return int(crowded.max())
+    best = 0
+    # The (j, M) table is built a block of j at a time: a few MiB whatever the number of slots.
+    step = max(1, CROWDED_ELEMENTS // slots)
+    for low in range(1, extra + 1, step):
+        j = np.arange(low, min(low + step, extra + 1))[:, None]
+        rest = m * (per_slot - 1) - j
+        feasible = (m <= j) & (rest >= 0)
+        numerator = heads[slots + j] - heads[slots - m] + tails[np.clip(rest, 0, size)]
+        mean = -(-numerator // m)
+        best = max(best, int(np.where(feasible, mean, _NONE).min(axis=1).max()))
+    return best
 
 
 def sorted_lower_bound(

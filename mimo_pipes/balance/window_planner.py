@@ -10,7 +10,8 @@ former starts (sorted runs, and the search across micro-batches when they are mo
 the window bound) and add the chosen composition, heads then fill, fill to level, and pairs filled to
 a level as starts, so none is planned worse than before. The result is compared with balancing every
 micro-batch where it stands (when a bound says it could win); windows of at most 64 samples then go
-to a branch and bound over every plan (``window_search``) with that result as the incumbent; last,
+to a branch and bound over every plan (``bin_search``, then ``window_search``) with that result as the
+incumbent; last,
 the window as it stands (contiguous slots, nothing moves) wins if it is no worse. docs/balancing.md
 has the details.
 
@@ -22,17 +23,18 @@ otherwise.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from mimo_pipes.balance.bin_search import search_bins
 from mimo_pipes.balance.canonical import loads_of, sort_order
 from mimo_pipes.balance.lpt import lpt_members
 from mimo_pipes.balance.microbatch import plan_indices, plan_members
 from mimo_pipes.balance.quality import rows_lower_bound, window_lower_bound, window_path_bound
 from mimo_pipes.balance.refine import refine_members
 from mimo_pipes.balance.validate import check_floor, check_window
-from mimo_pipes.balance.window_search import search_window
+from mimo_pipes.balance.window_search import WindowSearch, search_window
 
 # Budgets of the search across micro-batches (counts, so the result never depends on the machine):
 # swaps taken, and candidate swaps looked at (a few ms of numpy on a busy 2-core machine).
@@ -53,6 +55,9 @@ LIGHT_ROUNDS = 2
 # plan (``window_search``), the best plan so far as incumbent, with this budget of samples placed.
 EXACT_MAX_SAMPLES = 64
 EXACT_NODES = 500
+# The search over unlabelled bins goes first when the window has at most 1/TIES as many distinct costs as
+# samples (equal costs are what it does not repeat).
+TIES = 2
 # Windows too large to search (up to CERTIFY_MAX_SAMPLES) get one more start, fill to level, only when
 # the path bound cannot certify the plan within 1/CERTIFY_GAP (3%) of the optimum: it places one sample at
 # a time (tens of ms at 4096 samples), which windows near their bound do not pay.
@@ -98,8 +103,8 @@ def _plan_path(flat: np.ndarray, plan: list[np.ndarray], floor: int) -> int:
     return _path(np.stack([flat[rows].sum(axis=1) for rows in plan]), floor)
 
 
-def _compositions(order: np.ndarray, count: int, num_slots: int, floor: int) -> np.ndarray:
-    """Ways to choose which samples form each micro-batch: (n, W, B) flat indices, every row in sorted
+def _compositions(order: np.ndarray, count: int, num_slots: int, floor: int) -> Iterator[np.ndarray]:
+    """Ways to choose which samples form each micro-batch: (W, B) flat indices each, every row in sorted
     order, in the order of preference on ties (the window as it stands is the caller's, before these).
 
     ``runs`` gives micro-batch m the m-th run of B sorted samples (like samples together: right without a
@@ -107,18 +112,19 @@ def _compositions(order: np.ndarray, count: int, num_slots: int, floor: int) -> 
     micro-batches back and forth, so every micro-batch gets heavy and light samples, none sits below the
     floor, and a heavy chunk's samples can each have a slot of their own. With a floor, hybrids keep the
     h heaviest runs and deal the rest. Runs with f fillers (f a power of two or a multiple of G below B)
-    complete each run of B - f with the f lightest samples left. All of them together are a few dozen
-    times the window at most (their number grows with log B, W and B/G), scored in one batched bound."""
+    complete each run of B - f with the f lightest samples left. Their number grows with W and B/G, so
+    they are made one at a time: a caller that scores each and keeps the best holds a few windows' worth
+    of memory, never all of them at once."""
     size = order.shape[0] // count
     runs = order.reshape(count, size)
-    found = [runs, _snake(order, count, num_slots)]
+    yield runs
+    yield _snake(order, count, num_slots)
     if floor and size > num_slots:
         for heads in range(1, count - 1):
-            found.append(np.concatenate((runs[:heads], _snake(order[heads * size :], count - heads, num_slots))))
+            yield np.concatenate((runs[:heads], _snake(order[heads * size :], count - heads, num_slots)))
     if count > 1 and size > num_slots:
         for fillers in _filler_counts(size, num_slots):
-            found.append(_with_fillers(order, count, size, fillers))
-    return np.stack(found)
+            yield _with_fillers(order, count, size, fillers)
 
 
 def _filler_counts(size: int, num_slots: int) -> list[int]:
@@ -148,13 +154,11 @@ def _snake(order: np.ndarray, count: int, num_slots: int) -> np.ndarray:
     return chunks.transpose(1, 0, 2).reshape(count, -1)
 
 
-def _estimates(sorted_rows: np.ndarray, num_slots: int, floor: int) -> np.ndarray:
-    """Lower bounds on the critical path of compositions (n, W, B), rows sorted heaviest first: each
+def _estimate(sorted_rows: np.ndarray, num_slots: int, floor: int) -> int:
+    """Lower bound on the critical path of a composition (W, B), rows sorted heaviest first: each
     balanced micro-batch costs at least max(floor, its lower bound). Balanced by the engine they come
     close to it, so it ranks compositions without balancing them."""
-    count, rows, size = sorted_rows.shape
-    bounds = rows_lower_bound(sorted_rows.reshape(count * rows, size), num_slots)
-    return np.maximum(bounds, floor).reshape(count, rows).sum(axis=1)
+    return int(np.maximum(rows_lower_bound(sorted_rows, num_slots), floor).sum())
 
 
 def _balanced(
@@ -329,7 +333,18 @@ def _searched(
     lower = window_path_bound(costs, count, num_slots, floor)
     if (path - lower) * NEAR_BOUND <= lower:
         return plans, path  # within 0.1% of the bound: the search cannot gain enough to pay for itself
-    result = search_window(costs.tolist(), count, num_slots, floor, path, lower, EXACT_NODES)
+    # With many equal costs (at most half as many distinct costs as samples: text-only zeros, images of a few
+    # resolutions), first over bins alone (no micro-batch labels: equal costs and equal bins are tried once,
+    # whatever micro-batch they would sit in), on half the budget; then, unless that proved its result, the
+    # labelled search (its per-micro-batch room bound cuts more where costs differ) from the best plan so far.
+    values = costs.tolist()
+    result = WindowSearch(None, path, False, 0)
+    if len(set(values)) * TIES <= len(values):
+        result = search_bins(values, count, num_slots, floor, path, lower, EXACT_NODES // 2)
+    if not result.proven:
+        labelled = search_window(values, count, num_slots, floor, result.best, lower, EXACT_NODES - result.nodes)
+        if labelled.bins is not None:
+            result = labelled
     if result.bins is None:
         return plans, path
     bins = np.asarray(result.bins, dtype=np.int64)
@@ -369,10 +384,14 @@ def balance_window(
     # The window as it stands is a composition too (and no plan that keeps every sample in its
     # micro-batch costs less than its estimate): estimated first, so it wins ties.
     still_rows = np.argsort(-window, axis=1, kind="stable") + still[:, :1]  # rows sorted, flat indices
-    compositions = np.concatenate((still_rows[None], _compositions(order, count, num_slots, floor)))
-    estimates = _estimates(flat[compositions], num_slots, floor)
-    pick = int(np.argmin(estimates))  # the first of the lowest
-    chosen, still_estimate = compositions[pick], int(estimates[0])
+    # Scored one at a time (memory stays a few windows, however many compositions there are); the first
+    # of the lowest wins.
+    pick, chosen = 0, still_rows
+    still_estimate = best = _estimate(flat[still_rows], num_slots, floor)
+    for number, rows in enumerate(_compositions(order, count, num_slots, floor), start=1):
+        value = _estimate(flat[rows], num_slots, floor)
+        if value < best:
+            pick, chosen, best = number, rows, value
     search = size // num_slots > 1 and flat.shape[0] <= SEARCH_MAX_SAMPLES
     if search:
         # The starts of the former planner stay (sorted runs, balanced as before; the engine on every

@@ -9,7 +9,8 @@ One JSON object per input line, one JSON line per input line on stdout, flushed 
   where it stands and answer in the same ``microbatches`` form.
 
 Blank lines are skipped. The first bad line stops the command with exit status 2 and one line on
-stderr naming the line number and the problem; lines answered before it stay written.
+stderr naming the line number and the problem; lines answered before it stay written. A request that
+cannot get the memory it needs (MemoryError) is answered the same way.
 """
 
 from __future__ import annotations
@@ -72,7 +73,23 @@ def answer(request: object) -> dict:
 
 
 def serve(stdin: BinaryIO, stdout: TextIO, stderr: TextIO) -> int:
+    line = [0]  # the line being answered, for the message if memory runs out
+    try:
+        return _serve(stdin, stdout, stderr, line)
+    except MemoryError:
+        # The request needs more memory than the process may have (an address-space limit, a small
+        # machine): one line, like any request that cannot be answered. Planning memory is linear in the
+        # samples (docs/benchmarks.md has the figure), so this names a limit, not a bug.
+        stderr.write(
+            f"mimo-pipes balance: line {line[0]}: out of memory answering this request"
+            " (raise the memory limit or send smaller windows)\n"
+        )
+        return EXIT_BAD_INPUT
+
+
+def _serve(stdin: BinaryIO, stdout: TextIO, stderr: TextIO, line: list[int]) -> int:
     for number, raw in enumerate(stdin, start=1):
+        line[0] = number
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mimo_pipes.data.complete_files import check_row_images
 from mimo_pipes.data.conversation import conversation
 from mimo_pipes.data.media_sizes import UnreadableHeader, encoded_media, media_sizes
 from mimo_pipes.data.processor import CONSUMED_KEYS, SampleProcessor, token_fields
@@ -65,13 +66,20 @@ class ModuleProcessor:
     """Counts rows before the exchange and makes ``fields``' part of them after it (see the module doc).
 
     ``image_paths``: rows keep their images' paths when they move (every rank reads the same files);
-    otherwise :meth:`count` reads each image file given by path into the row as encoded bytes. Picklable
+    otherwise :meth:`count` reads each image file given by path into the row as encoded bytes.
+    ``whole_files`` (``--skip-bad-samples``): :meth:`count` also refuses a row whose image file is not
+    whole (:mod:`~mimo_pipes.data.complete_files`: cut short, or not framed as its header says), on every
+    module alike, so that the row is replaced before the exchange rather than failing after it. Picklable
     (for worker processes); safe to call from several threads."""
 
-    def __init__(self, processor: SampleProcessor, fields: ModuleFields | None = None, *, image_paths: bool = False) -> None:
+    def __init__(
+        self, processor: SampleProcessor, fields: ModuleFields | None = None, *, image_paths: bool = False,
+        whole_files: bool = False,
+    ) -> None:
         self.processor = processor
         self.fields = fields or ModuleFields()
         self.image_paths = image_paths
+        self.whole_files = whole_files
         self._lock = threading.Lock()
         self._processed_for_cost = 0
         self._cost_reasons: dict[str, int] = {}
@@ -131,6 +139,8 @@ class ModuleProcessor:
         Raises the row's SampleError."""
         if self.fields.pixels:
             row = encoded_media(row, self.processor.image_folder, row.get(SAMPLE_ID, row.get("id")), keep_paths=self.image_paths)
+        if self.whole_files:
+            check_row_images(row, self.processor.image_folder, row.get(SAMPLE_ID, row.get("id")))
         (image_tokens, real_tokens, lengths), layout = self._counted(row, runs=True)
         counts = {IMAGE_TOKENS: image_tokens, REAL_TOKENS: real_tokens, PLACEHOLDER_RUNS: lengths}
         if self.fields.pixels or layout is None:  # an encoder processes the row; so does a row without a cheap layout

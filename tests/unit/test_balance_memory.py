@@ -106,3 +106,54 @@ def test_window_with_large_slots_stays_exact():
     result = balance_window(rows, 2, across_microbatches=True)
     flat = sorted(i for microbatch in result for slot in microbatch for i in slot)
     assert flat == list(range(6000))
+
+
+def _traced_peak(count: int, size: int, num_slots: int, floor: int) -> int:
+    """Peak bytes that Python and numpy allocate while one window is planned across micro-batches."""
+    import tracemalloc
+
+    rng = random.Random(5)
+    rows = [
+        [rng.choice([0, 0, rng.randint(1, 10**6), int(10**6 * rng.paretovariate(1.2))]) for _ in range(size)]
+        for _ in range(count)
+    ]
+    tracemalloc.start()
+    try:
+        balance_window(rows, num_slots, across_microbatches=True, floor=floor)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_window_planning_memory_is_linear_in_the_samples():
+    # Four times the samples, grown three ways: more micro-batches (with a floor, which adds a composition
+    # per micro-batch), more samples per slot (more compositions with fillers), more slots (the crowded-slot
+    # bound's table grows with G squared). Linear memory grows about 4x; scoring every composition at once
+    # grew 6-9x on these, and more the larger the window.
+    for small, large in [
+        ((8, 1024, 256, 10**6), (32, 1024, 256, 10**6)),
+        ((16, 256, 64, 0), (16, 1024, 64, 0)),
+        ((8, 1024, 256, 0), (8, 4096, 1024, 0)),
+    ]:
+        assert small[0] * small[1] * 4 == large[0] * large[1]
+        ratio = _traced_peak(*large) / _traced_peak(*small)
+        assert ratio <= 5, f"{small} -> {large}: peak grew {ratio:.1f}x for 4x the samples"
+
+
+def test_out_of_memory_is_one_line_and_exit_2(monkeypatch):
+    import io
+
+    from mimo_pipes.cli import balance_cmd
+
+    def exhausted(*args, **kwargs):
+        raise MemoryError("Unable to allocate 7.45 GiB for an array")  # numpy's _ArrayMemoryError is one
+
+    monkeypatch.setattr(balance_cmd, "balance_window", exhausted)
+    good = json.dumps({"costs": [1, 2], "slots": 2})
+    bad = json.dumps({"costs": [[1, 2], [3, 4]], "slots": 2, "across_microbatches": True})
+    stdout, stderr = io.StringIO(), io.StringIO()
+    status = balance_cmd.serve(io.BytesIO(f"{good}\n{bad}\n{good}\n".encode()), stdout, stderr)
+    assert status == 2
+    assert stdout.getvalue().count("\n") == 1  # the line before it stays answered
+    assert stderr.getvalue().count("\n") == 1
+    assert stderr.getvalue().startswith("mimo-pipes balance: line 2: out of memory")

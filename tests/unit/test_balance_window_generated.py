@@ -1,0 +1,86 @@
+"""The across-micro-batch planner on generated windows with many equal costs (text-only zeros, images on a
+few resolutions): every plan is a valid permutation of the window and never worse than per-micro-batch LPT,
+and on a window of the kind the planner was once 6.5% above the best plan on (4 micro-batches of 16 samples
+over 8 slots, many text-only), it is within 1% of the best plan a long search finds."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mimo_pipes.balance import balance_window
+from mimo_pipes.balance.lpt import lpt_members
+from mimo_pipes.balance.quality import window_path_bound
+from mimo_pipes.balance.window_search import search_window
+
+RESOLUTIONS = (64, 144, 256, 576, 1024, 1600, 2304, 4096)
+
+
+def _path(flat: list[int], plan: list[list[list[int]]], floor: int) -> int:
+    return sum(max(floor, max(sum(flat[i] for i in slot) for slot in slots)) for slots in plan)
+
+
+def _lpt_path(costs: list[list[int]], num_slots: int, floor: int) -> int:
+    total = 0
+    for row in costs:
+        ordered = sorted(row, reverse=True)
+        members = lpt_members(np.asarray(ordered, dtype=np.int64), num_slots)
+        total += max(floor, max(sum(ordered[r] for r in slot) for slot in members.tolist()))
+    return total
+
+
+@st.composite
+def windows(draw):
+    """(costs per micro-batch, G, floor): W 2-8, G 2-16, 1-4 samples per slot (at most 256 samples), a
+    text-only share up to 80%, image costs from a few resolutions (many ties) or free, with or without a floor."""
+    count, num_slots, per_slot = draw(st.integers(2, 8)), draw(st.integers(2, 16)), draw(st.integers(1, 4))
+    while count * num_slots * per_slot > 256:
+        num_slots = max(2, num_slots // 2)
+        per_slot = max(1, per_slot - 1)
+    size = num_slots * per_slot
+    text = draw(st.sampled_from([0.0, 0.3, 0.6, 0.8]))
+    values = draw(st.one_of(
+        st.lists(st.sampled_from(RESOLUTIONS), min_size=1, max_size=4),
+        st.just(None),
+    ))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    image = rng.choice(values, size=(count, size)) if values else (rng.pareto(1.2, (count, size)) * 300 + 1).astype(np.int64)
+    costs = np.where(rng.random((count, size)) < text, 0, image).astype(np.int64)
+    floor = int(costs.sum() / (count * num_slots) * draw(st.sampled_from([0.0, 0.8])))
+    return costs.tolist(), num_slots, floor
+
+
+@settings(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+@given(windows())
+def test_plans_are_permutations_and_never_worse_than_lpt(case):
+    costs, num_slots, floor = case
+    count, size = len(costs), len(costs[0])
+    plan = balance_window(costs, num_slots, across_microbatches=True, floor=floor)
+    assert len(plan) == count
+    assert all(len(slots) == num_slots and all(len(slot) == size // num_slots for slot in slots) for slots in plan)
+    assert sorted(i for slots in plan for slot in slots for i in slot) == list(range(count * size))
+    flat = [c for row in costs for c in row]
+    assert _path(flat, plan, floor) <= _lpt_path(costs, num_slots, floor)
+    assert plan == balance_window(costs, num_slots, across_microbatches=True, floor=floor)  # deterministic
+
+
+def _reported_kind(seed: int) -> list[list[int]]:
+    """4 micro-batches of 16 samples, about 60% text-only, images on three resolutions."""
+    rng = np.random.default_rng(seed)
+    image = rng.choice((256, 576, 1024), size=(4, 16))
+    return np.where(rng.random((4, 16)) < 0.6, 0, image).tolist()
+
+
+def test_a_window_of_the_reported_kind_is_within_1_percent_of_the_best_known():
+    # Windows on which a search over labelled micro-batches alone stayed 5.6-13.9% above the best plan.
+    for seed in (1, 2, 7):
+        costs = _reported_kind(seed)
+        flat = [c for row in costs for c in row]
+        path = _path(flat, balance_window(costs, 8, across_microbatches=True), 0)
+        ordered = sorted(flat, reverse=True)
+        lower = window_path_bound(np.asarray(ordered, dtype=np.int64), 4, 8)
+        best = search_window(ordered, 4, 8, 0, path, lower, 100_000)  # the planner's own search, 200x its budget
+        assert path <= best.best * 1.01, (seed, path, best)
+        assert best.best >= lower
