@@ -46,10 +46,10 @@ NEIGHBOUR_WINDOW = 8
 MAX_ROUNDS = 6
 FOCUSED_PAIR_PARTNERS = 8
 _STEPS = np.arange(1, NEIGHBOUR_WINDOW + 1, dtype=np.int64)
-FOCUSED_RAISE = False
 # Far beyond any cost (totals are below 2**62), small enough that sums with it stay in int64.
 _SENTINEL = 2**61
-# Largest dense table of candidate swaps (int64 elements, 16 MiB); larger searches go slot by slot.
+# Largest dense table of candidate swaps (int64 elements, 16 MiB) by default; larger searches go slot by
+# slot (``refine_members(dense_elements=...)``).
 DENSE_ELEMENTS = 1 << 21
 # Most pairs of samples per slot that 2-2 swaps consider (each pair list costs 8 bytes a pair).
 MAX_PAIRS = 1 << 20
@@ -103,8 +103,9 @@ def _window_indices(size: int) -> tuple[np.ndarray, np.ndarray]:
 class _Assignment:
     """A rank-space assignment with loads and reverse lookups, updated by swaps."""
 
-    def __init__(self, sorted_costs: np.ndarray, members: np.ndarray) -> None:
+    def __init__(self, sorted_costs: np.ndarray, members: np.ndarray, dense_elements: int = DENSE_ELEMENTS) -> None:
         size = sorted_costs.shape[0]
+        self.dense_elements = dense_elements
         self.costs = sorted_costs
         self.members = members.copy()
         self.values = sorted_costs[self.members]
@@ -168,7 +169,7 @@ def _paired_pass(state: _Assignment, shift: int) -> bool:
     order = np.argsort(state.loads, kind="stable")
     heavy = order[heavy_at]
     light = order[light_at]
-    if half * per_slot * per_slot <= DENSE_ELEMENTS:
+    if half * per_slot * per_slot <= state.dense_elements:
         # Swapping d = x - y from a heavy slot (load h) to a light one (l) leaves the pair at
         # max(h - d, l + d): below h exactly when 0 < d < h - l, and least when closest to level.
         high = state.loads.take(heavy)
@@ -269,12 +270,12 @@ def _focused_scores(ref: int, loads: np.ndarray, diff: np.ndarray, lower: bool) 
     return np.where(allowed, -np.minimum(ref + diff, other - diff), _NONE)
 
 
-def _best_focused(ref: int, own: np.ndarray, loads: np.ndarray, rows: np.ndarray, lower: bool) -> tuple[int, int, int] | None:
+def _best_focused(ref: int, own: np.ndarray, loads: np.ndarray, rows: np.ndarray, lower: bool, dense_elements: int) -> tuple[int, int, int] | None:
     """The best swap of one of ``own`` for one entry of a row of ``rows`` (slot loads ``loads``): for the
     heaviest slot (``lower``) it must not lift that slot to ``ref``, for the lightest not sink it.
     Returns (row, i, j): the first of the best in (row, i, j) order, as the dense tables pick."""
     sign = 1 if lower else -1
-    if loads.size * own.size * rows.shape[1] <= DENSE_ELEMENTS:
+    if loads.size * own.size * rows.shape[1] <= dense_elements:
         diff = sign * (own[None, :, None] - rows[:, None, :])  # (rows, k, k)
         score = _focused_scores(ref, loads, diff, lower)
         flat = int(np.argmin(score))
@@ -297,7 +298,7 @@ def _focused_move(state: _Assignment, lower: bool) -> bool:
     per_slot = values.shape[1]
     s = int(np.argmax(loads)) if lower else int(np.argmin(loads))
     ref = int(loads[s])
-    found = _best_focused(ref, values[s], loads, values, lower)
+    found = _best_focused(ref, values[s], loads, values, lower, state.dense_elements)
     if found is not None:
         o, i, j = found
         state.swap(int(state.members[s, i]), int(state.members[o, j]))
@@ -310,7 +311,7 @@ def _focused_move(state: _Assignment, lower: bool) -> bool:
     first, second = _pairs(per_slot)
     sums = values[s, first] + values[s, second]
     partner_sums = values[partners][:, first] + values[partners][:, second]  # (p, P)
-    found = _best_focused(ref, sums, loads[partners], partner_sums, lower)
+    found = _best_focused(ref, sums, loads[partners], partner_sums, lower, state.dense_elements)
     if found is None:
         return False
     o, p, q = found
@@ -328,9 +329,12 @@ def refine_members(
     target: int = 0,
     max_rounds: int | None = None,
     heaviest_only: bool = False,
+    dense_elements: int = DENSE_ELEMENTS,
 ) -> np.ndarray:
     """Return a refined copy of the rank-space assignment ``members`` (G, k).
 
+    ``dense_elements``: the largest dense table of candidate swaps; past it the same swaps (same ties) are
+    found slot by slot (the result does not depend on it, only the memory and the time).
     ``target``: a lower bound on the heaviest load; slots at or below it are not lowered further.
     ``heaviest_only``: only the heaviest load matters (a window's critical path): no rounds that raise
     the lightest slots, and done as soon as the heaviest is at the target.
@@ -340,7 +344,7 @@ def refine_members(
         return members.copy()
     if max_rounds is None:
         max_rounds = MAX_ROUNDS
-    state = _Assignment(sorted_costs, members)
+    state = _Assignment(sorted_costs, members, dense_elements)
     for shift in range(PAIRED_PASSES):
         if not _paired_pass(state, shift):
             break
@@ -361,12 +365,9 @@ def refine_members(
             before = now
             if stalled >= 2:
                 break
-        # A focused move on the heaviest slot (and, if enabled, the lightest); back to neighbour
-        # rounds after any success.
+        # A focused move on the heaviest slot; back to neighbour rounds after any success.
         rounds += 1
         if state.extremes()[0] > target and _focused_move(state, True):
-            continue
-        if FOCUSED_RAISE and _focused_move(state, False):
             continue
         break
     return state.members

@@ -27,21 +27,15 @@ def refinement_cases(draw):
     costs = draw(st.lists(st.one_of(st.just(0), st.just(heavy), st.integers(0, heavy)),
                           min_size=num_slots * per_slot, max_size=num_slots * per_slot))
     members = np.array(draw(st.permutations(range(len(costs))))).reshape(num_slots, per_slot)
-    return np.array(sorted(costs), dtype=np.int64), members, draw(st.booleans())
+    return np.array(sorted(costs), dtype=np.int64), members
 
 
 @settings(max_examples=300, deadline=None)
 @given(refinement_cases())
 def test_slot_by_slot_search_matches_the_dense_tables(case):
-    sorted_costs, members, raise_lightest = case
-    saved = refine.DENSE_ELEMENTS, refine.FOCUSED_RAISE
-    try:
-        refine.FOCUSED_RAISE = raise_lightest
-        dense = refine.refine_members(sorted_costs, members)
-        refine.DENSE_ELEMENTS = 0  # every search slot by slot
-        searched = refine.refine_members(sorted_costs, members)
-    finally:
-        refine.DENSE_ELEMENTS, refine.FOCUSED_RAISE = saved
+    sorted_costs, members = case
+    dense = refine.refine_members(sorted_costs, members)
+    searched = refine.refine_members(sorted_costs, members, dense_elements=0)  # every search slot by slot
     assert np.array_equal(dense, searched)
 
 
