@@ -31,6 +31,7 @@ from mimo_pipes.checkpoint.validity import (
 )
 from mimo_pipes.errors import StateMismatchError
 from mimo_pipes.nodes.balance_exchange import BalanceExchange
+from mimo_pipes.nodes.base import Restartable, StartChecked
 from mimo_pipes.nodes.microbatch_assembler import MicroBatchAssembler
 from mimo_pipes.nodes.windower import Windower
 
@@ -61,12 +62,14 @@ class GraphLoader(Loader[dict]):
         if start is not None:
             self._start_at(*start)
         position = self.consumed_microbatches if state is None else int(state[self.NUM_YIELDED_KEY])
-        composition = None if state is None else _saved_composition(self.root, state[self.ROOT_KEY])
+        if state is not None:  # restored inside a window whose samples moved: keep its micro-batches
+            composition = _saved_composition(self.root, state[self.ROOT_KEY])
+        else:  # a start on another layout keeps the saved window's micro-batches too
+            composition = start[0].composition if start is not None else None
+        first_step = resume_point(position, _window_size(nodes)).first_step
         for node in nodes:
-            if isinstance(node, BalanceExchange):  # every exchange then checks that the module's ranks agree
-                node.start_position = position
-                if composition is not None:  # restored inside a window whose samples moved: keep its micro-batches
-                    node.pin(resume_point(position, _window_size(nodes)).first_step, composition)
+            if isinstance(node, StartChecked):  # every exchange then checks that the module's ranks agree
+                node.expect_start(position, first_step, composition)
         self.root.reset(None if state is None else copy.deepcopy(state[self.ROOT_KEY]))
         self._num_yielded = position
         self._started = True
@@ -121,9 +124,8 @@ class GraphLoader(Loader[dict]):
         states = {id(node): state for node, state in saved}
         for node in graph_nodes(self.root):
             for target in (node, *_wrapped(node)):
-                start_at = getattr(target, "start_at", None)
-                if callable(start_at):
-                    start_at(point, states.get(id(node)))
+                if isinstance(target, Restartable):
+                    target.start_at(point, states.get(id(node)))
         self.consumed_microbatches = point.consumed
 
     def state_dict(self) -> dict[str, Any]:
@@ -233,7 +235,7 @@ def _check_restartable(root: BaseNode) -> None:
     for node in graph_nodes(root):
         if _linked_nodes(node):
             continue
-        if not any(callable(getattr(target, "start_at", None)) for target in (node, *_wrapped(node))):
+        if not any(isinstance(target, Restartable) for target in (node, *_wrapped(node))):
             name = type(next(iter(_wrapped(node)), node)).__name__
             raise StateMismatchError(
                 name, "dp size",

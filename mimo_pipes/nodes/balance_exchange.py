@@ -43,6 +43,34 @@ class Prefetched(NamedTuple):
     in_flight: int  # being exchanged on the prefetch thread now (0 or 1)
 
 
+class ExchangeStart(NamedTuple):
+    """Where the loader over this node started or restored: the consumed micro-batches (-1: not known), which
+    every exchange carries so that ranks of a module restored from different saves are refused; and the
+    window whose micro-batches a saved run chose, as (first step, composition), or None."""
+
+    consumed_microbatches: int = -1
+    pinned: tuple[int, list[list[int]]] | None = None
+
+
+class _Receipt:
+    """A delivered window's receipt (see :class:`~mimo_pipes.samples.sample.WindowReceipt`): its metrics follow
+    the window handed on, and a failure with it reaches the module's ranks. Weak: a window kept by the
+    consumer never keeps the node alive."""
+
+    def __init__(self, node: BalanceExchange) -> None:
+        self.node = weakref.ref(node)
+
+    def delivered(self) -> None:
+        node = self.node()
+        if node is not None:
+            node.confirm()
+
+    def failed(self, error: BaseException) -> None:
+        node = self.node()
+        if node is not None:
+            node.fail(error)
+
+
 class _Prefetcher:
     """Background exchanges on a dedicated group. Stops cooperatively: it finishes the exchanges any peer
     may already have entered (up to ``delivered + PREFETCH_DEPTH``), so no peer is left in a collective."""
@@ -142,11 +170,14 @@ class _WindowExchange:
     Records what it did when the node collects metrics or has observers (the window's metrics are
     computed here, on the exchanging thread, off the training thread when overlapped)."""
 
-    def __init__(self, ctx: ExchangeContext, collator: Collator | None, node: BalanceExchange, copy_received: bool = False) -> None:
+    def __init__(self, ctx: ExchangeContext, collator: Collator | None, node: BalanceExchange, start: ExchangeStart,
+                 copy_received: bool = False) -> None:
         self.ctx = ctx
+        self.start = start
         self.collator = collator
         self.copy_received = copy_received
-        # Weak: a strong reference from the prefetch thread would keep the node, and so its thread, alive.
+        # Weak: a strong reference from the prefetch thread would keep the node, and so its thread, alive. Read
+        # for what the consumer may change while windows are exchanged: metric collection and observers.
         self.node = weakref.ref(node)
         # Buffers can be reused only when nothing received keeps a view of them: collation copies the
         # samples out right away, or they are unpacked as copies.
@@ -160,10 +191,9 @@ class _WindowExchange:
             ctx = self.ctx
             record = ExchangeRecord(sequence, window.first_step, ctx.dp_rank, ctx.dp_size, ctx.grid_size,
                                     ctx.across_microbatches, on_training_thread=on_training_thread)
-        position = node.start_position if node is not None else -1
-        pinned = node.pinned if node is not None else None
-        composition = pinned[1] if pinned is not None and pinned[0] == window.first_step else None
         del node
+        position, pinned = self.start.consumed_microbatches, self.start.pinned
+        composition = pinned[1] if pinned is not None and pinned[0] == window.first_step else None
         started = time.perf_counter()
         if self.collator is None:
             result = exchange_window(self.ctx, window, sequence, self.buffers, record=record, position=position,
@@ -251,14 +281,10 @@ class BalanceExchange(BaseNode[Window]):
         self.confirm_delivery = confirm_delivery
         self._unconfirmed: collections.deque[ExchangeRecord | None] = collections.deque()
         self.copy_received = settings.processing.rows
-        self._sync_exchange = _WindowExchange(ctx, collator, self, self.copy_received)
+        self._sync_exchange: _WindowExchange | None = None  # built at reset, with the start
         self._prefetcher: _Prefetcher | None = None
         self._finalizer: weakref.finalize | None = None
-        # The micro-batch the loader over this node started or restored at (GraphLoader sets it; -1: not
-        # known). Every exchange carries it, so ranks of the module restored from different saves are refused.
-        self.start_position = -1
-        # (first step, composition): that window's micro-batches as a saved run chose them (see pin()).
-        self.pinned: tuple[int, list[list[int]]] | None = None
+        self.start = ExchangeStart()  # see expect_start()
         self._start_sequence = 0  # where a fresh start (reset(None)) begins; start_at() moves it
         self._start_totals: dict[str, Any] | None = None
         self._failed = False
@@ -272,21 +298,24 @@ class BalanceExchange(BaseNode[Window]):
             **(collation_settings(collator) if collator is not None else {"collation": None}),
         })
 
-    def pin(self, first_step: int, composition: list[list[int]] | None) -> None:
-        """Exchange the window at ``first_step`` with the micro-batches ``composition`` gives (flat window
-        indices per micro-batch, see :class:`~mimo_pipes.samples.sample.Window`), only balancing each over the slots:
+    def expect_start(self, consumed_microbatches: int, first_step: int = 0, composition: list[list[int]] | None = None) -> None:
+        """From the next reset on: the loader over this node starts at ``consumed_microbatches`` (every exchange
+        carries it, so a module's ranks that start from different points are refused), and, with a
+        ``composition`` (flat window indices per micro-batch, see :class:`~mimo_pipes.samples.sample.Window`),
+        the window at ``first_step`` is exchanged with those micro-batches, only balancing each over the slots:
         a window restored inside, whose first micro-batches were consumed under that composition."""
-        self.pinned = None if composition is None else (int(first_step), [list(map(int, m)) for m in composition])
+        pinned = None if composition is None else (int(first_step), [list(map(int, m)) for m in composition])
+        self.start = ExchangeStart(int(consumed_microbatches), pinned)
 
     def start_at(self, point: ResumePoint, saved_state: Any = None) -> None:
         """From the next ``reset(None)`` on, continue a run saved under another layout at ``point.first_step``:
         ``saved_state`` is this node's state saved at the start of that window (its windows-delivered count
         and the module's metric totals continue, see :meth:`MetricsAccumulator.module_wide`), and
-        ``point.composition`` pins the window's micro-batches (:meth:`pin`)."""
+        ``point.composition`` pins the window's micro-batches (:meth:`expect_start`)."""
         saved = saved_state if isinstance(saved_state, dict) else {}
         self._start_sequence = int(saved.get(self.SEQUENCE_KEY, 0))
         self._start_totals = MetricsAccumulator.module_wide(saved.get(self.METRICS_KEY))
-        self.pin(point.first_step, point.composition)
+        self.expect_start(self.start.consumed_microbatches, point.first_step, point.composition)
 
     def reset(self, initial_state: dict | None = None) -> None:
         if initial_state is not None:
@@ -306,6 +335,7 @@ class BalanceExchange(BaseNode[Window]):
         self._accumulator.load_state(self._start_totals if initial_state is None else initial_state.get(self.METRICS_KEY))
         self._last_metrics = None
         self._unconfirmed.clear()
+        self._sync_exchange = _WindowExchange(self.ctx, self.collator, self, self.start, self.copy_received)
 
     def add_observer(self, observer: ExchangeObserver) -> None:
         """Call ``observer`` with the record of every window delivered from now on."""
@@ -329,7 +359,8 @@ class BalanceExchange(BaseNode[Window]):
         return prefetcher.queued_windows() if prefetcher is not None else []
 
     def confirm(self) -> None:
-        """With ``confirm_delivery``: the consumer's node handed on the oldest window it read from this node;
+        """With ``confirm_delivery`` (a window's receipt calls it): the consumer's node handed on the oldest
+        window it read from this node;
         its metrics become :meth:`metrics` and its record goes to the observers now."""
         if self._unconfirmed:
             self._publish(self._unconfirmed.popleft())
@@ -358,7 +389,7 @@ class BalanceExchange(BaseNode[Window]):
         if not self.overlap:
             return self._next_synchronous()
         if self._prefetcher is None:
-            self._prefetcher = _Prefetcher(self.source, _WindowExchange(self.ctx, self.collator, self, self.copy_received), self._sequence)
+            self._prefetcher = _Prefetcher(self.source, _WindowExchange(self.ctx, self.collator, self, self.start, self.copy_received), self._sequence)
             self._finalizer = weakref.finalize(self, _stop_prefetcher, self._prefetcher, 0)
         waiting = time.perf_counter()
         kind, value, state_after = self._prefetcher.take()
@@ -375,6 +406,7 @@ class BalanceExchange(BaseNode[Window]):
         self._state_after_delivered = state_after
         result, record = value
         self._deliver(record, waited)
+        result.receipt = _Receipt(self)
         return result
 
     def _next_synchronous(self) -> Window:
@@ -387,11 +419,13 @@ class BalanceExchange(BaseNode[Window]):
         except Exception as error:  # noqa: BLE001 - made an exception on every rank
             self._ended = True
             announce_failure(self.ctx, self._sequence, error)
+        assert self._sync_exchange is not None, "reset() builds the exchange"
         result, record = self._sync_exchange(window, self._sequence, on_training_thread=True)
         self._sequence += 1
         self._state_after_delivered = copy.deepcopy(self.source.state_dict())
         # On the training thread the exchange itself is the wait.
         self._deliver(record, record.exchange_seconds if record is not None else 0.0)
+        result.receipt = _Receipt(self)
         return result
 
     def fail(self, error: BaseException) -> None:

@@ -6,11 +6,13 @@ A node is a ``torchdata.nodes.BaseNode``. Besides ``next`` / ``reset(initial_sta
   that shapes its stream); ``get_state`` stores the description under ``VALID_FOR_KEY`` and
   ``reset(initial_state)`` refuses a state made for other settings before anything is read;
 * keeps its source's state under ``SOURCE_KEY`` and resets its source with it (a reader has no source);
-* may offer ``start_at(point, saved_state)``: from the next fresh ``reset(None)`` on, start at a resume point
-  (a consumed micro-batch count turned into a first step, see :mod:`mimo_pipes.checkpoint.resume`), which
-  the loader calls on every node that has it to continue a state saved under another layout.
+* may offer ``start_at(point, saved_state)`` (:class:`Restartable`): from the next fresh ``reset(None)`` on,
+  start at a resume point (a consumed micro-batch count turned into a first step, see
+  :mod:`mimo_pipes.checkpoint.resume`), which the loader calls on every node that has it to continue a state
+  saved under another layout; the exchange also hears where the loader starts (:class:`StartChecked`).
 
-Nodes ask nothing of each other outside the data that flows between them and these three methods.
+Nodes ask nothing of each other: what a node must tell the node before it travels with the data (a window's
+:class:`~mimo_pipes.samples.sample.WindowReceipt`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,14 @@ class Restartable(Protocol):
     """A node that can start at a resume point on its next fresh reset (what the loader asks of it)."""
 
     def start_at(self, point: ResumePoint, saved_state: Any = None) -> None: ...
+
+
+@runtime_checkable
+class StartChecked(Protocol):
+    """A node that checks where its module's ranks start (the balance exchange): the loader tells it, before
+    every reset, the consumed micro-batches it starts at and the window whose micro-batches a saved run chose."""
+
+    def expect_start(self, consumed_microbatches: int, first_step: int = 0, composition: list[list[int]] | None = None) -> None: ...
 
 
 class GraphNode(BaseNode[T]):

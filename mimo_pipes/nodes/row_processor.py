@@ -15,7 +15,7 @@ from torchdata.nodes import BaseNode
 from mimo_pipes.checkpoint.validity import VALID_FOR_KEY, check_valid_for, collation_settings, valid_for
 from mimo_pipes.graph.tail_settings import TailSettings
 from mimo_pipes.samples.collate import Collator
-from mimo_pipes.samples.sample import Sample, Window
+from mimo_pipes.samples.sample import Sample, Window, WindowReceipt
 
 AHEAD = 1
 """Windows processed beyond the one the consumer waits for: decoding overlaps training, and the memory of
@@ -26,6 +26,7 @@ class _Pending(NamedTuple):
     window: Future[Window]  # the window processed and collated
     rows: list[Future[Sample]]  # its rows' processing, cancelled when the window is dropped
     state_after: Any  # the source's state right after it handed out the window
+    receipt: WindowReceipt | None  # the source's receipt for the window read (see Window.receipt)
 
 
 class RowProcessor(BaseNode[Window]):
@@ -82,14 +83,12 @@ class RowProcessor(BaseNode[Window]):
             window = pending.window.result()
         except BaseException as error:
             self._drop_pending()
-            fail = getattr(self.source, "fail", None)
-            if callable(fail):
-                fail(error)
+            if pending.receipt is not None:
+                pending.receipt.failed(error)
             raise
         self._state_after_delivered = pending.state_after
-        confirm = getattr(self.source, "confirm", None)
-        if callable(confirm):  # the exchange's observers and metrics follow the window handed on, not the read-ahead
-            confirm()
+        if pending.receipt is not None:  # the exchange's observers and metrics follow the window handed on, not the read-ahead
+            pending.receipt.delivered()
         return window
 
     def processed_ahead(self) -> list[Window]:
@@ -102,7 +101,7 @@ class RowProcessor(BaseNode[Window]):
         task = self.process if self.method == "thread" else _process_installed
         rows = [[pool.submit(task, row) for row in microbatch] for microbatch in window.microbatches]
         collated = collating.submit(_collate, self.collator, window, rows)
-        return _Pending(collated, [future for microbatch in rows for future in microbatch], state_after)
+        return _Pending(collated, [future for microbatch in rows for future in microbatch], state_after, window.receipt)
 
     def _executors(self) -> tuple[Executor, ThreadPoolExecutor]:
         if self._pool is None or self._collating is None:

@@ -139,3 +139,14 @@ def test_the_exchange_and_analyze_reach_the_planners_through_one_entry() -> None
         names = _imports(path)
         assert "mimo_pipes.balance.assign.assign_window" in names or "mimo_pipes.balance.assign_window" in names, path.name
         assert not any(name.rsplit(".", 1)[-1] in planners for name in names), path.name
+
+
+def test_nodes_ask_nothing_of_their_source_behind_the_data() -> None:
+    """What a node tells the node before it travels with the data (a window's receipt): no node looks up
+    methods on its source by name, and the loader finds restartable nodes through typed protocols."""
+    offenders = []
+    for path in sorted((PACKAGE / "nodes").glob("*.py")) + [PACKAGE / "graph" / "loader.py"]:
+        text = path.read_text()
+        if re.search(r"getattr\(self\.source,", text) or re.search(r"getattr\([a-z_]+, \"(start_at|confirm|fail|pin|start_position)\"", text):
+            offenders.append(path.name)
+    assert offenders == []
