@@ -1,76 +1,24 @@
-"""Recipe: the balance exchange inserted into a torchdata.nodes pipeline you already have.
+"""Example: a torchdata.nodes pipeline as a user might already have one, ready for the balance exchange.
 
-your reader -> your mappers (Mapper / ParallelMapper) -> CostAnnotator -> Windower -> BalanceExchange
--> MicroBatchAssembler -> GraphLoader.
-
-Your part must yield this rank's B/d samples of every global micro-batch, in canonical order (DP rank r
-of d holds positions r*B/d .. (r+1)*B/d - 1), each a dict of unpadded tensors with ``sample_id`` and
-``step`` (see mimo_pipes/samples/sample.py). :func:`build` appends the library's part with
-:func:`~mimo_pipes.graph.tail.balanced_tail`; :func:`example_samples` shows one way to write the reader: a
-torch Sampler over this rank's positions, SamplerWrapper, Mapper.
+:func:`example_samples` is one way to write the reader: a torch Sampler over this rank's positions of every
+global micro-batch, SamplerWrapper, Mapper (and a ParallelMapper). Hand the node it returns to
+:func:`mimo_pipes.adapters.torchdata_pipeline.balanced_loader`, which appends the library's tail; start the
+reader at :func:`~mimo_pipes.adapters.torchdata_pipeline.reader_first_step` to resume.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch.utils.data import Sampler
 from torchdata.nodes import BaseNode, Mapper, ParallelMapper, SamplerWrapper
 
-from mimo_pipes.checkpoint.resume import ResumePoint, reorder_window_size, resume_point
-from mimo_pipes.config import ReorderConfig
+from mimo_pipes.checkpoint.resume import ResumePoint
 from mimo_pipes.exchange import RankLayout
-from mimo_pipes.graph.loader import GraphLoader
-from mimo_pipes.graph.tail import balanced_tail
-from mimo_pipes.graph.tail_settings import resolve_tail
 from mimo_pipes.nodes import SnapshotGuard
 from mimo_pipes.parallel.sharding import shard_indices
-from mimo_pipes.parallel.topology import build_topology
 from mimo_pipes.samples.sample import SAMPLE_ID, STEP, Sample
-
-
-def first_step(reorder: ReorderConfig, consumed_microbatches: int = 0) -> int:
-    """The global micro-batch your reader must start at to resume after ``consumed_microbatches``."""
-    return resume_point(consumed_microbatches, reorder_window_size(reorder)).first_step
-
-
-def build(
-    samples: BaseNode[Sample],
-    *,
-    reorder: ReorderConfig,
-    layout: RankLayout,
-    micro_batch_size: int,
-    seq_length: int,
-    image_token_id: int | tuple[int, ...],
-    pad_values: Mapping[str, int | float],
-    pad_to_seq_length: bool = True,
-    consumed_microbatches: int = 0,
-    components: Sequence[str] | None = None,
-) -> GraphLoader:
-    """This rank's loader of balanced, padded micro-batches over your ``samples`` node.
-
-    ``samples`` starts at global micro-batch ``first_step(reorder, consumed_microbatches)``; the loader
-    skips what was already consumed of that window. ``micro_batch_size`` is the global B. ``components``:
-    every module's spec (as ``--component`` takes them), needed with a time model or two-level balance so
-    that the planner's floor and encoder replicas are the run's. ``layout.module`` decides the fields this
-    rank's micro-batches carry and the exchange moves (a language rank: no pixels; see
-    mimo_pipes/samples/module_fields.py). Bad settings raise ConfigError naming the flag. The loader's
-    ``state_dict`` holds your nodes' state too, so restoring it restores your reader.
-    """
-    tail = resolve_tail(
-        reorder,
-        micro_batch_size=micro_batch_size,
-        dp_size=layout.dp_size,
-        grid_size=layout.grid_size,
-        image_token_ids=image_token_id,
-        pad_length=seq_length if pad_to_seq_length else None,
-        pad_values=pad_values,
-        topology=build_topology(components) if components is not None else None,
-        consumed_microbatches=consumed_microbatches,
-        module=layout.module,
-    )
-    return GraphLoader(balanced_tail(samples, settings=tail, layout=layout), consumed_microbatches=tail.resume.consumed)
 
 
 class RankShardSampler(Sampler):

@@ -1,19 +1,21 @@
 """Windows of W micro-batches: balance each one on its own, or let samples move between them.
 
 Across micro-batches (opt-in), the objective is the vision critical path: the sum over the window's
-micro-batches of max(floor, heaviest slot). First, which samples form each micro-batch: the window as
-it stands, sorted runs of B (optimal with one sample per slot), chunks of G dealt back and forth, with
-a floor hybrids of the two, and runs completed with the lightest samples, ranked by a batched lower
-bound (no balancing needed to rank them). Windows of more than 2048 samples take the best
-composition, each micro-batch balanced by the engine for its heaviest slot. Smaller windows keep the
-former starts (sorted runs, and the search across micro-batches when they are more than 0.1% above
-the window bound) and add the chosen composition, heads then fill, fill to level, and pairs filled to
-a level as starts, so none is planned worse than before. The result is compared with balancing every
-micro-batch where it stands (when a bound says it could win); windows of at most 64 samples then go
-to a branch and bound over every plan (``bin_search``, then ``window_search``) with that result as the
-incumbent; last,
-the window as it stands (contiguous slots, nothing moves) wins if it is no worse. docs/balancing.md
-has the details.
+micro-batches of max(floor, heaviest slot). The planner:
+
+1. Compositions (which samples form each micro-batch): the window as it stands, sorted runs of B (optimal
+   with one sample per slot), chunks of G dealt back and forth, with a floor hybrids of the two, and runs
+   completed with the lightest samples, ranked by a batched lower bound (no balancing needed to rank them).
+2. Windows of more than 2048 samples take the best composition, each micro-batch balanced by the engine
+   for its heaviest slot.
+3. Smaller windows also start from sorted runs (and the search across micro-batches when they are more
+   than 0.1% above the window bound), heads then fill, fill to level, and pairs filled to a level.
+4. The best plan is compared with balancing every micro-batch where it stands (when a bound says it could
+   win); windows of at most 64 samples then go to a branch and bound over every plan (``bin_search``, then
+   ``window_search``) with that result as the incumbent.
+5. Last, the window as it stands (contiguous slots, nothing moves) wins if it is no worse.
+
+docs/balancing.md has the details.
 
 Output order: within a slot, ascending flat indices (m*B + j); slots of a micro-batch ordered by their
 smallest index; micro-batches ordered by their smallest index when samples may move, in window order

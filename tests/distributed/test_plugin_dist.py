@@ -10,6 +10,7 @@ from scenarios_exchange import PAD_VALUES
 from scenarios_plugin import run_recipe, run_wrapper_resume, run_wrapper_vs_graph
 
 from mimo_pipes.adapters.microbatch_iterator import balance_iterator
+from mimo_pipes.adapters.torchdata_pipeline import balanced_loader
 from mimo_pipes.config import ReorderConfig
 from mimo_pipes.errors import ConfigError, SampleError
 from mimo_pipes.exchange import RankLayout
@@ -17,7 +18,6 @@ from mimo_pipes.nodes.uncollate import Uncollate
 from mimo_pipes.samples.collate import collate_microbatch
 from mimo_pipes.samples.sample import SAMPLE_ID, SLOT, STEP
 from mimo_pipes.testing import IMAGE_TOKEN_ID, MERGE, TEXT_TOKEN_ID, SyntheticProcessedDataset
-from mimo_pipes_recipes.existing_pipeline import build
 
 BATCH = 8
 LAYOUTS = {
@@ -199,7 +199,7 @@ def test_wrapper_config_errors_name_the_flag():
     with pytest.raises(TypeError, match="exactly one"):
         wrap_single(single_rank_batches(), source_factory=single_rank_batches)
     with pytest.raises(ConfigError, match="--micro-batch-size"):  # the recipe runs the same checks
-        build(None, reorder=reorder_config(), layout=RankLayout(0, 2, 2), micro_batch_size=5, seq_length=64,
+        balanced_loader(None, reorder=reorder_config(), layout=RankLayout(0, 2, 2), micro_batch_size=5, seq_length=64,
               image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES)
 
 

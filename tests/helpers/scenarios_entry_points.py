@@ -8,6 +8,7 @@ import dataclasses
 
 from scenarios_jobs import run_job
 
+from mimo_pipes.adapters.torchdata_pipeline import balanced_loader
 from mimo_pipes.cli.main import build_parser
 from mimo_pipes.cli.rank_job import set_up_rank
 from mimo_pipes.cli.run_cmd import prepare_job
@@ -49,7 +50,7 @@ def entry_point_assignments(argv: list[str]) -> dict | None:
     pad_values = {"input_ids": processor.pad_token_id, "labels": -100}
     samples = existing_pipeline.example_samples(dataset, micro_batch_size=config.micro_batch_size, layout=layout, seed=config.seed,
                                                 map_fn=processor)
-    loader = existing_pipeline.build(samples, reorder=config.reorder, layout=layout, micro_batch_size=config.micro_batch_size,
+    loader = balanced_loader(samples, reorder=config.reorder, layout=layout, micro_batch_size=config.micro_batch_size,
                                      seq_length=config.seq_length, image_token_id=processor.placeholder_ids, pad_values=pad_values,
                                      components=config.components)
     out["existing_pipeline"] = _steps(_take(loader, steps))

@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader
 
 from mimo_pipes.adapters.dataloader import RankMicroBatches
 from mimo_pipes.adapters.microbatch_iterator import balance_iterator
+from mimo_pipes.adapters.torchdata_pipeline import balanced_loader
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
 from mimo_pipes_recipes import existing_pipeline
 from mimo_pipes_recipes.vlm_sft import pipeline
@@ -59,7 +60,7 @@ def entry_points(components, *, steps: int, micro_batch_size: int, seed: int, wi
 
     def plugged():
         samples = existing_pipeline.example_samples(dataset, micro_batch_size=micro_batch_size, layout=layout, seed=seed)
-        return existing_pipeline.build(samples, reorder=config.reorder, layout=layout, micro_batch_size=micro_batch_size,
+        return balanced_loader(samples, reorder=config.reorder, layout=layout, micro_batch_size=micro_batch_size,
                                        seq_length=SEQ_LENGTH, image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES)
 
     for name, make in (("run", lambda: graph(layout)), ("all-fields", lambda: graph(plain)), ("existing_pipeline", plugged)):

@@ -8,12 +8,13 @@ from scenarios_exchange import PAD_VALUES, check_batch, join_layout, make_config
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from mimo_pipes.adapters.microbatch_iterator import balance_iterator
+from mimo_pipes.adapters.torchdata_pipeline import balanced_loader
 from mimo_pipes.parallel.sharding import global_microbatch_indices, shard_indices
 from mimo_pipes.parallel.topology import build_topology
 from mimo_pipes.samples.collate import collate_microbatch
 from mimo_pipes.samples.sample import SAMPLE_ID, STEP
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
-from mimo_pipes_recipes.existing_pipeline import build, example_samples
+from mimo_pipes_recipes.existing_pipeline import example_samples
 from mimo_pipes_recipes.vlm_sft import pipeline
 
 DATASET_SIZE = 4096
@@ -58,7 +59,7 @@ def run_recipe(components, *, steps, micro_batch_size, seed, window_size=1):
     config.validate(world_size=build_topology(components).world_size)
     dataset = SyntheticProcessedDataset(DATASET_SIZE, seed=seed)
     samples = example_samples(dataset, micro_batch_size=micro_batch_size, layout=layout, seed=seed, map_fn=tag_origin)
-    loader = build(
+    loader = balanced_loader(
         samples, reorder=config.reorder, layout=layout, micro_batch_size=micro_batch_size, seq_length=SEQ_LENGTH,
         image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES,
     )

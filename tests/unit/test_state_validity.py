@@ -14,6 +14,7 @@ from state_folders import save_job
 from test_plugin_dist import reorder_config, single_rank_batches
 
 from mimo_pipes.adapters.microbatch_iterator import balance_iterator
+from mimo_pipes.adapters.torchdata_pipeline import balanced_loader
 from mimo_pipes.checkpoint import MANIFEST_FILE, RESUME_EXEMPT, check_resume_dir, setting_flag
 from mimo_pipes.checkpoint.validity import VALID_FOR_KEY, check_graph_state, check_valid_for, valid_for
 from mimo_pipes.cli.main import build_parser
@@ -21,7 +22,7 @@ from mimo_pipes.config import JobOptions, PipelineConfig, ReorderConfig
 from mimo_pipes.errors import ConfigError, StateMismatchError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
-from mimo_pipes_recipes.existing_pipeline import build, example_samples
+from mimo_pipes_recipes.existing_pipeline import example_samples
 from mimo_pipes_recipes.vlm_sft import pipeline
 
 # --- the comparison and the graph walk ---------------------------------------------------------------
@@ -96,7 +97,7 @@ def existing(encoder_weight=1.0, seed=2):
                             reorder_encoder_cost_weight=encoder_weight, reorder_language_cost_weight=1)
     dataset = SyntheticProcessedDataset(64, seed=seed, text_tokens=4, patch_dim=2)
     samples = example_samples(dataset, micro_batch_size=4, layout=layout, seed=seed, num_workers=1)
-    return build(samples, reorder=reorder, layout=layout, micro_batch_size=4, seq_length=1600,
+    return balanced_loader(samples, reorder=reorder, layout=layout, micro_batch_size=4, seq_length=1600,
                  image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES)
 
 

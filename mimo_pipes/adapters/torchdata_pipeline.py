@@ -1,0 +1,69 @@
+"""The balance exchange behind a torchdata.nodes pipeline you already have: your reader and mappers, then the tail.
+
+your reader -> your mappers (Mapper / ParallelMapper) -> CostAnnotator -> Windower -> BalanceExchange
+-> MicroBatchAssembler -> GraphLoader.
+
+Your part must yield this rank's B/d samples of every global micro-batch, in canonical order (DP rank r
+of d holds positions r*B/d .. (r+1)*B/d - 1), each a dict of unpadded tensors with ``sample_id`` and
+``step`` (see mimo_pipes/samples/sample.py), starting at :func:`reader_first_step`. :func:`balanced_loader`
+appends the library's part with :func:`~mimo_pipes.graph.tail.balanced_tail`. ``recipes/existing_pipeline.py``
+shows one way to write the reader.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from torchdata.nodes import BaseNode
+
+from mimo_pipes.checkpoint.resume import reorder_window_size, resume_point
+from mimo_pipes.config import ReorderConfig
+from mimo_pipes.exchange import RankLayout
+from mimo_pipes.graph.loader import GraphLoader
+from mimo_pipes.graph.tail import balanced_tail
+from mimo_pipes.graph.tail_settings import resolve_tail
+from mimo_pipes.parallel.topology import build_topology
+from mimo_pipes.samples.sample import Sample
+
+
+def reader_first_step(reorder: ReorderConfig, consumed_microbatches: int = 0) -> int:
+    """The global micro-batch your reader must start at to resume after ``consumed_microbatches``."""
+    return resume_point(consumed_microbatches, reorder_window_size(reorder)).first_step
+
+
+def balanced_loader(
+    samples: BaseNode[Sample],
+    *,
+    reorder: ReorderConfig,
+    layout: RankLayout,
+    micro_batch_size: int,
+    seq_length: int,
+    image_token_id: int | tuple[int, ...],
+    pad_values: Mapping[str, int | float],
+    pad_to_seq_length: bool = True,
+    consumed_microbatches: int = 0,
+    components: Sequence[str] | None = None,
+) -> GraphLoader:
+    """This rank's loader of balanced, padded micro-batches over your ``samples`` node.
+
+    ``samples`` starts at global micro-batch ``reader_first_step(reorder, consumed_microbatches)``; the loader
+    skips what was already consumed of that window. ``micro_batch_size`` is the global B. ``components``:
+    every module's spec (as ``--component`` takes them), needed with a time model or two-level balance so
+    that the planner's floor and encoder replicas are the run's. ``layout.module`` decides the fields this
+    rank's micro-batches carry and the exchange moves (a language rank: no pixels; see
+    mimo_pipes/samples/module_fields.py). Bad settings raise ConfigError naming the flag. The loader's
+    ``state_dict`` holds your nodes' state too, so restoring it restores your reader.
+    """
+    tail = resolve_tail(
+        reorder,
+        micro_batch_size=micro_batch_size,
+        dp_size=layout.dp_size,
+        grid_size=layout.grid_size,
+        image_token_ids=image_token_id,
+        pad_length=seq_length if pad_to_seq_length else None,
+        pad_values=pad_values,
+        topology=build_topology(components) if components is not None else None,
+        consumed_microbatches=consumed_microbatches,
+        module=layout.module,
+    )
+    return GraphLoader(balanced_tail(samples, settings=tail, layout=layout), consumed_microbatches=tail.resume.consumed)
