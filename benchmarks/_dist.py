@@ -231,3 +231,22 @@ def write_results(marker: str, body: str, path: str = DOCS, section: str = SECTI
         text += "\n"
     with open(path, "w") as handle:
         handle.write(text)
+
+
+def time_calls(call: Callable[[], object], count: int) -> list[float]:
+    """Seconds of each of ``count`` calls of ``call``, the garbage collector collected first and then off (a
+    collection landing in one call would be the collector's time, not the call's)."""
+    import gc
+    import time
+
+    times = []
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(count):
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+    finally:
+        gc.enable()
+    return times

@@ -12,11 +12,9 @@ of 64 samples. The source is a plain list of windows; pulling from it alone is t
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -59,17 +57,7 @@ def time_next(node_factory, iterations: int, warmup: int) -> list[float]:
     node.reset()
     for _ in range(warmup):
         next(node)
-    times = []
-    gc.collect()
-    gc.disable()  # a collection landing in one call would be the GC's time, not the permutation's
-    try:
-        for _ in range(iterations):
-            start = time.perf_counter()
-            next(node)
-            times.append(time.perf_counter() - start)
-    finally:
-        gc.enable()
-    return times
+    return _dist.time_calls(lambda: next(node), iterations)
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -10,11 +10,16 @@ dataset (real images, M-RoPE from input_ids and grids), padded to ``--seq-length
 from __future__ import annotations
 
 import argparse
-import gc
+import itertools
 import os
 import platform
 import statistics
+import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _dist  # noqa: E402  (benchmarks/_dist.py)
 
 
 def microbatches(rows: int, seq_length: int, count: int) -> list[dict]:
@@ -37,17 +42,8 @@ def timed(batches: list[dict], repeats: int) -> list[float]:
 
     for batch in batches:
         mimo_batch(batch)  # warm-up
-    times = []
-    gc.disable()
-    try:
-        for _ in range(repeats):
-            for batch in batches:
-                start = time.perf_counter()
-                mimo_batch(batch)
-                times.append(time.perf_counter() - start)
-    finally:
-        gc.enable()
-    return times
+    cycle = itertools.cycle(batches)
+    return _dist.time_calls(lambda: mimo_batch(next(cycle)), repeats * len(batches))
 
 
 def main() -> None:

@@ -20,16 +20,15 @@ from typing import Any
 import torch
 from torchdata.nodes import BaseNode, IterableWrapper, Stateful
 
+from mimo_pipes.adapters.torchdata_pipeline import layout_tail
 from mimo_pipes.checkpoint.resume import ResumePoint
 from mimo_pipes.config import ReorderConfig, flag
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.graph.loader import GraphLoader
 from mimo_pipes.graph.tail import balanced_tail
-from mimo_pipes.graph.tail_settings import resolve_tail
 from mimo_pipes.nodes import Uncollate
 from mimo_pipes.nodes.uncollate import POSITION_IDS
-from mimo_pipes.parallel.topology import build_topology
 
 SourceFactory = Callable[[int], Iterable[Mapping[str, Any]]]
 
@@ -164,20 +163,10 @@ def balance_iterator(
         raise TypeError("pass exactly one of microbatches and source_factory")
     if pad_to_seq_length and (seq_length is None or seq_length < 1):
         raise ConfigError(flag("seq_length"), f"must be >= 1 with --pad-to-seq-length true, got {seq_length}")
-    tail = resolve_tail(
-        config,
-        micro_batch_size=micro_batch_size,
-        dp_size=layout.dp_size,
-        grid_size=layout.grid_size,
-        image_token_ids=image_token_id,
-        pad_length=seq_length if pad_to_seq_length else None,
-        pad_values=pad_values,
-        topology=build_topology(components) if components is not None else None,
-        consumed_microbatches=consumed_microbatches if source_factory is not None else 0,
-        pack_sequences=pack_sequences,
-        pack_pad_multiple=pack_pad_multiple,
-        module=layout.module,
-    )
+    tail = layout_tail(config, layout, micro_batch_size=micro_batch_size, image_token_id=image_token_id,
+                       pad_length=seq_length if pad_to_seq_length else None, pad_values=pad_values, components=components,
+                       consumed_microbatches=consumed_microbatches if source_factory is not None else 0,
+                       pack_sequences=pack_sequences, pack_pad_multiple=pack_pad_multiple)
     if source_factory is not None:
         source = IterableWrapper(_CountedSource(source_factory, tail.resume.first_step))
         consumed_microbatches, restorable = tail.resume.consumed, True

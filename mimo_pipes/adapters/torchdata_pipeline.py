@@ -21,7 +21,7 @@ from mimo_pipes.config import ReorderConfig
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.graph.loader import GraphLoader
 from mimo_pipes.graph.tail import balanced_tail
-from mimo_pipes.graph.tail_settings import resolve_tail
+from mimo_pipes.graph.tail_settings import TailSettings, resolve_tail
 from mimo_pipes.parallel.topology import build_topology
 from mimo_pipes.samples.sample import Sample
 
@@ -54,16 +54,36 @@ def balanced_loader(
     mimo_pipes/samples/module_fields.py). Bad settings raise ConfigError naming the flag. The loader's
     ``state_dict`` holds your nodes' state too, so restoring it restores your reader.
     """
-    tail = resolve_tail(
+    tail = layout_tail(reorder, layout, micro_batch_size=micro_batch_size, image_token_id=image_token_id,
+                       pad_length=seq_length if pad_to_seq_length else None, pad_values=pad_values,
+                       components=components, consumed_microbatches=consumed_microbatches)
+    return GraphLoader(balanced_tail(samples, settings=tail, layout=layout), consumed_microbatches=tail.resume.consumed)
+
+
+def layout_tail(
+    reorder: ReorderConfig,
+    layout: RankLayout,
+    *,
+    micro_batch_size: int,
+    image_token_id: int | tuple[int, ...],
+    pad_length: int | None,
+    pad_values: Mapping[str, int | float],
+    components: Sequence[str] | None,
+    consumed_microbatches: int,
+    **options: object,
+) -> TailSettings:
+    """The tail's settings of an adapter on this rank's ``layout`` (its DP place and its module), as every
+    adapter resolves them; ``options`` go to :func:`~mimo_pipes.graph.tail_settings.resolve_tail` as they are."""
+    return resolve_tail(
         reorder,
         micro_batch_size=micro_batch_size,
         dp_size=layout.dp_size,
         grid_size=layout.grid_size,
         image_token_ids=image_token_id,
-        pad_length=seq_length if pad_to_seq_length else None,
+        pad_length=pad_length,
         pad_values=pad_values,
         topology=build_topology(components) if components is not None else None,
         consumed_microbatches=consumed_microbatches,
         module=layout.module,
+        **options,
     )
-    return GraphLoader(balanced_tail(samples, settings=tail, layout=layout), consumed_microbatches=tail.resume.consumed)

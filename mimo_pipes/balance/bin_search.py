@@ -30,11 +30,8 @@ then the labelled one, on one budget.
 
 from __future__ import annotations
 
+from mimo_pipes.balance.budget import BudgetSpent, prefix_totals, runs_to_the_end
 from mimo_pipes.balance.window_search import WindowSearch
-
-
-class _Budget(Exception):
-    pass
 
 
 def _grouped_path(loads: list[int], num_slots: int, floor: int) -> int:
@@ -64,13 +61,7 @@ def search_bins(
     if incumbent <= lower or per_bin == 0:
         return WindowSearch(None, incumbent, True, 0)
     total = sum(costs)
-    tails = [0]  # tails[n]: the n lightest samples
-    for cost in reversed(costs):
-        tails.append(tails[-1] + cost)
-    heads = [0]  # heads[i]: the i heaviest samples (the total past the end)
-    for cost in costs:
-        heads.append(heads[-1] + cost)
-    heads += heads[-1:] * (size + 1)
+    tails, heads = prefix_totals(costs, size + 1)  # the n lightest samples' total; the i heaviest's
     load = [0] * bins
     fill = [0] * bins
     bin_of = [0] * size
@@ -139,7 +130,7 @@ def search_bins(
                 break
             nodes -= 1
             if nodes < 0:
-                raise _Budget
+                raise BudgetSpent
             load[b] += cost
             fill[b] += 1
             bin_of[i] = b
@@ -150,9 +141,5 @@ def search_bins(
                 return True
         return False
 
-    proven = True
-    try:
-        place(0)
-    except _Budget:
-        proven = False
+    proven = runs_to_the_end(place)
     return WindowSearch(found, best, proven or best <= lower, node_limit - max(nodes, 0))

@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from mimo_pipes.balance.budget import BudgetSpent, runs_to_the_end
 from mimo_pipes.balance.canonical import slots_in_canonical_order, sort_order
 from mimo_pipes.balance.quality import sorted_lower_bound
 from mimo_pipes.balance.validate import check_costs
@@ -34,8 +35,6 @@ from mimo_pipes.balance.validate import check_costs
 DEFAULT_NODE_LIMIT = 20_000
 
 
-class _Budget(Exception):
-    pass
 
 
 class SearchResult(NamedTuple):
@@ -135,7 +134,7 @@ def search_slots(
                 continue
             state["nodes"] -= 1
             if state["nodes"] < 0:
-                raise _Budget
+                raise BudgetSpent
             loads[s] = load + cost
             fill[s] += 1
             slot_of[rank] = s
@@ -155,11 +154,7 @@ def search_slots(
                 limit = best - 1
         return False
 
-    proven = True
-    try:
-        place(0)
-    except _Budget:
-        proven = False
+    proven = runs_to_the_end(place)
     nodes = node_limit - max(state["nodes"], 0)
     best = state["best"]
     return state["found"], best, proven or best <= lower, nodes

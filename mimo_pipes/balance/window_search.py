@@ -24,9 +24,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-
-class _Budget(Exception):
-    pass
+from mimo_pipes.balance.budget import BudgetSpent, prefix_totals, runs_to_the_end
 
 
 class WindowSearch(NamedTuple):
@@ -47,13 +45,7 @@ def search_window(
     per_bin = size // bins
     if incumbent <= lower or per_bin == 0:
         return WindowSearch(None, incumbent, True, 0)
-    tails = [0]  # tails[n]: the n lightest samples
-    for cost in reversed(costs):
-        tails.append(tails[-1] + cost)
-    heads = [0]  # heads[i]: the i heaviest samples (the total past the end)
-    for cost in costs:
-        heads.append(heads[-1] + cost)
-    heads += heads[-1:] * (per_bin + 1)
+    tails, heads = prefix_totals(costs, per_bin + 1)  # the n lightest samples' total; the i heaviest's
     load = [0] * bins
     fill = [0] * bins
     level = [max(floor, tails[per_bin])] * count
@@ -140,7 +132,7 @@ def search_window(
                 break
             nodes -= 1
             if nodes < 0:
-                raise _Budget
+                raise BudgetSpent
             top, was_used = level[m], used
             load[b] += cost
             fill[b] += 1
@@ -159,9 +151,5 @@ def search_window(
                 return True
         return False
 
-    proven = True
-    try:
-        place(0, count * level[0], heads[size])
-    except _Budget:
-        proven = False
+    proven = runs_to_the_end(lambda first: place(first, count * level[0], heads[size]))
     return WindowSearch(found, best, proven or best <= lower, node_limit - max(nodes, 0))
