@@ -5,219 +5,28 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
-import threading
 import time
 import weakref
 from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
-import torch
 from torchdata.nodes import BaseNode, IterableWrapper
 
 from mimo_pipes.checkpoint.resume import ResumePoint
 from mimo_pipes.checkpoint.validity import VALID_FOR_KEY, check_valid_for, collation_settings, valid_for
 from mimo_pipes.exchange import (
-    ExchangeBuffers,
     ExchangeContext,
     RankLayout,
-    agree_after_exchange,
     announce_end,
     announce_failure,
-    exchange_window,
 )
 from mimo_pipes.graph.tail_settings import TailSettings
-from mimo_pipes.observe.metrics import MetricsAccumulator, window_metrics
+from mimo_pipes.nodes.exchange_prefetch import Prefetched, Prefetcher, stop_prefetcher
+from mimo_pipes.nodes.window_exchange import ExchangeStart, Receipt, WindowExchange
+from mimo_pipes.observe.metrics import MetricsAccumulator
 from mimo_pipes.observe.observer import ExchangeObserver, ExchangeRecord
 from mimo_pipes.samples.collate import Collator
-from mimo_pipes.samples.sample import Window, held_bytes
-
-# Windows exchanged ahead of the consumer. Every rank's thread runs at most this far ahead, which bounds
-# memory (two extra windows per rank) and tells a stopping thread which exchanges its peers may have begun.
-PREFETCH_DEPTH = 2
-
-
-class Prefetched(NamedTuple):
-    """Windows an overlapped exchange holds ahead of the consumer."""
-
-    queued: int  # exchanged, not yet delivered
-    in_flight: int  # being exchanged on the prefetch thread now (0 or 1)
-
-
-class ExchangeStart(NamedTuple):
-    """Where the loader over this node started or restored: the consumed micro-batches (-1: not known), which
-    every exchange carries so that ranks of a module restored from different saves are refused; and the
-    window whose micro-batches a saved run chose, as (first step, composition), or None."""
-
-    consumed_microbatches: int = -1
-    pinned: tuple[int, list[list[int]]] | None = None
-
-
-class _Receipt:
-    """A delivered window's receipt (see :class:`~mimo_pipes.samples.sample.WindowReceipt`): its metrics follow
-    the window handed on, and a failure with it reaches the module's ranks. Weak: a window kept by the
-    consumer never keeps the node alive."""
-
-    def __init__(self, node: BalanceExchange) -> None:
-        self.node = weakref.ref(node)
-
-    def delivered(self) -> None:
-        node = self.node()
-        if node is not None:
-            node.confirm()
-
-    def failed(self, error: BaseException) -> None:
-        node = self.node()
-        if node is not None:
-            node.fail(error)
-
-
-class _Prefetcher:
-    """Background exchanges on a dedicated group. Stops cooperatively: it finishes the exchanges any peer
-    may already have entered (up to ``delivered + PREFETCH_DEPTH``), so no peer is left in a collective."""
-
-    def __init__(self, source: BaseNode[Window], exchange: _WindowExchange, first_sequence: int) -> None:
-        self.source = source
-        self.exchange = exchange
-        self.condition = threading.Condition()
-        self.results: collections.deque[tuple[str, Any, Any]] = collections.deque()
-        self.produced = 0
-        self.delivered = 0
-        self.first_sequence = first_sequence
-        self.stopping = False
-        self.failure: BaseException | None = None  # a failure after delivery: announced in place of the next exchange
-        self.in_flight = 0
-        self.thread = threading.Thread(target=self._run, name="mimo-pipes-exchange", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        device = self.exchange.ctx.device
-        if device is not None and device.type == "cuda":
-            torch.cuda.set_device(device)  # the current CUDA device is per thread
-        while True:
-            with self.condition:
-                while not self.stopping and self.failure is None and self.produced >= self.delivered + PREFETCH_DEPTH:
-                    self.condition.wait()
-                failure = self.failure
-                if failure is None and self.produced >= self.delivered + PREFETCH_DEPTH:
-                    return
-            sequence = self.first_sequence + self.produced
-            if failure is not None:
-                with contextlib.suppress(BaseException):  # raises the failure itself, here already known
-                    announce_failure(self.exchange.ctx, sequence, failure)
-                return
-            try:
-                try:
-                    window = next(self.source)
-                except StopIteration:
-                    announce_end(self.exchange.ctx, sequence)
-                    self._publish("end", None, None)
-                    return
-                except Exception as error:  # noqa: BLE001 - made an exception on every rank
-                    announce_failure(self.exchange.ctx, sequence, error)
-                state_after = copy.deepcopy(self.source.state_dict())
-                self.in_flight = 1
-                try:
-                    result = self.exchange(window, sequence, on_training_thread=False)
-                finally:
-                    self.in_flight = 0
-            except BaseException as error:  # noqa: BLE001 - handed to the consumer thread
-                self._publish("error", error, None)
-                return
-            self._publish("window", result, state_after)
-
-    def _publish(self, kind: str, value: Any, state: Any) -> None:
-        with self.condition:
-            self.produced += 1
-            self.results.append((kind, value, state))
-            self.condition.notify_all()
-
-    def take(self) -> tuple[str, Any, Any]:
-        with self.condition:
-            while not self.results:
-                if not self.thread.is_alive():
-                    raise RuntimeError("exchange thread ended without a result")
-                self.condition.wait(timeout=1.0)
-            item = self.results.popleft()
-            if item[0] == "window":
-                self.delivered += 1
-            self.condition.notify_all()
-            return item
-
-    def queued_windows(self) -> list[Any]:
-        with self.condition:
-            return [value[0] for kind, value, _ in self.results if kind == "window"]
-
-    def fail(self, error: BaseException) -> None:
-        with self.condition:
-            self.failure = error
-            self.condition.notify_all()
-
-    def stop(self, join_timeout: float | None) -> None:
-        with self.condition:
-            self.stopping = True
-            self.condition.notify_all()
-        if join_timeout is None or join_timeout > 0:
-            self.thread.join(join_timeout)
-
-
-def _stop_prefetcher(prefetcher: _Prefetcher | None, join_timeout: float | None) -> None:
-    if prefetcher is not None:
-        prefetcher.stop(join_timeout)
-
-
-class _WindowExchange:
-    """One exchanging thread's step: the exchange, then (optionally) collation, with its own buffers.
-    Records what it did when the node collects metrics or has observers (the window's metrics are
-    computed here, on the exchanging thread, off the training thread when overlapped)."""
-
-    def __init__(self, ctx: ExchangeContext, collator: Collator | None, node: BalanceExchange, start: ExchangeStart,
-                 copy_received: bool = False) -> None:
-        self.ctx = ctx
-        self.start = start
-        self.collator = collator
-        self.copy_received = copy_received
-        # Weak: a strong reference from the prefetch thread would keep the node, and so its thread, alive. Read
-        # for what the consumer may change while windows are exchanged: metric collection and observers.
-        self.node = weakref.ref(node)
-        # Buffers can be reused only when nothing received keeps a view of them: collation copies the
-        # samples out right away, or they are unpacked as copies.
-        self.buffers = ExchangeBuffers() if collator is not None or copy_received else None
-
-    def __call__(self, window: Window, sequence: int, on_training_thread: bool) -> tuple[Window, ExchangeRecord | None]:
-        node = self.node()
-        collect = node is not None and node.collect_metrics
-        record = None
-        if collect or (node is not None and node.observers):
-            ctx = self.ctx
-            record = ExchangeRecord(sequence, window.first_step, ctx.dp_rank, ctx.dp_size, ctx.grid_size,
-                                    ctx.across_microbatches, on_training_thread=on_training_thread)
-        del node
-        position, pinned = self.start.consumed_microbatches, self.start.pinned
-        composition = pinned[1] if pinned is not None and pinned[0] == window.first_step else None
-        started = time.perf_counter()
-        if self.collator is None:
-            result = exchange_window(self.ctx, window, sequence, self.buffers, record=record, position=position,
-                                     composition=composition, copy=self.copy_received)
-        else:
-            # What collation needs is checked before the exchange; what still fails is agreed on after it.
-            result = exchange_window(self.ctx, window, sequence, self.buffers, validate=self.collator.check, record=record,
-                                     position=position, composition=composition)
-            collating = time.perf_counter()
-            error: Exception | None = None
-            try:
-                result = self.collator.window(result)
-            except Exception as caught:  # noqa: BLE001 - raised on every rank by the agreement
-                error = caught
-            agree_after_exchange(self.ctx, sequence, error)
-            if record is not None:
-                record.seconds["collate"] = time.perf_counter() - collating
-        if record is not None:
-            record.started_at = started
-            record.exchange_seconds = time.perf_counter() - started
-            record.window_bytes = held_bytes(result)
-            if collect:
-                record.metrics = window_metrics(record)
-        return result, record
+from mimo_pipes.samples.sample import Window
 
 
 class BalanceExchange(BaseNode[Window]):
@@ -281,8 +90,8 @@ class BalanceExchange(BaseNode[Window]):
         self.confirm_delivery = confirm_delivery
         self._unconfirmed: collections.deque[ExchangeRecord | None] = collections.deque()
         self.copy_received = settings.processing.rows
-        self._sync_exchange: _WindowExchange | None = None  # built at reset, with the start
-        self._prefetcher: _Prefetcher | None = None
+        self._sync_exchange: WindowExchange | None = None  # built at reset, with the start
+        self._prefetcher: Prefetcher | None = None
         self._finalizer: weakref.finalize | None = None
         self.start = ExchangeStart()  # see expect_start()
         self._start_sequence = 0  # where a fresh start (reset(None)) begins; start_at() moves it
@@ -335,7 +144,7 @@ class BalanceExchange(BaseNode[Window]):
         self._accumulator.load_state(self._start_totals if initial_state is None else initial_state.get(self.METRICS_KEY))
         self._last_metrics = None
         self._unconfirmed.clear()
-        self._sync_exchange = _WindowExchange(self.ctx, self.collator, self, self.start, self.copy_received)
+        self._sync_exchange = WindowExchange(self.ctx, self.collator, self, self.start, self.copy_received)
 
     def add_observer(self, observer: ExchangeObserver) -> None:
         """Call ``observer`` with the record of every window delivered from now on."""
@@ -389,8 +198,8 @@ class BalanceExchange(BaseNode[Window]):
         if not self.overlap:
             return self._next_synchronous()
         if self._prefetcher is None:
-            self._prefetcher = _Prefetcher(self.source, _WindowExchange(self.ctx, self.collator, self, self.start, self.copy_received), self._sequence)
-            self._finalizer = weakref.finalize(self, _stop_prefetcher, self._prefetcher, 0)
+            self._prefetcher = Prefetcher(self.source, WindowExchange(self.ctx, self.collator, self, self.start, self.copy_received), self._sequence)
+            self._finalizer = weakref.finalize(self, stop_prefetcher, self._prefetcher, 0)
         waiting = time.perf_counter()
         kind, value, state_after = self._prefetcher.take()
         waited = time.perf_counter() - waiting
@@ -406,7 +215,7 @@ class BalanceExchange(BaseNode[Window]):
         self._state_after_delivered = state_after
         result, record = value
         self._deliver(record, waited)
-        result.receipt = _Receipt(self)
+        result.receipt = Receipt(self)
         return result
 
     def _next_synchronous(self) -> Window:
@@ -425,7 +234,7 @@ class BalanceExchange(BaseNode[Window]):
         self._state_after_delivered = copy.deepcopy(self.source.state_dict())
         # On the training thread the exchange itself is the wait.
         self._deliver(record, record.exchange_seconds if record is not None else 0.0)
-        result.receipt = _Receipt(self)
+        result.receipt = Receipt(self)
         return result
 
     def fail(self, error: BaseException) -> None:

@@ -130,7 +130,8 @@ def run_thread_lifecycle(components, *, micro_batch_size=8, window_size=2):
     import gc
     import time
 
-    from mimo_pipes.nodes.balance_exchange import PREFETCH_DEPTH, BalanceExchange
+    from mimo_pipes.nodes.balance_exchange import BalanceExchange
+    from mimo_pipes.nodes.exchange_prefetch import PREFETCH_DEPTH
 
     joined = join_layout(components, timeout_s=60)
     if joined is None:
