@@ -242,7 +242,7 @@ def rank_main(rank: int, world_size: int, case: dict[str, Any]) -> dict[str, Any
 
 
 def _nodes(loader: Any) -> list[Any]:
-    from mimo_pipes.graph.loader import graph_nodes
+    from mimo_pipes.graph.traversal import graph_nodes
 
     return graph_nodes(loader.root)
 

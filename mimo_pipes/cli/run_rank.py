@@ -32,7 +32,7 @@ from mimo_pipes.cli.rank_job import (
 from mimo_pipes.cli.stop_signal import StopRequested, signal_name
 from mimo_pipes.config import JobOptions, PipelineConfig
 from mimo_pipes.exchange.world import check_same_position, gather_from_every_rank, join_world, leave_world, world_rank
-from mimo_pipes.graph.loader import graph_nodes
+from mimo_pipes.graph.traversal import graph_nodes
 from mimo_pipes.nodes import SequencePacker
 from mimo_pipes.observe.summary import (
     ModuleSummary,

@@ -7,7 +7,7 @@ import torch
 from mimo_pipes.config import PipelineConfig, ReorderConfig
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.exchange.process_groups import build_rank_groups
-from mimo_pipes.graph.loader import graph_nodes
+from mimo_pipes.graph.traversal import graph_nodes
 from mimo_pipes.parallel.topology import build_topology
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset, check_sample
 from mimo_pipes_recipes.vlm_sft import pipeline

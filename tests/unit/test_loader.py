@@ -10,7 +10,8 @@ from torchdata.nodes import BaseNode, Batcher, IterableWrapper, ParallelMapper, 
 
 from mimo_pipes.config import PipelineConfig, ReorderConfig
 from mimo_pipes.exchange import RankLayout
-from mimo_pipes.graph.loader import GraphLoader, graph_nodes
+from mimo_pipes.graph.loader import GraphLoader
+from mimo_pipes.graph.traversal import graph_nodes
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
 from mimo_pipes_recipes.vlm_sft import pipeline
 

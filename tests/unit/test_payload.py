@@ -122,6 +122,6 @@ def test_a_pipeline_given_processed_samples_moves_samples(family):
 
 
 def _nodes(loader):
-    from mimo_pipes.graph.loader import graph_nodes
+    from mimo_pipes.graph.traversal import graph_nodes
 
     return graph_nodes(loader.root)
