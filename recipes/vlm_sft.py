@@ -26,12 +26,12 @@ from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.graph.loader import GraphLoader
 from mimo_pipes.graph.tail import balanced_tail
-from mimo_pipes.graph.tail_settings import resolve_pipeline_tail
 from mimo_pipes.nodes import CanonicalShardReader, SnapshotGuard
 from mimo_pipes.nodes.canonical_shard_reader import MapStyleDataset
 from mimo_pipes.samples.collate import FieldSpec
 from mimo_pipes.samples.module_fields import module_fields
 from mimo_pipes.samples.sample import Sample
+from mimo_pipes.settings.tail_settings import resolve_pipeline_tail
 from mimo_pipes.time_model import TimeModelError
 
 

@@ -20,13 +20,13 @@ from mimo_pipes.exchange import (
     announce_end,
     announce_failure,
 )
-from mimo_pipes.graph.tail_settings import TailSettings
 from mimo_pipes.nodes.exchange_prefetch import Prefetched, Prefetcher, stop_prefetcher
 from mimo_pipes.nodes.window_exchange import ExchangeStart, Receipt, WindowExchange
 from mimo_pipes.observe.metrics import MetricsAccumulator
 from mimo_pipes.observe.observer import ExchangeObserver, ExchangeRecord
 from mimo_pipes.samples.collate import Collator
 from mimo_pipes.samples.sample import Window
+from mimo_pipes.settings.tail_settings import TailSettings
 
 
 class BalanceExchange(BaseNode[Window]):

@@ -7,11 +7,11 @@ from typing import Any
 from torchdata.nodes import BaseNode
 
 from mimo_pipes.errors import SampleError
-from mimo_pipes.graph.tail_settings import TailSettings
 from mimo_pipes.nodes.base import GraphNode
 from mimo_pipes.samples.cost import image_token_count, real_token_count
 from mimo_pipes.samples.cost_range import window_budget
 from mimo_pipes.samples.sample import COST, ENCODER_COST, IMAGE_TOKENS, PLACEHOLDER_RUNS, REAL_TOKENS, SAMPLE_ID, Sample
+from mimo_pipes.settings.tail_settings import TailSettings
 
 
 class CostAnnotator(GraphNode[Sample]):

@@ -13,9 +13,9 @@ from typing import Any, NamedTuple
 from torchdata.nodes import BaseNode
 
 from mimo_pipes.checkpoint.validity import VALID_FOR_KEY, check_valid_for, collation_settings, valid_for
-from mimo_pipes.graph.tail_settings import TailSettings
 from mimo_pipes.samples.collate import Collator
 from mimo_pipes.samples.sample import Sample, Window, WindowReceipt
+from mimo_pipes.settings.tail_settings import TailSettings
 
 AHEAD = 1
 """Windows processed beyond the one the consumer waits for: decoding overlaps training, and the memory of

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
 from mimo_pipes.exchange import ExchangeBuffers, ExchangeContext, agree_after_exchange, exchange_window
 from mimo_pipes.observe.metrics import window_metrics
@@ -12,8 +12,16 @@ from mimo_pipes.observe.observer import ExchangeRecord
 from mimo_pipes.samples.collate import Collator
 from mimo_pipes.samples.sample import Window, held_bytes
 
-if TYPE_CHECKING:
-    from mimo_pipes.nodes.balance_exchange import BalanceExchange
+
+class Delivering(Protocol):
+    """What a window's exchange and its receipt ask of the node that delivers the window (the balance exchange)."""
+
+    collect_metrics: bool
+    observers: list
+
+    def confirm(self) -> None: ...
+
+    def fail(self, error: BaseException) -> None: ...
 
 class ExchangeStart(NamedTuple):
     """Where the loader over this node started or restored: the consumed micro-batches (-1: not known), which
@@ -29,7 +37,7 @@ class Receipt:
     the window handed on, and a failure with it reaches the module's ranks. Weak: a window kept by the
     consumer never keeps the node alive."""
 
-    def __init__(self, node: BalanceExchange) -> None:
+    def __init__(self, node: Delivering) -> None:
         self.node = weakref.ref(node)
 
     def delivered(self) -> None:
@@ -48,7 +56,7 @@ class WindowExchange:
     Records what it did when the node collects metrics or has observers (the window's metrics are
     computed here, on the exchanging thread, off the training thread when overlapped)."""
 
-    def __init__(self, ctx: ExchangeContext, collator: Collator | None, node: BalanceExchange, start: ExchangeStart,
+    def __init__(self, ctx: ExchangeContext, collator: Collator | None, node: Delivering, start: ExchangeStart,
                  copy_received: bool = False) -> None:
         self.ctx = ctx
         self.start = start
