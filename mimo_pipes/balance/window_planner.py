@@ -57,6 +57,9 @@ LIGHT_ROUNDS = 2
 # plan (``window_search``), the best plan so far as incumbent, with this budget of samples placed.
 EXACT_MAX_SAMPLES = 64
 EXACT_NODES = 500
+# Windows of at most this many distinct costs get this many times the budget for the search over bins.
+FEW_COSTS = 8
+FEW_COSTS_FACTOR = 10
 # The search over unlabelled bins goes first when the window has at most 1/TIES as many distinct costs as
 # samples (equal costs are what it does not repeat).
 TIES = 2
@@ -337,14 +340,19 @@ def _searched(
         return plans, path  # within 0.1% of the bound: the search cannot gain enough to pay for itself
     # With many equal costs (at most half as many distinct costs as samples: text-only zeros, images of a few
     # resolutions), first over bins alone (no micro-batch labels: equal costs and equal bins are tried once,
-    # whatever micro-batch they would sit in), on half the budget; then, unless that proved its result, the
-    # labelled search (its per-micro-batch room bound cuts more where costs differ) from the best plan so far.
+    # whatever micro-batch they would sit in), on a budget of its own; then, unless that proved its result, the
+    # labelled search (its per-micro-batch room bound cuts more where costs differ) from the best plan so far,
+    # on the whole budget, so a window with ties is never searched less than one without.
     values = costs.tolist()
     result = WindowSearch(None, path, False, 0)
-    if len(set(values)) * TIES <= len(values):
-        result = search_bins(values, count, num_slots, floor, path, lower, EXACT_NODES // 2)
+    distinct = len(set(values))
+    if distinct * TIES <= len(values):
+        # A few distinct costs leave few distinct plans, each of which the search over bins tries once: a
+        # larger budget there reaches the optimum that the labelled search (which tries every labelling) cannot.
+        budget = EXACT_NODES * FEW_COSTS_FACTOR if distinct <= FEW_COSTS else EXACT_NODES
+        result = search_bins(values, count, num_slots, floor, path, lower, budget)
     if not result.proven:
-        labelled = search_window(values, count, num_slots, floor, result.best, lower, EXACT_NODES - result.nodes)
+        labelled = search_window(values, count, num_slots, floor, result.best, lower, EXACT_NODES)
         if labelled.bins is not None:
             result = labelled
     if result.bins is None:

@@ -74,8 +74,9 @@ def _reported_kind(seed: int) -> list[list[int]]:
 
 
 def test_a_window_of_the_reported_kind_is_within_1_percent_of_the_best_known():
-    # Windows on which a search over labelled micro-batches alone stayed 5.6-13.9% above the best plan.
-    for seed in (1, 2, 7):
+    # Windows on which a search over labelled micro-batches alone stayed 5.6-13.9% above the best plan (1, 2, 7),
+    # and windows the search over bins left 2.5-11% above it on half the budget (10, 14, 41, 57).
+    for seed in (1, 2, 7, 10, 14, 41, 57):
         costs = _reported_kind(seed)
         flat = [c for row in costs for c in row]
         path = _path(flat, balance_window(costs, 8, across_microbatches=True), 0)
