@@ -119,12 +119,12 @@ class BalanceExchange(BaseNode[Window]):
     def start_at(self, point: ResumePoint, saved_state: Any = None) -> None:
         """From the next ``reset(None)`` on, continue a run saved under another layout at ``point.first_step``:
         ``saved_state`` is this node's state saved at the start of that window (its windows-delivered count
-        and the module's metric totals continue, see :meth:`MetricsAccumulator.module_wide`), and
-        ``point.composition`` pins the window's micro-batches (:meth:`expect_start`)."""
+        and the module's metric totals continue, see :meth:`MetricsAccumulator.module_wide`). Where it starts and
+        which micro-batches the window keeps (``point.composition``) the loader then says through
+        :meth:`expect_start`, as for every start."""
         saved = saved_state if isinstance(saved_state, dict) else {}
         self._start_sequence = int(saved.get(self.SEQUENCE_KEY, 0))
         self._start_totals = MetricsAccumulator.module_wide(saved.get(self.METRICS_KEY))
-        self.expect_start(self.start.consumed_microbatches, point.first_step, point.composition)
 
     def reset(self, initial_state: dict | None = None) -> None:
         if initial_state is not None:
