@@ -47,13 +47,16 @@ def pipeline(
     consumed_microbatches: int = 0,
     processing: str = "thread",
     process_rows: Callable[[Sample], Sample] | None = None,
+    stand_in: Callable[[Sample], Sample] | None = None,
 ) -> GraphLoader:
     """This rank's loader over ``dataset``.
 
     With ``process_rows`` the exchange moves rows (``--exchange-payload rows``): ``map_fn`` counts each
     row before it (its cost from the text and the image headers), ``process_rows`` makes it this module's
     sample after it, on the rank that trains on it. Without, ``map_fn`` turns rows into processed samples
-    of unpadded tensors (None: the dataset holds them already) and those move.
+    of unpadded tensors (None: the dataset holds them already) and those move. ``stand_in``: under rows with
+    ``--skip-bad-samples``, what this module trains on in place of a row that fails after the exchange
+    (the row is masked on every module: mimo_pipes/samples/masking.py).
     ``consumed_microbatches`` resumes from a Megatron-style count alone: the same stream as restoring
     the loader's full state. ``image_token_id``: the placeholder ids the cost counts (image and video);
     ``vision_fields``: the vision fields every micro-batch carries, empty when no sample has them.
@@ -83,7 +86,8 @@ def pipeline(
             multiprocessing_context="spawn" if method == "process" else None,
         )
     # CostAnnotator -> Windower -> BalanceExchange -> (RowProcessor ->) MicroBatchAssembler (-> SequencePacker).
-    return GraphLoader(balanced_tail(node, settings=tail, layout=layout, process_rows=process_rows), consumed_microbatches=tail.resume.consumed)
+    tail_node = balanced_tail(node, settings=tail, layout=layout, process_rows=process_rows, stand_in=stand_in)
+    return GraphLoader(tail_node, consumed_microbatches=tail.resume.consumed)
 
 
 def dataset_path(config: PipelineConfig) -> str:
@@ -156,7 +160,8 @@ def build(
     if config.exchange_payload == "rows":
         # Rows move, counted from their text and image headers; each module processes its own fields after the exchange.
         # Under --skip-bad-samples every module also refuses image files that are not whole, before the exchange:
-        # a row that would fail only where it is decoded is replaced alike on every module (data/complete_files.py).
+        # a row that would fail only where it is decoded is replaced alike on every module (data/complete_files.py);
+        # one that fails there all the same (its compressed data corrupt) is masked on every module (samples/masking.py).
         rows = ModuleProcessor(processor, module_fields(layout.module), image_paths=config.exchange_image_paths,
                                whole_files=config.skip_bad_samples)
         map_fn = rows.count
@@ -174,6 +179,7 @@ def build(
         consumed_microbatches=consumed_microbatches,
         processing=processing,
         process_rows=rows,
+        stand_in=rows.stand_in if rows is not None else None,
     )
 
 

@@ -26,6 +26,7 @@ from mimo_pipes.errors import ConfigError, PeerError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.exchange.process_groups import RankGroups, build_rank_groups
 from mimo_pipes.exchange.world import (
+    agreement_group,
     control_group,
     current_backend,
     gather_from_every_rank,
@@ -38,6 +39,7 @@ from mimo_pipes.observe.metrics import MovedPerWindow
 from mimo_pipes.observe.summary import SUMMARY_ONLY_KEYS, ModuleSummary, summary_document
 from mimo_pipes.observe.warning_tally import Snapshot
 from mimo_pipes.parallel.topology import RankPosition, Topology
+from mimo_pipes.samples.masking import MASKED
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,9 @@ def set_up_rank(config: PipelineConfig, *, exchange_transport: str | None = None
     )
     groups = build_rank_groups(topology, exchange_backend=transport, timeout_s=config.exchange_timeout_s)
     job, control = job_group(topology.world_size), control_group(topology.world_size)
+    # Rows that fail after the exchange are agreed on by every module (rows payload, --skip-bad-samples).
+    masks = config.skip_bad_samples and config.exchange_payload == "rows"
+    agreement = agreement_group(topology.world_size, config.exchange_timeout_s) if masks else None
     if groups is None:
         return None
     device = None
@@ -80,7 +85,8 @@ def set_up_rank(config: PipelineConfig, *, exchange_transport: str | None = None
 
         device = torch.device("cuda", torch.cuda.current_device())
     position = groups.position
-    layout = RankLayout(position.dp_rank, position.dp_size, topology.grid_size, groups.exchange_group, device, position.module.name)
+    layout = RankLayout(position.dp_rank, position.dp_size, topology.grid_size, groups.exchange_group, device, position.module.name,
+                        agreement_group=agreement)
     report_phase("joined")
     return RankSetup(topology, groups, layout, job, control)
 
@@ -122,8 +128,9 @@ def write_summary_json(path: str, summaries: list[ModuleSummary], moved: dict[st
 
 def consumed_record(batch: dict[str, Any], position: RankPosition) -> dict[str, Any]:
     """What the run summary keeps of one consumed micro-batch of the rank at ``position``: the
-    ``--dump-assignments`` line plus :data:`~mimo_pipes.observe.summary.SUMMARY_ONLY_KEYS`."""
-    return {
+    ``--dump-assignments`` line plus :data:`~mimo_pipes.observe.summary.SUMMARY_ONLY_KEYS`. Under
+    ``--skip-bad-samples`` with rows, ``masked_ids`` lists the samples masked in it (samples/masking.py)."""
+    record = {
         "module": position.module.name,
         "dp_rank": position.dp_rank,
         "dp_size": position.dp_size,
@@ -136,6 +143,9 @@ def consumed_record(batch: dict[str, Any], position: RankPosition) -> dict[str, 
         "tp_rank": position.tp_rank,
         "pp_rank": position.pp_rank,
     }
+    if batch.get(MASKED) is not None:
+        record["masked_ids"] = [sample for sample, why in zip(batch["sample_ids"], batch[MASKED]) if why is not None]
+    return record
 
 
 class AssignmentDump:

@@ -45,6 +45,7 @@ from mimo_pipes.observe.summary import (
 from mimo_pipes.observe.warning_tally import WarningCount, WarningTally, collected, merge
 from mimo_pipes.parallel.topology import Topology
 from mimo_pipes.recipe import load_recipe
+from mimo_pipes.samples.masking import MASKED
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,8 @@ class RunResult:
     packing: list[PackingSummary] = field(default_factory=list)
     skipped_rows: dict[int, str] = field(default_factory=dict)  # --skip-bad-samples: each bad row, why it was skipped
     skip_attempts: int = 0  # times a bad row was met (a row met again, in a later epoch or slot, counts again)
+    masked_rows: dict[int, str] = field(default_factory=dict)  # --skip-bad-samples, rows: each row masked after the exchange, why
+    masked_by_module: dict[str, list[int]] = field(default_factory=dict)  # the rows each module masked (the same everywhere)
     records: list[dict[str, Any]] = field(default_factory=list)  # every rank's consumed micro-batches
     metrics: dict[str, Any] | None = None
     warnings: list[WarningCount] = field(default_factory=list)  # every rank's, merged
@@ -123,7 +126,7 @@ def _run_and_report(setup: RankSetup, config: PipelineConfig, options: JobOption
                 break
             record = consumed_record(batch, position)
             dump.write(record)
-            records.append({**record, "replaced_rows": _replaced(batch)})  # --skip-bad-samples
+            records.append({**record, "replaced_rows": _replaced(batch), "masked_rows": _masked(batch)})  # --skip-bad-samples
             if packer is not None:
                 records[-1]["packing"] = packer.last_metrics
             if progress is not None:
@@ -148,6 +151,7 @@ def _run_and_report(setup: RankSetup, config: PipelineConfig, options: JobOption
     reports = [rank_report for _, _, rank_report in everything]
     every_record = [r for per_rank, _, _ in everything for r in per_rank]
     skipped, attempts = skipped_rows(every_record, setup.topology.modules[0].name)
+    masked, by_module = masked_rows(every_record)
     result = RunResult(
         start=start,
         end=min(rank_end for _, rank_end, _ in everything),
@@ -155,6 +159,8 @@ def _run_and_report(setup: RankSetup, config: PipelineConfig, options: JobOption
         packing=summarize_packing(every_record),
         skipped_rows=skipped,
         skip_attempts=attempts,
+        masked_rows=masked,
+        masked_by_module=by_module,
         records=every_record,
         metrics=metrics,
         warnings=merge(rank_report.warnings for rank_report in reports),
@@ -180,6 +186,8 @@ def _print_result(result: RunResult, config: PipelineConfig, options: JobOptions
         print(format_packing_summary(result.packing), flush=True)
     if config.skip_bad_samples:
         print(format_skip_report(result.skipped_rows, result.skip_attempts), flush=True)
+        if config.exchange_payload == "rows":
+            print(format_mask_report(result.masked_rows, result.masked_by_module), flush=True)
     for count in result.warnings:
         print(count.line(), flush=True)
     if options.save_state:
@@ -193,6 +201,41 @@ def _replaced(batch: dict[str, Any]) -> list[tuple[int, str]]:
     """(row, reason) of every bad row a micro-batch's samples stand in for, in order."""
     rows, reasons = batch.get("replaced_rows") or [], batch.get("replaced_reasons") or []
     return [(row, why) for sample_rows, sample_reasons in zip(rows, reasons) for row, why in zip(sample_rows or [], sample_reasons or [])]
+
+
+def _masked(batch: dict[str, Any]) -> list[tuple[int, str]]:
+    """(row, reason) of every sample a micro-batch holds masked (rows that failed after the exchange)."""
+    return [(row, why) for row, why in zip(batch.get("sample_ids") or [], batch.get(MASKED) or []) if why is not None]
+
+
+def masked_rows(records: Iterable[dict[str, Any]]) -> tuple[dict[int, str], dict[str, list[int]]]:
+    """Each distinct dataset row masked after the exchange with its reason, and the rows each module masked
+    (every module masks the same ones: the summary says so, or which differ)."""
+    reasons: dict[int, str] = {}
+    by_module: dict[str, set[int]] = {}
+    for record in records:
+        if record.get("tp_rank", 0) or record.get("pp_rank", 0):
+            continue
+        rows = by_module.setdefault(record["module"], set())
+        for row, why in record.get("masked_rows", []):
+            reasons.setdefault(int(row), why)
+            rows.add(int(row))
+    return dict(sorted(reasons.items())), {module: sorted(rows) for module, rows in by_module.items()}
+
+
+def format_mask_report(rows: dict[int, str], by_module: dict[str, list[int]]) -> str:
+    """The summary lines of rows masked after the exchange: the rows, whether every module masked them, why."""
+    if not rows:
+        return "masked 0 row(s) that failed after the exchange (--skip-bad-samples)"
+    listed = list(rows.items())[:REPORTED_ROWS]
+    alike = len({tuple(masked) for masked in by_module.values()}) == 1
+    modules = ", ".join(sorted(by_module))
+    agreement = (f"on every module ({modules})" if alike else
+                 "NOT alike on every module: " + "; ".join(f"{module}: {masked}" for module, masked in sorted(by_module.items())))
+    head = (f"masked {len(rows)} row(s) that failed after the exchange (--skip-bad-samples), {agreement}: kept in their "
+            f"micro-batches with blank images and every label ignored: rows {', '.join(str(row) for row, _ in listed)}"
+            f"{f' and {len(rows) - len(listed)} more' if len(rows) > len(listed) else ''}")
+    return "\n".join([head, *(f"  row {row}: {why}" for row, why in listed)])
 
 
 def skipped_rows(records: Iterable[dict[str, Any]], module: str) -> tuple[dict[int, str], int]:

@@ -31,7 +31,7 @@ import torch
 
 from mimo_pipes.data.complete_files import check_row_images
 from mimo_pipes.data.conversation import conversation
-from mimo_pipes.data.media_sizes import UnreadableHeader, encoded_media, media_sizes
+from mimo_pipes.data.media_sizes import MediaSizes, UnreadableHeader, encoded_media, media_sizes
 from mimo_pipes.data.processor import CONSUMED_KEYS, SampleProcessor, token_fields
 from mimo_pipes.errors import SampleError
 from mimo_pipes.samples.cost import image_token_count, placeholder_runs
@@ -167,6 +167,16 @@ class ModuleProcessor:
         out.update((name, value) for name, value in layout.items() if name not in (IDS, TRAINED, RUNS))
         return out
 
+    def stand_in(self, row: dict) -> Sample:
+        """What this module trains on in place of ``row`` when processing it failed after the exchange (see
+        :mod:`mimo_pipes.samples.masking`): an encoder processes the row with every image and video blank
+        (black, of its header's size, so its fields have the shapes its cost was counted for); the language
+        module's fields need no pixel, so they are the row's own. Raises when the sizes cannot be read."""
+        if not self.fields.pixels:
+            return self(row)
+        sizes = media_sizes(row, self.processor.image_folder, row.get(SAMPLE_ID, row.get("id")))
+        return self(_with_blank_media(row, sizes))
+
     def _counted(self, row: dict, runs: bool) -> tuple[RowCount, dict[str, torch.Tensor] | None]:
         try:
             ids, trained, fields = self.layout(row)
@@ -194,6 +204,20 @@ class ModuleProcessor:
 
 
 IDS, TRAINED, RUNS = "input_ids", "trained", "placeholder_runs"
+
+
+def _with_blank_media(row: dict, sizes: MediaSizes) -> dict:
+    """``row`` with its images and videos (under whichever key it keeps them) black, at their sizes."""
+    from PIL import Image
+
+    out = dict(row)
+    images = [Image.new("RGB", (width, height)) for height, width in sizes.images]
+    videos = [np.zeros((frames, height, width, 3), dtype=np.uint8) for frames, height, width in sizes.videos]
+    for keys, blank in ((("images", "image"), images), (("videos", "video"), videos)):
+        key = keys[0] if row.get(keys[0]) is not None else keys[1]
+        if row.get(key) is not None:
+            out[key] = blank if isinstance(row[key], (list, tuple)) else blank[0]
+    return out
 
 
 def _token_layout(ids: list[int], trained: list[bool], fields: dict[str, np.ndarray], placeholder_ids: Any) -> dict[str, torch.Tensor]:

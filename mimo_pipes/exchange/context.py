@@ -22,6 +22,10 @@ class RankLayout:
     exchange_group: dist.ProcessGroup | None = None  # None only when dp_size == 1
     exchange_device: torch.device | None = None  # cuda when the exchange group is NCCL
     module: str | None = None  # the module's name: what its micro-batches carry (mimo_pipes/samples/module_fields.py); None: all
+    # A Gloo group of every module's ranks of the job, reserved for agreeing on rows that fail after the exchange
+    # (rows payload, --skip-bad-samples: mimo_pipes/exchange/failure_agreement.py). None: this rank agrees with
+    # nobody, right when it is the only rank holding its samples' rows (one module, DP size 1).
+    agreement_group: dist.ProcessGroup | None = None
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,13 @@ def control_group(size: int) -> dist.ProcessGroup:
     return dist.new_group(list(range(size)), backend="gloo")
 
 
+def agreement_group(size: int, timeout_s: float) -> dist.ProcessGroup:
+    """A Gloo group of ranks ``0 .. size-1`` reserved for agreeing on rows that fail after the exchange (on the
+    processing side's collating thread, beside the trainer and the exchange: a group of its own).
+    Collective over the whole world."""
+    return dist.new_group(list(range(size)), backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+
+
 def largest_over_ranks(value: int, group: dist.ProcessGroup) -> int:
     """The largest ``value`` any rank of ``group`` holds, on every rank of it (one small all-reduce)."""
     tensor = torch.tensor([value], dtype=torch.int64)

@@ -15,6 +15,7 @@ from torchdata.nodes import BaseNode
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.nodes import BalanceExchange, CostAnnotator, MicroBatchAssembler, RowProcessor, SequencePacker, Windower
+from mimo_pipes.nodes.row_processor import Masking
 from mimo_pipes.samples.module_fields import module_fields
 from mimo_pipes.samples.sample import Sample
 from mimo_pipes.settings.tail_settings import TailSettings
@@ -26,10 +27,14 @@ def balanced_tail(
     settings: TailSettings,
     layout: RankLayout,
     process_rows: Callable[[Sample], Sample] | None = None,
+    stand_in: Callable[[Sample], Sample] | None = None,
 ) -> BaseNode[dict]:
     """This rank's micro-batches from ``items`` (its B/d samples of every global micro-batch, in canonical
     order, from the first step of ``settings.resume`` on). Under the ``rows`` payload ``items`` are
-    counted rows, which ``process_rows`` turns into this module's samples after the exchange. Wrap the
+    counted rows, which ``process_rows`` turns into this module's samples after the exchange; with
+    ``settings.processing.mask_failed`` a row that fails there is masked on every module, ``stand_in``
+    making what this module trains on in its place (:class:`~mimo_pipes.nodes.row_processor.Masking`, agreed
+    on over ``layout.agreement_group``). Wrap the
     result in a GraphLoader with ``consumed_microbatches=settings.resume.consumed``. ``settings`` must be resolved for
     ``layout.module`` (``resolve_tail(..., module=layout.module)``): the module decides what moves."""
     if settings.fields != module_fields(layout.module):
@@ -41,6 +46,9 @@ def balanced_tail(
     if rows and process_rows is None:
         raise ConfigError("--exchange-payload", "rows needs the function that processes a row after the exchange; "
                           "this pipeline gives none (use --exchange-payload samples)")
+    if settings.processing.mask_failed and stand_in is None:
+        raise ConfigError("--skip-bad-samples", "under --exchange-payload rows needs what stands in for a row that fails after "
+                          "the exchange; this pipeline gives none (use --exchange-payload samples)")
     node: BaseNode[Any] = CostAnnotator(items, settings=settings)
     node = Windower(node, settings=settings)
     if settings.plan.reorder:
@@ -49,7 +57,8 @@ def balanced_tail(
     if rows:
         # Rows become this module's samples here, on the rank that trains on them, and are collated.
         assert process_rows is not None
-        node = RowProcessor(node, settings=settings, process=process_rows)
+        masking = Masking(stand_in, layout.agreement_group) if stand_in is not None else None
+        node = RowProcessor(node, settings=settings, process=process_rows, masking=masking)
     node = MicroBatchAssembler(node, settings=settings)
     if settings.pack_sequences and settings.fields.tokens:
         # One THD row per micro-batch, after the exchange: packing never changes which samples a rank holds.

@@ -5,16 +5,21 @@ from __future__ import annotations
 import collections
 import copy
 import multiprocessing
+import operator
+import threading
 import weakref
 from collections.abc import Callable
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 from torchdata.nodes import BaseNode
 
 from mimo_pipes.checkpoint.validity import VALID_FOR_KEY, check_valid_for, collation_settings, valid_for
+from mimo_pipes.errors import PeerError, SampleError
+from mimo_pipes.exchange.failure_agreement import agree_on_failures
 from mimo_pipes.samples.collate import Collator
-from mimo_pipes.samples.sample import Sample, Window, WindowReceipt
+from mimo_pipes.samples.masking import mask_failed
+from mimo_pipes.samples.sample import SAMPLE_ID, STEP, Sample, Window, WindowReceipt
 from mimo_pipes.settings.tail_settings import TailSettings
 
 AHEAD = 1
@@ -27,6 +32,16 @@ class _Pending(NamedTuple):
     rows: list[Future[Sample]]  # its rows' processing, cancelled when the window is dropped
     state_after: Any  # the source's state right after it handed out the window
     receipt: WindowReceipt | None  # the source's receipt for the window read (see Window.receipt)
+    dropped: threading.Event  # set when the window is dropped: its agreement still runs, nothing else
+
+
+class Masking(NamedTuple):
+    """How a row that fails after the exchange is masked (see :mod:`mimo_pipes.samples.masking`): what the
+    module trains on in its place, and the group of the job's ranks the failures are agreed on (None: this
+    rank alone, when it is the only one processing rows of these samples)."""
+
+    stand_in: Callable[[Sample], Sample]
+    group: Any = None
 
 
 class RowProcessor(BaseNode[Window]):
@@ -38,7 +53,12 @@ class RowProcessor(BaseNode[Window]):
 
     A failure (a row that cannot be processed, a window that cannot be collated) raises here and, when the
     source is a :class:`~mimo_pipes.nodes.BalanceExchange`, is announced to the module's other ranks through
-    it (:meth:`~mimo_pipes.nodes.BalanceExchange.fail`). The state is the source's state after the last
+    it (:meth:`~mimo_pipes.nodes.BalanceExchange.fail`). With ``masking`` (``settings.processing.mask_failed``:
+    ``--skip-bad-samples``) a row whose processing raises its :class:`~mimo_pipes.errors.SampleError` is
+    masked instead: every rank of the job says which of each window's rows failed, in window order on the
+    collating thread (:func:`~mimo_pipes.exchange.failure_agreement.agree_on_failures`), and every module
+    masks those samples before the window is handed out; :attr:`masked` counts them (each module counts
+    every failure of the job). The state is the source's state after the last
     delivered window; windows processed ahead are dropped on a restore and processed again. It is valid for
     one module's fields and one collation. ``close()`` stops its workers (iterating again restarts them).
     """
@@ -46,10 +66,16 @@ class RowProcessor(BaseNode[Window]):
     SOURCE_KEY = "source"
     VALID_FOR_KEY = VALID_FOR_KEY
 
-    def __init__(self, source: BaseNode[Window], *, settings: TailSettings, process: Callable[[Sample], Sample]) -> None:
+    def __init__(
+        self, source: BaseNode[Window], *, settings: TailSettings, process: Callable[[Sample], Sample], masking: Masking | None = None
+    ) -> None:
         super().__init__()
+        if settings.processing.mask_failed and masking is None:
+            raise ValueError("settings.processing.mask_failed needs masking: what stands in for a row that fails")
         self.source = source
         self.process = process
+        self.masking = masking if settings.processing.mask_failed else None
+        self.masked = 0  # samples masked so far (every failure of the job, as every module masks it)
         self.collator: Collator = settings.collator
         self.workers = settings.processing.workers
         self.method = settings.processing.method
@@ -100,8 +126,51 @@ class RowProcessor(BaseNode[Window]):
         pool, collating = self._executors()
         task = self.process if self.method == "thread" else _process_installed
         rows = [[pool.submit(task, row) for row in microbatch] for microbatch in window.microbatches]
-        collated = collating.submit(_collate, self.collator, window, rows)
-        return _Pending(collated, [future for microbatch in rows for future in microbatch], state_after, window.receipt)
+        dropped = threading.Event()
+        if self.masking is None:
+            collated = collating.submit(_collate, self.collator, window, rows)
+        else:
+            collated = collating.submit(self._mask_and_collate, window, rows, dropped)
+        return _Pending(collated, [future for microbatch in rows for future in microbatch], state_after, window.receipt, dropped)
+
+    def _mask_and_collate(self, window: Window, rows: list[list[Future[Sample]]], dropped: threading.Event) -> Window:
+        """On the collating thread, in window order: the window's rows processed, the job's failures agreed on
+        (also for a dropped window: its peers join the same agreement), the failed samples masked, collated."""
+        assert self.masking is not None
+        failed: dict[tuple[int, int], str] = {}
+        fatal: BaseException | None = None
+        samples: list[list[Sample]] = []
+        for microbatch, futures in zip(window.microbatches, rows):
+            samples.append([])
+            for row, future in zip(microbatch, futures):
+                try:
+                    samples[-1].append(future.result())
+                except CancelledError:
+                    continue  # the window was dropped
+                except SampleError as error:
+                    position = _position(row)
+                    if position is None:
+                        fatal = fatal or error
+                        continue
+                    failed[position] = _one_line(error)
+                    try:  # made before the agreement, so that a stand-in that fails stops every rank alike
+                        samples[-1].append(self.masking.stand_in(row))
+                    except BaseException as stand_in_error:  # noqa: BLE001 - every rank stops
+                        fatal = fatal or stand_in_error
+                except BaseException as error:  # noqa: BLE001 - not the row's fault: every rank stops
+                    fatal = fatal or error
+        said = agree_on_failures(self.masking.group, window.first_step, tuple((step, sid, why) for (step, sid), why in failed.items()),
+                                 None if fatal is None else _one_line(fatal))
+        if fatal is not None:
+            raise fatal
+        stopped = next((rank for rank in said if rank.fatal is not None), None)
+        if stopped is not None:
+            raise PeerError(stopped.rank, f"processing the window at step {window.first_step} stopped: {stopped.fatal}")
+        if dropped.is_set():
+            return window
+        reasons = {(step, sid): why for rank in said for step, sid, why in rank.failed}
+        self.masked += mask_failed(samples, reasons)
+        return self.collator.window(Window(window.first_step, samples, composition=window.composition))
 
     def _executors(self) -> tuple[Executor, ThreadPoolExecutor]:
         if self._pool is None or self._collating is None:
@@ -112,14 +181,16 @@ class RowProcessor(BaseNode[Window]):
                                                  initializer=_install, initargs=(self.process,))
             # Collation waits for the window's rows: a thread of its own, so a window never waits behind its rows.
             self._collating = ThreadPoolExecutor(1, thread_name_prefix="mimo-pipes-collate")
-            self._finalizer = weakref.finalize(self, _shut_down, self._pool, self._collating)
+            self._finalizer = weakref.finalize(self, _shut_down, self._pool, self._collating, self.masking is None)
         return self._pool, self._collating
 
     def _drop_pending(self) -> None:
         for pending in self._pending:
             for future in pending.rows:
                 future.cancel()
-            pending.window.cancel()
+            pending.dropped.set()
+            if self.masking is None:  # with masking the window's agreement still runs: its peers join it
+                pending.window.cancel()
         self._pending.clear()
 
     def close(self) -> None:
@@ -140,9 +211,24 @@ def _collate(collator: Collator, window: Window, rows: list[list[Future[Sample]]
     return collator.window(Window(window.first_step, processed, composition=window.composition))
 
 
-def _shut_down(pool: Executor, collating: ThreadPoolExecutor) -> None:
+def _shut_down(pool: Executor, collating: ThreadPoolExecutor, cancel_collating: bool) -> None:
     pool.shutdown(wait=True, cancel_futures=True)
-    collating.shutdown(wait=True, cancel_futures=True)
+    # With masking every window read is agreed on, dropped or not: its peers wait for this rank in it.
+    collating.shutdown(wait=True, cancel_futures=cancel_collating)
+
+
+def _position(row: Sample) -> tuple[int, int] | None:
+    """A row's place in the global order, as every module knows it: (read step, sample id)."""
+    try:
+        return operator.index(row.get(STEP)), operator.index(row.get(SAMPLE_ID))
+    except TypeError:
+        return None
+
+
+def _one_line(error: BaseException) -> str:
+    """Why a row failed, one line: a SampleError's reason (it says which row), else the error's type and text."""
+    text = error.reason if isinstance(error, SampleError) and error.reason else f"{type(error).__name__}: {error}"
+    return " ".join(str(text).split())[:300]
 
 
 _installed: Callable[[Sample], Sample] | None = None

@@ -61,11 +61,14 @@ class BalancePlan:
 class Processing:
     """Where a rank's rows become samples. ``payload`` ``samples``: before the tail (the exchange moves
     processed samples); ``rows``: after the exchange, on the rank that trains on them (RowProcessor), on
-    ``workers`` threads or worker processes (``method``)."""
+    ``workers`` threads or worker processes (``method``). ``mask_failed`` (``--skip-bad-samples`` under
+    ``rows``): a row that fails there is masked on every module (:mod:`mimo_pipes.samples.masking`) instead
+    of stopping the run."""
 
     payload: str = SAMPLES
     workers: int = 1
     method: str = "thread"
+    mask_failed: bool = False
 
     @property
     def rows(self) -> bool:
@@ -140,12 +143,13 @@ def resolve_tail(
     payload: str = SAMPLES,
     workers: int = 1,
     method: str = "thread",
+    mask_failed: bool = False,
 ) -> TailSettings:
     """One module rank's tail settings (see :func:`resolve_plan` for ``topology`` and ``time_model``).
 
     ``pad_length`` None pads each micro-batch to its longest sample. ``module``: the module's name, which
     decides the fields its micro-batches carry (:mod:`mimo_pipes.samples.module_fields`; None: all of them).
-    ``payload``, ``workers``, ``method``: see :class:`Processing`. Raises ConfigError naming the flag."""
+    ``payload``, ``workers``, ``method``, ``mask_failed``: see :class:`Processing`. Raises ConfigError naming the flag."""
     if micro_batch_size < 1 or micro_batch_size % grid_size or grid_size % dp_size:
         raise ConfigError(
             flag("micro_batch_size"),
@@ -179,7 +183,7 @@ def resolve_tail(
         pack_sequences=pack_sequences,
         pack_pad_multiple=pack_pad_multiple,
         fields=fields,
-        processing=Processing(payload, max(int(workers), 1), method),
+        processing=Processing(payload, max(int(workers), 1), method, mask_failed=mask_failed and payload == ROWS),
     )
 
 
@@ -217,4 +221,5 @@ def resolve_pipeline_tail(
         payload=config.exchange_payload if payload is None else payload,
         workers=config.num_workers,
         method=method,
+        mask_failed=config.skip_bad_samples,
     )

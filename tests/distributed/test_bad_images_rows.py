@@ -1,13 +1,18 @@
 """Images that read as fine from their header but cannot be decoded, under the default ``rows`` payload with
---skip-bad-samples: every module refuses them before the exchange (a whole-file check, no pixel decoded), so
-each is replaced alike on every module, the run completes, and the summary counts the skip. Through
-`mimo-pipes run`'s per-rank body on the pool's Gloo ranks, on several layouts."""
+--skip-bad-samples. A file that is not whole (cut short, garbage after the header) is refused by every module
+before the exchange (a whole-file check, no pixel decoded) and replaced alike on every module; a whole file
+whose compressed data is corrupt fails only where it is decoded, after the exchange, and is masked on every
+module (agreed on over the job's ranks). Either way the run completes, every module holds the same samples,
+and the summary counts both. Through `mimo-pipes run`'s per-rank body on the pool's Gloo ranks, on several
+layouts."""
 
 from __future__ import annotations
 
 import io
 import json
 import re
+import struct
+import zlib
 from collections import defaultdict
 from pathlib import Path
 
@@ -53,19 +58,43 @@ def _corrupt() -> dict[str, bytes]:
     }
 
 
+def _png_with_idat(png: bytes, idat: bytes) -> bytes:
+    """``png`` with its image data replaced by ``idat``, every chunk's CRC right: a whole file."""
+    out, position = png[:8], 8
+    while position < len(png):
+        length = struct.unpack(">I", png[position : position + 4])[0]
+        kind, data = png[position + 4 : position + 8], png[position + 8 : position + 8 + length]
+        if kind == b"IDAT":
+            data = idat
+        out += struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        position += 12 + length
+    return out
+
+
+def _corrupt_inside() -> dict[str, bytes]:
+    """File name -> whole files (every chunk framed, CRCs right) whose compressed pixels cannot be decoded."""
+    png = _encoded("PNG", 6)
+    noise = np.random.default_rng(7).integers(0, 256, 3000, dtype=np.uint8).tobytes()
+    return {
+        "noise-inside.png": _png_with_idat(png, noise),  # not a zlib stream
+        "short-inside.png": _png_with_idat(png, zlib.compress(b"\0" * 100)),  # a valid stream, far too few pixels
+    }
+
+
 @pytest.fixture(scope="module")
 def corrupt_dataset(tmp_path_factory):
     spec, images = write_dataset(tmp_path_factory.mktemp("bad-images"), "jsonl", SIZE)
     rows = [json.loads(line) for line in open(spec)]
-    bad = {}
+    bad, inside = {}, {}
     with_images = [i for i, row in enumerate(rows) if row.get("images")]
-    for (name, data), row in zip(_corrupt().items(), with_images[1::3]):
-        (images / name).write_bytes(data)
-        rows[row]["images"][0] = name
-        bad[row] = name
+    for kinds, chosen, found in ((_corrupt(), with_images[1::3], bad), (_corrupt_inside(), with_images[2::3], inside)):
+        for (name, data), row in zip(kinds.items(), chosen):
+            (images / name).write_bytes(data)
+            rows[row]["images"][0] = name
+            found[row] = name
     with open(spec, "w") as out:
         out.writelines(json.dumps(row) + "\n" for row in rows)
-    return ["--dataset", spec, "--image-folder", str(images)], bad
+    return ["--dataset", spec, "--image-folder", str(images)], bad, inside
 
 
 def test_the_corrupt_files_read_as_images_but_are_not_whole():
@@ -75,24 +104,36 @@ def test_the_corrupt_files_read_as_images_but_are_not_whole():
             with pytest.raises(OSError), Image.open(io.BytesIO(data)) as image:
                 image.load()  # and decoding fails
         assert incomplete_reason(data) is not None, name
+    for name, data in _corrupt_inside().items():
+        assert Image.open(io.BytesIO(data)).size == (160, 120), name
+        with pytest.raises(OSError), Image.open(io.BytesIO(data)) as image:
+            image.load()
+        assert incomplete_reason(data) is None, name  # whole: only decoding finds the fault
     for fmt in ("PNG", "JPEG", "GIF", "WEBP"):
         assert incomplete_reason(_encoded(fmt, 4)) is None, fmt
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_undecodable_images_are_replaced_alike_on_every_module(corrupt_dataset, layout, tmp_path):
-    flags, bad = corrupt_dataset
+def test_undecodable_images_are_replaced_or_masked_alike_on_every_module(corrupt_dataset, layout, tmp_path):
+    flags, bad, inside = corrupt_dataset
     dumps = tmp_path / "dumps"
     outcome = run_in_pool(shared_pool(), [*flags, *COMMON, *LAYOUTS[layout], "--steps", str(STEPS),
                                           "--dump-assignments", str(dumps)])
     stdout = outcome["stdout"]
     assert f"skipped {len(bad)} bad dataset row(s)" in stdout, stdout
-    listed = dict((int(row), why) for row, why in re.findall(r"^  row (\d+): (.*)$", stdout, flags=re.MULTILINE))
+    skip_report, mask_report = stdout.split("skipped ", 1)[1].split("\nmasked ", 1)
+    listed = dict((int(row), why) for row, why in re.findall(r"^  row (\d+): (.*)$", skip_report, flags=re.MULTILINE))
     assert sorted(listed) == sorted(bad)
+    named = dict((int(row), why) for row, why in re.findall(r"^  row (\d+): (.*)$", mask_report, flags=re.MULTILINE))
+    assert sorted(named) == sorted(inside) and all("cannot be decoded" in why for why in named.values()), named
     assert all("cannot be decoded" in why or "image" in why for why in listed.values()), listed
+    # The whole files that fail where they are decoded: masked, on every module, and named.
+    assert f"masked {len(inside)} row(s) that failed after the exchange (--skip-bad-samples), on every module" in stdout, stdout
     held: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
+    masked: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
     for record in read_dumps(dumps):
         held[record["module"]][record["step"]].extend(record["sample_ids"])
+        masked[record["module"]][record["step"]].extend(record["masked_ids"])
     assert set(held) == {"language", "images"}
     for step in range(STEPS):  # the run completed every step, each module holding the same samples
         language, images = sorted(held["language"][step]), sorted(held["images"][step])
@@ -100,3 +141,5 @@ def test_undecodable_images_are_replaced_alike_on_every_module(corrupt_dataset, 
         assert not set(language) & set(bad)
         read = {int(i) for i in global_microbatch_indices(step, SIZE, BATCH, SEED, True)}
         assert read - set(bad) <= set(language)  # only the bad rows were replaced
+        assert sorted(masked["language"][step]) == sorted(masked["images"][step]) == [i for i in language if i in inside], step
+    assert {row for steps in masked["images"].values() for row in steps} == set(inside)
