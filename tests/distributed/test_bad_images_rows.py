@@ -34,7 +34,8 @@ COMMON = ["--micro-batch-size", str(BATCH), "--seq-length", "256", "--seed", str
 LAYOUTS = {
     "language dp2 + images dp2": [],
     "language dp4 + images dp2": ["--component", "language=dp=4", "--component", "images=dp=2,rank_offset=4"],
-    "language dp2 + images dp1": ["--component", "language=dp=2", "--component", "images=dp=1,rank_offset=2"],
+    "language dp2 + images dp1, packed": ["--component", "language=dp=2", "--component", "images=dp=1,rank_offset=2",
+                                          "--pack-sequences-in-batch"],
     # Samples move across micro-batches; rows keep their image paths; two processing threads per rank.
     "language dp3 + images dp1, across, paths": ["--component", "language=dp=3", "--component", "images=dp=1,rank_offset=3",
                                                  "--micro-batch-size", "6", "--reorder-across-microbatches",
