@@ -5,20 +5,22 @@ options)``, which joins the process group, runs the rank and leaves). The launch
 stderr, turns every rank's failure into one line, and waits for its ranks. SIGTERM or SIGINT to the
 launcher is passed to every rank once (they stop at their next micro-batch boundary, saving a complete
 state first when the job saves one); ranks still alive a few seconds later are killed, so no process is
-left behind. Spawned ranks also die with the launcher if it is killed outright.
+left behind. Spawned ranks also die with the launcher if it is killed outright. A rank killed outright
+makes the launcher stop the others (SIGTERM, as torchrun's agent does); each says in its one line which
+rank died, as the job's roll tells it (``exchange/roll.py``: the launcher hosts the job's store, so that
+the roll outlives every rank).
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-from mimo_pipes.cli.peer_loss import lost_peer_line
+from mimo_pipes.cli.peer_loss import lost_peer, lost_peer_line
 from mimo_pipes.errors import ConfigError, PeerError, SampleError
 
 EXIT_CONFIG = 2
@@ -59,23 +61,35 @@ def launch(rank_main: RankMain, config: Any, options: Any, world_size: int, comm
 def rank_entry(rank_main: RankMain, rank: int, world_size: int, port: int | None, config: Any, options: Any, command: str) -> int:
     """One rank from start to exit status: its failure is one line naming the rank (a traceback with
     ``MIMO_PIPES_TRACEBACK=1``); a stop by signal is 128 + the signal, said once by rank 0 under torchrun
-    (the launcher says it for spawned ranks)."""
+    (the launcher says it for spawned ranks), or by every rank when a peer died (the stop may be for it).
+    On its way out the rank says on the job's roll how it ended, so that its peers can tell it from a
+    rank that died."""
     from mimo_pipes.cli.stop_signal import StopRequested, exit_status
+    from mimo_pipes.exchange.roll_call import call_roll
 
     if port is not None:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
+        # The launcher hosts the job's store, as torchrun's agent does: every rank joins it as a client.
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
+                          TORCHELASTIC_USE_AGENT_STORE="True")
     try:
         rank_main(rank, world_size, config, options)
+        call_roll("done", read=False)
         return 0
     except StopRequested as stop:
-        if port is None and rank == 0:
+        verdict = call_roll("stopped", read=True)
+        phrase = verdict.phrase(lost_peer=False) if verdict is not None else None
+        if phrase:  # every rank: the one that says it alone may be the one that died
+            say(f"{command}: rank {rank}: {stop}; {phrase}")
+        elif port is None and rank == 0:
             say(f"{command}: {stop}")
         return exit_status(stop.signum)
     except Exception as error:  # noqa: BLE001 - one line per rank, then a non-zero exit
         own = isinstance(error, (ConfigError, SampleError, PeerError))
         # A transport's text (Gloo's pair.cc ... Connection reset by peer) names a socket, not the rank that
-        # ended: said in a few words here; the launcher names the rank.
-        say(lost_peer_line(command, rank, error) or f"{command}: rank {rank}: {error if own else f'{type(error).__name__}: {error}'}")
+        # ended: said in a few words here, with the rank the roll finds dead.
+        lost = lost_peer(error) is not None
+        verdict = call_roll("peer" if lost or isinstance(error, PeerError) else "error", read=lost)
+        say(lost_peer_line(command, rank, error, verdict) or f"{command}: rank {rank}: {error if own else f'{type(error).__name__}: {error}'}")
         if os.environ.get("MIMO_PIPES_TRACEBACK") and not own:
             raise
     return EXIT_FAILED
@@ -116,12 +130,6 @@ def exit_now(status: int) -> None:
     os._exit(status)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class _Stop:
     """The launcher's own SIGTERM / SIGINT: remembered, and passed to every rank once."""
 
@@ -135,16 +143,21 @@ class _Stop:
         if self.signum is not None:
             return
         self.signum, self.at = signum, time.monotonic()
-        for process in self.processes:
-            if process.is_alive() and process.pid is not None:
-                try:
-                    os.kill(process.pid, signum)
-                except ProcessLookupError:
-                    pass
+        signal_ranks(self.processes, signum)
 
     def restore(self) -> None:
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
+
+
+def signal_ranks(processes: list, signum: int) -> None:
+    """``signum`` to every rank still running."""
+    for process in processes:
+        if process.is_alive() and process.pid is not None:
+            try:
+                os.kill(process.pid, signum)
+            except ProcessLookupError:
+                pass
 
 
 def _ended_by_signal(processes: list, killed_here: set[int]) -> tuple[int, int] | None:
@@ -161,9 +174,10 @@ def _spawn(rank_main: RankMain, config: Any, options: Any, world_size: int, comm
     from multiprocessing.connection import wait
 
     from mimo_pipes.cli.stop_signal import exit_status, signal_name
+    from mimo_pipes.exchange.roll_call import host_store
 
     context = multiprocessing.get_context("spawn")
-    port = free_port()
+    store, port = host_store()  # held until the ranks are gone
     started = time.monotonic()
     say(f"starting {world_size} ranks")
     pipes = [context.Pipe(duplex=False) for _ in range(world_size)]  # (the launcher's end, the rank's end)
@@ -201,7 +215,10 @@ def _spawn(rank_main: RankMain, config: Any, options: Any, world_size: int, comm
                 ended_by_signal = _ended_by_signal(processes, killed_here)
                 if ended_by_signal is not None:
                     say(f"{command}: rank {ended_by_signal[0]} was killed by {signal_name(ended_by_signal[1])}; "
-                        "the other ranks cannot go on without it")
+                        "the other ranks cannot go on without it: stopping them")
+                    # As torchrun's agent does: the others stop at their next boundary (or fail in their next
+                    # collective with it), each naming it, instead of running on until a collective times out.
+                    signal_ranks(processes, signal.SIGTERM)
             # A failed rank makes its peers fail within the exchange timeout; past that, or past the grace
             # after a stop signal, stop them.
             overdue = failed_at is not None and time.monotonic() - failed_at > config.exchange_timeout_s + 30
@@ -224,6 +241,7 @@ def _spawn(rank_main: RankMain, config: Any, options: Any, world_size: int, comm
         for process in processes:
             if process.is_alive():
                 process.kill()
+        del store
     if stop.signum is not None:
         where = getattr(options, "save_state", None)
         state = f"; saved a complete state after {saved} micro-batches to {where}" if saved is not None else ""

@@ -13,6 +13,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from mimo_pipes.exchange.roll_call import sign
+
 
 def world_backend(world_size: int) -> str:
     """NCCL when every local rank can have a GPU of its own, else Gloo on the CPU."""
@@ -21,12 +23,14 @@ def world_backend(world_size: int) -> str:
 
 
 def join_world(rank: int, world_size: int, timeout_s: float, backend: str | None = None) -> str:
-    """Join the job's process group (MASTER_ADDR / MASTER_PORT from the environment); returns the backend.
+    """Join the job's process group (MASTER_ADDR / MASTER_PORT from the environment) and sign the job's roll
+    (``roll_call.py``: a peer that stops can then name this rank if it dies); returns the backend.
     ``backend`` None: :func:`world_backend`."""
     backend = backend or world_backend(world_size)
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
     dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
+    sign(rank, world_size)
     return backend
 
 

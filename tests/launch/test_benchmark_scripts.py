@@ -55,6 +55,15 @@ def test_encoder_step_benchmark_smoke(tmp_path) -> None:
     assert "| dp | micro-batch | mode |" in (tmp_path / "encoder_step.md").read_text()
 
 
+def test_dp1_permutation_benchmark_runs_small():
+    result = subprocess.run([sys.executable, "benchmarks/dp1_permutation.py", "--samples", "4", "--iterations", "20", "--warmup", "2",
+                             "--distinct-windows", "2", "--no-docs"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [line.split("|") for line in result.stdout.splitlines() if line.startswith("| 4 | ")]
+    assert len(rows) == 1 and all(float(cell) > 0 for cell in rows[0][3:9]), result.stdout  # on and off both timed
+    assert "4 samples against the 200 us target: metrics on (the default)" in result.stdout
+
+
 def test_energon_source_benchmark_runs_small(tmp_path):
     import subprocess
 
