@@ -148,6 +148,8 @@ def window_lower_bound(
     """A valid lower bound on the critical path (sum of per-micro-batch heaviest slots) of a window."""
     window = check_window(costs, num_slots)
     count, size = window.shape
+    if num_slots == 1:  # one slot holds everything: the bound is the path (metrics of DP size 1, per window)
+        return int(window.sum())
     if not across_microbatches:
         return sum(sorted_lower_bound(np.sort(row)[::-1], num_slots) for row in window)
     if size == 0:

@@ -64,16 +64,28 @@ def held_bytes(value: Any) -> int:
     import numpy as np
     import torch
 
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
-    if isinstance(value, np.ndarray):
-        return int(value.nbytes)
-    if isinstance(value, (bytes, bytearray, str)):
-        return len(value)
-    if isinstance(value, Window):
-        return held_bytes(value.microbatches)
-    if isinstance(value, dict):
-        return sum(held_bytes(item) for item in value.values())
-    if isinstance(value, (list, tuple)):
-        return sum(held_bytes(item) for item in value)
-    return 0
+    # A loop over a stack, not recursion: it runs once per exchanged window, over every value of every sample
+    # (mostly small ints of the metadata), so a call per value would cost more than the exchange of a small window.
+    total = 0
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind in _NO_DATA:
+            continue
+        if isinstance(item, torch.Tensor):
+            total += item.numel() * item.element_size()
+        elif kind is dict or isinstance(item, dict):
+            stack.extend(item.values())
+        elif kind is list or isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif isinstance(item, np.ndarray):
+            total += int(item.nbytes)
+        elif isinstance(item, (bytes, bytearray, str)):
+            total += len(item)
+        elif isinstance(item, Window):
+            stack.append(item.microbatches)
+    return total
+
+
+_NO_DATA = frozenset((int, float, bool, type(None)))
