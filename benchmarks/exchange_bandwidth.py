@@ -26,7 +26,7 @@ MARKER = "exchange_bandwidth.py results"
 
 def make_windows(env: dict, opts: dict, window: int, count: int) -> list:
     from mimo_pipes.nodes import CanonicalShardReader, CostAnnotator, Windower
-    from mimo_pipes.testing import IMAGE_TOKEN_ID
+    from mimo_pipes.testing import IMAGE_TOKEN_ID, tail_settings
 
     position, topology = env["groups"].position, env["topology"]
     config = common.pipeline_config(env["components"], opts, True, False, window)
@@ -35,8 +35,11 @@ def make_windows(env: dict, opts: dict, window: int, count: int) -> list:
                                 dp_size=position.dp_size, grid_size=topology.grid_size,
                                 seed=opts["seed"] + 1,  # other windows than the training runs'
                                 dataloader_type="cyclic")
-    node = CostAnnotator(node, image_token_id=IMAGE_TOKEN_ID, encoder_weight=encoder_weight, language_weight=language_weight)
-    node = Windower(node, samples_per_microbatch=opts["micro_batch_size"] // position.dp_size, window_size=window)
+    settings = tail_settings(samples_per_rank=opts["micro_batch_size"] // position.dp_size, dp_size=position.dp_size,
+                             window_size=window, reorder=True, image_token_id=IMAGE_TOKEN_ID,
+                             encoder_weight=encoder_weight, language_weight=language_weight)
+    node = CostAnnotator(node, settings=settings)
+    node = Windower(node, settings=settings)
     node.reset()
     return [next(node) for _ in range(count)]
 
@@ -80,7 +83,7 @@ def bandwidth(env: dict, opts: dict, window: int) -> dict:
     def exchange(w: Any) -> Any:
         nonlocal sequence
         record = ExchangeRecord(sequence, w.first_step, ctx.dp_rank, ctx.dp_size, ctx.grid_size, ctx.across_microbatches)
-        exchange_window(ctx, w, sequence, reused, record)
+        exchange_window(ctx, w, sequence, reused, record=record)
         sequence += 1
         return record
 

@@ -103,3 +103,13 @@ def test_time_model_gpu_smoke_run(tmp_path):
         assert len(result["steps"]) == 2 and all(len(step["measured_s"]) == 2 for step in result["steps"])
     assert "| vision dp 2, micro-batch 8 |" in (tmp_path / "results.md").read_text()
     assert (tmp_path / "time_model.json").is_file()
+
+
+def test_exchange_bandwidth_benchmark_runs_small(tmp_path):
+    """Two spawned ranks, one window: the exchange and the raw all_to_all of the same splits are both timed."""
+    result = subprocess.run([sys.executable, "benchmarks/exchange_bandwidth.py", "--no-docs", "--windows", "1", "--bandwidth-windows", "2",
+                             "--bandwidth-reps", "1", "--dataset-size", "32", "--out", str(tmp_path)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    figures = json.loads(result.stdout.strip().splitlines()[-1])["bandwidth"][0]
+    assert figures["window"] == 1 and figures["exchange_ms"] > 0 and figures["raw_ms"] > 0, figures
