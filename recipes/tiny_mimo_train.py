@@ -28,6 +28,7 @@ from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.exchange.process_groups import RankGroups
 from mimo_pipes.graph.loader import GraphLoader
+from mimo_pipes.observe.bad_rows_report import bad_row_fields
 from mimo_pipes.observe.third_party import quiet_transformers
 from mimo_pipes.parallel.topology import COMPONENT_FLAG, Topology, fanout_targets
 from mimo_pipes.train.bridge import recv_embeddings, recv_gradients, send_embeddings, send_gradient
@@ -187,7 +188,8 @@ class Trainer:
     def _record(self, batch: dict) -> dict[str, Any]:
         position = self.position
         keys = ("step", "sample_ids", "image_tokens", "real_tokens", "slots", "read_steps")
-        return {"module": position.module.name, "dp_rank": position.dp_rank, "dp_size": position.dp_size, **{k: batch[k] for k in keys}}
+        return {"module": position.module.name, "dp_rank": position.dp_rank, "dp_size": position.dp_size, **{k: batch[k] for k in keys},
+                **bad_row_fields(batch)}
 
     def state_dict(self) -> dict[str, Any]:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "loader": self.loader.state_dict()}

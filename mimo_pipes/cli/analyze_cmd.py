@@ -159,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     print(format_analysis(result))
     if config.skip_bad_samples:
         from mimo_pipes.analysis.analyze import skipped_rows
-        from mimo_pipes.cli.run_rank import format_skip_report
+        from mimo_pipes.observe.bad_rows_report import format_skip_report
 
         print(format_skip_report(*skipped_rows(result)))
     for count in warnings:

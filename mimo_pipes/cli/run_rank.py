@@ -7,7 +7,6 @@ torchrun, or in a pool of test ranks); :func:`run_in_world` joins the group firs
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +33,7 @@ from mimo_pipes.config import JobOptions, PipelineConfig
 from mimo_pipes.exchange.world import check_same_position, gather_from_every_rank, join_world, leave_world, world_rank
 from mimo_pipes.graph.traversal import graph_nodes
 from mimo_pipes.nodes import SequencePacker
+from mimo_pipes.observe.bad_rows_report import bad_row_fields, format_mask_report, format_skip_report, masked_rows, skipped_rows
 from mimo_pipes.observe.summary import (
     ModuleSummary,
     PackingSummary,
@@ -45,7 +45,6 @@ from mimo_pipes.observe.summary import (
 from mimo_pipes.observe.warning_tally import WarningCount, WarningTally, collected, merge
 from mimo_pipes.parallel.topology import Topology
 from mimo_pipes.recipe import load_recipe
-from mimo_pipes.samples.masking import MASKED
 
 
 @dataclass(frozen=True)
@@ -126,7 +125,7 @@ def _run_and_report(setup: RankSetup, config: PipelineConfig, options: JobOption
                 break
             record = consumed_record(batch, position)
             dump.write(record)
-            records.append({**record, "replaced_rows": _replaced(batch), "masked_rows": _masked(batch)})  # --skip-bad-samples
+            records.append({**record, **bad_row_fields(batch)})  # --skip-bad-samples
             if packer is not None:
                 records[-1]["packing"] = packer.last_metrics
             if progress is not None:
@@ -192,73 +191,3 @@ def _print_result(result: RunResult, config: PipelineConfig, options: JobOptions
         print(count.line(), flush=True)
     if options.save_state:
         print(f"saved state after {result.end} micro-batches to {options.save_state}", flush=True)
-
-
-REPORTED_ROWS = 50  # bad rows listed one per line; the count covers them all
-
-
-def _replaced(batch: dict[str, Any]) -> list[tuple[int, str]]:
-    """(row, reason) of every bad row a micro-batch's samples stand in for, in order."""
-    rows, reasons = batch.get("replaced_rows") or [], batch.get("replaced_reasons") or []
-    return [(row, why) for sample_rows, sample_reasons in zip(rows, reasons) for row, why in zip(sample_rows or [], sample_reasons or [])]
-
-
-def _masked(batch: dict[str, Any]) -> list[tuple[int, str]]:
-    """(row, reason) of every sample a micro-batch holds masked (rows that failed after the exchange)."""
-    return [(row, why) for row, why in zip(batch.get("sample_ids") or [], batch.get(MASKED) or []) if why is not None]
-
-
-def masked_rows(records: Iterable[dict[str, Any]]) -> tuple[dict[int, str], dict[str, list[int]]]:
-    """Each distinct dataset row masked after the exchange with its reason, and the rows each module masked
-    (every module masks the same ones: the summary says so, or which differ)."""
-    reasons: dict[int, str] = {}
-    by_module: dict[str, set[int]] = {}
-    for record in records:
-        if record.get("tp_rank", 0) or record.get("pp_rank", 0):
-            continue
-        rows = by_module.setdefault(record["module"], set())
-        for row, why in record.get("masked_rows", []):
-            reasons.setdefault(int(row), why)
-            rows.add(int(row))
-    return dict(sorted(reasons.items())), {module: sorted(rows) for module, rows in by_module.items()}
-
-
-def format_mask_report(rows: dict[int, str], by_module: dict[str, list[int]]) -> str:
-    """The summary lines of rows masked after the exchange: the rows, whether every module masked them, why."""
-    if not rows:
-        return "masked 0 row(s) that failed after the exchange (--skip-bad-samples)"
-    listed = list(rows.items())[:REPORTED_ROWS]
-    alike = len({tuple(masked) for masked in by_module.values()}) == 1
-    modules = ", ".join(sorted(by_module))
-    agreement = (f"on every module ({modules})" if alike else
-                 "NOT alike on every module: " + "; ".join(f"{module}: {masked}" for module, masked in sorted(by_module.items())))
-    head = (f"masked {len(rows)} row(s) that failed after the exchange (--skip-bad-samples), {agreement}: kept in their "
-            f"micro-batches with blank images and every label ignored: rows {', '.join(str(row) for row, _ in listed)}"
-            f"{f' and {len(rows) - len(listed)} more' if len(rows) > len(listed) else ''}")
-    return "\n".join([head, *(f"  row {row}: {why}" for row, why in listed)])
-
-
-def skipped_rows(records: Iterable[dict[str, Any]], module: str) -> tuple[dict[int, str], int]:
-    """Each distinct dataset row ``module`` skipped with its reason (every module skips the same ones), and
-    how many times bad rows were met: once per DP rank's micro-batch (tensor and pipeline peers hold the
-    same one), a row met again (another slot's successor, a later epoch) counting again."""
-    reasons: dict[int, str] = {}
-    attempts = 0
-    for record in records:
-        if record["module"] != module or record.get("tp_rank", 0) or record.get("pp_rank", 0):
-            continue
-        for row, why in record.get("replaced_rows", []):
-            reasons.setdefault(int(row), why)
-            attempts += 1
-    return dict(sorted(reasons.items())), attempts
-
-
-def format_skip_report(rows: dict[int, str], attempts: int) -> str:
-    """The ``--skip-bad-samples`` lines of the run summary: the distinct rows, then each with its reason."""
-    if not rows:
-        return "skipped 0 bad dataset row(s) (--skip-bad-samples)"
-    listed = list(rows.items())[:REPORTED_ROWS]
-    head = (f"skipped {len(rows)} bad dataset row(s) (--skip-bad-samples; {attempts} attempts to read them), each replaced by "
-            f"the next good row of the global order: rows {', '.join(str(row) for row, _ in listed)}"
-            f"{f' and {len(rows) - len(listed)} more' if len(rows) > len(listed) else ''}")
-    return "\n".join([head, *(f"  row {row}: {why}" for row, why in listed)])

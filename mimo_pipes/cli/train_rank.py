@@ -25,6 +25,7 @@ from mimo_pipes.cli.rank_job import (
 )
 from mimo_pipes.config import PipelineConfig, TrainOptions
 from mimo_pipes.exchange.world import check_same_position, gather_from_every_rank, join_world, leave_world, world_rank
+from mimo_pipes.observe.bad_rows_report import format_mask_report, format_skip_report, masked_rows, skipped_rows
 from mimo_pipes.observe.summary import ModuleSummary, format_summary, summarize
 from mimo_pipes.observe.warning_tally import WarningCount, WarningTally, collected, merge
 from mimo_pipes.recipe import load_recipe
@@ -120,6 +121,10 @@ def _train(setup: RankSetup, config: PipelineConfig, options: TrainOptions, tall
         print(headline(config, setup.topology, start * per_iteration, stop * per_iteration, command="mimo-pipes train"), flush=True)
         print(format_training(flat), flush=True)
         print(format_summary(summaries), flush=True)
+        if config.skip_bad_samples:
+            print(format_skip_report(*skipped_rows(records, setup.topology.modules[0].name)), flush=True)
+            if config.exchange_payload == "rows":
+                print(format_mask_report(*masked_rows(records)), flush=True)
         for count in warnings:
             print(count.line(), flush=True)
         if options.save_state:

@@ -166,3 +166,19 @@ def test_a_resumed_run_masks_the_same_rows(corrupt_dataset, tmp_path):
     assert read_dumps(parts) == read_dumps(whole)
     assert any(record["masked_ids"] for record in read_dumps(whole) if record["step"] >= 1)  # masked after the resume too
     assert "failed after the exchange (--skip-bad-samples), on every module" in resumed["stdout"]
+
+
+def test_training_goes_on_over_masked_rows(corrupt_dataset):
+    """`mimo-pipes train` on the same data: the masked samples reach the model (blank pixels, no label) and
+    every iteration's loss is finite."""
+    from job_runs import train_in_pool
+
+    flags, _, inside = corrupt_dataset
+    common = [flag for flag in COMMON if flag not in ("--recipe", RECIPE)]  # train's own recipe, which builds vlm_sft's graph
+    argv = [*flags, *common, "--steps", str(STEPS), "--global-batch-size", str(2 * BATCH), "--log-interval", "1",
+            "--component", "language=dp=2", "--component", "images=dp=1,rank_offset=2"]
+    outcomes = [o for o in train_in_pool(shared_pool(), argv) if o]
+    stdout = outcomes[0]["stdout"]
+    losses = [float(loss) for loss in re.findall(r"^\s+\d+\s+(\d+\.\d+|nan|inf)\s", stdout, flags=re.MULTILINE)]
+    assert len(losses) == STEPS // 2 and all(np.isfinite(losses)), stdout
+    assert f"masked {len(inside)} row(s) that failed after the exchange" in stdout, stdout
