@@ -182,3 +182,26 @@ def test_training_goes_on_over_masked_rows(corrupt_dataset):
     losses = [float(loss) for loss in re.findall(r"^\s+\d+\s+(\d+\.\d+|nan|inf)\s", stdout, flags=re.MULTILINE)]
     assert len(losses) == STEPS // 2 and all(np.isfinite(losses)), stdout
     assert f"masked {len(inside)} row(s) that failed after the exchange" in stdout, stdout
+
+
+def test_an_energon_dataset_masks_its_undecodable_images_alike(tmp_path):
+    """The same agreement when the images travel as bytes out of Energon shards: whole PNGs with corrupt
+    pixels in two samples are masked on both modules, the run completes."""
+    from energon_data import CRUDE_YAML, crude_sample, write_shards
+
+    samples = [crude_sample(i) for i in range(SIZE)]
+    inside = list(_corrupt_inside().values())
+    hit = [i for i, sample in enumerate(samples) if "0.png" in sample][2::5][: len(inside)]
+    for i, data in zip(hit, inside):
+        samples[i]["0.png"] = data
+    dataset = write_shards(tmp_path / "energon", samples, 6, CRUDE_YAML)
+    dumps = tmp_path / "dumps"
+    common = [flag for flag in COMMON if flag not in ("--recipe", RECIPE)]
+    outcome = run_in_pool(shared_pool(), ["--dataset", str(dataset), *common, "--recipe", RECIPE, "--steps", str(STEPS),
+                                          "--component", "language=dp=2", "--component", "images=dp=2,rank_offset=2",
+                                          "--dump-assignments", str(dumps)])
+    assert f"masked {len(hit)} row(s) that failed after the exchange (--skip-bad-samples), on every module" in outcome["stdout"]
+    masked: dict[str, list[int]] = defaultdict(list)
+    for record in read_dumps(dumps):
+        masked[record["module"]].extend(record["masked_ids"])
+    assert sorted(masked["language"]) == sorted(masked["images"]) and set(masked["images"]) == set(hit), dict(masked)
