@@ -11,8 +11,12 @@ micro-batches of max(floor, heaviest slot). The planner:
 3. Smaller windows also start from sorted runs (and the search across micro-batches when they are more
    than 0.1% above the window bound), heads then fill, fill to level, and pairs filled to a level.
 4. The best plan is compared with balancing every micro-batch where it stands (when a bound says it could
-   win); windows of at most 64 samples then go to a branch and bound over every plan (``bin_search``, then
-   ``window_search``) with that result as the incumbent.
+   win); then exact searches try to beat it. Windows of at most 8 distinct costs (text-only zeros, images
+   of a few resolutions) and at most 256 samples, whose bins come in at most 70 kinds, first go to a search
+   over counts of each cost (``count_search``: bins as multisets of costs, plans as multisets of bins),
+   which is optimal when it finishes within its budget; windows of at most 64 samples that it did not
+   settle go on to the branch and bounds over samples (``bin_search``, then ``window_search``), each from
+   the best plan so far.
 5. Last, the window as it stands (contiguous slots, nothing moves) wins if it is no worse.
 
 docs/balancing.md has the details.
@@ -31,6 +35,7 @@ import numpy as np
 
 from mimo_pipes.balance.bin_search import search_bins
 from mimo_pipes.balance.canonical import loads_of, sort_order
+from mimo_pipes.balance.count_search import count_types, search_counts
 from mimo_pipes.balance.lpt import lpt_members
 from mimo_pipes.balance.microbatch import plan_indices, plan_members
 from mimo_pipes.balance.quality import rows_lower_bound, window_lower_bound, window_path_bound
@@ -60,6 +65,13 @@ EXACT_NODES = 500
 # Windows of at most this many distinct costs get this many times the budget for the search over bins.
 FEW_COSTS = 8
 FEW_COSTS_FACTOR = 10
+# Windows of at most FEW_COSTS distinct costs whose bins come in at most COUNT_MAX_TYPES kinds (k samples of
+# d costs: C(d+k-1, k) kinds) start with the exact search over counts, on this much work (``count_search``:
+# about 5,000 states bounded, tens of ms).
+COUNT_MAX_TYPES = 70
+COUNT_WORK = 400_000
+# ... and windows of up to this many samples (above EXACT_MAX_SAMPLES it is their only search).
+COUNT_MAX_SAMPLES = 256
 # The search over unlabelled bins goes first when the window has at most 1/TIES as many distinct costs as
 # samples (equal costs are what it does not repeat).
 TIES = 2
@@ -327,34 +339,63 @@ def _improve(flat: np.ndarray, plans: list[np.ndarray], num_slots: int, floor: i
     return improved
 
 
-def _searched(
-    window: np.ndarray, order: np.ndarray, plans: list[np.ndarray], path: int, num_slots: int, floor: int
-) -> tuple[list[np.ndarray], int]:
-    """The plan (and its critical path) after a branch and bound that tries to beat ``path``; the
-    search stops early at a lower bound of the window, so a plan on it is not searched at all."""
-    count, size = window.shape
-    flat = window.reshape(-1)
-    costs = flat[order]
-    lower = window_path_bound(costs, count, num_slots, floor)
-    if (path - lower) * NEAR_BOUND <= lower:
-        return plans, path  # within 0.1% of the bound: the search cannot gain enough to pay for itself
-    # With many equal costs (at most half as many distinct costs as samples: text-only zeros, images of a few
-    # resolutions), first over bins alone (no micro-batch labels: equal costs and equal bins are tried once,
-    # whatever micro-batch they would sit in), on a budget of its own; then, unless that proved its result, the
-    # labelled search (its per-micro-batch room bound cuts more where costs differ) from the best plan so far,
-    # on the whole budget, so a window with ties is never searched less than one without.
-    values = costs.tolist()
-    result = WindowSearch(None, path, False, 0)
+def _branch_and_bound(
+    values: list[int], count: int, num_slots: int, floor: int, result: WindowSearch, lower: int
+) -> WindowSearch:
+    """The searches over samples, from ``result`` (the best plan so far: its ``bins``, or None for the
+    planner's own, and its path).
+
+    With many equal costs (at most half as many distinct costs as samples: text-only zeros, images of a few
+    resolutions), first over bins alone (no micro-batch labels: equal costs and equal bins are tried once,
+    whatever micro-batch they would sit in), on a budget of its own; then, unless that proved its result, the
+    labelled search (its per-micro-batch room bound cuts more where costs differ) from the best plan so far,
+    on the whole budget, so a window with ties is never searched less than one without. Each starts from the
+    best plan before it, so a better start never ends worse (its search visits a part of the same tree, in
+    the same order)."""
     distinct = len(set(values))
     if distinct * TIES <= len(values):
         # A few distinct costs leave few distinct plans, each of which the search over bins tries once: a
         # larger budget there reaches the optimum that the labelled search (which tries every labelling) cannot.
         budget = EXACT_NODES * FEW_COSTS_FACTOR if distinct <= FEW_COSTS else EXACT_NODES
-        result = search_bins(values, count, num_slots, floor, path, lower, budget)
+        binned = search_bins(values, count, num_slots, floor, result.best, lower, budget)
+        if binned.bins is not None or binned.proven:
+            result = WindowSearch(binned.bins or result.bins, binned.best, binned.proven, binned.nodes)
     if not result.proven:
         labelled = search_window(values, count, num_slots, floor, result.best, lower, EXACT_NODES)
         if labelled.bins is not None:
             result = labelled
+    return result
+
+
+def _searched(
+    window: np.ndarray, order: np.ndarray, plans: list[np.ndarray], path: int, num_slots: int, floor: int
+) -> tuple[list[np.ndarray], int]:
+    """The plan (and its critical path) after the exact searches that try to beat ``path``: over counts
+    (windows of a few distinct costs, up to COUNT_MAX_SAMPLES samples), then, unless that proved its plan
+    optimal, over samples (up to EXACT_MAX_SAMPLES). They stop early at a lower bound of the window, so a
+    plan on it is not searched at all."""
+    count, size = window.shape
+    flat = window.reshape(-1)
+    costs = flat[order]
+    values = costs.tolist()
+    distinct = len(set(values))
+    # A few distinct costs: an exact search over counts of each cost (bins as types, plans as multisets of
+    # them), on a budget of its own; its answer is optimal when it finishes.
+    counted = (
+        len(values) <= COUNT_MAX_SAMPLES
+        and distinct <= FEW_COSTS
+        and count_types(distinct, size // num_slots) <= COUNT_MAX_TYPES
+    )
+    if not counted and len(values) > EXACT_MAX_SAMPLES:
+        return plans, path
+    lower = window_path_bound(costs, count, num_slots, floor)
+    if (path - lower) * NEAR_BOUND <= lower:
+        return plans, path  # within 0.1% of the bound: the search cannot gain enough to pay for itself
+    result = WindowSearch(None, path, False, 0)
+    if counted:
+        result = search_counts(values, count, num_slots, floor, path, lower, COUNT_WORK)
+    if not result.proven and len(values) <= EXACT_MAX_SAMPLES:
+        result = _branch_and_bound(values, count, num_slots, floor, result, lower)
     if result.bins is None:
         return plans, path
     bins = np.asarray(result.bins, dtype=np.int64)
@@ -451,7 +492,7 @@ def balance_window(
             value = _plan_path(flat, level, floor)
             if value < path:
                 plans, path = level, value
-    if search and flat.shape[0] <= EXACT_MAX_SAMPLES:
+    if search and flat.shape[0] <= max(EXACT_MAX_SAMPLES, COUNT_MAX_SAMPLES):
         plans, path = _searched(window, order, plans, path, num_slots, floor)
     # Nothing moves if the window as it stands (contiguous slots) is at least as good.
     if _path(window.reshape(count, num_slots, -1).sum(axis=2), floor) <= path:
