@@ -3,7 +3,7 @@ resolutions) against their proven optima (docs/benchmarks.md, "Windows of few di
 
 Kinds: the reported one (4 micro-batches of 16 samples over 8 slots, about 60% text-only, images of 256,
 576 and 1024 tokens) and neighbours: other text shares and resolutions, other W, B and G (2 to 4 samples
-per slot), and floors. The reference is the optimum the count search (``count_search``) proves with a large
+per slot), floors, two windows of more than 64 samples, and random shapes of at most 64 samples. The reference is the optimum the count search (``count_search``) proves with a large
 budget from the planner's plan; where it does not finish, the best of it and the branch and bounds over
 samples (``bin_search``, ``window_search``) with 50,000 placements each. Planner time is the CPU time of
 one ``balance_window`` call.
@@ -46,6 +46,8 @@ KINDS = {
     "4x12/4, 30% text, floor 0.5": (4, 12, 4, 0.3, (576, 1024, 1600), 0.5),
     "8x8/4, 60% text, four resolutions": (8, 8, 4, 0.6, (144, 256, 576, 1024), 0.0),
     "2x24/8, 50% text, floor 0.5": (2, 24, 8, 0.5, (256, 1024, 4096), 0.5),
+    "8x16/8 (128 samples)": (8, 16, 8, 0.6, (256, 576, 1024), 0.0),
+    "6x20/5 (120 samples), floor 0.8": (6, 20, 5, 0.5, (144, 576, 2304), 0.8),
 }
 
 
