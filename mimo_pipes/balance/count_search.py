@@ -10,12 +10,17 @@ first and cut into runs of G, micro-batch j costs max(floor, its first bin) (``b
   non-increasing sequence of loads; a bin whose position is a multiple of G opens a micro-batch and adds
   max(floor, its load). A state is (remaining counts, first type allowed): the position follows from the
   counts, and what the remaining bins can add depends on nothing else, so states are memoised.
-* **Bound.** Every later bin is at most the first allowed type's load (the *cap*). Each full run left has
-  a head of at least the floor, and at least a bin holding j samples of cost v or more: of those, the
-  bins before the run hold at most as many as fit under the cap beside the lightest samples, and the rest
-  share the run's bins and the later ones. The bins before a run hold at most the cap each and at most
-  the heaviest samples left, so the runs from there on hold the rest: their heads, times G, cover it, and
-  heads never rise along the runs.
+* **Bound.** Every later bin is at most the first allowed type's load (the *cap*), so the samples left must
+  fit under it (the heaviest beside the lightest, the total, values some later type holds, samples above
+  cap/2 with the light companions their bins need, bin packing's conflict weights). Each full run left has
+  a head of at least the floor and at least a bin holding what the bins before the run cannot take: j
+  samples of cost v or more, or conflicting ones; and the runs from there on hold what those bins (at most
+  the cap each, at most the heaviest samples left) cannot absorb, so their heads, times G, cover it. Heads
+  never rise along the runs, and a head above the floor is a load: a multiple of the costs' gcd.
+* **Swaps.** A bin that could exchange a sample for a heavier one left and stay within what its
+  micro-batch already costs (the floor; below the micro-batch's first bin, also the bin before it) is
+  skipped: the exchange makes a later bin lighter, so the plan it gives is at least as good and its sorted
+  loads are lexicographically larger; the optimal plan whose sorted loads are largest is never skipped.
 * **Memo.** A state searched below a threshold without success stores the threshold it failed (a lower
   bound); a state that succeeded stores its exact value and the type it takes first. Every plan the
   search reaches is better than the best before it (a state's threshold is what the best plan known
