@@ -5,10 +5,12 @@ Shapes: W from 2 to 8 micro-batches, G from 2 to 16 slots, 1 to 4 samples per sl
 Costs: a text-only share from 0 to 80% (cost 0), the rest heavy-tailed image costs, either free (Pareto
 token counts) or on a few resolutions (many equal costs), each window with floor 0 or a floor of 0.8x the
 mean slot load. The reference is the exact optimum where it is proven (every partition for at most 16
-samples; otherwise the branch and bounds of ``bin_search`` and ``window_search`` with a large budget from
-the planner's plan), else the best plan those searches found.
+samples; otherwise the search over counts of ``count_search`` where the window has at most 8 distinct costs,
+and the branch and bounds of ``bin_search`` and ``window_search``, each with a large budget from the
+planner's plan), else the best plan those searches found. ``--count-work 0`` runs the planner without its
+search over counts (as it was before it), on the same windows and references.
 
-    python benchmarks/window_generated.py [--windows 160] [--seed 7]
+    python benchmarks/window_generated.py [--windows 160] [--seed 7] [--count-work N]
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from mimo_pipes.balance.bin_search import search_bins  # noqa: E402
 from mimo_pipes.balance.quality import window_path_bound  # noqa: E402
 from mimo_pipes.balance.window_search import search_window  # noqa: E402
 
-REFERENCE_NODES = 50_000  # per search
+REFERENCE_NODES = 50_000  # per search over samples
+COUNT_REFERENCE_WORK = 200_000_000  # the search over counts (about 20 s at most)
 MAX_SAMPLES = 128
 RESOLUTIONS = (64, 144, 256, 576, 1024, 1600, 2304, 4096)  # image tokens of common fixed sizes
 
@@ -71,6 +74,13 @@ def reference(costs: list[list[int]], slots: int, floor: int, known: int) -> tup
     lower = window_path_bound(np.asarray(flat, dtype=np.int64), count, slots, floor)
     if known <= lower or len(flat) // (count * slots) < 2:
         return known, known <= lower or len(flat) == count * slots
+    if len(set(flat)) <= 8:
+        from mimo_pipes.balance.count_search import search_counts
+
+        counted = search_counts(flat, count, slots, floor, known, lower, COUNT_REFERENCE_WORK)
+        if counted.proven:
+            return counted.best, True
+        known = counted.best
     first = search_bins(flat, count, slots, floor, known, lower, REFERENCE_NODES)
     second = search_window(flat, count, slots, floor, first.best, lower, REFERENCE_NODES)
     return min(first.best, second.best), first.proven or second.proven
@@ -116,7 +126,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--windows", type=int, default=160)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--count-work", type=int, help="the planner's budget for its search over counts (0: off)")
     args = parser.parse_args()
+    if args.count_work is not None:
+        from mimo_pipes.balance import window_planner
+
+        window_planner.COUNT_WORK = args.count_work
     result = evaluate(args.windows, args.seed, progress=lambda m: print(m, file=sys.stderr, flush=True))
     print("\n".join(render(result, args.seed)))
     worst = sorted(zip(result["gaps"], result["rows"]), key=lambda item: -item[0])[:5]
