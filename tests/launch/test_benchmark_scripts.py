@@ -113,3 +113,10 @@ def test_exchange_bandwidth_benchmark_runs_small(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     figures = json.loads(result.stdout.strip().splitlines()[-1])["bandwidth"][0]
     assert figures["window"] == 1 and figures["exchange_ms"] > 0 and figures["raw_ms"] > 0, figures
+
+
+def test_window_few_costs_benchmark_runs_small():
+    result = subprocess.run([sys.executable, "benchmarks/window_few_costs.py", "--windows", "2"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "| 4 x 16 / 8, 60%, 256/576/1024 (the reported kind) | 2 (2) | " in result.stdout
