@@ -47,8 +47,10 @@ def successor_rows(indices_of: Callable[[int], Any], step: int, index: int, *, c
 
 
 def too_many_bad(index: int, error: object, max_tries: int) -> SampleError:
-    """The error when the ``max_tries`` rows after a bad one are all bad too."""
-    return SampleError(index, f"{error} (and the {max_tries} rows after it failed too)")
+    """The error when the ``max_tries`` rows after a bad one are all bad too (``error``: the first row's
+    SampleError, or its text; said once, without a second "sample N:")."""
+    text = error.reason if isinstance(error, SampleError) and error.reason is not None else error
+    return SampleError(index, f"{text} (and the {max_tries} rows after it failed too)")
 
 
 class SkipBadRows:

@@ -4,6 +4,7 @@ order, on any data size, micro-batch size, seed, shuffling and set of bad rows."
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -29,7 +30,16 @@ def test_the_replay_replaces_bad_rows_as_the_graph_does(batches, batch, seed, cy
     skipper = SkipBadRows(process, rows, micro_batch_size=batch, seed=seed, dataloader_type="cyclic" if cyclic else "single")
     schedule = Schedule(size, batch, 1, seed, cyclic, {row: f"bad row {row}" for row in bad})
     steps = range(3 * batches if cyclic else batches)
-    replayed = schedule.rows(steps)
+    try:
+        replayed = schedule.rows(steps)
+    except SampleError as error:
+        # No good row within reach (every row an epoch reads is bad, or too many in a row): the graph fails alike.
+        with pytest.raises(SampleError) as raised:
+            for step in steps:
+                for position, index in enumerate(global_microbatch_indices(step, size, batch, seed, cyclic).tolist()):
+                    skipper({SAMPLE_ID: index, STEP: step, SLOT: position, "row": index})
+        assert str(raised.value) == str(error)
+        return
     for i, step in enumerate(steps):
         read = global_microbatch_indices(step, size, batch, seed, cyclic)
         skipped = schedule.replaced_rows(step)
