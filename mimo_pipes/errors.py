@@ -89,6 +89,16 @@ class SampleError(ValueError):
         super().__init__(f"{where}: {message}")
 
 
+MAX_REASON = 300  # characters of a row's reason kept: a report line, not a traceback
+
+
+def row_reason(error: SampleError) -> str:
+    """What was wrong with a row, one line, without the "sample ..., field ...: dataset row N:" that says where."""
+    text = " ".join(str(error.reason if error.reason is not None else error).split())
+    text = text.removeprefix(f"dataset row {error.sample_id}: ")
+    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."
+
+
 class PeerError(RuntimeError):
     """A failure on another rank of the module (or a collective that timed out), raised on every rank."""
 

@@ -24,9 +24,8 @@ import numpy as np
 from mimo_pipes.data.cache import cache_root
 from mimo_pipes.data.module_processor import ModuleProcessor, RowCount
 from mimo_pipes.data.processor import SampleProcessor
-from mimo_pipes.data.skipping import reason
 from mimo_pipes.data.sources import read_rows
-from mimo_pipes.errors import SampleError
+from mimo_pipes.errors import SampleError, row_reason
 from mimo_pipes.samples.cost import image_token_count, placeholder_runs, real_token_count
 from mimo_pipes.time_model.model import TimeModel
 
@@ -222,7 +221,7 @@ def _count_all(dataset: Any, processor: Any, row_counter: RowCounter | None, rea
             except SampleError as error:
                 if not skip_bad:
                     raise
-                bad[start + offset] = reason(error)
+                bad[start + offset] = row_reason(error)
                 counts.append((0, 0, []))
         for offset, (images, text_and_images, lengths) in enumerate(counts):
             image_tokens[start + offset] = images

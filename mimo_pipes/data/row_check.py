@@ -20,8 +20,7 @@ from mimo_pipes.data.conversation import row_images, row_videos
 from mimo_pipes.data.media import open_image, open_video
 from mimo_pipes.data.module_processor import ModuleProcessor, cost_reason
 from mimo_pipes.data.processor import SampleProcessor
-from mimo_pipes.data.skipping import reason
-from mimo_pipes.errors import SampleError
+from mimo_pipes.errors import SampleError, row_reason
 from mimo_pipes.samples.sample import SAMPLE_ID
 
 
@@ -56,7 +55,7 @@ class RowChecker:
         try:
             return self._checked(row)
         except SampleError as error:
-            return Verdict(kind=error.kind or bad_rows.OTHER, reason=reason(error))
+            return Verdict(kind=error.kind or bad_rows.OTHER, reason=row_reason(error))
 
     def _checked(self, row: dict) -> Verdict:
         processed = None

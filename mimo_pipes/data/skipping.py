@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from mimo_pipes.errors import SampleError
+from mimo_pipes.errors import SampleError, row_reason
 from mimo_pipes.nodes.canonical_shard_reader import MapStyleDataset
 from mimo_pipes.parallel.sharding import global_microbatch_indices, microbatches_per_epoch
 from mimo_pipes.samples.sample import SAMPLE_ID, SLOT, STEP, Sample
@@ -22,15 +22,6 @@ REPLACED_ROWS = "replaced_rows"
 REPLACED_REASONS = "replaced_reasons"
 """Sample key: why each of ``replaced_rows`` could not be processed (its SampleError, one line)."""
 MAX_TRIES = 64
-MAX_REASON = 300  # characters of a reason kept: a report line, not a traceback
-
-
-def reason(error: SampleError) -> str:
-    """What was wrong with a row, without the "sample ..., field ...: dataset row N:" that says where."""
-    text = " ".join(str(error.reason if error.reason is not None else error).split())
-    prefix = f"dataset row {error.sample_id}: "
-    text = text.removeprefix(prefix)
-    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."
 
 
 def successor_rows(indices_of: Callable[[int], Any], step: int, index: int, *, cyclic: bool, per_epoch: int) -> Iterator[int]:
@@ -96,7 +87,7 @@ class SkipBadRows:
 
     def _replace(self, row: dict, error: SampleError) -> Sample:
         step, slot, index = int(row[STEP]), int(row[SLOT]), int(row[SAMPLE_ID])
-        skipped, reasons = [index], [reason(error)]
+        skipped, reasons = [index], [row_reason(error)]
         for tries, candidate in enumerate(self._successors(step, index)):
             if tries >= self.max_tries:
                 break
@@ -106,7 +97,7 @@ class SkipBadRows:
                 sample = self.process(attempt)
             except SampleError as failed:
                 skipped.append(candidate)
-                reasons.append(reason(failed))
+                reasons.append(row_reason(failed))
                 continue
             sample[REPLACED_ROWS] = skipped
             sample[REPLACED_REASONS] = reasons

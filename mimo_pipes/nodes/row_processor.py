@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 from torchdata.nodes import BaseNode
 
 from mimo_pipes.checkpoint.validity import VALID_FOR_KEY, check_valid_for, collation_settings, valid_for
-from mimo_pipes.errors import PeerError, SampleError
+from mimo_pipes.errors import MAX_REASON, PeerError, SampleError, row_reason
 from mimo_pipes.exchange.failure_agreement import agree_on_failures
 from mimo_pipes.samples.collate import Collator
 from mimo_pipes.samples.masking import mask_failed
@@ -226,9 +226,10 @@ def _position(row: Sample) -> tuple[int, int] | None:
 
 
 def _one_line(error: BaseException) -> str:
-    """Why a row failed, one line: a SampleError's reason (it says which row), else the error's type and text."""
-    text = error.reason if isinstance(error, SampleError) and error.reason else f"{type(error).__name__}: {error}"
-    return " ".join(str(text).split())[:300]
+    """Why a row failed, one line: a SampleError's reason (the report names the row), else the error's type and text."""
+    if isinstance(error, SampleError):
+        return row_reason(error)
+    return " ".join(f"{type(error).__name__}: {error}".split())[:MAX_REASON]
 
 
 _installed: Callable[[Sample], Sample] | None = None
