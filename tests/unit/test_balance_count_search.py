@@ -4,9 +4,8 @@ never worse than without it."""
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
+from balance_oracles import every_path, path_of_bins
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -19,36 +18,6 @@ SETTINGS = settings(deadline=None, max_examples=80, suppress_health_check=[Healt
 VALUES = (0, 1, 3, 64, 256, 576, 1024, 1600, 4096)
 
 
-def every_path(costs: list[int], count: int, num_slots: int, floor: int) -> int:
-    """The least critical path over every split of ``costs`` into count * num_slots bins of equal size."""
-    per_bin = len(costs) // (count * num_slots)
-    best = None
-
-    def split(rest: tuple[int, ...], loads: list[int]) -> None:
-        nonlocal best
-        if not rest:
-            path = sum(max(floor, top) for top in sorted(loads, reverse=True)[::num_slots])
-            best = path if best is None else min(best, path)
-            return
-        first, others = rest[0], rest[1:]
-        for partners in itertools.combinations(range(len(others)), per_bin - 1):
-            chosen = set(partners)
-            load = costs[first] + sum(costs[others[p]] for p in partners)
-            split(tuple(x for p, x in enumerate(others) if p not in chosen), loads + [load])
-
-    split(tuple(range(len(costs))), [])
-    assert best is not None
-    return best
-
-
-def path_of_bins(costs: list[int], bins: list[int], count: int, num_slots: int, floor: int) -> int:
-    """Critical path of bin numbers m*G + g per sample, checking each bin holds k samples."""
-    per_bin = len(costs) // (count * num_slots)
-    assert sorted(bins) == [b for b in range(count * num_slots) for _ in range(per_bin)]
-    loads = [0] * (count * num_slots)
-    for cost, b in zip(costs, bins):
-        loads[b] += cost
-    return sum(max(floor, max(loads[m * num_slots : (m + 1) * num_slots])) for m in range(count))
 
 
 @st.composite

@@ -4,9 +4,9 @@ stops at, and what the window planner makes of them; the LPT anchor against a pl
 from __future__ import annotations
 
 import heapq
-import itertools
 
 import numpy as np
+from balance_oracles import every_path, path_of_bins
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -18,29 +18,6 @@ from mimo_pipes.balance.window_search import search_window
 
 SETTINGS = settings(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
 
-
-def every_path(costs: list[int], count: int, num_slots: int, floor: int) -> int:
-    """The least critical path over every split of ``costs`` into count * num_slots bins of equal size:
-    bins heaviest first, cut into runs of num_slots (the best grouping for given bin loads)."""
-    per_bin = len(costs) // (count * num_slots)
-    best = None
-
-    def split(rest: tuple[int, ...], loads: list[int]) -> None:
-        nonlocal best
-        if not rest:
-            tops = sorted(loads, reverse=True)[::num_slots]
-            path = sum(max(floor, top) for top in tops)
-            best = path if best is None else min(best, path)
-            return
-        first, others = rest[0], rest[1:]
-        for partners in itertools.combinations(range(len(others)), per_bin - 1):
-            chosen = set(partners)
-            load = costs[first] + sum(costs[others[p]] for p in partners)
-            split(tuple(x for p, x in enumerate(others) if p not in chosen), loads + [load])
-
-    split(tuple(range(len(costs))), [])
-    assert best is not None
-    return best
 
 
 @st.composite
@@ -55,12 +32,6 @@ def small_windows(draw):
     return costs, count, num_slots, floor
 
 
-def _path_of(costs: list[int], bins: list[int], count: int, num_slots: int, floor: int) -> int:
-    loads = [0] * (count * num_slots)
-    for cost, b in zip(costs, bins):
-        loads[b] += cost
-    return sum(max(floor, max(loads[m * num_slots : (m + 1) * num_slots])) for m in range(count))
-
 
 @SETTINGS
 @given(small_windows())
@@ -71,7 +42,7 @@ def test_search_finds_and_proves_the_optimum(case):
     assert result.proven and result.best == optimum
     per_bin = len(costs) // (count * num_slots)
     assert sorted(result.bins) == sorted(b for b in range(count * num_slots) for _ in range(per_bin))
-    assert _path_of(costs, result.bins, count, num_slots, floor) == optimum
+    assert path_of_bins(costs, result.bins, count, num_slots, floor) == optimum
     # Told the optimum, it finds nothing better, and says so.
     again = search_window(costs, count, num_slots, floor, optimum, 0, 10**6)
     assert again.bins is None and again.proven and again.best == optimum
