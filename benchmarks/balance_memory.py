@@ -7,8 +7,11 @@ a fixed seed. The process runs under an address-space limit (``--limit-gib``) so
 with the command's one-line error instead of swamping the machine.
 
     python benchmarks/balance_memory.py [--sizes 25,50,100] [--batch 10048] [--slots 64] [--limit-gib 4]
+        [--shapes 1x1000000x2,2x500000x8,...]
 
-``--sizes`` are window sizes W (micro-batches); 100 x 10,048 is one million samples.
+``--sizes`` are window sizes W (micro-batches); 100 x 10,048 is one million samples. ``--shapes`` then
+gives other windows as WxBxG (a W of 1 is one micro-batch, balanced alone), so that one shape's cost is
+not taken for all: few slots with many samples each, many small micro-batches, many slots.
 """
 
 from __future__ import annotations
@@ -28,10 +31,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIB = 1 << 30
 
 
+DEFAULT_SHAPES = "1x1000000x2,1x1000000x1000,2x500000x8,7x150000x6,1000x1000x8,10x100000x100"
+
+
 def request_line(count: int, size: int, slots: int, seed: int) -> str:
     rng = random.Random(seed)
     heavy = 10**12
     rows = [[rng.choice((0, heavy, rng.randint(0, heavy))) for _ in range(size)] for _ in range(count)]
+    if count == 1:
+        return json.dumps({"costs": rows[0], "slots": slots}) + "\n"
     return json.dumps({"costs": rows, "slots": slots, "across_microbatches": True}) + "\n"
 
 
@@ -69,6 +77,7 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=10_048, help="samples per micro-batch B")
     parser.add_argument("--slots", type=int, default=64, help="slots G")
     parser.add_argument("--limit-gib", type=float, default=4.0, help="address-space limit of the process")
+    parser.add_argument("--shapes", default=DEFAULT_SHAPES, help="other windows WxBxG, comma-separated ('' for none)")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     print(f"machine: nproc {os.cpu_count()}, {platform.processor() or platform.machine()}, Python "
@@ -83,6 +92,20 @@ def main() -> int:
         result = measure(line, int(args.limit_gib * GIB))
         samples = count * args.batch
         print(f"| {count} | {samples:,} | {len(line) / 1e6:.1f} | {result['peak'] / 1e6:.0f} | "
+              f"{result['peak'] / samples:.0f} | {result['wall']:.1f} | {result['status']} |", flush=True)
+        if result["status"]:
+            failed = True
+            print(f"  stderr: {result['stderr'][-300:]}")
+    shapes = [tuple(int(part) for part in text.split("x")) for text in args.shapes.split(",") if text]
+    if shapes:
+        print()
+        print("| W x B over G | samples | request MB | peak RSS MB | bytes per sample | wall s | exit |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+    for count, size, slots in shapes:
+        line = request_line(count, size, slots, args.seed)
+        result = measure(line, int(args.limit_gib * GIB))
+        samples = count * size
+        print(f"| {count} x {size:,} over {slots} | {samples:,} | {len(line) / 1e6:.1f} | {result['peak'] / 1e6:.0f} | "
               f"{result['peak'] / samples:.0f} | {result['wall']:.1f} | {result['status']} |", flush=True)
         if result["status"]:
             failed = True

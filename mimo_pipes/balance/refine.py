@@ -92,14 +92,6 @@ def _best_swap(give: np.ndarray, take: np.ndarray, gap: int) -> tuple[int, int, 
     return int(best[i]), i, int(pick[i])
 
 
-@lru_cache(maxsize=64)
-def _window_indices(size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Positions, in costs padded by NEIGHBOUR_WINDOW + 1 on each side, of ranks r+1 .. r+w and
-    r-1 .. r-w for every rank r: (B, w) each."""
-    ranks = np.arange(size, dtype=np.int64)[:, None] + NEIGHBOUR_WINDOW + 1
-    return ranks + _STEPS, ranks - _STEPS
-
-
 class _Assignment:
     """A rank-space assignment with loads and reverse lookups, updated by swaps."""
 
@@ -118,21 +110,16 @@ class _Assignment:
         self.pos_of = np.empty(size, dtype=np.int64)
         self.slot_of[self.members] = np.arange(num_slots)[:, None]
         self.pos_of[self.members] = np.arange(per_slot)[None, :]
-        self.moves: np.ndarray | None = None
+        # Costs by rank with sentinels past either end (rank r at r + NEIGHBOUR_WINDOW + 1): a swap with a
+        # rank past the end moves a negative cost, which is never taken.
+        pad = np.full(NEIGHBOUR_WINDOW + 1, _SENTINEL, dtype=np.int64)
+        self.padded_costs = np.concatenate((-pad, sorted_costs, pad))
 
-    def neighbour_moves(self) -> np.ndarray:
-        """(2B, w): for rank r and step s, row r is the cost d = c[r] - c[r+1+s] that leaves r's slot
-        when r is swapped for the lighter rank r+1+s, row B + r the cost d = c[r-1-s] - c[r] that enters
-        it when r is swapped for the heavier rank r-1-s. Past either end d is negative (never taken).
-        The costs never change, so this is built once per refinement."""
-        if self.moves is None:
-            size = self.costs.shape[0]
-            pad = np.full(NEIGHBOUR_WINDOW + 1, _SENTINEL, dtype=np.int64)
-            padded = np.concatenate((-pad, self.costs, pad))  # rank r at r + NEIGHBOUR_WINDOW + 1
-            lighter, heavier = _window_indices(size)
-            costs = self.costs[:, None]
-            self.moves = np.concatenate((costs - padded[lighter], padded[heavier] - costs))
-        return self.moves
+    def neighbour_moves(self, ranks: np.ndarray, partners: np.ndarray, sign: np.ndarray) -> np.ndarray:
+        """The cost d that moves when rank r swaps with its partner (a padded rank, r's place in
+        ``slot_of_padded``): d = c[r] - c[partner] down (``sign`` +1: the partner is lighter), c[partner] -
+        c[r] up (-1). Only the ranks a round looks at are computed, so memory stays that of the round."""
+        return sign * (self.costs.take(ranks)[..., None] - self.padded_costs.take(partners + 1))
 
     def swap(self, first, second) -> None:
         """Exchange the samples of ranks ``first`` and ``second``: two ranks, or two equal-length
@@ -195,10 +182,9 @@ def _paired_pass(state: _Assignment, shift: int) -> bool:
 
 
 @lru_cache(maxsize=64)
-def _focus(num_slots: int, size: int, heaviest_only: bool) -> tuple[np.ndarray, ...]:
-    """For a neighbour round over ``num_slots`` slots of ``size`` ranks in all: the positions in the
-    ascending load order of the slots it looks at (the heaviest first, then, unless ``heaviest_only``,
-    the lightest); each one's row offset into the move table (0 down, ``size`` up), (m, 1); its sign
+def _focus(num_slots: int, heaviest_only: bool) -> tuple[np.ndarray, ...]:
+    """For a neighbour round over ``num_slots`` slots: the positions in the ascending load order of the
+    slots it looks at (the heaviest first, then, unless ``heaviest_only``, the lightest); each one's sign
     (+1 down, -1 up), (m, 1, 1); and its steps to its partners in padded rank space, (m, 1, w)."""
     count = min(NEIGHBOUR_SLOTS, num_slots)
     heavy = np.arange(num_slots - 1, num_slots - count - 1, -1, dtype=np.int64)
@@ -206,7 +192,7 @@ def _focus(num_slots: int, size: int, heaviest_only: bool) -> tuple[np.ndarray, 
     positions = heavy if heaviest_only else np.concatenate((heavy, np.arange(count, dtype=np.int64)))
     sign = np.where(up, -1, 1).astype(np.int64)[:, None, None]
     steps = NEIGHBOUR_WINDOW + sign * _STEPS
-    return positions, np.where(up, size, 0).astype(np.int64)[:, None], sign, steps
+    return positions, sign, steps
 
 
 def _neighbour_round(state: _Assignment, target: int, heaviest_only: bool) -> int:
@@ -218,27 +204,36 @@ def _neighbour_round(state: _Assignment, target: int, heaviest_only: bool) -> in
     L, scored max(L - d, P + d). Up is the same on negated loads (-L gives d, -P becomes -P + d), so
     one expression serves both sides, and the smallest score is the move nearest to level."""
     loads = state.loads
-    size = state.costs.shape[0]
-    positions, rows_offset, sign, steps = _focus(loads.shape[0], size, heaviest_only)
+    positions, sign, steps = _focus(loads.shape[0], heaviest_only)
     focus = np.argsort(loads, kind="stable")[positions]
     ranks = state.members[focus]  # (m, k)
-    diff = state.neighbour_moves().take(ranks + rows_offset, axis=0)  # (m, k, w)
-    partner = ranks[:, :, None] + steps  # padded ranks
-    moved = loads.take(state.slot_of_padded.take(partner)) * sign + diff
     own = (loads.take(focus) * sign[:, 0, 0])[:, None, None]  # (m, 1, 1)
-    # max(L - d, P + d) is below L exactly when the move is allowed (d > 0 and P + d < L).
-    count = focus.shape[0]
-    score = np.maximum(own - diff, moved).reshape(count, -1)
-    pick = np.argmin(score, axis=1)
-    rows = np.arange(count)
+    count, per_slot = ranks.shape
+    best = np.empty(count, dtype=np.int64)
+    chosen_own = np.empty(count, dtype=np.int64)
+    chosen = np.empty(count, dtype=np.int64)
+    # Scored a few slots at a time, so a round holds at most about DENSE_ELEMENTS values however large
+    # the micro-batch (one slot at a time for the largest).
+    step = max(1, state.dense_elements // (per_slot * NEIGHBOUR_WINDOW))
+    for lo in range(0, count, step):
+        part = slice(lo, lo + step)
+        partner = ranks[part, :, None] + steps[part]  # padded ranks, (p, k, w)
+        diff = state.neighbour_moves(ranks[part], partner, sign[part])
+        moved = loads.take(state.slot_of_padded.take(partner)) * sign[part] + diff
+        # max(L - d, P + d) is below L exactly when the move is allowed (d > 0 and P + d < L).
+        score = np.maximum(own[part] - diff, moved).reshape(partner.shape[0], -1)
+        pick = np.argmin(score, axis=1)
+        rows = np.arange(partner.shape[0])
+        best[part] = score[rows, pick]
+        chosen_own[part] = ranks[part][rows, pick // NEIGHBOUR_WINDOW]
+        chosen[part] = partner.reshape(partner.shape[0], -1)[rows, pick]
     limit = own[:, 0, 0]
     if target:
         heavy = min(NEIGHBOUR_SLOTS, loads.shape[0])
         limit = limit.copy()
         limit[:heavy][limit[:heavy] <= target] = -_NONE  # heavy slots at or below the target stay
-    found = (score[rows, pick] < limit).tolist()
-    chosen_own = ranks[rows, pick // NEIGHBOUR_WINDOW].tolist()
-    chosen = partner.reshape(count, -1)[rows, pick]
+    found = (best < limit).tolist()
+    chosen_own = chosen_own.tolist()
     partner_slot = state.slot_of_padded[chosen].tolist()
     chosen_partner = (chosen - NEIGHBOUR_WINDOW).tolist()
     focus_list = focus.tolist()

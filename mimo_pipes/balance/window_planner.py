@@ -80,6 +80,11 @@ TIES = 2
 # a time (tens of ms at 4096 samples), which windows near their bound do not pay.
 CERTIFY_GAP = 33
 CERTIFY_MAX_SAMPLES = 4096
+# Each composition is scored in time linear in the window, so their number is bounded: all of a family when
+# it has at most COMPOSITIONS_DENSE members, else those and then members that grow by at least 1/16 each
+# (a few hundred at most for any window), so large windows stay linear in their samples.
+COMPOSITIONS_DENSE = 32
+COMPOSITIONS_GROWTH = 16
 
 
 def _canonical_microbatch(indices: np.ndarray) -> list[list[int]]:
@@ -137,7 +142,7 @@ def _compositions(order: np.ndarray, count: int, num_slots: int, floor: int) -> 
     yield runs
     yield _snake(order, count, num_slots)
     if floor and size > num_slots:
-        for heads in range(1, count - 1):
+        for heads in _thinned(list(range(1, count - 1))):
             yield np.concatenate((runs[:heads], _snake(order[heads * size :], count - heads, num_slots)))
     if count > 1 and size > num_slots:
         for fillers in _filler_counts(size, num_slots):
@@ -145,9 +150,22 @@ def _compositions(order: np.ndarray, count: int, num_slots: int, floor: int) -> 
 
 
 def _filler_counts(size: int, num_slots: int) -> list[int]:
-    """The numbers of fillers tried: powers of two and multiples of G below B, ascending."""
+    """The numbers of fillers tried: powers of two and multiples of G below B, ascending (thinned)."""
     powers = {1 << i for i in range(size.bit_length()) if 1 << i < size}
-    return sorted(powers | set(range(num_slots, size, num_slots)))
+    return _thinned(sorted(powers | set(range(num_slots, size, num_slots))))
+
+
+def _thinned(values: list[int]) -> list[int]:
+    """``values`` (ascending, positive) when there are at most COMPOSITIONS_DENSE of them; else the first
+    COMPOSITIONS_DENSE, then each value at least 1/COMPOSITIONS_GROWTH above the last kept, and the last."""
+    if len(values) <= COMPOSITIONS_DENSE:
+        return values
+    kept = values[:COMPOSITIONS_DENSE]
+    for value in values[COMPOSITIONS_DENSE:-1]:
+        if value * COMPOSITIONS_GROWTH >= kept[-1] * (COMPOSITIONS_GROWTH + 1):
+            kept.append(value)
+    kept.append(values[-1])
+    return kept
 
 
 def _with_fillers(order: np.ndarray, count: int, size: int, fillers: int) -> np.ndarray:

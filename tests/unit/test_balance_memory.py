@@ -151,3 +151,57 @@ def test_out_of_memory_is_one_line_and_exit_2(monkeypatch):
     assert stdout.getvalue().count("\n") == 1  # the line before it stays answered
     assert stderr.getvalue().count("\n") == 1
     assert stderr.getvalue().startswith("mimo-pipes balance: line 2: out of memory")
+
+
+def test_one_large_microbatch_over_few_slots_stays_small():
+    # Few slots of many samples each: the swap search computes the moves of the slots it looks at, a few at a
+    # time; a table of every sample's moves (2B x 8 int64, plus the round's (slots, B/G, 8) arrays) traced
+    # about 1 KB a sample here.
+    import tracemalloc
+
+    rng = random.Random(2)
+    for num_slots in (2, 8):
+        costs = [rng.choice([0, rng.randint(1, 10**6), int(10**5 * rng.paretovariate(1.2))]) for _ in range(200_000)]
+        tracemalloc.start()
+        try:
+            slots = balance_microbatch(costs, num_slots)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert sorted(i for slot in slots for i in slot) == list(range(len(costs)))
+        assert peak / len(costs) < 700, f"G={num_slots}: {peak / len(costs):.0f} bytes per sample"
+
+
+def test_window_planning_work_is_linear_in_the_samples(monkeypatch):
+    # The compositions scored grow at most logarithmically with B/G and W: a window of many samples per slot
+    # (B/G = 12,500 filler counts before the bound) scores a few hundred at most.
+    from mimo_pipes.balance import window_planner
+
+    scored = []
+    original = window_planner._estimate
+    monkeypatch.setattr(window_planner, "_estimate", lambda *args: scored.append(1) or original(*args))
+    rng = random.Random(4)
+    for count, size, num_slots, floor in [(2, 50_000, 4, 0), (400, 64, 4, 10**5)]:
+        scored.clear()
+        rows = [[rng.choice([0, rng.randint(1, 10**6)]) for _ in range(size)] for _ in range(count)]
+        result = balance_window(rows, num_slots, across_microbatches=True, floor=floor)
+        assert sorted(i for micro in result for slot in micro for i in slot) == list(range(count * size))
+        assert len(scored) <= 250, f"{count} x {size} over {num_slots}: {len(scored)} compositions scored"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 10**7), unique=True, max_size=3000).map(sorted))
+def test_thinned_compositions_keep_the_dense_start_and_the_end(values):
+    from mimo_pipes.balance.window_planner import COMPOSITIONS_DENSE, COMPOSITIONS_GROWTH, _thinned
+
+    kept = _thinned(list(values))
+    assert set(kept) <= set(values) and kept == sorted(kept)
+    if len(values) <= COMPOSITIONS_DENSE:
+        assert kept == values
+        return
+    assert kept[:COMPOSITIONS_DENSE] == values[:COMPOSITIONS_DENSE] and kept[-1] == values[-1]
+    # Past the dense start each kept value is at least 1/16 above the one before (the last excepted), so
+    # their number grows with the log of the largest.
+    for before, after in zip(kept[COMPOSITIONS_DENSE - 1 : -2], kept[COMPOSITIONS_DENSE:-1]):
+        assert after * COMPOSITIONS_GROWTH >= before * (COMPOSITIONS_GROWTH + 1)
+    assert len(kept) <= COMPOSITIONS_DENSE + 2 + 17.5 * np.log(values[-1])
