@@ -8,7 +8,8 @@ recipe's ``processing="process"``, ``--num-workers`` of them).
 
 ``StatefulDataLoader.state_dict()`` holds the graph's state (through the iterator, which is ``Stateful``),
 and ``load_state_dict`` on a new loader over a new view resumes exactly, also inside a window. The stream
-never restarts: iterating the loader again continues where it stopped.
+never restarts: iterating the loader again continues where it stopped (as every adapter's loader does);
+``load_state_dict`` on the view takes effect at the next micro-batch, also through an iterator taken before.
 """
 
 from __future__ import annotations
@@ -52,7 +53,11 @@ class RankMicroBatches(IterableDataset):
         return self._pending if self._pending is not None else self.loader.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._pending = state_dict  # applied on next use, before the graph starts
+        """Restore at the next micro-batch, also through an iterator taken before (as GraphLoader does)."""
+        if self._loader is None:
+            self._pending = state_dict  # applied when the graph is built, before it starts
+        else:
+            self._loader.load_state_dict(state_dict)
 
     def close(self) -> None:
         """Stop the graph's threads and workers (the position is kept)."""

@@ -36,12 +36,14 @@ SourceFactory = Callable[[int], Iterable[Mapping[str, Any]]]
 class BalancedIterator(GraphLoader):
     """Iterator of balanced micro-batches with ``state_dict`` / ``load_state_dict`` (plain data).
 
-    Iterate it once; ``close()`` (or ``with``) stops the exchange's background thread.
+    ``iter`` never moves it (a later ``iter`` continues where it stands, as :class:`GraphLoader`'s);
+    ``close()`` (or ``with``) stops the exchange's background thread. Over a plain iterator, closing ends it.
     """
 
     def __init__(self, root, *, consumed_microbatches: int, restorable: bool, mrope_first: bool = False) -> None:
         super().__init__(root, consumed_microbatches=consumed_microbatches)
         self.restorable = restorable
+        self._spent = False  # closed over a plain iterator that had been read from
         self.mrope_first = mrope_first
 
     def __next__(self) -> dict:
@@ -59,10 +61,19 @@ class BalancedIterator(GraphLoader):
             )
         super().load_state_dict(state_dict)
 
+    def _start(self) -> None:
+        if self._spent:
+            raise RuntimeError(
+                "cannot iterate again after close(): the source is a plain iterator, which cannot be rewound to where "
+                "this iterator stood (the exchange had read ahead of it); pass source_factory=, or a source with state_dict/load_state_dict"
+            )
+        super()._start()
+
     def close(self) -> None:
+        spent = self._started and not self.restorable
         super().close()
-        if not self.restorable:
-            self._pending_state = None  # a plain iterator cannot be rewound: closing ends the iteration
+        # A plain iterator cannot be rewound: closing ends the iteration (its state_dict still says where it stood).
+        self._spent = self._spent or spent
 
     def __enter__(self) -> BalancedIterator:
         return self

@@ -84,9 +84,7 @@ def set_up_rank(config: PipelineConfig, *, exchange_transport: str | None = None
         import torch
 
         device = torch.device("cuda", torch.cuda.current_device())
-    position = groups.position
-    layout = RankLayout(position.dp_rank, position.dp_size, topology.grid_size, groups.exchange_group, device, position.module.name,
-                        agreement_group=agreement)
+    layout = groups.layout(device, agreement)
     report_phase("joined")
     return RankSetup(topology, groups, layout, job, control)
 

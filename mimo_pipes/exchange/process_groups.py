@@ -6,8 +6,10 @@ from __future__ import annotations
 import datetime
 from dataclasses import dataclass
 
+import torch
 import torch.distributed as dist
 
+from mimo_pipes.exchange.context import RankLayout
 from mimo_pipes.parallel.topology import RankPosition, Topology
 
 
@@ -20,6 +22,15 @@ class RankGroups:
     dp_group: dist.ProcessGroup
     exchange_group: dist.ProcessGroup
     dp_ranks: list[int]
+    grid_size: int  # the canonical grid G of the topology the groups were built from
+
+    def layout(self, exchange_device: torch.device | None = None, agreement_group: dist.ProcessGroup | None = None) -> RankLayout:
+        """This rank's :class:`RankLayout`, its module named: a layout without the module keeps every field, so a
+        language rank built by hand without it would get and move pixels. ``exchange_device``: the rank's GPU
+        for an NCCL exchange group."""
+        position = self.position
+        return RankLayout(position.dp_rank, position.dp_size, self.grid_size, self.exchange_group, exchange_device,
+                          position.module.name, agreement_group=agreement_group)
 
 
 def build_rank_groups(
@@ -47,4 +58,4 @@ def build_rank_groups(
     dp_ranks = topology.dp_group_ranks(rank)
     if dp_group is None or exchange_group is None or dist.get_process_group_ranks(dp_group) != dp_ranks:
         raise RuntimeError(f"rank {rank}: the DP group disagrees with the topology ({dp_ranks})")
-    return RankGroups(position, dp_group, exchange_group, dp_ranks)
+    return RankGroups(position, dp_group, exchange_group, dp_ranks, topology.grid_size)

@@ -3,10 +3,12 @@
 torchdata 0.11's Loader (a) counts one item twice after a restore (its look-ahead ``has_next`` bumps
 ``num_yielded``), (b) ignores ``load_state_dict`` when ``state_dict`` was called first (the iterator
 made for that call is reused as is), and (c) hands out state dicts that may alias live node state.
-This loader never looks ahead, applies a loaded state on the next ``iter``, reports that pending state
-from ``state_dict`` until then, and deep-copies every state it hands out or takes in. A loaded state stays
-the loader's starting point: every later ``iter`` starts there again (torchdata's Loader restarts a
-restored loader at step 0 on a second ``iter``, silently dropping the restored position). ``load_state_dict``
+This loader never looks ahead, applies a loaded state on the next ``iter`` (or ``next``), reports that pending
+state from ``state_dict`` until then, and deep-copies every state it hands out or takes in. ``iter`` never moves
+the loader: the first starts the graph (at the loaded state, or at ``consumed_microbatches``), every later one
+continues where the loader stands, so no micro-batch is repeated or skipped (torchdata's Loader restarts on a
+second ``iter``: a restored loader silently went back to step 0). Only a stream that ended starts a new pass,
+from the same start. ``load_state_dict``
 checks the state against every node of the graph at once (what each is valid for), so a state made for
 other settings is refused right there, not at the next ``iter``; a state saved under another layout of the
 same run continues the same global stream.
@@ -55,14 +57,25 @@ class GraphLoader(Loader[dict]):
     def __init__(self, root: BaseNode[dict], consumed_microbatches: int = 0) -> None:
         super().__init__(root, restart_on_stop_iteration=False)
         self.consumed_microbatches = consumed_microbatches  # micro-batches consumed before this graph was built
-        # Where every fresh iter() starts: the last loaded (or closed-at) state, or a start on another layout.
+        # Where the graph starts (and a new pass after the stream ended): the last loaded (or closed-at) state,
+        # or a start on another layout.
         self._pending_state: dict[str, Any] | None = None
         self._pending_start: tuple[ResumePoint, list[tuple[BaseNode, Any]]] | None = None
         self._started = False
+        self._ended = False
         self._num_yielded = consumed_microbatches
 
     def __iter__(self) -> Iterator[dict]:
-        """Start (again) at the restored position, or at ``consumed_microbatches`` when nothing was restored."""
+        """Start at the restored position (or ``consumed_microbatches``); once started, continue where the loader
+        stands: ``it = iter(loader)`` then ``for batch in loader``, or a loop broken and run again, must neither
+        repeat nor skip a micro-batch. A stream that ended starts a new pass."""
+        if self._started and not self._ended:
+            return self
+        self._start()
+        return self
+
+    def _start(self) -> None:
+        """Reset the graph to the restored position, or to ``consumed_microbatches`` when nothing was restored."""
         state, start = self._pending_state, self._pending_start
         nodes = graph_nodes(self.root)
         if start is not None:
@@ -78,13 +91,16 @@ class GraphLoader(Loader[dict]):
                 node.expect_start(position, first_step, composition)
         self.root.reset(None if state is None else copy.deepcopy(state[self.ROOT_KEY]))
         self._num_yielded = position
-        self._started = True
-        return self
+        self._started, self._ended = True, False
 
     def __next__(self) -> dict:
         if not self._started:
-            iter(self)
-        item = next(self.root)
+            self._start()
+        try:
+            item = next(self.root)
+        except StopIteration:
+            self._ended = True
+            raise
         self._num_yielded += 1
         return item
 
@@ -98,8 +114,8 @@ class GraphLoader(Loader[dict]):
         return self._num_yielded
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore on the next ``iter`` (and on every later one: the state stays the loader's starting
-        point); raises StateMismatchError now if a node's settings differ.
+        """Restore on the next ``iter`` or ``next`` (an iterator taken before keeps working, from the restored
+        position on); raises StateMismatchError now if a node's settings differ.
 
         A state saved by a rank of another layout (another DP rank, DP size or canonical grid: TP and PP
         peers hold the same state) is taken when every other setting of every node is the same, the
@@ -138,7 +154,7 @@ class GraphLoader(Loader[dict]):
         if not self._started and self._pending_state is not None:
             return copy.deepcopy(self._pending_state)
         if not self._started:
-            iter(self)
+            self._start()
         return copy.deepcopy({self.ROOT_KEY: self.root.state_dict(), self.NUM_YIELDED_KEY: self._num_yielded})
 
     def exchange_node(self) -> BalanceExchange | None:

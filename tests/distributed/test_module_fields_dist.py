@@ -1,7 +1,8 @@
 """Every entry point honours the module of its layout (real Gloo ranks, the warm pool): with
 ``RankLayout(..., module="language")`` the recipe over a user's nodes (recipes/existing_pipeline.py),
-``balance_iterator`` and the DataLoader adapter hand language ranks no pixels and move none, exactly as the
-recipe's graph that ``mimo-pipes run`` builds: the same fields and the same bytes in every window."""
+``balance_iterator`` and the DataLoader adapter hand language ranks no pixels and move none (no pixel field is
+encoded for the exchange), exactly as the recipe's graph that ``mimo-pipes run`` builds: the same fields and the
+same bytes in every window. Their layout is the one docs/plugging-in.md builds (``build_rank_groups(...).layout()``)."""
 
 from __future__ import annotations
 
@@ -45,8 +46,12 @@ def test_every_entry_point_carries_and_moves_only_its_module_fields(gloo_pool, n
         for entry in ENTRY_POINTS:
             got = result[entry]
             assert not set(got["keys"]) & set(dropped), f"{where}: {entry} hands out {sorted(set(got['keys']) & set(dropped))}"
+            assert not set(got["encoded"]) & set(dropped), f"{where}: {entry} moves {sorted(set(got['encoded']) & set(dropped))}"
+            assert result["layout_module"] == result["module"], f"{where}: the layout names module {result['layout_module']!r}"
             assert sorted(map(sorted, got["ids"])) == sorted(map(sorted, run["ids"])), f"{where}: {entry} holds other samples"
             assert same_bytes(got["moved"], run["moved"]), f"{where}: {entry} moved {got['moved']} bytes, the run {run['moved']}"
+        if result["dp_size"] > 1:  # the spy sees what moves: a graph of every field encodes the module's dropped fields
+            assert set(result["all-fields"]["encoded"]) & set(dropped), f"{where}: nothing dropped was seen moving"
         for graph in ("run", "all-fields"):
             sent[result["module"]][graph] += sum(window[0] for window in result[graph]["moved"])
     # a module of DP > 1 moved samples, without the fields a graph of every field would have moved

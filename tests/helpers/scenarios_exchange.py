@@ -160,7 +160,8 @@ def run_thread_lifecycle(components, *, micro_batch_size=8, window_size=2):
             held.append(prefetcher.produced - prefetcher.delivered)
     report["max_held"] = max(held)
     report["depth"] = PREFETCH_DEPTH
-    # 2. Reset (a new epoch of iteration) replaces the thread rather than adding one.
+    # 2. A reset (a restore: a later iter() alone continues) replaces the thread rather than adding one.
+    loader.load_state_dict(loader.state_dict())
     iterator = iter(loader)
     next(iterator)
     report["threads_after_reset"] = len(exchange_threads())

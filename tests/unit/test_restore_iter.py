@@ -1,6 +1,8 @@
-"""A restored position survives every later ``iter()``: of a GraphLoader, of balance_iterator's loader and of
-the DataLoader adapter (under torch's DataLoader and torchdata's StatefulDataLoader). torchdata's Loader
-restarts a restored loader at step 0 on a second ``iter()``; every rank agrees, so no check would catch it."""
+"""``iter()`` never moves a loader: a restored position survives every later ``iter()``, and an ``iter()`` after
+micro-batches were taken continues where the loader stands, for a GraphLoader, ``balanced_loader``,
+``balance_iterator`` (over a factory, a stateful source or a plain iterator) and the DataLoader adapter (under
+torch's DataLoader and torchdata's StatefulDataLoader). torchdata's Loader restarts a restored loader at step 0
+on a second ``iter()``; every rank agrees, so no check would catch it."""
 
 from __future__ import annotations
 
@@ -8,16 +10,40 @@ import json
 
 import pytest
 from node_checks import take
+from scenarios_exchange import PAD_VALUES
 from test_elastic_loader import GRID_1, GRID_2, graph
 from test_plugin_dist import single_rank_batches, wrap_single
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from mimo_pipes.adapters.dataloader import RankMicroBatches
+from mimo_pipes.adapters.torchdata_pipeline import balanced_loader
+from mimo_pipes.config import PipelineConfig, ReorderConfig
+from mimo_pipes.exchange import RankLayout
+from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
+from mimo_pipes_recipes.existing_pipeline import example_samples
+from mimo_pipes_recipes.vlm_sft import pipeline
 
 
 def ids(batches) -> list[list[int]]:
     return [sorted(batch["sample_ids"]) for batch in batches]
+
+
+def steps(batches) -> list[int]:
+    return [batch["step"] for batch in batches]
+
+
+def plugged(module: str = "language"):
+    """balanced_loader over a user's nodes (with a ParallelMapper), windows of 2."""
+    reorder = ReorderConfig(scalable_dp=True, intra_microbatch_reorder=True, reorder_window_size=2)
+    layout = RankLayout(0, 1, 1, module=module)
+    node = example_samples(SyntheticProcessedDataset(64), micro_batch_size=8, layout=layout, seed=0, map_fn=lambda sample: sample)
+    return balanced_loader(node, reorder=reorder, layout=layout, micro_batch_size=8, seq_length=2048,
+                           image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES)
+
+
+def stateful_source():
+    return wrap_single(StatefulDataLoader(_Steps(), batch_size=None, num_workers=0))
 
 
 def saved_and_rest(make, count: int, rest: int):
@@ -34,6 +60,8 @@ MAKERS = {
     "graph": lambda: graph(GRID_1),
     "graph-window-3": lambda: graph(GRID_1, across=False, seed=11),
     "balance_iterator-factory": lambda: wrap_single(source_factory=single_rank_batches),
+    "balance_iterator-stateful": stateful_source,
+    "balanced_loader": plugged,
 }
 
 
@@ -52,16 +80,73 @@ def test_a_second_iter_after_a_restore_resumes_there(name, count):
 
 
 @pytest.mark.parametrize("name", sorted(MAKERS))
-def test_an_iter_after_consuming_restarts_at_the_restored_position_not_step_0(name):
+def test_an_iter_after_consuming_continues_where_the_loader_stands(name):
     make = MAKERS[name]
-    state, rest = saved_and_rest(make, 4, 3)
+    state, rest = saved_and_rest(make, 4, 6)
     restored = make()
     restored.load_state_dict(state)
     assert ids(take(restored, 2)) == rest[:2]
-    assert restored.state_dict()["num_yielded"] == 6
-    assert ids(take(iter(restored), 3)) == rest  # a fresh iteration starts where the restore put it
-    assert restored.num_yielded == 7
+    assert ids(take(iter(restored), 2)) == rest[2:4]  # neither back to the restored micro-batch nor to step 0
+    assert restored.state_dict()["num_yielded"] == 8
     restored.close()
+    fresh = make()
+    first = ids(take(iter(fresh), 2))
+    assert ids(take(iter(fresh), 2)) != first and fresh.num_yielded == 4  # a fresh loader goes on too
+    fresh.close()
+
+
+@pytest.mark.parametrize("name", sorted(MAKERS))
+def test_a_for_loop_broken_and_run_again_neither_repeats_nor_skips(name):
+    make = MAKERS[name]
+    state, rest = saved_and_rest(make, 3, 5)
+    restored = make()
+    restored.load_state_dict(state)
+    got = []
+    for _ in range(2):  # e.g. an evaluation between two stretches of training
+        for batch in restored:
+            got.append(batch)
+            if len(got) in (2, 5):
+                break
+    assert ids(got) == rest and steps(got) == list(range(3, 8))
+    restored.close()
+
+
+@pytest.mark.parametrize("name", sorted(MAKERS))
+def test_a_restore_reaches_an_iterator_taken_before_it(name):
+    make = MAKERS[name]
+    state, rest = saved_and_rest(make, 5, 3)
+    restored = make()
+    iterator = iter(restored)
+    take(iterator, 2)
+    restored.load_state_dict(state)
+    assert ids(take(iterator, 3)) == rest
+    restored.close()
+
+
+def test_a_stream_that_ended_starts_a_new_pass():
+    config = PipelineConfig(components=GRID_1[0], micro_batch_size=8, seq_length=4096, seed=3, num_workers=1, dataloader_type="single",
+                            reorder=ReorderConfig(scalable_dp=True, intra_microbatch_reorder=True, reorder_window_size=2))
+    loader = pipeline(SyntheticProcessedDataset(32, seed=3), config, GRID_1[1], map_fn=None, image_token_id=IMAGE_TOKEN_ID,
+                      pad_values=PAD_VALUES)
+    first = take(iter(loader), None)
+    again = take(iter(loader), None)
+    assert steps(first) == steps(again) == [0, 1, 2, 3] and ids(first) == ids(again)
+    loader.close()
+
+
+def test_a_plain_iterator_continues_on_a_second_iter_and_refuses_one_after_close():
+    with wrap_single(source_factory=single_rank_batches) as reference:
+        expected = take(reference, 6)
+    wrapped = wrap_single(single_rank_batches())
+    head = take(iter(wrapped), 3)
+    tail = take(iter(wrapped), 3)  # the source cannot be rewound: it goes on, labelled with its real steps
+    assert steps(head + tail) == list(range(6)) and ids(head + tail) == ids(expected)
+    wrapped.close()
+    assert wrapped.state_dict()["num_yielded"] == 6  # still says where it stood
+    with pytest.raises(RuntimeError, match="^cannot iterate again after close\\(\\): the source is a plain iterator.*source_factory="):
+        iter(wrapped)
+    with pytest.raises(RuntimeError, match="cannot iterate again after close"):
+        next(wrapped)
 
 
 def test_a_restore_on_another_layout_survives_a_second_iter():
@@ -85,7 +170,7 @@ def test_a_stateful_source_restores_through_a_second_iter():
     restored.close()
 
 
-class _Steps(__import__("torch").utils.data.IterableDataset):
+class _Steps(IterableDataset):
     """single_rank_batches as a dataset a StatefulDataLoader can restore (by counting what it skips)."""
 
     def __iter__(self):
@@ -114,3 +199,18 @@ def test_the_dataloader_adapter_keeps_a_restore_through_a_second_iter(loader_kin
     assert ids(next(resumed) for _ in range(3)) == rest
     dataset.close()
 
+
+
+def test_the_dataloader_adapter_takes_a_restore_through_a_live_iterator():
+    first = RankMicroBatches(lambda: graph(GRID_1))
+    iterator = iter(DataLoader(first, batch_size=None, num_workers=0))
+    take(iterator, 4)
+    state = json.loads(json.dumps(first.state_dict()))
+    rest = ids(take(iterator, 3))
+    first.close()
+    dataset = RankMicroBatches(lambda: graph(GRID_1))
+    live = iter(DataLoader(dataset, batch_size=None, num_workers=0))
+    take(live, 2)
+    dataset.load_state_dict(state)  # the iterator the training loop holds must not go on from where it was
+    assert ids(take(live, 3)) == rest
+    dataset.close()
