@@ -63,7 +63,7 @@ def test_a_cut_manifest_names_where_it_stops(tmp_path):
 
 @pytest.mark.parametrize(("line", "problem"), [
     (b'{"costs": "ab', "Unterminated string starting at column 11"),
-    (b'{"costs": "ab\n', "Invalid control character at column 14"),
+    (b'{"costs": "a\tb"}\n', "Invalid control character at column 13"),  # the line's own newline ends it, inside no string
     (b'{"costs" [1]}', "Expecting ':' delimiter at column 10"),
 ])
 def test_balance_names_a_bad_json_line_in_one_phrase(line, problem):
@@ -291,3 +291,56 @@ def test_other_errors_are_not_a_lost_peer(error):
     from mimo_pipes.cli.peer_loss import lost_peer_line
 
     assert lost_peer_line("mimo-pipes run", 0, error) is None
+
+
+# --- every output file names itself when a write fails -------------------------------------------------
+
+
+class _FullFile(io.StringIO):
+    """Stands for a file on a full disk: its writes fail as the OS fails them, naming no file."""
+
+    def write(self, text):
+        raise OSError(28, "No space left on device")
+
+
+def test_a_dump_that_runs_out_of_space_names_its_file(tmp_path):
+    from mimo_pipes.cli.rank_job import AssignmentDump
+
+    dump = AssignmentDump(JobOptions(dump_assignments=str(tmp_path / "dumps")), rank=3)
+    dump.file.close()
+    dump.file = _FullFile()
+    with pytest.raises(ConfigError) as caught:
+        dump.write({"step": 0})
+    assert str(caught.value) == f"--dump-assignments: could not write {tmp_path / 'dumps' / 'rank3.jsonl'} (No space left on device)"
+    dump.close()  # nothing left to flush
+
+
+def test_a_summary_json_that_cannot_be_written_names_its_file(tmp_path, monkeypatch):
+    from mimo_pipes.cli.rank_job import write_summary_json
+
+    def full(self, text, *args, **kwargs):
+        raise OSError(27, "File too large")
+
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(ConfigError) as caught:
+        write_summary_json(str(tmp_path / "summary.json"), [], {})
+    assert str(caught.value) == f"--summary-json: could not write {tmp_path / 'summary.json'} (File too large)"
+
+
+# --- a JSON line cut at its end is named at its column, not at "column 1" of a line 2 ------------------
+
+
+@pytest.mark.parametrize(("line", "problem"), [(b"[1,\n", "Expecting value at column 4"), (b'{"costs": [1, 2]\r\n', "Expecting ',' delimiter at column 17")])
+def test_balance_names_the_column_where_a_line_is_cut(line, problem):
+    stdout, stderr = io.StringIO(), io.StringIO()
+    assert serve(io.BytesIO(line), stdout, stderr) == 2
+    assert stderr.getvalue() == f"mimo-pipes balance: line 1: invalid JSON: {problem}\n"
+
+
+def test_a_dataset_line_cut_at_its_end_is_named_at_its_column(tmp_path):
+    from mimo_pipes.data.sources import why_unreadable
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"messages": []}\n{"messages": [\n')
+    problem = why_unreadable("json", [str(data)], ValueError("datasets could not read it"))
+    assert problem == f"{data} line 2: invalid JSON: Expecting value at column 15", problem
