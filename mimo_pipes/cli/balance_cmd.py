@@ -98,7 +98,7 @@ def _serve(stdin: BinaryIO, stdout: TextIO, stderr: TextIO, line: list[int]) -> 
         if not text.strip():
             continue
         try:
-            request = json.loads(text)
+            request = json.loads(text.rstrip("\r\n"))  # the newline would move an error at the end to a line 2, column 1
         except json.JSONDecodeError as exc:
             stderr.write(
                 f"mimo-pipes balance: line {number}: invalid JSON: {json_error_text(exc, line=False)}\n"

@@ -169,6 +169,24 @@ def _ended_by_signal(processes: list, killed_here: set[int]) -> tuple[int, int] 
     return None
 
 
+def _start_quiet_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker (shared by the spawned ranks) without its leak warning: a
+    rank killed outright leaves its semaphores to it, which it frees, and its warning ("There appear to be 6
+    leaked semaphore objects") would be the job's last words instead of the line naming the dead rank."""
+    from multiprocessing import resource_tracker
+
+    previous = os.environ.get("PYTHONWARNINGS")
+    quiet = "ignore::UserWarning:multiprocessing.resource_tracker"
+    os.environ["PYTHONWARNINGS"] = f"{previous},{quiet}" if previous else quiet
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        if previous is None:
+            del os.environ["PYTHONWARNINGS"]
+        else:
+            os.environ["PYTHONWARNINGS"] = previous
+
+
 def _spawn(rank_main: RankMain, config: Any, options: Any, world_size: int, command: str) -> int:
     import multiprocessing
     from multiprocessing.connection import wait
@@ -177,6 +195,7 @@ def _spawn(rank_main: RankMain, config: Any, options: Any, world_size: int, comm
     from mimo_pipes.exchange.roll_call import host_store
 
     context = multiprocessing.get_context("spawn")
+    _start_quiet_resource_tracker()
     store, port = host_store()  # held until the ranks are gone
     started = time.monotonic()
     say(f"starting {world_size} ranks")

@@ -39,3 +39,9 @@ def _check_writable(folder: Path, flag: str, named: Path) -> None:
         raise ConfigError(flag, f"cannot write {named}: {existing} is not writable ({error.strerror or error})") from None
     os.close(descriptor)
     os.unlink(probe)
+
+
+def write_failed(flag: str, path: str | Path, error: OSError) -> ConfigError:
+    """A write of an output file that failed (a full disk, a file size limit), as one line naming the flag,
+    the file and the cause: a full disk fails in write or flush, whose errors name no file."""
+    return ConfigError(flag, f"could not write {error.filename or path} ({error.strerror or error})")

@@ -3,6 +3,7 @@ consumed micro-batches, the progress bar, and the collective save of a state fol
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Iterable
@@ -20,6 +21,7 @@ from mimo_pipes.checkpoint import (
     write_rank_files,
 )
 from mimo_pipes.cli.launcher import report_phase
+from mimo_pipes.cli.output_paths import write_failed
 from mimo_pipes.cli.stop_signal import StopRequested, StopSignal
 from mimo_pipes.config import JobOptions, PipelineConfig, resolve_exchange_transport
 from mimo_pipes.errors import ConfigError, PeerError
@@ -120,8 +122,11 @@ def write_summary_json(path: str, summaries: list[ModuleSummary], moved: dict[st
     import json
 
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(summary_document(summaries, moved), indent=1) + "\n")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(summary_document(summaries, moved), indent=1) + "\n")
+    except OSError as error:
+        raise write_failed("--summary-json", target, error) from None
 
 
 def consumed_record(batch: dict[str, Any], position: RankPosition) -> dict[str, Any]:
@@ -151,20 +156,37 @@ class AssignmentDump:
 
     def __init__(self, options: JobOptions, rank: int) -> None:
         self.file: IO[str] | None = None
+        self.path = Path(options.dump_assignments or ".") / f"rank{rank}.jsonl"
         if options.dump_assignments is not None:
-            os.makedirs(options.dump_assignments, exist_ok=True)
-            path = Path(options.dump_assignments) / f"rank{rank}.jsonl"
-            self.file = open(path, "a" if options.resume else "w", buffering=1)
+            try:
+                os.makedirs(options.dump_assignments, exist_ok=True)
+                self.file = open(self.path, "a" if options.resume else "w", buffering=1)
+            except OSError as error:
+                raise write_failed("--dump-assignments", self.path, error) from None
 
     def write(self, record: dict[str, Any]) -> None:
         if self.file is not None:
             import json
 
-            self.file.write(json.dumps({k: v for k, v in record.items() if k not in SUMMARY_ONLY_KEYS}) + "\n")
+            try:
+                self.file.write(json.dumps({k: v for k, v in record.items() if k not in SUMMARY_ONLY_KEYS}) + "\n")
+            except OSError as error:
+                self._drop()
+                raise write_failed("--dump-assignments", self.path, error) from None
 
     def close(self) -> None:
         if self.file is not None:
-            self.file.close()
+            try:
+                self.file.close()
+            except OSError as error:
+                raise write_failed("--dump-assignments", self.path, error) from None
+
+    def _drop(self) -> None:
+        """Close after a failed write without flushing again (the same error, raised from ``close``)."""
+        file, self.file = self.file, None
+        if file is not None:
+            with contextlib.suppress(OSError):
+                file.close()
 
 
 def progress_bar(enabled: bool, total: int, initial: int, desc: str = "micro-batches", unit: str = "mb") -> Any:

@@ -193,7 +193,7 @@ def _json_problems(files: list[str]) -> Iterator[str]:
                 if not raw.strip():
                     continue
                 try:
-                    json.loads(raw)
+                    json.loads(raw.rstrip(b"\r\n"))  # an error at the end named at its column, not at a line 2
                 except UnicodeDecodeError:
                     yield f"{name} line {number}: not UTF-8 text"
                     return

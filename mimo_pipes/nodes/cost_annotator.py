@@ -8,6 +8,7 @@ from torchdata.nodes import BaseNode
 
 from mimo_pipes.errors import SampleError
 from mimo_pipes.nodes.base import GraphNode
+from mimo_pipes.samples.collate import check_sample
 from mimo_pipes.samples.cost import image_token_count, real_token_count
 from mimo_pipes.samples.cost_range import window_budget
 from mimo_pipes.samples.sample import COST, ENCODER_COST, IMAGE_TOKENS, PLACEHOLDER_RUNS, REAL_TOKENS, SAMPLE_ID, Sample
@@ -47,6 +48,7 @@ class CostAnnotator(GraphNode[Sample]):
 
     def next(self) -> Sample:
         sample = next(self.source)
+        check_sample(sample)  # a plug-in's mistake named here, where the sample enters the tail
         if self.rows:
             image_tokens, real_tokens, encoder_cost = self._counted(sample)
         else:

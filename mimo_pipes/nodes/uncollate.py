@@ -13,7 +13,17 @@ from torchdata.nodes import BaseNode, IterableWrapper
 from mimo_pipes.checkpoint.resume import ResumePoint
 from mimo_pipes.checkpoint.validity import VALID_FOR_KEY, check_valid_for, valid_for
 from mimo_pipes.errors import SampleError
-from mimo_pipes.samples.collate import CONCAT_FIELDS, METADATA_LIST_NAMES, SEQUENCE_FIELDS, VISION_ROWS
+from mimo_pipes.samples.collate import (
+    CONCAT_FIELDS,
+    GRIDS,
+    INTEGER_FIELDS,
+    METADATA_LIST_NAMES,
+    SEQUENCE_FIELDS,
+    VISION_ROWS,
+    check_grids,
+    is_integer,
+    wide_integer,
+)
 from mimo_pipes.samples.cost import image_token_count
 from mimo_pipes.samples.sample import SAMPLE_ID, STEP, Sample
 
@@ -146,10 +156,12 @@ class Uncollate(BaseNode[Sample]):
         if ids is None or any(value is None for value in ids):
             first = step * rows * self.dp_size + self.dp_rank * rows
             ids = list(range(first, first + rows))
+        else:
+            _check_sample_ids(ids, step)
         samples: list[Sample] = [{SAMPLE_ID: int(ids[row]), STEP: step} for row in range(rows)]
-        _check_token_lengths(batch, samples, step)
+        _check_token_fields(batch, samples, step, self.mrope_first)
         lengths = _row_lengths(batch["attention_mask"], samples)
-        images = self._image_spans(batch, samples, lengths)
+        images = self._image_spans(batch, samples, lengths, step)
         for name, value in batch.items():
             if name in (STEP, METADATA_LIST_NAMES[SAMPLE_ID], METADATA_LIST_NAMES[STEP], VISION_ROWS):
                 continue
@@ -180,29 +192,43 @@ class Uncollate(BaseNode[Sample]):
                     sample[name] = item
             else:
                 raise ValueError(f"micro-batch {step}: field {name!r} has no entry per row, so it cannot be split into samples")
+        for sample in samples:
+            check_grids(sample)
         return samples
 
-    def _image_spans(self, batch: Mapping[str, Any], samples: list[Sample], lengths: list[int]) -> dict[str, list[tuple[int, int]]]:
+    def _image_spans(self, batch: Mapping[str, Any], samples: list[Sample], lengths: list[int], step: int) -> dict[str, list[tuple[int, int]]]:
         """Per row, its [start, stop) in each concatenated vision field."""
+        for name in (*CONCAT_FIELDS, *(batch.get(VISION_ROWS) or {})):
+            value = batch.get(name)
+            if value is not None and (not isinstance(value, torch.Tensor) or value.dim() < 1):
+                raise ValueError(f"micro-batch {step}: field {name!r} must be a tensor of rows concatenated over the "
+                                 f"micro-batch, got {_shape_or_type(value)}")
+            if name in GRIDS and value is not None and (value.dim() != 2 or value.shape[1] != 3 or value.dtype.is_floating_point):
+                raise ValueError(f"micro-batch {step}: field {name!r} must be an integer [images, 3] tensor of (t, h, w), "
+                                 f"got {value.dtype} of shape {tuple(value.shape)}")
         counts_by_field = batch.get(VISION_ROWS)
         if counts_by_field is not None:
             spans: dict[str, list[tuple[int, int]]] = {}
             for name, counts in counts_by_field.items():
-                if len(counts) != len(samples) or name not in batch:
-                    raise ValueError(f"vision_rows[{name!r}] does not match the micro-batch's {len(samples)} rows and fields")
+                if name not in batch:
+                    raise ValueError(f"micro-batch {step}: vision_rows names {name!r}, which the micro-batch does not hold")
+                if not isinstance(counts, (list, tuple)) or len(counts) != len(samples):
+                    size = f"{len(counts)} entries" if isinstance(counts, (list, tuple)) else f"a {type(counts).__name__}"
+                    raise ValueError(f"micro-batch {step}: vision_rows[{name!r}] has {size}, expected one per row ({len(samples)})")
                 ends = [int(c) for c in counts]
+                if any(count < 0 for count in ends):
+                    raise ValueError(f"micro-batch {step}: vision_rows[{name!r}] holds a negative count: {ends}")
                 starts = [sum(ends[:row]) for row in range(len(ends))]
                 if sum(ends) != batch[name].shape[0]:
-                    raise ValueError(f"vision_rows[{name!r}] adds up to {sum(ends)} rows but {name} has {batch[name].shape[0]}")
+                    raise ValueError(f"micro-batch {step}: vision_rows[{name!r}] adds up to {sum(ends)} rows but {name} "
+                                     f"has {batch[name].shape[0]}")
                 spans[name] = [(start, start + count) for start, count in zip(starts, ends)]
             return spans
         grid = batch.get("image_grid_thw")
         if grid is None:
             if "pixel_values" in batch:
-                raise ValueError("a micro-batch with pixel_values needs image_grid_thw to split them per sample")
+                raise ValueError(f"micro-batch {step}: a micro-batch with pixel_values needs image_grid_thw to split them per sample")
             return {}
-        if grid.dim() != 2 or grid.shape[1] != 3:
-            raise ValueError(f"image_grid_thw must be [images, 3], got shape {tuple(grid.shape)}")
         patches = [int(p) for p in grid.to(torch.int64).prod(dim=1)]
         counts = batch.get(NUM_IMAGES)
         if counts is not None:
@@ -218,9 +244,10 @@ class Uncollate(BaseNode[Sample]):
             image += count
             pixel_spans.append((start, pixel))
         if image != len(patches):
-            raise ValueError(f"rows claim {image} images but image_grid_thw has {len(patches)}")
+            raise ValueError(f"micro-batch {step}: rows claim {image} images but image_grid_thw has {len(patches)}")
         if "pixel_values" in batch and pixel != batch["pixel_values"].shape[0]:
-            raise ValueError(f"image_grid_thw describes {pixel} patches but pixel_values has {batch['pixel_values'].shape[0]} rows")
+            raise ValueError(f"micro-batch {step}: image_grid_thw describes {pixel} patches but pixel_values has "
+                             f"{batch['pixel_values'].shape[0]} rows")
         return {"image_grid_thw": grid_spans, "pixel_values": pixel_spans}
 
     def _images_from_tokens(self, input_ids: torch.Tensor, samples: list[Sample], lengths: list[int], patches: list[int]) -> list[int]:
@@ -259,15 +286,45 @@ def _check_metadata_lists(batch: Mapping[str, Any], rows: int, step: int) -> Non
             raise ValueError(f"micro-batch {step}: metadata list {name!r} has {size}, expected one per row ({rows})")
 
 
-def _check_token_lengths(batch: Mapping[str, Any], samples: list[Sample], step: int) -> None:
-    """Every per-token field has the length of ``input_ids``: a shorter ``labels`` or ``attention_mask``
-    would shift the labels or cut the sample without a word. Names the field and the first row."""
-    width = batch["input_ids"].shape[-1]
+def _check_sample_ids(ids: list | tuple, step: int) -> None:
+    """``sample_ids`` given by the batch are integers, each once: a float would be cut to another sample's id,
+    and a repeated id makes two rows one sample in the dumps, the skips and the masking."""
+    seen: dict[int, int] = {}
+    for row, value in enumerate(ids):
+        if not is_integer(value) and not isinstance(value, torch.Tensor):
+            raise ValueError(f"micro-batch {step}: sample_ids[{row}] must be an integer, got {value!r} ({type(value).__name__})")
+        if isinstance(value, torch.Tensor) and (value.dim() != 0 or value.dtype.is_floating_point or value.dtype == torch.bool):
+            raise ValueError(f"micro-batch {step}: sample_ids[{row}] must be an integer, got a {value.dtype} tensor of shape {tuple(value.shape)}")
+        if int(value) in seen:
+            raise ValueError(f"micro-batch {step}: sample_ids repeats {int(value)} (rows {seen[int(value)]} and {row}); "
+                             "every row is its own sample")
+        seen[int(value)] = row
+
+
+def _check_token_fields(batch: Mapping[str, Any], samples: list[Sample], step: int, mrope_first: bool) -> None:
+    """Every per-token field has a row per row and the length of ``input_ids`` (a shorter ``labels`` or
+    ``attention_mask`` would shift the labels or cut the sample without a word), and token ids, labels and
+    positions are integers wide enough for a vocabulary and the pad value. Names the field and the first row."""
+    rows, width = batch["input_ids"].shape
     for name in SEQUENCE_FIELDS:
         value = batch.get(name)
-        if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[-1] != width:
+        if not isinstance(value, torch.Tensor) or value.dim() < 1:
+            continue
+        if name in INTEGER_FIELDS and not wide_integer(value.dtype):
+            raise SampleError(samples[0][SAMPLE_ID], f"micro-batch {step}: must be an int32 or int64 tensor, "
+                              f"got {value.dtype}", field=name)
+        if value.shape[-1] != width:
             raise SampleError(samples[0][SAMPLE_ID], f"micro-batch {step}, row 0: {name} has {value.shape[-1]} tokens but "
                               f"input_ids has {width}; every per-token field needs one entry per token", field=name)
+        row_axis = 1 if name == POSITION_IDS and mrope_first and value.dim() == 3 else 0
+        if row_axis and value.shape[0] != MROPE_ROWS:
+            continue  # not [3, rows, L]: split says so
+        if value.shape[row_axis] != rows:
+            raise ValueError(f"micro-batch {step}: field {name!r} has {value.shape[row_axis]} rows but input_ids has {rows}")
+
+
+def _shape_or_type(value: Any) -> str:
+    return "a 0-d tensor" if isinstance(value, torch.Tensor) else f"a {type(value).__name__}"
 
 
 def _row_lengths(attention_mask: torch.Tensor, samples: list[Sample]) -> list[int]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from numbers import Integral
 from typing import Any
 
 import torch
@@ -24,7 +25,7 @@ SEQUENCE_FIELDS = ("input_ids", "attention_mask", "labels", "loss_mask", "positi
 CONCAT_FIELDS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "image_num_tiles")
 VISION_ROWS = "vision_rows"
 """Batch key: per concatenated field, each sample's number of rows (how ``Uncollate`` splits them back)."""
-# Token ids, targets and positions index embeddings and vocabularies: integer tensors only (a float cast
+# Token ids, targets and positions index embeddings and vocabularies: int32 or int64 only (a float cast
 # would be truncated silently by the model, or fail far from the sample that carried it).
 INTEGER_FIELDS = ("input_ids", "labels", "position_ids")
 DEFAULT_PAD_VALUES: Mapping[str, int | float] = {"labels": -100}
@@ -141,10 +142,67 @@ def _check_tokens(value: Any, sample: Sample, name: str, length: int | None) -> 
     if not isinstance(value, torch.Tensor) or value.dim() not in (1, 2):
         shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
         raise SampleError(sample.get(SAMPLE_ID), f"must be [L] or [rows, L], got {shape}", field=name)
-    if name in INTEGER_FIELDS and (value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool):
-        raise SampleError(sample.get(SAMPLE_ID), f"must be an integer tensor, got {value.dtype}", field=name)
+    if name in INTEGER_FIELDS and not wide_integer(value.dtype):
+        raise SampleError(sample.get(SAMPLE_ID), f"must be an int32 or int64 tensor, got {value.dtype}", field=name)
     if length is not None and value.shape[-1] > length:
         raise SampleError(sample.get(SAMPLE_ID), f"has {value.shape[-1]} tokens, more than the pad length {length}", field=name)
+
+
+GRIDS = {"image_grid_thw": "pixel_values", "video_grid_thw": "pixel_values_videos"}
+"""Each (t, h, w) grid field and the field of patches it describes, one row per patch."""
+
+
+def check_sample(sample: Sample) -> None:
+    """What a sample handed to the tail must be, checked where it enters (CostAnnotator) so that a plug-in's
+    mistake names the sample and the field there instead of passing silently or failing deep inside:
+    ``sample_id`` and ``step`` integers; token ids, labels and positions int32 or int64; every per-token field
+    as long as ``input_ids``; each vision grid positive and describing exactly the sample's patches."""
+    for key in (SAMPLE_ID, STEP):
+        value = sample.get(key)
+        if not is_integer(value):
+            what = "is missing" if key not in sample else f"must be an integer, got {value!r} ({type(value).__name__})"
+            where = f" (a sample of step {sample.get(STEP)!r})" if key == SAMPLE_ID else ""
+            raise SampleError(sample.get(SAMPLE_ID), f"{what}{where}: every sample needs an integer {SAMPLE_ID} and {STEP}", field=key)
+    tokens = sample.get("input_ids")
+    for name in SEQUENCE_FIELDS:
+        value = sample.get(name)
+        if not isinstance(value, torch.Tensor) or value.dim() < 1:
+            continue
+        if name in INTEGER_FIELDS and not wide_integer(value.dtype):
+            raise SampleError(sample[SAMPLE_ID], f"must be an int32 or int64 tensor, got {value.dtype}", field=name)
+        if isinstance(tokens, torch.Tensor) and tokens.dim() >= 1 and value.shape[-1] != tokens.shape[-1]:
+            raise SampleError(sample[SAMPLE_ID], f"has {value.shape[-1]} tokens but input_ids has {tokens.shape[-1]}; "
+                              "every per-token field needs one entry per token", field=name)
+    check_grids(sample)
+
+
+def check_grids(sample: Sample) -> None:
+    """The sample's (t, h, w) grid rows are positive and describe exactly its rows of patches (what the
+    encoder will take them for): an inconsistent grid would pass the exchange and fail in the encoder."""
+    for grid_name, patches_name in GRIDS.items():
+        grid, patches = sample.get(grid_name), sample.get(patches_name)
+        if not isinstance(grid, torch.Tensor) or not isinstance(patches, torch.Tensor) or patches.dim() < 1:
+            continue
+        if grid.dim() != 2 or grid.shape[1] != 3 or grid.dtype.is_floating_point or grid.dtype == torch.bool:
+            raise SampleError(sample.get(SAMPLE_ID), f"must be an integer [images, 3] tensor of (t, h, w), got {grid.dtype} "
+                              f"of shape {tuple(grid.shape)}", field=grid_name)
+        if grid.numel() and int(grid.min()) < 1:
+            raise SampleError(sample.get(SAMPLE_ID), f"has a (t, h, w) row below 1: {grid.tolist()}", field=grid_name)
+        described = int(grid.to(torch.int64).prod(dim=1).sum()) if grid.numel() else 0
+        if described != patches.shape[0]:
+            raise SampleError(sample.get(SAMPLE_ID), f"describes {described} patches but the sample has {patches.shape[0]} "
+                              f"rows of {patches_name}", field=grid_name)
+
+
+def is_integer(value: object) -> bool:
+    """An integer id or step: Python's or NumPy's, not a bool (True would be sample 1)."""
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
+def wide_integer(dtype: torch.dtype) -> bool:
+    """Whether token ids, labels or positions of ``dtype`` hold what they must: a vocabulary's ids (past
+    int16's range), the -100 that pads labels (below uint8's). Narrower types wrap silently."""
+    return dtype in (torch.int32, torch.int64)
 
 
 def _check_rows(value: Any, sample: Sample, name: str) -> None:

@@ -9,7 +9,7 @@ from torchdata.nodes import IterableWrapper
 
 from mimo_pipes.errors import SampleError, StateMismatchError
 from mimo_pipes.nodes import CanonicalShardReader, CostAnnotator
-from mimo_pipes.samples.sample import COST, IMAGE_TOKENS, REAL_TOKENS, SAMPLE_ID
+from mimo_pipes.samples.sample import COST, IMAGE_TOKENS, REAL_TOKENS, SAMPLE_ID, STEP
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset, image_tokens_for, tail_settings
 
 DATASET = SyntheticProcessedDataset(24, seed=7, text_tokens=4, patch_dim=2)
@@ -38,7 +38,7 @@ def test_bad_weights_and_samples():
         annotator(encoder_weight=0, language_weight=0)
     with pytest.raises(ValueError, match="must be >= 0"):
         annotator(encoder_weight=-1)
-    node = CostAnnotator(IterableWrapper([{SAMPLE_ID: 9, "input_ids": torch.ones(3, dtype=torch.int64)}]), settings=tail_settings(samples_per_rank=1))
+    node = CostAnnotator(IterableWrapper([{SAMPLE_ID: 9, STEP: 0, "input_ids": torch.ones(3, dtype=torch.int64)}]), settings=tail_settings(samples_per_rank=1))
     with pytest.raises(SampleError, match="sample 9, field 'attention_mask'"):
         next(node)
 
