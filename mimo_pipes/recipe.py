@@ -10,6 +10,9 @@ A recipe builds one module rank's graph. ``mimo-pipes run``, ``analyze`` and ``t
   ``progress(description, total)`` gives the callback that takes the rows done. With
   ``config.skip_bad_samples`` the rows ``build``'s graph would replace are listed in ``bad_rows`` (row ->
   why) instead of raised, found as the graph finds them under ``config.exchange_payload``.
+* ``failed_after_exchange(config, rows, progress)`` (optional, for ``analyze`` under ``--exchange-payload
+  rows`` with ``--skip-bad-samples``): which of the dataset ``rows`` consumed would be counted and moved, then
+  fail where they are processed (row -> why): the rows the run masks. Without it analyze cannot say.
 * ``Trainer`` (training recipes): ``Trainer(config, options, groups, topology, loader)`` with ``step()``,
   ``iteration``, ``state_dict()`` / ``load_state_dict()`` and ``close()``; optionally ``check_layout(topology)``.
 

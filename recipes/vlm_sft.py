@@ -10,7 +10,7 @@ mappers, then appends the library's tail (costs, windows, the exchange, micro-ba
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from torchdata.nodes import BaseNode, ParallelMapper
@@ -195,5 +195,31 @@ def row_counts(config: PipelineConfig, *, real_tokens: bool, runs: bool, progres
     # Under the samples payload the graph processes every row whole before counting it: a row bad only when its
     # images are decoded is replaced there, so with --skip-bad-samples the count decodes them too.
     decode = config.skip_bad_samples and config.exchange_payload == "samples"
+    # Under the rows payload the graph refuses image files that are not whole before counting (build above).
+    whole_files = config.skip_bad_samples and config.exchange_payload == "rows"
     return count_rows(dataset, open_processor(config), real_tokens=real_tokens, runs=runs, progress=tick, skip_bad=config.skip_bad_samples,
-                      decode=decode)
+                      decode=decode, whole_files=whole_files)
+
+
+def failed_after_exchange(config: PipelineConfig, rows: Iterable[int], progress: Callable[[int], None] | None = None) -> dict[int, str]:
+    """Under ``--exchange-payload rows`` with ``--skip-bad-samples``: each of ``rows`` that :func:`build`'s graph
+    would count, move and then fail to process (an image file whole by its framing whose pixels cannot be
+    decoded), with why; the run masks those (mimo_pipes/samples/masking.py). For ``mimo-pipes analyze``, on the
+    rows it consumes: each is processed whole, as an encoder module processes it after the exchange."""
+    from mimo_pipes.errors import SampleError, row_reason
+    from mimo_pipes.samples.module_fields import ENCODER, ModuleFields
+    from mimo_pipes.samples.sample import SAMPLE_ID
+
+    dataset = open_source(dataset_path(config))
+    # The encoder module's path of a row, as build() makes it: counted (files read as the exchange moves them),
+    # then processed; a row that fails there is masked on every module.
+    encoder = ModuleProcessor(open_processor(config), ModuleFields(ENCODER), image_paths=config.exchange_image_paths, whole_files=True)
+    failed: dict[int, str] = {}
+    for row in rows:
+        try:
+            encoder(encoder.count({**dataset[row], SAMPLE_ID: row}))
+        except SampleError as error:
+            failed[row] = row_reason(error)
+        if progress is not None:
+            progress(1)
+    return failed

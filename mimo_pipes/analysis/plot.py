@@ -67,7 +67,7 @@ def build_figure(plot: ModulePlot) -> Any:
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
-    figure, axes = plt.subplots(2, 2, figsize=FIGSIZE_INCHES, dpi=DPI, gridspec_kw={"width_ratios": [2, 1]})
+    figure, axes = plt.subplots(2, 2, figsize=FIGSIZE_INCHES, dpi=DPI, gridspec_kw={"width_ratios": [3, 2]})
     (loads, what_ifs), (path, spreads) = axes
     _loads(loads, plot)
     _what_ifs(what_ifs, plot)
@@ -118,7 +118,9 @@ def _what_ifs(axes: Any, plot: ModulePlot) -> None:
         axes.hlines([b for _, b in bounded], [i - 0.35 for i, _ in bounded], [i + 0.35 for i, _ in bounded], color=BOUND_COLOR,
                     linewidth=1.5, label="lower bound")
         axes.legend(fontsize=8, loc="lower right")
-    axes.set_xticks(x, labels, fontsize=8)
+    # This panel is narrow: with six bars, or an '(incomplete)' label, smaller labels, so that none runs into its neighbour.
+    crowded = len(plot.what_ifs) > 5 or any(w.incomplete for w in plot.what_ifs)
+    axes.set_xticks(x, labels, fontsize=6.5 if crowded else 8)
     axes.set_ylim(0, max(paths, default=1) * 1.22 or 1)
     axes.set_title("critical path per setting (given: blue)")
     axes.set_ylabel(f"critical path, {plot.unit}")

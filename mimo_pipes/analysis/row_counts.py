@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -22,14 +23,16 @@ from typing import Any
 import numpy as np
 
 from mimo_pipes.data.cache import cache_root
+from mimo_pipes.data.complete_files import check_row_images
 from mimo_pipes.data.module_processor import ModuleProcessor, RowCount
 from mimo_pipes.data.processor import SampleProcessor
 from mimo_pipes.data.sources import read_rows
 from mimo_pipes.errors import SampleError, row_reason
 from mimo_pipes.samples.cost import image_token_count, placeholder_runs, real_token_count
+from mimo_pipes.samples.sample import SAMPLE_ID
 from mimo_pipes.time_model.model import TimeModel
 
-CACHE_VERSION = "v3"  # v2: placeholder runs kept when asked for; v3: rows processed for their cost, and why
+CACHE_VERSION = "v4"  # v2: placeholder runs kept when asked for; v3: rows processed for their cost, and why; v4: keyed by the image folder
 CHUNK_ROWS = 2048  # rows read from the dataset at a time: memory bounded by one chunk of encoded images
 
 UNCOUNTED = -1  # real tokens of a row when they were not asked for
@@ -85,7 +88,7 @@ def processed_counter(processor: Callable[[Mapping[str, Any]], Mapping[str, Any]
 
 
 def fingerprint(dataset: Any, processor: Any, real_tokens: bool = True, runs: bool = False, skip_bad: bool = False,
-                decode: bool = False) -> str | None:
+                decode: bool = False, whole_files: bool = False) -> str | None:
     """Cache key of a dataset's counts under a processor's settings; None when the dataset has none."""
     data_key = getattr(dataset, "_fingerprint", None)
     if data_key is None:
@@ -99,6 +102,8 @@ def fingerprint(dataset: Any, processor: Any, real_tokens: bool = True, runs: bo
         "rows": len(dataset),
         "processor": type(processor).__qualname__,
         "seq_length": getattr(processor, "seq_length", None),
+        # Paths in the data resolve inside it: another folder gives other sizes, other bad rows, other reasons.
+        "image_folder": _folder_key(getattr(processor, "image_folder", None)),
         "image_processor": image_processor.to_dict() if hasattr(image_processor, "to_dict") else repr(image_processor),
         "tokenizer": hashlib.sha256(processor._tokenizer.to_str().encode()).hexdigest() if hasattr(processor, "_tokenizer") else repr(processor),
     }
@@ -106,7 +111,14 @@ def fingerprint(dataset: Any, processor: Any, real_tokens: bool = True, runs: bo
         settings["skip_bad"] = True
     if decode:  # rows processed whole: a row bad only when its images are decoded is bad here
         settings["decode"] = True
+    if whole_files:  # image files not whole are bad rows here
+        settings["whole_files"] = True
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def _folder_key(folder: str | None) -> list[str] | None:
+    """The folder as given (bad rows' reasons name it so) and where it leads."""
+    return None if folder is None else [folder, os.path.realpath(os.path.expanduser(folder))]
 
 
 def count_tokens(
@@ -135,6 +147,7 @@ def count_rows(
     progress: Callable[[int], None] | None = None,
     skip_bad: bool = False,
     decode: bool = False,
+    whole_files: bool = False,
 ) -> RowCounts:
     """Image tokens, real tokens and, with ``runs``, the placeholder runs of every row of ``dataset`` as
     ``processor`` would produce them (runs are what a time model prices; finding them costs a pass over
@@ -148,9 +161,11 @@ def count_rows(
     counting raises SampleError counts 0 and is listed in ``bad_rows`` with its reason, as the run reports
     it; without, its SampleError is raised. ``decode``: every row processed whole, images decoded (what a
     graph under ``--exchange-payload samples`` does before counting), so a row whose image fails only when
-    decoded is a bad row here too; slower, the counts are the same."""
+    decoded is a bad row here too; slower, the counts are the same. ``whole_files``: a row whose image file is
+    not whole (cut after its header: ``data.complete_files``) raises its SampleError before it is counted, as
+    the graph checks it under the rows payload with ``--skip-bad-samples``."""
     runs = runs and row_counter is None
-    key = fingerprint(dataset, processor, real_tokens, runs, skip_bad, decode) if use_cache and row_counter is None else None
+    key = fingerprint(dataset, processor, real_tokens, runs, skip_bad, decode, whole_files) if use_cache and row_counter is None else None
     path = cache_root() / "analyze" / f"tokens-{key}.npz" if key else None
     if path is not None and path.is_file():
         with np.load(path) as cached:
@@ -161,7 +176,7 @@ def count_rows(
         if progress is not None:
             progress(len(dataset))
         return counts
-    counts = _count_all(dataset, processor, row_counter, real_tokens, runs, progress, skip_bad, decode)
+    counts = _count_all(dataset, processor, row_counter, real_tokens, runs, progress, skip_bad, decode, whole_files)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{np.random.default_rng().integers(1 << 30)}.tmp.npz")
@@ -176,19 +191,24 @@ def count_rows(
 class _SizeCounter:
     """Counts a row from its sizes, as the graph counts it before moving it (the built-in processor class)."""
 
-    def __init__(self, processor: SampleProcessor, runs: bool) -> None:
+    def __init__(self, processor: SampleProcessor, runs: bool, whole_files: bool = False) -> None:
         self.sized = ModuleProcessor(processor)
         self.runs = runs
+        self.whole_files = whole_files
 
     def __call__(self, row: Mapping[str, Any]) -> RowCount:
-        return self.sized.counts(dict(row), runs=self.runs)
+        row = dict(row)
+        if self.whole_files:  # checked before counting, as ModuleProcessor.count checks it
+            check_row_images(row, self.sized.processor.image_folder, row.get(SAMPLE_ID, row.get("id")))
+        return self.sized.counts(row, runs=self.runs)
 
 
-def _row_counter(processor: Any, row_counter: RowCounter | None, runs: bool, decode: bool = False) -> Callable[[Mapping[str, Any]], RowCount]:
+def _row_counter(processor: Any, row_counter: RowCounter | None, runs: bool, decode: bool = False,
+                 whole_files: bool = False) -> Callable[[Mapping[str, Any]], RowCount]:
     if row_counter is not None:
         return _without_runs(row_counter)
     if type(processor) is SampleProcessor and not decode:
-        return _SizeCounter(processor, runs)
+        return _SizeCounter(processor, runs, whole_files)
     return _processed_count(processor, getattr(processor, "placeholder_ids", processor.image_token_id), runs)
 
 
@@ -198,13 +218,13 @@ def _without_runs(row_counter: RowCounter) -> Callable[[Mapping[str, Any]], RowC
 
 
 def _count_all(dataset: Any, processor: Any, row_counter: RowCounter | None, real: bool, runs: bool,
-               progress: Callable[[int], None] | None, skip_bad: bool = False, decode: bool = False) -> RowCounts:
+               progress: Callable[[int], None] | None, skip_bad: bool = False, decode: bool = False, whole_files: bool = False) -> RowCounts:
     size = len(dataset)
     image_tokens = np.zeros(size, dtype=np.int64)
     real_tokens = np.zeros(size, dtype=np.int64)
     runs_per_row = np.zeros(size, dtype=np.int64)
     run_lengths: list[int] = []
-    counter = _row_counter(processor, row_counter, runs, decode)
+    counter = _row_counter(processor, row_counter, runs, decode, whole_files)
     sized = isinstance(counter, _SizeCounter)
     bad: dict[int, str] = {}  # with skip_bad: a row that cannot be counted counts 0, and why is kept
     for start in range(0, size, CHUNK_ROWS):

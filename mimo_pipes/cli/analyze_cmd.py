@@ -16,11 +16,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from mimo_pipes.cli.argtypes import path, positive_ints
 from mimo_pipes.cli.headline import headline
 from mimo_pipes.cli.job_args import add_job_arguments, config_from_args
-from mimo_pipes.cli.job_checks import validate_consumption
+from mimo_pipes.cli.job_checks import check_job
 from mimo_pipes.cli.launcher import EXIT_CONFIG, EXIT_FAILED
 from mimo_pipes.cli.output_paths import check_output_folder
 from mimo_pipes.config import PipelineConfig
@@ -104,6 +105,22 @@ def analysis_mode(config: PipelineConfig, time_model: bool) -> str:
             f"{', time model' if time_model else ''}{', two-level' if reorder.reorder_two_level else ''})")
 
 
+def _masked_rows(recipe: Any, config: PipelineConfig, result: Any, topology: Any, progress: Any) -> str | None:
+    """The run's line of rows masked after the exchange (rows payload): the consumed rows the recipe says fail
+    where they are processed, masked alike on every module. None where the run prints none or the recipe
+    cannot say (no ``failed_after_exchange``)."""
+    find = getattr(recipe, "failed_after_exchange", None)
+    if config.exchange_payload != "rows" or not callable(find):
+        return None
+    from mimo_pipes.observe.bad_rows_report import format_mask_report
+    from mimo_pipes.observe.warning_tally import collected
+
+    consumed = sorted(set(result.replay.after.reshape(-1).tolist()))
+    with collected():  # the count met every consumed row already: its warnings are said once, from there
+        failed = dict(sorted(find(config, consumed, progress("processed", len(consumed))).items()))
+    return format_mask_report(failed, {module.name: sorted(failed) for module in topology.modules})
+
+
 def run(args: argparse.Namespace) -> int:
     from mimo_pipes.analysis.analyze import analyze, write_plots
     from mimo_pipes.analysis.table import format_analysis
@@ -115,9 +132,8 @@ def run(args: argparse.Namespace) -> int:
             if getattr(args, f"refused_{flag.lstrip('-').replace('-', '_')}", None) is not None:
                 raise ConfigError(flag, f"does not apply to analyze: {why}")
         config, options = config_from_args(args)
-        topology = config.validate()
+        topology, start = check_job(config, options)  # every check of run, the ignored flags' included
         config.check_cost_range(topology, max(config.reorder.reorder_window_size, *args.compare_window_sizes))  # the what-ifs' windows
-        start = validate_consumption(config, options, topology.world_size)
         check_output_folder(args.out, "--out")
         recipe = load_recipe(options.recipe, needs=("row_counts",), command="analyze")
         if callable(getattr(recipe, "prepare", None)):
@@ -156,12 +172,18 @@ def run(args: argparse.Namespace) -> int:
     mode = analysis_mode(config, model is not None)
     plots = write_plots(out, result, topology, f"micro-batch {config.micro_batch_size}, micro-batches {start}..{end - 1}, {mode}")
     print(headline(config, topology, start, end, command="mimo-pipes analyze", mode=mode))
+    if end < stop:  # as the run says it
+        print(f"the data ended after {end} micro-batches, before the {stop} asked for "
+              f"({'--stop-after' if options.stop_after is not None else '--steps'})")
     print(format_analysis(result))
     if config.skip_bad_samples:
         from mimo_pipes.analysis.analyze import skipped_rows
         from mimo_pipes.observe.bad_rows_report import format_skip_report
 
         print(format_skip_report(*skipped_rows(result)))
+        masked = _masked_rows(recipe, config, result, topology, progress)
+        if masked is not None:
+            print(masked)
     for count in warnings:
         print(count.line())
     processed = getattr(counts, "processed_for_cost", None)  # a recipe's own counts may not say

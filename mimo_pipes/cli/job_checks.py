@@ -18,6 +18,12 @@ def validate_job(config: PipelineConfig, options: JobOptions, announce: Callable
     """All checks that can run before a rank starts; returns the world size. The transport is checked last:
     it asks torch whether GPUs are here, and a plain mistake should not wait for that import. ``announce``
     is called with the topology and the micro-batches already consumed as soon as the settings hold."""
+    return check_job(config, options, announce)[0].world_size
+
+
+def check_job(config: PipelineConfig, options: JobOptions, announce: Callable[[Topology, int], None] | None = None) -> tuple[Topology, int]:
+    """:func:`validate_job`'s checks, returning the topology and the micro-batches already consumed (``analyze``
+    applies every check of ``run``, those of the flags it ignores included, so both accept the same lines)."""
     topology = config.validate()
     consumed = validate_consumption(config, options, topology.world_size)
     for setting, name in OUTPUT_FOLDERS.items():
@@ -37,7 +43,7 @@ def validate_job(config: PipelineConfig, options: JobOptions, announce: Callable
             os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
             warn=os.environ.get("RANK", "0") == "0",  # under torchrun every rank checks: rank 0 says it
         )
-    return topology.world_size
+    return topology, consumed
 
 
 def validate_consumption(config: PipelineConfig, options: JobOptions, world_size: int) -> int:

@@ -10,6 +10,7 @@ transformers."""
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,10 @@ def open_image(item: Any, image_folder: str | None, row: object, what: str):
     except Exception as e:  # noqa: BLE001 - any decode failure names the row
         if isinstance(item, dict) and item.get("bytes") is not None and item.get("path"):
             what = f"{what} ({item['path']})"  # where the bytes came from: an Energon sample's shard and key
-        raise SampleError(row, f"dataset row {row}: {what} cannot be decoded: {e}", field="images", kind=bad_rows.UNREADABLE_IMAGE) from e
+        # A stream's repr holds its address ('<_io.BytesIO object at 0x...>'): dropped, so that a row's reason reads
+        # alike in every process (the run's ranks, analyze) and every time.
+        text = re.sub(r" ?<[\w.]+ object at 0x[0-9a-fA-F]+>", "", str(e))
+        raise SampleError(row, f"dataset row {row}: {what} cannot be decoded: {text}", field="images", kind=bad_rows.UNREADABLE_IMAGE) from e
 
 
 def encoded_source(item: Any, image_folder: str | None, row: object, what: str) -> io.BytesIO | Path:

@@ -74,3 +74,19 @@ def test_cut_window_is_a_window_of_moving_samples_cut_by_the_range(start, length
     # a window is cut where the range does not start or end at a window edge; a single pass ends where the data ends
     edge_end = end % window == 0 or (not cyclic and end == schedule.per_epoch)
     assert cut_window(schedule, start, stop, window, across) == (across and window > 1 and (start % window != 0 or not edge_end))
+
+
+@pytest.mark.parametrize(("window", "steps"), [(3, 5), (4, 6), (2, 7), (4, 9)])
+def test_every_what_if_label_is_readable_beside_the_others(window, steps):
+    """The what-if labels (incomplete ones are four lines) never overlap one another, with the given window
+    among the compared ones (5 bars) or not (a sixth bar): an overlapped '(incomplete)' reads as no mark."""
+    analysis, topology = _analysis(2, window=window, steps=steps)
+    figure = _figure(analysis, topology, "images")
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    labels = [label for label in figure.axes[1].get_xticklabels() if label.get_text()]
+    assert len(labels) == 5 + (window not in (2, 4, 8))
+    assert any("(incomplete)" in label.get_text() for label in labels)
+    boxes = [label.get_window_extent(renderer) for label in labels]
+    for left, right in zip(boxes, boxes[1:]):
+        assert not left.overlaps(right), [label.get_text() for label in labels]
