@@ -121,6 +121,15 @@ def _masked_rows(recipe: Any, config: PipelineConfig, result: Any, topology: Any
     return format_mask_report(failed, {module.name: sorted(failed) for module in topology.modules})
 
 
+def _windows_a_run_takes(config: PipelineConfig, sizes: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The what-if windows (across micro-batches) a run would take with these settings, and those it refuses:
+    with --global-batch-size set, a window must divide the micro-batches of a global batch."""
+    if config.global_batch_size is None:
+        return tuple(sizes), ()
+    per_global = config.microbatches_per_global_batch
+    return tuple(w for w in sizes if per_global % w == 0), tuple(w for w in sizes if per_global % w)
+
+
 def run(args: argparse.Namespace) -> int:
     from mimo_pipes.analysis.analyze import analyze, write_plots
     from mimo_pipes.analysis.table import format_analysis
@@ -143,6 +152,11 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     progress = _progress_factory(options.progress)
     stop = options.stop_after if options.stop_after is not None else options.steps
+    compared, refused = _windows_a_run_takes(config, args.compare_window_sizes)
+    if refused:
+        print(f"mimo-pipes analyze: across {', '.join(map(str, refused))} left out: with --global-batch-size "
+              f"{config.global_batch_size} a run refuses windows that do not divide the {config.microbatches_per_global_batch} "
+              "micro-batches of a global batch", file=sys.stderr)
     reorder = config.reorder
     model = reorder.load_time_model()
     try:
@@ -158,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = analyze(config, topology, image_tokens, counts.real_tokens, start=start, stop=stop,
                          encoder_costs=counts.encoder_costs(model) if model is not None else None,
-                         compare_window_sizes=args.compare_window_sizes, progress=progress, bad_rows=bad_rows)
+                         compare_window_sizes=compared, progress=progress, bad_rows=bad_rows)
     except ConfigError as error:  # counts beyond what --seq-length allows (a recipe's own counter)
         print(f"mimo-pipes analyze: error: {error}", file=sys.stderr)
         return EXIT_CONFIG

@@ -189,3 +189,16 @@ def test_an_undecodable_image_reason_reads_alike_everywhere():
             open_image(b"not an image at all", None, 7, "image 0")
         reasons.add(row_reason(caught.value))
     assert reasons == {"image 0 cannot be decoded: cannot identify image file"}
+
+
+def test_what_ifs_a_run_would_refuse_are_left_out_and_said(tmp_path):
+    # With --global-batch-size a window across micro-batches must divide the micro-batches of a global batch:
+    # a what-if of another window is one no run can have, so it is neither compared nor drawn.
+    args = [*SMALL, "--reorder-window-size", "3", "--global-batch-size", "12", "--compare-window-sizes", "1,2,3,4,6"]
+    status, _, stderr = analyze_here([*args, "--out", str(tmp_path)])
+    assert status == 0, stderr
+    assert ("mimo-pipes analyze: across 2, 4, 6 left out: with --global-batch-size 12 a run refuses windows that do not divide "
+            "the 3 micro-batches of a global batch") in stderr.splitlines()
+    analysis = json.loads((tmp_path / "analysis.json").read_text())
+    for module in analysis.values():
+        assert set(module["what_if"]) == {"no_reorder", "per_microbatch", "across_window_1", "across_window_3"}
