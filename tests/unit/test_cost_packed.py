@@ -50,7 +50,7 @@ def test_tokens_cost_is_unchanged_by_default():
 
 
 def test_cost_annotator_adds_the_attention_term():
-    samples = [{"input_ids": torch.tensor([5, 9, 9, 1]), "attention_mask": torch.ones(4, dtype=torch.int64)}]
+    samples = [{"sample_id": 0, "step": 0, "input_ids": torch.tensor([5, 9, 9, 1]), "attention_mask": torch.ones(4, dtype=torch.int64)}]
     config = ReorderConfig(reorder_language_cost_weight="1", reorder_language_cost="packed", reorder_attention_crossover=8)
     w_enc, w_lang = config.integer_cost_weights()
     settings = tail_settings(samples_per_rank=1, image_token_id=9, encoder_weight=w_enc, language_weight=w_lang,

@@ -94,7 +94,7 @@ def test_a_sample_too_costly_for_the_window_is_refused_by_the_cost_annotator():
     reorder = ReorderConfig(reorder_language_cost_weight="100000000000000")
     settings_ = resolve_tail(reorder, micro_batch_size=8, dp_size=1, grid_size=1, image_token_ids=IMAGE, pad_length=None, pad_values={})
     short, long = (torch.ones(n, dtype=torch.int64) for n in (100, 20000))
-    node = CostAnnotator(IterableWrapper([{"sample_id": k, "input_ids": ids, "attention_mask": ids} for k, ids in enumerate((short, long))]),
+    node = CostAnnotator(IterableWrapper([{"sample_id": k, "step": k, "input_ids": ids, "attention_mask": ids} for k, ids in enumerate((short, long))]),
                          settings=settings_)
     node.reset()
     assert next(node)[COST] == 100 * 100000000000000 + 0
@@ -167,7 +167,7 @@ def test_the_graph_refuses_or_prices_exactly(tmp_path, encoder, language, packed
         length = data.draw(st.integers(1, seq_length))
         images = data.draw(st.integers(0, length))
         ids = torch.cat([torch.full((images,), IMAGE), torch.ones(length - images, dtype=torch.int64)])
-        samples.append({"sample_id": k, "input_ids": ids, "attention_mask": torch.ones(length, dtype=torch.int64)})
+        samples.append({"sample_id": k, "step": k // batch, "input_ids": ids, "attention_mask": torch.ones(length, dtype=torch.int64)})
     node = CostAnnotator(IterableWrapper(samples), settings=settings_)
     node.reset()
     costs = []

@@ -188,7 +188,7 @@ def test_cost_annotator_uses_the_model():
     from mimo_pipes.samples.sample import COST, ENCODER_COST
 
     ids = torch.tensor([TEXT, START, *[IMAGE] * 30, END, START, *[IMAGE] * 6, END, TEXT])
-    sample = {"input_ids": ids, "attention_mask": torch.ones(len(ids), dtype=torch.int64)}
+    sample = {"sample_id": 0, "step": 0, "input_ids": ids, "attention_mask": torch.ones(len(ids), dtype=torch.int64)}
     settings = tail_settings(samples_per_rank=1, image_token_id=IMAGE, encoder_weight=3, language_weight=1, time_model=MODEL)
     node = CostAnnotator(IterableWrapper([sample]), settings=settings)
     out = next(iter(node))
@@ -296,7 +296,7 @@ def test_saved_state_remembers_the_model():
     from mimo_pipes.nodes import CostAnnotator
 
     ids = torch.tensor([START, *[IMAGE] * 4, END])
-    samples = [{"input_ids": ids, "attention_mask": torch.ones(6, dtype=torch.int64)} for _ in range(3)]
+    samples = [{"sample_id": k, "step": k, "input_ids": ids, "attention_mask": torch.ones(6, dtype=torch.int64)} for k in range(3)]
 
     def node(model):
         return CostAnnotator(IterableWrapper(samples), settings=tail_settings(samples_per_rank=1, image_token_id=IMAGE, time_model=model))
