@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from scenarios_exchange import PAD_VALUES, join_layout, make_config
 
+from mimo_pipes.samples.collate import SEQUENCE_FIELDS
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
 from mimo_pipes_recipes.vlm_sft import pipeline
 
@@ -31,7 +32,11 @@ class FaultyDataset(SyntheticProcessedDataset):
             if self.mode == "source":
                 raise OSError(f"storage read failed for index {index}")
             if self.mode == "too_long":  # longer than the pad length: collation would fail after the exchange
-                sample["input_ids"] = torch.full((TOO_LONG,), 7, dtype=torch.int64)
+                length = sample["input_ids"].shape[-1]
+                for name in SEQUENCE_FIELDS:  # every per-token field as long, as a real over-long sample has them
+                    value = sample.get(name)
+                    if isinstance(value, torch.Tensor) and value.shape[-1] == length:
+                        sample[name] = torch.full((*value.shape[:-1], TOO_LONG), 7 if name == "input_ids" else 1, dtype=value.dtype)
                 return sample
             sample["extra"] = {"boxes": [object()]}  # not packable
         return sample
