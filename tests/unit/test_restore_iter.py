@@ -56,6 +56,14 @@ def saved_and_rest(make, count: int, rest: int):
     return state, after
 
 
+def restored_and_rest(make, count: int, rest: int):
+    """A new loader restored to the state after ``count`` items of another, and the ``rest`` items after it."""
+    state, after = saved_and_rest(make, count, rest)
+    restored = make()
+    restored.load_state_dict(state)
+    return restored, after
+
+
 MAKERS = {
     "graph": lambda: graph(GRID_1),
     "graph-window-3": lambda: graph(GRID_1, across=False, seed=11),
@@ -69,9 +77,7 @@ MAKERS = {
 @pytest.mark.parametrize("count", [3, 5])
 def test_a_second_iter_after_a_restore_resumes_there(name, count):
     make = MAKERS[name]
-    state, rest = saved_and_rest(make, count, 4)
-    restored = make()
-    restored.load_state_dict(state)
+    restored, rest = restored_and_rest(make, count, 4)
     first = iter(restored)
     again = iter(restored)  # the common pattern: it = iter(loader), then a for loop over the loader
     assert ids(take(again, 4)) == rest
@@ -82,9 +88,7 @@ def test_a_second_iter_after_a_restore_resumes_there(name, count):
 @pytest.mark.parametrize("name", sorted(MAKERS))
 def test_an_iter_after_consuming_continues_where_the_loader_stands(name):
     make = MAKERS[name]
-    state, rest = saved_and_rest(make, 4, 6)
-    restored = make()
-    restored.load_state_dict(state)
+    restored, rest = restored_and_rest(make, 4, 6)
     assert ids(take(restored, 2)) == rest[:2]
     assert ids(take(iter(restored), 2)) == rest[2:4]  # neither back to the restored micro-batch nor to step 0
     assert restored.state_dict()["num_yielded"] == 8
@@ -98,9 +102,7 @@ def test_an_iter_after_consuming_continues_where_the_loader_stands(name):
 @pytest.mark.parametrize("name", sorted(MAKERS))
 def test_a_for_loop_broken_and_run_again_neither_repeats_nor_skips(name):
     make = MAKERS[name]
-    state, rest = saved_and_rest(make, 3, 5)
-    restored = make()
-    restored.load_state_dict(state)
+    restored, rest = restored_and_rest(make, 3, 5)
     got = []
     for _ in range(2):  # e.g. an evaluation between two stretches of training
         for batch in restored:
@@ -162,9 +164,7 @@ def test_a_stateful_source_restores_through_a_second_iter():
     def make():
         return wrap_single(StatefulDataLoader(_Steps(), batch_size=None, num_workers=0))
 
-    state, rest = saved_and_rest(make, 3, 3)
-    restored = make()
-    restored.load_state_dict(state)
+    restored, rest = restored_and_rest(make, 3, 3)
     iter(restored)
     assert ids(take(iter(restored), 3)) == rest
     restored.close()
