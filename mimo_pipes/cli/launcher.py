@@ -13,6 +13,7 @@ the roll outlives every rank).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -187,6 +188,25 @@ def _start_quiet_resource_tracker() -> None:
             os.environ["PYTHONWARNINGS"] = previous
 
 
+def _stop_resource_tracker(timeout_s: float = 5.0) -> None:
+    """Close the resource tracker's pipe and wait for it to exit (it first frees what a killed rank left), so
+    that no process of the job outlives the launcher: on its own the tracker exits only once it sees the
+    launcher gone, a moment after."""
+    from multiprocessing import resource_tracker
+
+    tracker = resource_tracker._resource_tracker
+    with tracker._lock:
+        fd, pid = getattr(tracker, "_fd", None), getattr(tracker, "_pid", None)
+        if fd is None or pid is None:
+            return
+        tracker._fd = tracker._pid = None  # a later use starts a new one
+        os.close(fd)
+        deadline = time.monotonic() + timeout_s
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(pid, os.WNOHANG) == (0, 0) and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+
 def _spawn(rank_main: RankMain, config: Any, options: Any, world_size: int, command: str) -> int:
     import multiprocessing
     from multiprocessing.connection import wait
@@ -260,6 +280,10 @@ def _spawn(rank_main: RankMain, config: Any, options: Any, world_size: int, comm
         for process in processes:
             if process.is_alive():
                 process.kill()
+        for process in processes:
+            if process.pid is not None:  # started
+                process.join()
+        _stop_resource_tracker()
         del store
     if stop.signum is not None:
         where = getattr(options, "save_state", None)
