@@ -287,18 +287,14 @@ def _check_metadata_lists(batch: Mapping[str, Any], rows: int, step: int) -> Non
 
 
 def _check_sample_ids(ids: list | tuple, step: int) -> None:
-    """``sample_ids`` given by the batch are integers, each once: a float would be cut to another sample's id,
-    and a repeated id makes two rows one sample in the dumps, the skips and the masking."""
-    seen: dict[int, int] = {}
+    """``sample_ids`` given by the batch are integers: a float would be cut to another sample's id. An id may
+    repeat (a sampler drawing with replacement, a bad row replaced by the next good one): rows are told apart
+    by their place, never by their id."""
     for row, value in enumerate(ids):
         if not is_integer(value) and not isinstance(value, torch.Tensor):
             raise ValueError(f"micro-batch {step}: sample_ids[{row}] must be an integer, got {value!r} ({type(value).__name__})")
         if isinstance(value, torch.Tensor) and (value.dim() != 0 or value.dtype.is_floating_point or value.dtype == torch.bool):
             raise ValueError(f"micro-batch {step}: sample_ids[{row}] must be an integer, got a {value.dtype} tensor of shape {tuple(value.shape)}")
-        if int(value) in seen:
-            raise ValueError(f"micro-batch {step}: sample_ids repeats {int(value)} (rows {seen[int(value)]} and {row}); "
-                             "every row is its own sample")
-        seen[int(value)] = row
 
 
 def _check_token_fields(batch: Mapping[str, Any], samples: list[Sample], step: int, mrope_first: bool) -> None:
