@@ -77,6 +77,7 @@ def rank_entry(rank_main: RankMain, rank: int, world_size: int, port: int | None
         call_roll("done", read=False)
         return 0
     except StopRequested as stop:
+        _hold_stop_signals()
         verdict = call_roll("stopped", read=True)
         phrase = verdict.phrase(lost_peer=False) if verdict is not None else None
         if phrase:  # every rank: the one that says it alone may be the one that died
@@ -85,6 +86,7 @@ def rank_entry(rank_main: RankMain, rank: int, world_size: int, port: int | None
             say(f"{command}: {stop}")
         return exit_status(stop.signum)
     except Exception as error:  # noqa: BLE001 - one line per rank, then a non-zero exit
+        _hold_stop_signals()
         own = isinstance(error, (ConfigError, SampleError, PeerError))
         # A transport's text (Gloo's pair.cc ... Connection reset by peer) names a socket, not the rank that
         # ended: said in a few words here, with the rank the roll finds dead.
@@ -94,6 +96,17 @@ def rank_entry(rank_main: RankMain, rank: int, world_size: int, port: int | None
         if os.environ.get("MIMO_PIPES_TRACEBACK") and not own:
             raise
     return EXIT_FAILED
+
+
+def _hold_stop_signals() -> None:
+    """A rank that is ending says its last words whatever comes: the stop handler of its loop is gone by now,
+    and the SIGTERM a launcher sends every rank once one died (or once one failed) would otherwise end it by
+    the default action before its line, its peers then taking it for dead too. It exits right after."""
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, signal.SIG_IGN)
 
 
 def _die_with_parent() -> None:
