@@ -20,7 +20,6 @@ from mimo_pipes.samples.collate import (
     METADATA_LIST_NAMES,
     SEQUENCE_FIELDS,
     VISION_ROWS,
-    check_grids,
     is_integer,
     wide_integer,
 )
@@ -192,9 +191,7 @@ class Uncollate(BaseNode[Sample]):
                     sample[name] = item
             else:
                 raise ValueError(f"micro-batch {step}: field {name!r} has no entry per row, so it cannot be split into samples")
-        for sample in samples:
-            check_grids(sample)
-        return samples
+        return samples  # each sample's grids are checked where it enters the tail (CostAnnotator)
 
     def _image_spans(self, batch: Mapping[str, Any], samples: list[Sample], lengths: list[int], step: int) -> dict[str, list[tuple[int, int]]]:
         """Per row, its [start, stop) in each concatenated vision field."""
