@@ -90,8 +90,8 @@ def _loader_rank(rank: int, world: int, port: int, dps: list[int], tasks: Any, b
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=3600))
     groups = {dp: dist.new_group(list(range(dp))) for dp in dps}  # collective: every rank, same order
-    from mimo_pipes.data.embedded_processor import default_processor_path
-    from mimo_pipes.data.processor import load_processor
+    from mimo_pipes.data.embedded.builtin_processor import default_processor_path
+    from mimo_pipes.data.processing.processor import load_processor
     from mimo_pipes.exchange import RankLayout
     from mimo_pipes_recipes import vlm_sft
 
@@ -123,11 +123,11 @@ def _loader_rank(rank: int, world: int, port: int, dps: list[int], tasks: Any, b
 
 
 class GeneratedRows:
-    """The embedded dataset's rows (``mimo_pipes.data.synthetic``, seed 0), generated on first access and kept:
+    """The embedded dataset's rows (``mimo_pipes.data.embedded.synthetic``, seed 0), generated on first access and kept:
     the same rows ``mimo-pipes run`` reads from its saved copy, without needing ``datasets`` on the GPU host."""
 
     def __init__(self, size: int, seed: int = 0) -> None:
-        from mimo_pipes.data.synthetic import sample_kinds
+        from mimo_pipes.data.embedded.synthetic import sample_kinds
 
         self.kinds = sample_kinds(size, seed)
         self.seed = seed
@@ -137,7 +137,7 @@ class GeneratedRows:
         return len(self.kinds)
 
     def __getitem__(self, index: int) -> dict:
-        from mimo_pipes.data.synthetic import make_row
+        from mimo_pipes.data.embedded.synthetic import make_row
 
         if index not in self.rows:
             self.rows[index] = make_row(index, self.kinds[index], self.seed)
@@ -335,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from mimo_pipes.data.embedded_processor import default_processor_path
+    from mimo_pipes.data.embedded.builtin_processor import default_processor_path
     from mimo_pipes.train.encoders import build_vision_tower
 
     dtype = torch.float32 if args.device == "cpu" else torch.bfloat16

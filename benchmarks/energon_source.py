@@ -4,7 +4,7 @@ The same prepared VQA dataset (JPEGs of 300-1000 px a side, 1,000 samples a shar
 cache folder) is read by each side in its own child process, one after the other, on the same cores:
 
 * ``mimo``: the graph's reader (:class:`~mimo_pipes.nodes.CanonicalShardReader`, DP size 1, the seeded
-  shuffled order) over :func:`~mimo_pipes.data.sources.open_source`, each row counted as the graph counts
+  shuffled order) over :func:`~mimo_pipes.data.sources.open_source.open_source`, each row counted as the graph counts
   it before the exchange: its image's size from the header (no pixel decoded);
 * ``energon``: ``get_train_dataset`` + ``get_savable_loader`` (``WorkerConfig`` of one rank, no worker
   processes, no batching, shuffle buffer 100, 100 samples a sequence) with a decoder that parses the JSON
@@ -83,8 +83,8 @@ def _header_size(data: bytes) -> tuple[int, int]:
 
 
 def side_mimo(path: str, samples: int) -> dict:
-    from mimo_pipes.data.media_sizes import media_sizes
-    from mimo_pipes.data.sources import open_source
+    from mimo_pipes.data.processing.media_sizes import media_sizes
+    from mimo_pipes.data.sources.open_source import open_source
     from mimo_pipes.nodes import CanonicalShardReader
 
     dataset = open_source(path)
@@ -146,8 +146,8 @@ def child(side: str, path: str, samples: int) -> None:
     import PIL.Image  # noqa: F401
 
     if side == "mimo":  # its own modules too (datasets and pyarrow come with them): what reading adds is the rest
-        import mimo_pipes.data.media_sizes  # noqa: F401
-        import mimo_pipes.data.sources  # noqa: F401
+        import mimo_pipes.data.processing.media_sizes  # noqa: F401
+        import mimo_pipes.data.sources.open_source  # noqa: F401
         import mimo_pipes.nodes  # noqa: F401
     else:
         from megatron.energon import get_savable_loader, get_train_dataset  # noqa: F401

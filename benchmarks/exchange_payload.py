@@ -119,7 +119,7 @@ def processor_folder(folder: Path, max_pixels: int) -> Path:
     """The built-in processor with another ``max_pixels`` (the same tokenizer and patches)."""
     from transformers import Qwen2VLImageProcessorPil
 
-    from mimo_pipes.data.embedded_processor import MERGE_SIZE, MIN_PIXELS, PATCH_SIZE, TEMPORAL_PATCH_SIZE, build_tokenizer
+    from mimo_pipes.data.embedded.builtin_processor import MERGE_SIZE, MIN_PIXELS, PATCH_SIZE, TEMPORAL_PATCH_SIZE, build_tokenizer
 
     if not (folder / "preprocessor_config.json").is_file():
         folder.mkdir(parents=True, exist_ok=True)
@@ -182,8 +182,8 @@ def peak_rss_bytes() -> int:
 def rank_main(rank: int, world_size: int, case: dict[str, Any]) -> dict[str, Any]:
     from mimo_pipes.cli.rank_job import set_up_rank
     from mimo_pipes.config import PipelineConfig, ReorderConfig
-    from mimo_pipes.data.module_processor import ModuleProcessor
-    from mimo_pipes.data.sources import open_source
+    from mimo_pipes.data.processing.module_processor import ModuleProcessor
+    from mimo_pipes.data.sources.open_source import open_source
     from mimo_pipes.nodes import RowProcessor
     from mimo_pipes.observe.observer import ExchangeRecord
     from mimo_pipes.samples.module_fields import module_fields
@@ -351,8 +351,8 @@ def main() -> None:
     parser.add_argument("--no-docs", action="store_true", help="do not write the results into docs/benchmarks.md")
     args = parser.parse_args()
 
-    from mimo_pipes.data.dataset import default_dataset_path
-    from mimo_pipes.data.embedded_processor import MAX_PIXELS, default_processor_path
+    from mimo_pipes.data.embedded.builtin_processor import MAX_PIXELS, default_processor_path
+    from mimo_pipes.data.sources.saved_folder import default_dataset_path
 
     info = _dist.machine()
     max_pixels = args.max_pixels or MAX_PIXELS

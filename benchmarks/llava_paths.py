@@ -79,7 +79,7 @@ def main() -> None:
         annotations = generate(folder, args.rows)
         generated = time.perf_counter() - started
         env = dict(os.environ, MIMO_PIPES_CACHE=str(Path(scratch) / "cache"))  # cold: no counts, no dataset cache
-        subprocess.run([sys.executable, "-c", "from mimo_pipes.data.embedded_processor import default_processor_path as p; p()"], env=env, check=True)
+        subprocess.run([sys.executable, "-c", "from mimo_pipes.data.embedded.builtin_processor import default_processor_path as p; p()"], env=env, check=True)
         argv = ["--dataset", str(annotations), "--image-folder", str(folder / "images"), "--quiet"]
         if args.command == "analyze":
             argv += ["--out", str(Path(scratch) / "analysis")]

@@ -16,12 +16,12 @@ from typing import Any
 from torchdata.nodes import BaseNode, ParallelMapper
 
 from mimo_pipes.config import PipelineConfig, flag
-from mimo_pipes.data.dataset import default_dataset_path
-from mimo_pipes.data.embedded_processor import default_processor_path
-from mimo_pipes.data.module_processor import ModuleProcessor
-from mimo_pipes.data.processor import SampleProcessor, check_processor_path, load_processor
-from mimo_pipes.data.skipping import SkipBadRows
-from mimo_pipes.data.sources import check_source, dataset_folder, open_source
+from mimo_pipes.data.bad_rows.skipping import SkipBadRows
+from mimo_pipes.data.embedded.builtin_processor import default_processor_path
+from mimo_pipes.data.processing.module_processor import ModuleProcessor
+from mimo_pipes.data.processing.processor import SampleProcessor, check_processor_path, load_processor
+from mimo_pipes.data.sources.open_source import check_source, dataset_folder, open_source
+from mimo_pipes.data.sources.saved_folder import default_dataset_path
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.graph.loader import GraphLoader
@@ -160,7 +160,7 @@ def build(
     if config.exchange_payload == "rows":
         # Rows move, counted from their text and image headers; each module processes its own fields after the exchange.
         # Under --skip-bad-samples every module also refuses image files that are not whole, before the exchange:
-        # a row that would fail only where it is decoded is replaced alike on every module (data/complete_files.py);
+        # a row that would fail only where it is decoded is replaced alike on every module (data/bad_rows/complete_files.py);
         # one that fails there all the same (its compressed data corrupt) is masked on every module (samples/masking.py).
         rows = ModuleProcessor(processor, module_fields(layout.module), image_paths=config.exchange_image_paths,
                                whole_files=config.skip_bad_samples)

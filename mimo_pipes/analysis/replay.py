@@ -17,7 +17,7 @@ import numpy as np
 
 from mimo_pipes.balance import PlannerSettings, assign_window, window_lower_bound
 from mimo_pipes.checkpoint.resume import resume_point
-from mimo_pipes.data.skipping import MAX_TRIES, successor_rows, too_many_bad
+from mimo_pipes.data.bad_rows.skipping import MAX_TRIES, successor_rows, too_many_bad
 from mimo_pipes.parallel.sharding import epoch_order, global_microbatch_indices, microbatches_per_epoch
 
 

@@ -1,7 +1,7 @@
 """Per-sample (image tokens, real tokens, placeholder runs) of a whole dataset, cheaply, and cached.
 
-With a :class:`~mimo_pipes.data.processor.SampleProcessor` (every family), rows are counted as the graph
-counts them before its exchange (:meth:`~mimo_pipes.data.module_processor.ModuleProcessor.counts`): image
+With a :class:`~mimo_pipes.data.processing.processor.SampleProcessor` (every family), rows are counted as the graph
+counts them before its exchange (:meth:`~mimo_pipes.data.processing.module_processor.ModuleProcessor.counts`): image
 and video headers through the family's resize rule, the text through the tokenizer, far cheaper than
 decoding and patchifying every image. Every image form is counted so (bytes, paths, ``{"bytes", "path"}``
 values of ``datasets.Image`` columns, which are read undecoded whatever the features say, PIL images,
@@ -22,11 +22,11 @@ from typing import Any
 
 import numpy as np
 
+from mimo_pipes.data.bad_rows.complete_files import check_row_images
 from mimo_pipes.data.cache import cache_root
-from mimo_pipes.data.complete_files import check_row_images
-from mimo_pipes.data.module_processor import ModuleProcessor, RowCount
-from mimo_pipes.data.processor import SampleProcessor
-from mimo_pipes.data.sources import read_rows
+from mimo_pipes.data.processing.module_processor import ModuleProcessor, RowCount
+from mimo_pipes.data.processing.processor import SampleProcessor
+from mimo_pipes.data.sources.open_source import read_rows
 from mimo_pipes.errors import SampleError, row_reason
 from mimo_pipes.samples.cost import image_token_count, placeholder_runs, real_token_count
 from mimo_pipes.samples.sample import SAMPLE_ID

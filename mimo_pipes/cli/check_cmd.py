@@ -2,7 +2,7 @@
 
 Takes run's data flags (``--dataset``, ``--processor``, ``--image-folder``, ``--seq-length``), opens the
 data and the processor as the default recipe does, and gives every row a verdict
-(:class:`~mimo_pipes.data.row_check.RowChecker`) on worker processes, one per core it is given, in
+(:class:`~mimo_pipes.data.bad_rows.row_check.RowChecker`) on worker processes, one per core it is given, in
 batches whose results are taken in order: the output is the same for any number of workers. Lists every
 bad row once (its file and line or row, its dataset row and id, the kind of fault and the reason), then
 the counts per kind, the rows whose text gives way to ``--seq-length`` (a count: they are not bad) and
@@ -55,9 +55,9 @@ def _cores() -> int:
 
 def run(args: argparse.Namespace) -> int:
     from mimo_pipes.config import PipelineConfig
-    from mimo_pipes.data.row_check import RowChecker
-    from mimo_pipes.data.source_rows import open_rows
-    from mimo_pipes.data.sources import check_source
+    from mimo_pipes.data.bad_rows.row_check import RowChecker
+    from mimo_pipes.data.sources.open_source import check_source
+    from mimo_pipes.data.sources.source_rows import open_rows
     from mimo_pipes_recipes.vlm_sft import image_folder, open_processor
 
     try:
@@ -118,7 +118,7 @@ class Report:
                 self.processed[verdict.processed] += 1
 
     def lines(self, source, seq_length: int) -> list[str]:
-        from mimo_pipes.data.module_processor import MAX_COST_REASONS, cost_line
+        from mimo_pipes.data.processing.module_processor import MAX_COST_REASONS, cost_line
 
         places = source.places([row for row, _, _ in self.bad_rows] + [row for row, _ in self.truncated[:1]])
         entries = [(finding.place, f"{finding.place.text}: {finding.kind}: {finding.reason}") for finding in self.findings]

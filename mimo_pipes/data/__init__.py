@@ -1,4 +1,6 @@
-"""Data: sources, conversations, processor families, the embedded synthetic dataset and offline processors.
+"""Data, by concern: ``sources/`` (what ``--dataset`` names, opened as rows), ``processing/`` (a row made into a
+module's fields), ``bad_rows/`` (the kinds of bad row, their replacement, their check) and ``embedded/`` (the
+built-in dataset and processors, built offline); ``cache.py`` and ``paths.py`` serve them all.
 
 Names are imported lazily, so ``import mimo_pipes.data`` stays cheap until one is used.
 """
@@ -8,21 +10,21 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "generate_synthetic_dataset": "synthetic",
-    "KIND_MIX": "synthetic",
-    "build_default_processor": "embedded_processor",
-    "default_processor_path": "embedded_processor",
-    "check_processor_path": "processor",
-    "load_processor": "processor",
-    "SampleProcessor": "processor",
-    "default_dataset_path": "dataset",
-    "check_dataset_path": "dataset",
-    "open_dataset": "dataset",
+    "generate_synthetic_dataset": "embedded.synthetic",
+    "KIND_MIX": "embedded.synthetic",
+    "build_default_processor": "embedded.builtin_processor",
+    "default_processor_path": "embedded.builtin_processor",
+    "check_processor_path": "processing.processor",
+    "load_processor": "processing.processor",
+    "SampleProcessor": "processing.processor",
+    "default_dataset_path": "sources.saved_folder",
+    "check_dataset_path": "sources.saved_folder",
+    "open_dataset": "sources.saved_folder",
     "cache_root": "cache",
-    "open_source": "sources",
-    "check_source": "sources",
-    "build_family_processor": "offline",
-    "SkipBadRows": "skipping",
+    "open_source": "sources.open_source",
+    "check_source": "sources.open_source",
+    "build_family_processor": "embedded.family_processors",
+    "SkipBadRows": "bad_rows.skipping",
 }
 
 __all__ = sorted(_EXPORTS)

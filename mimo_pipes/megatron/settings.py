@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from mimo_pipes.data.embedded_processor import IMAGE_PAD, MERGE_SIZE, SPECIAL_TOKENS
+from mimo_pipes.data.embedded.builtin_processor import IMAGE_PAD, MERGE_SIZE, SPECIAL_TOKENS
 
 STAGES = ("only", "first", "middle", "last")
 """A rank's pipeline stage in the language model: ``only`` (no pipeline parallelism) keeps every key."""
@@ -67,7 +67,7 @@ class MimoBatchSettings:
     @classmethod
     def for_processor(cls, processor: Any, **options: Any) -> MimoBatchSettings:
         """Settings with the placeholder ids and merge size of a loaded
-        :class:`~mimo_pipes.data.processor.SampleProcessor` (any Qwen2/2.5/3-VL folder), then ``options``."""
+        :class:`~mimo_pipes.data.processing.processor.SampleProcessor` (any Qwen2/2.5/3-VL folder), then ``options``."""
         family = processor.family
         found = {
             "image_token_id": family.image_token_id,

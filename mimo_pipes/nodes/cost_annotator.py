@@ -24,7 +24,7 @@ class CostAnnotator(GraphNode[Sample]):
 
     Under the ``rows`` payload its items are rows counted before the tail (image tokens, real tokens and
     placeholder runs as metadata, from their text and image headers:
-    :meth:`~mimo_pipes.data.module_processor.ModuleProcessor.count`), priced alike. The state is valid for
+    :meth:`~mimo_pipes.data.processing.module_processor.ModuleProcessor.count`), priced alike. The state is valid for
     one cost function.
     """
 

@@ -47,7 +47,7 @@ class Masking(NamedTuple):
 class RowProcessor(BaseNode[Window]):
     """Turns every window of rows (from the exchange, or the Windower without one) into this module's
     collated micro-batches: each row goes through ``process`` (its module's fields:
-    :class:`~mimo_pipes.data.module_processor.ModuleProcessor`) on ``settings.processing.workers``
+    :class:`~mimo_pipes.data.processing.module_processor.ModuleProcessor`) on ``settings.processing.workers``
     threads or worker processes (``method``), on the rank that trains on it, so decoding and resizing are
     balanced by the exchange's assignment. It reads :data:`AHEAD` windows ahead of the one asked for.
 

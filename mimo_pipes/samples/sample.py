@@ -21,7 +21,7 @@ IMAGE_TOKENS = "image_tokens"  # int: image placeholder tokens in input_ids
 REAL_TOKENS = "real_tokens"  # int: attention_mask sum
 ENCODER_COST = "encoder_cost"  # int: image_tokens, or modelled encoder ns with a time model (time_model.py)
 COST = "cost"  # int: w_enc * encoder_cost + w_lang * real_tokens, in fixed point
-# Set on a row counted before it is processed (rows payload, mimo_pipes/data/module_processor.py):
+# Set on a row counted before it is processed (rows payload, mimo_pipes/data/processing/module_processor.py):
 PLACEHOLDER_RUNS = "placeholder_runs"  # list[int]: its placeholder runs, for the cost (dropped once priced)
 TOKEN_LAYOUT = "token_layout"  # dict: its token ids, trained flags and layout fields (the language side's, moved)
 

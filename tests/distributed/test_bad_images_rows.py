@@ -23,7 +23,7 @@ from job_runs import read_dumps, run_in_pool
 from PIL import Image
 from real_data import write_dataset
 
-from mimo_pipes.data.complete_files import incomplete_reason
+from mimo_pipes.data.bad_rows.complete_files import incomplete_reason
 from mimo_pipes.parallel.sharding import global_microbatch_indices
 
 RECIPE = str(Path(__file__).resolve().parents[2] / "recipes" / "vlm_sft.py")  # this checkout's, by path

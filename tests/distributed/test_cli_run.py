@@ -109,7 +109,7 @@ def test_resume_with_other_settings_is_refused(saved_state, capsys):
 )
 def test_resume_refuses_other_data_or_processing_naming_the_flag(saved_state, flags, named, capsys):
     from mimo_pipes.cli.main import main
-    from mimo_pipes.data.embedded_processor import default_processor_path
+    from mimo_pipes.data.embedded.builtin_processor import default_processor_path
 
     state, _ = saved_state
     flags = [str(default_processor_path()) if flag == "EMBEDDED" else flag for flag in flags]

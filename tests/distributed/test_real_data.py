@@ -15,10 +15,10 @@ from scenarios_real_data import run_dataloaders, run_mrope, run_real_data
 from test_analyze import assert_analysis_is_the_summary
 from test_cli_run import read_dumps
 
-from mimo_pipes.data.embedded_processor import default_processor_path
-from mimo_pipes.data.offline import FAMILIES, INTERNVL_IMAGE_SEQ_LENGTH, build_family_processor
-from mimo_pipes.data.processor import load_processor
-from mimo_pipes.data.sources import open_source
+from mimo_pipes.data.embedded.builtin_processor import default_processor_path
+from mimo_pipes.data.embedded.family_processors import FAMILIES, INTERNVL_IMAGE_SEQ_LENGTH, build_family_processor
+from mimo_pipes.data.processing.processor import load_processor
+from mimo_pipes.data.sources.open_source import open_source
 from mimo_pipes.errors import ConfigError, SampleError
 from mimo_pipes.exchange.wire_format import decode_samples, encode_samples
 from mimo_pipes.nodes.uncollate import Uncollate

@@ -12,7 +12,7 @@ import time
 import torch.distributed as dist
 from scenarios_exchange import PAD_VALUES, join_layout, make_config
 
-from mimo_pipes.data.skipping import SkipBadRows
+from mimo_pipes.data.bad_rows.skipping import SkipBadRows
 from mimo_pipes.errors import SampleError
 from mimo_pipes.exchange.world import gather_from_every_rank
 from mimo_pipes.samples.sample import SAMPLE_ID

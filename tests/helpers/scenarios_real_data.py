@@ -8,7 +8,7 @@ from scenarios_exchange import rank_result
 from scenarios_plugin import _rank
 
 from mimo_pipes.config import DEFAULT_COMPONENTS, PipelineConfig, ReorderConfig
-from mimo_pipes.data.processor import load_processor
+from mimo_pipes.data.processing.processor import load_processor
 from mimo_pipes.samples.collate import VISION_ROWS
 from mimo_pipes_recipes.vlm_sft import build
 
@@ -106,7 +106,7 @@ class WithMRoPE:
 
 
 def run_mrope(dataset, image_folder, processor_path, *, steps, seed):
-    from mimo_pipes.data.sources import open_source
+    from mimo_pipes.data.sources.open_source import open_source
     from mimo_pipes_recipes.vlm_sft import pipeline
 
     rank = _rank(DEFAULT_COMPONENTS)

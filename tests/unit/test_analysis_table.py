@@ -11,8 +11,8 @@ from job_runs import analyze_here
 from test_analysis_plot import MODEL, _analysis
 
 from mimo_pipes.analysis.table import format_analysis
-from mimo_pipes.data.embedded_processor import default_processor_path
-from mimo_pipes.data.processor import load_processor
+from mimo_pipes.data.embedded.builtin_processor import default_processor_path
+from mimo_pipes.data.processing.processor import load_processor
 from mimo_pipes.time_model.model import save_time_model
 
 WHAT_IFS = ["no_reorder", "per_microbatch", "across_window_2", "across_window_4", "across_window_8"]

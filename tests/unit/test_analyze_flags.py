@@ -180,7 +180,7 @@ def test_counts_are_not_reused_from_another_image_folder(tmp_path, monkeypatch):
 
 def test_an_undecodable_image_reason_reads_alike_everywhere():
     """A reason holds no object address (PIL names the stream it read): the run's ranks and analyze print the same line."""
-    from mimo_pipes.data.media import open_image
+    from mimo_pipes.data.processing.media import open_image
     from mimo_pipes.errors import SampleError, row_reason
 
     reasons = set()

@@ -93,7 +93,7 @@ def test_the_megatron_package_imports_megatron_core_only_when_called() -> None:
 def test_only_the_energon_source_imports_megatron_energon() -> None:
     """megatron-energon is an optional extra: the Energon source's files alone import it."""
     users = [path.relative_to(PACKAGE).as_posix() for path in sorted(PACKAGE.rglob("*.py")) if _imports_energon(_imports(path))]
-    assert users and all(name.startswith("data/energon_") for name in users), users
+    assert users and all(name.startswith("data/sources/energon_") for name in users), users
 
 
 def test_pure_packages_import_nothing_that_moves_bytes() -> None:

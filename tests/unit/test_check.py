@@ -15,9 +15,9 @@ from PIL import Image
 
 from mimo_pipes.cli.main import main
 from mimo_pipes.data import bad_rows
-from mimo_pipes.data.embedded_processor import default_processor_path
-from mimo_pipes.data.processor import load_processor
-from mimo_pipes.data.row_check import RowChecker
+from mimo_pipes.data.bad_rows.row_check import RowChecker
+from mimo_pipes.data.embedded.builtin_processor import default_processor_path
+from mimo_pipes.data.processing.processor import load_processor
 
 SEQ_LENGTH = 256
 

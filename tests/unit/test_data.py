@@ -19,12 +19,12 @@ import pytest
 import torch
 from PIL import Image
 
-from mimo_pipes.data import synthetic
 from mimo_pipes.data.cache import build_atomically
-from mimo_pipes.data.dataset import check_dataset_path, default_dataset_path, open_dataset
-from mimo_pipes.data.embedded_processor import IMAGE_PAD, SPECIAL_TOKENS, build_default_processor
-from mimo_pipes.data.processor import TRUNCATED, SampleProcessor, check_processor_path, load_processor
-from mimo_pipes.data.sources import open_source
+from mimo_pipes.data.embedded import synthetic
+from mimo_pipes.data.embedded.builtin_processor import IMAGE_PAD, SPECIAL_TOKENS, build_default_processor
+from mimo_pipes.data.processing.processor import TRUNCATED, SampleProcessor, check_processor_path, load_processor
+from mimo_pipes.data.sources.open_source import open_source
+from mimo_pipes.data.sources.saved_folder import check_dataset_path, default_dataset_path, open_dataset
 from mimo_pipes.errors import ConfigError, SampleError
 from mimo_pipes.observe.warning_tally import collected, counts
 from mimo_pipes.samples.cost import image_token_count
@@ -376,7 +376,7 @@ def test_processor_reloads_with_auto_classes(processor_dir):
 def test_default_processor_is_deterministic_across_processes(processor_dir, tmp_path):
     """Every host builds the same tokenizer, so all modules count the same tokens."""
     env = dict(os.environ, MIMO_PIPES_CACHE=str(tmp_path / "cache"))
-    code = "from mimo_pipes.data.embedded_processor import default_processor_path as d; print(d())"
+    code = "from mimo_pipes.data.embedded.builtin_processor import default_processor_path as d; print(d())"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     built = Path(out.stdout.strip().splitlines()[-1])
     assert built == tmp_path / "cache" / "processor-v1"

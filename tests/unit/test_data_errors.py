@@ -12,10 +12,10 @@ import pytest
 from mimo_pipes.cli.job_args import add_job_arguments, config_from_args
 from mimo_pipes.cli.main import build_parser
 from mimo_pipes.config import PipelineConfig
-from mimo_pipes.data.embedded_processor import default_processor_path
-from mimo_pipes.data.processor import load_processor
-from mimo_pipes.data.skipping import REPLACED_REASONS, REPLACED_ROWS, SkipBadRows
-from mimo_pipes.data.sources import check_source, open_source
+from mimo_pipes.data.bad_rows.skipping import REPLACED_REASONS, REPLACED_ROWS, SkipBadRows
+from mimo_pipes.data.embedded.builtin_processor import default_processor_path
+from mimo_pipes.data.processing.processor import load_processor
+from mimo_pipes.data.sources.open_source import check_source, open_source
 from mimo_pipes.errors import ConfigError, SampleError
 from mimo_pipes.observe.bad_rows_report import format_skip_report, skipped_rows
 from mimo_pipes.samples.sample import SAMPLE_ID, SLOT, STEP

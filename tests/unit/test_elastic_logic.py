@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from mimo_pipes.balance import balance_composition, balance_composition_two_level, balance_window
 from mimo_pipes.checkpoint.resume import resume_point
-from mimo_pipes.data.skipping import SkipBadRows
+from mimo_pipes.data.bad_rows.skipping import SkipBadRows
 from mimo_pipes.errors import SampleError
 from mimo_pipes.exchange.plan import plan_exchange, validate_assignment
 from mimo_pipes.parallel.sharding import shard_indices

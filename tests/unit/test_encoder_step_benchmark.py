@@ -14,7 +14,7 @@ def test_generated_rows_are_the_embedded_datasets_rows() -> None:
 
     from PIL import Image
 
-    from mimo_pipes.data.synthetic import generate_synthetic_dataset
+    from mimo_pipes.data.embedded.synthetic import generate_synthetic_dataset
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from encoder_step_gpu import GeneratedRows

@@ -27,11 +27,11 @@ from real_data import image, num_images, png, write_dataset  # noqa: E402
 
 from mimo_pipes.cli.main import main  # noqa: E402
 from mimo_pipes.data import bad_rows  # noqa: E402
-from mimo_pipes.data.embedded_processor import default_processor_path  # noqa: E402
-from mimo_pipes.data.energon_blend import BlendOrder, EnergonBlend, weighted_counts  # noqa: E402
-from mimo_pipes.data.energon_source import OPEN_SHARDS, EnergonDataset  # noqa: E402
-from mimo_pipes.data.processor import load_processor
-from mimo_pipes.data.sources import open_source  # noqa: E402
+from mimo_pipes.data.embedded.builtin_processor import default_processor_path  # noqa: E402
+from mimo_pipes.data.processing.processor import load_processor
+from mimo_pipes.data.sources.energon_blend import BlendOrder, EnergonBlend, weighted_counts  # noqa: E402
+from mimo_pipes.data.sources.energon_source import OPEN_SHARDS, EnergonDataset  # noqa: E402
+from mimo_pipes.data.sources.open_source import open_source  # noqa: E402
 from mimo_pipes.errors import ConfigError, SampleError  # noqa: E402
 
 SIZE = 24
@@ -239,7 +239,7 @@ def test_a_metadataset_blends_its_datasets_in_one_order(tmp_path, pair):
 
 
 def test_skip_bad_samples_replaces_an_unreadable_sample_by_the_next_good_one(broken):
-    from mimo_pipes.data.skipping import REPLACED_REASONS, REPLACED_ROWS, SkipBadRows
+    from mimo_pipes.data.bad_rows.skipping import REPLACED_REASONS, REPLACED_ROWS, SkipBadRows
     from mimo_pipes.samples.sample import SAMPLE_ID, SLOT, STEP
 
     dataset = open_source(str(broken))

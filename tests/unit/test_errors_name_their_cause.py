@@ -349,7 +349,7 @@ def test_balance_names_the_column_where_a_line_is_cut(line, problem):
 
 
 def test_a_dataset_line_cut_at_its_end_is_named_at_its_column(tmp_path):
-    from mimo_pipes.data.sources import why_unreadable
+    from mimo_pipes.data.sources.open_source import why_unreadable
 
     data = tmp_path / "rows.jsonl"
     data.write_text('{"messages": []}\n{"messages": [\n')

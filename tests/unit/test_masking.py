@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from mimo_pipes.data.module_processor import ModuleProcessor
-from mimo_pipes.data.offline import FAMILIES, build_family_processor
-from mimo_pipes.data.processor import load_processor
+from mimo_pipes.data.embedded.family_processors import FAMILIES, build_family_processor
+from mimo_pipes.data.processing.module_processor import ModuleProcessor
+from mimo_pipes.data.processing.processor import load_processor
 from mimo_pipes.samples.masking import IGNORED_LABEL, MASKED, mask_failed, masked
 from mimo_pipes.samples.module_fields import module_fields
 from mimo_pipes.samples.sample import SAMPLE_ID, STEP

@@ -15,11 +15,11 @@ from transformers import AutoImageProcessor
 from transformers.image_utils import load_image
 
 from mimo_pipes.analysis.row_counts import count_rows
-from mimo_pipes.data.embedded_processor import default_processor_path
-from mimo_pipes.data.offline import build_family_processor
-from mimo_pipes.data.processor import load_processor
-from mimo_pipes.data.skipping import REPLACED_ROWS, SkipBadRows
-from mimo_pipes.data.sources import dataset_folder
+from mimo_pipes.data.bad_rows.skipping import REPLACED_ROWS, SkipBadRows
+from mimo_pipes.data.embedded.builtin_processor import default_processor_path
+from mimo_pipes.data.embedded.family_processors import build_family_processor
+from mimo_pipes.data.processing.processor import load_processor
+from mimo_pipes.data.sources.open_source import dataset_folder
 from mimo_pipes.errors import SampleError
 from mimo_pipes.samples.sample import SAMPLE_ID, SLOT, STEP
 

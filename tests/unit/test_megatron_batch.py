@@ -9,8 +9,8 @@ import pytest
 import torch
 from megatron_inputs import IMAGE, MERGE, START, VIDEO, microbatch, reference
 
-from mimo_pipes.data.embedded_processor import default_processor_path
-from mimo_pipes.data.processor import load_processor
+from mimo_pipes.data.embedded.builtin_processor import default_processor_path
+from mimo_pipes.data.processing.processor import load_processor
 from mimo_pipes.megatron import FORWARD_KEYS, MimoBatchSettings, fit_to_forward, for_stage, mimo_batch, stage_of
 from mimo_pipes.samples.collate import METADATA_LIST_NAMES, VISION_ROWS
 from mimo_pipes.samples.thd import pack_microbatch

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from megatron_inputs import END, IMAGE, MERGE, ROWS, START, VIDEO, microbatch, reference
 
-from mimo_pipes.data.embedded_processor import default_processor_path
-from mimo_pipes.data.processor import load_processor
+from mimo_pipes.data.embedded.builtin_processor import default_processor_path
+from mimo_pipes.data.processing.processor import load_processor
 from mimo_pipes.megatron.rope import mrope_position_ids, vision_items
 from mimo_pipes.samples.thd import pack_microbatch
 

@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from mimo_pipes.data.module_processor import ModuleProcessor, _expanded, _token_layout
-from mimo_pipes.data.offline import FAMILIES, build_family_processor
-from mimo_pipes.data.processor import load_processor
+from mimo_pipes.data.embedded.family_processors import FAMILIES, build_family_processor
+from mimo_pipes.data.processing.module_processor import ModuleProcessor, _expanded, _token_layout
+from mimo_pipes.data.processing.processor import load_processor
 from mimo_pipes.errors import SampleError
 from mimo_pipes.exchange.wire_format import decode_samples, encode_samples
 from mimo_pipes.samples.cost import image_token_count, placeholder_runs

@@ -13,7 +13,7 @@ from node_checks import assert_same, check_save_load_everywhere, load_into_loade
 from PIL import Image
 
 from mimo_pipes.config import PipelineConfig, ReorderConfig
-from mimo_pipes.data.offline import FAMILIES, build_family_processor
+from mimo_pipes.data.embedded.family_processors import FAMILIES, build_family_processor
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.nodes import RowProcessor
 from mimo_pipes.samples.collate import METADATA_LIST_NAMES
@@ -111,7 +111,7 @@ def test_a_samples_state_is_refused_by_the_rows_graph(family):
 def test_a_pipeline_given_processed_samples_moves_samples(family):
     config = dataclasses.replace(config_for(family, "rows", reorder=True))
     processor = vlm_sft.open_processor(config)
-    from mimo_pipes.data.sources import open_source
+    from mimo_pipes.data.sources.open_source import open_source
 
     dataset = open_source(config.dataset)
     loader = vlm_sft.pipeline(dataset, config, RankLayout(0, 1, 1), map_fn=processor, image_token_id=processor.placeholder_ids,

@@ -16,9 +16,9 @@ from job_runs import analyze_here
 from PIL import Image
 
 from mimo_pipes.analysis.row_counts import count_rows, processed_counter
-from mimo_pipes.data.embedded_processor import default_processor_path
-from mimo_pipes.data.processor import SampleProcessor, load_processor
-from mimo_pipes.data.sources import open_source
+from mimo_pipes.data.embedded.builtin_processor import default_processor_path
+from mimo_pipes.data.processing.processor import SampleProcessor, load_processor
+from mimo_pipes.data.sources.open_source import open_source
 
 SIZES = [(40, 30), (120, 300), (700, 500), (33, 990), (256, 256)]  # (height, width)
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mimo_pipes.analysis.replay import Schedule
-from mimo_pipes.data.skipping import REPLACED_ROWS, SkipBadRows
+from mimo_pipes.data.bad_rows.skipping import REPLACED_ROWS, SkipBadRows
 from mimo_pipes.errors import SampleError
 from mimo_pipes.parallel.sharding import global_microbatch_indices
 from mimo_pipes.samples.sample import SAMPLE_ID, SLOT, STEP

@@ -10,7 +10,7 @@ import warnings
 import datasets
 import pytest
 
-from mimo_pipes.data.sources import open_source
+from mimo_pipes.data.sources.open_source import open_source
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.observe.third_party import quiet_known_warnings
 

@@ -1,12 +1,12 @@
 """Per-sample processing: a real transformers tokenizer and image processor, the built-in one built offline.
 
-The built-in processor is :mod:`mimo_pipes.data.embedded_processor`; a processor folder of any family of
-:mod:`mimo_pipes.data.families` (Qwen2/2.5/3-VL, InternVL) can be used instead (``--processor PATH``).
+The built-in processor is :mod:`mimo_pipes.data.embedded.builtin_processor`; a processor folder of any family of
+:mod:`mimo_pipes.data.processing.families` (Qwen2/2.5/3-VL, InternVL) can be used instead (``--processor PATH``).
 
 :class:`SampleProcessor` turns one dataset row (a conversation in any of the formats of
-:mod:`mimo_pipes.data.conversation`, with its images and videos) into model fields, without batch dimension
+:mod:`mimo_pipes.data.processing.conversation`, with its images and videos) into model fields, without batch dimension
 and without padding. The chat text comes from the tokenizer's (or the processor folder's) chat template;
-the built-in tokenizer has none and uses the ChatML fallback of :func:`~mimo_pipes.data.conversation.chatml`::
+the built-in tokenizer has none and uses the ChatML fallback of :func:`~mimo_pipes.data.processing.conversation.chatml`::
 
     <|im_start|>user\n<|vision_start|><|image_pad|> x n_1<|vision_end|>...{prompt}<|im_end|>\n
     <|im_start|>assistant\n{response}<|im_end|>
@@ -27,12 +27,12 @@ import numpy as np
 import torch
 
 from mimo_pipes.data import bad_rows
-from mimo_pipes.data.conversation import chatml, conversation, row_images, row_videos, template, trained_segments
-from mimo_pipes.data.embedded_processor import IM_END, IM_START, PAD_TOKEN, VISION_END, VISION_START
-from mimo_pipes.data.families import family_for
-from mimo_pipes.data.media import open_image, open_video
+from mimo_pipes.data.embedded.builtin_processor import IM_END, IM_START, PAD_TOKEN, VISION_END, VISION_START
 from mimo_pipes.data.paths import existing_folder
-from mimo_pipes.data.truncation import FIRST_PROMPT, FIRST_REPLY, LATER, fit_to_length
+from mimo_pipes.data.processing.conversation import chatml, conversation, row_images, row_videos, template, trained_segments
+from mimo_pipes.data.processing.families import family_for
+from mimo_pipes.data.processing.media import open_image, open_video
+from mimo_pipes.data.processing.truncation import FIRST_PROMPT, FIRST_REPLY, LATER, fit_to_length
 from mimo_pipes.errors import ConfigError, SampleError
 from mimo_pipes.observe.third_party import quiet_transformers
 from mimo_pipes.observe.warning_tally import WarningKind, warn
@@ -101,7 +101,7 @@ class SampleProcessor:
 
     The row holds a conversation (``messages``, ``conversations``, or ``prompt`` and ``response``) and may
     hold ``images`` / ``image`` (PIL images, ``{"bytes", "path"}`` dicts, bytes, paths that resolve inside
-    ``image_folder`` (see :mod:`mimo_pipes.data.media`), HWC uint8 arrays) and ``videos`` (frames ``[T, H, W, 3]`` or lists of frames). Every
+    ``image_folder`` (see :mod:`mimo_pipes.data.processing.media`), HWC uint8 arrays) and ``videos`` (frames ``[T, H, W, 3]`` or lists of frames). Every
     other key (``sample_id``, ``id``, ...) is returned unchanged. A text-only sample carries no vision field.
     """
 
@@ -173,7 +173,7 @@ class SampleProcessor:
         marker replaced by its placeholder run (``media``: pad marker -> runs in order), fitted to
         ``--seq-length`` by :func:`fit_to_length`. A sample left with no token to train on is a SampleError.
         The cost annotator and ``mimo-pipes analyze`` call it with runs computed from image sizes
-        (:mod:`mimo_pipes.data.module_processor`), so their counts are these."""
+        (:mod:`mimo_pipes.data.processing.module_processor`), so their counts are these."""
         markers = {self.vision_start_id, self.vision_end_id} - {None}
         ids: list[int] = []
         trained: list[bool] = []

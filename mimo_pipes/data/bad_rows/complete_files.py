@@ -5,7 +5,7 @@ after it, on the rank that trains on it. A file cut after a readable header (or 
 header announces) then counts, moves, and fails where it is decoded: too late to replace the row alike on
 every module. Under ``--skip-bad-samples`` every module's reading rank therefore checks, before counting,
 that each image file is complete (:func:`incomplete_reason`), so the row is replaced before the exchange
-like any other bad row, by the same rule on every module (``data/skipping.py``). The check reads the
+like any other bad row, by the same rule on every module (``data/bad_rows/skipping.py``). The check reads the
 bytes and walks the format's own framing:
 
 * PNG: the signature, then every chunk's length, type and CRC up to ``IEND``, with at least one ``IDAT``;
@@ -91,8 +91,8 @@ def check_row_images(row: dict, image_folder: str | None, sample_id: object) -> 
     from pathlib import Path
 
     from mimo_pipes.data import bad_rows
-    from mimo_pipes.data.conversation import row_images
-    from mimo_pipes.data.media import encoded_source
+    from mimo_pipes.data.processing.conversation import row_images
+    from mimo_pipes.data.processing.media import encoded_source
     from mimo_pipes.errors import SampleError
 
     for k, item in enumerate(row_images(row)):

@@ -3,12 +3,12 @@
 With ``--exchange-payload rows`` the exchange moves dataset rows, not processed samples. Every module
 counts each row it reads before the exchange (:meth:`ModuleProcessor.count`): the chat through the
 tokenizer and each image's and video's header size through the family's own resize rule
-(:meth:`~mimo_pipes.data.families.PatchFamily.image_layout`), laid out by
-:meth:`~mimo_pipes.data.processor.SampleProcessor.token_layout`, so no pixel is decoded and the counts
+(:meth:`~mimo_pipes.data.processing.families.PatchFamily.image_layout`), laid out by
+:meth:`~mimo_pipes.data.processing.processor.SampleProcessor.token_layout`, so no pixel is decoded and the counts
 are the processed ones. The rank that trains on the row then processes it after the exchange
 (:meth:`ModuleProcessor.__call__`) into its module's fields (:mod:`mimo_pipes.samples.module_fields`): the
 language module from the text and the image sizes alone, an encoder module by processing the row. Either
-way the result is, field for field and bit for bit, what :class:`~mimo_pipes.data.processor.SampleProcessor`
+way the result is, field for field and bit for bit, what :class:`~mimo_pipes.data.processing.processor.SampleProcessor`
 makes of the row with the module's other fields dropped (a test holds every family to it).
 
 A row whose sizes cannot be read from headers (an item kind this module does not know, a size the resize
@@ -29,10 +29,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from mimo_pipes.data.complete_files import check_row_images
-from mimo_pipes.data.conversation import conversation
-from mimo_pipes.data.media_sizes import MediaSizes, UnreadableHeader, encoded_media, media_sizes
-from mimo_pipes.data.processor import CONSUMED_KEYS, SampleProcessor, token_fields
+from mimo_pipes.data.bad_rows.complete_files import check_row_images
+from mimo_pipes.data.processing.conversation import conversation
+from mimo_pipes.data.processing.media_sizes import MediaSizes, UnreadableHeader, encoded_media, media_sizes
+from mimo_pipes.data.processing.processor import CONSUMED_KEYS, SampleProcessor, token_fields
 from mimo_pipes.errors import SampleError
 from mimo_pipes.samples.cost import image_token_count, placeholder_runs
 from mimo_pipes.samples.module_fields import ModuleFields
@@ -68,7 +68,7 @@ class ModuleProcessor:
     ``image_paths``: rows keep their images' paths when they move (every rank reads the same files);
     otherwise :meth:`count` reads each image file given by path into the row as encoded bytes.
     ``whole_files`` (``--skip-bad-samples``): :meth:`count` also refuses a row whose image file is not
-    whole (:mod:`~mimo_pipes.data.complete_files`: cut short, or not framed as its header says), on every
+    whole (:mod:`~mimo_pipes.data.bad_rows.complete_files`: cut short, or not framed as its header says), on every
     module alike, so that the row is replaced before the exchange rather than failing after it. Picklable
     (for worker processes); safe to call from several threads."""
 
@@ -132,7 +132,7 @@ class ModuleProcessor:
     def count(self, row: dict) -> Sample:
         """The row as this module moves it, with its counts as metadata (image tokens, real tokens,
         placeholder runs). An encoder module's row keeps its text and its images as encoded bytes
-        (:func:`~mimo_pipes.data.media_sizes.encoded_media`; files stay paths with ``image_paths``); the
+        (:func:`~mimo_pipes.data.processing.media_sizes.encoded_media`; files stay paths with ``image_paths``); the
         language module's row is only its token layout (its token ids with each placeholder run as one
         token, trained flags, layout fields: a few bytes per text token) and the keys the processor passes
         through, so it builds its fields after the exchange without its images or tokenizing again.

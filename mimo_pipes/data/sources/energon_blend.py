@@ -2,7 +2,7 @@
 order, the same in every process.
 
 The rule. Part ``i`` has ``n_i`` samples (its ``train`` split, read as
-:class:`~mimo_pipes.data.energon_source.EnergonDataset` reads it) and contributes ``c_i`` items to one pass
+:class:`~mimo_pipes.data.sources.energon_source.EnergonDataset` reads it) and contributes ``c_i`` items to one pass
 over the blend:
 
 * ``blend`` with weights ``w_i``: ``c_i = ceil(s * w_i)`` with ``s = max_i(n_i / w_i)`` (exact fractions of
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from mimo_pipes.data import bad_rows
-from mimo_pipes.data.energon_source import EnergonDataset, energon, is_energon
+from mimo_pipes.data.sources.energon_source import EnergonDataset, energon, is_energon
 from mimo_pipes.errors import ConfigError
 
 

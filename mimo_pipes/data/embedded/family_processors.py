@@ -2,7 +2,7 @@
 
 Each folder holds what a real one does for this library: a tokenizer (the built-in BPE vocabulary plus
 the family's special tokens and, for the Qwen families, a Qwen-style chat template), an image processor
-config and ``processor_config.json``. Load it with :func:`~mimo_pipes.data.processor.load_processor`
+config and ``processor_config.json``. Load it with :func:`~mimo_pipes.data.processing.processor.load_processor`
 or ``--processor``, as a downloaded one.
 """
 
@@ -36,7 +36,7 @@ def build_family_processor(path: str | Path, family: str, *, tile_size: int = 28
     """Write a tiny ``family`` processor folder (one of :data:`FAMILIES`) into ``path``."""
     from transformers import GotOcr2ImageProcessorPil, Qwen2VLImageProcessorPil
 
-    from mimo_pipes.data.embedded_processor import build_tokenizer
+    from mimo_pipes.data.embedded.builtin_processor import build_tokenizer
 
     if family not in FAMILIES:
         raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {family!r}")

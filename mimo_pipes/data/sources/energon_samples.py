@@ -9,7 +9,7 @@ Three kinds of ``dataset.yaml`` are read:
 * ``CaptioningSample`` (or ``CaptioningWebdataset``) with a ``field_map``: one user turn holding the image;
   one assistant turn holding ``caption``;
 * ``CrudeWebdataset``: the sample's ``json`` part holds ``conversations`` (LLaVA turns with ``<image>``
-  markers) or ``messages`` (the chat format of :mod:`~mimo_pipes.data.conversation`); its images are the
+  markers) or ``messages`` (the chat format of :mod:`~mimo_pipes.data.processing.conversation`); its images are the
   parts that its optional ``images`` list names, in that order, else every image part (``jpg``, ``png``,
   ``0.jpg``, ``1.jpg``, ...) in the natural order of their names.
 

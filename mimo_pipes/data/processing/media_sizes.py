@@ -1,6 +1,6 @@
 """A row's image and video sizes from their headers, without decoding a pixel.
 
-Sizes are what :func:`~mimo_pipes.data.media.open_image` and :func:`~mimo_pipes.data.media.open_video`
+Sizes are what :func:`~mimo_pipes.data.processing.media.open_image` and :func:`~mimo_pipes.data.processing.media.open_video`
 would decode: the same item kinds (PIL images, ``{"bytes", "path"}`` dicts, bytes, paths under the image
 folder, arrays), the same path resolution (a missing file is the row's :class:`SampleError`), and a video
 given as frames has the size of its first frame (``open_video`` resizes the others to it). An item whose
@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from mimo_pipes.data.conversation import row_images, row_videos
-from mimo_pipes.data.media import as_list, encoded_source, resolve
+from mimo_pipes.data.processing.conversation import row_images, row_videos
+from mimo_pipes.data.processing.media import as_list, encoded_source, resolve
 from mimo_pipes.errors import SampleError
 
 ImageSize = tuple[int, int]
@@ -61,7 +61,7 @@ ROTATED = (5, 6, 7, 8)  # EXIF orientations that turn the image by a quarter: wi
 
 
 def _oriented(image: Any) -> ImageSize:
-    """(height, width) as :func:`~mimo_pipes.data.media.open_image` decodes it: turned by its EXIF
+    """(height, width) as :func:`~mimo_pipes.data.processing.media.open_image` decodes it: turned by its EXIF
     orientation (as transformers' ``load_image`` turns it), read from the header."""
     return (image.width, image.height) if _orientation(image) in ROTATED else (image.height, image.width)
 

@@ -5,7 +5,7 @@ in their order in the tar, so a dataset and a LLaVA list written from it agree r
 Sample ``j`` of a shard is read through Energon's own index of it (``<shard>.tar.idx``, the byte offset
 of every sample and of the shard's end, written by ``energon prepare``): one read of the sample's bytes,
 whose tar members are split into its parts; images stay encoded (see
-:mod:`~mimo_pipes.data.energon_samples` for how parts become a conversation). At most
+:mod:`~mimo_pipes.data.sources.energon_samples` for how parts become a conversation). At most
 :data:`OPEN_SHARDS` shards are open at a time (two files each: the tar and its index), the least
 recently read closed first, however many shards the dataset has.
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mimo_pipes.data import bad_rows
-from mimo_pipes.data.energon_samples import SampleKind, UnfitSample, sample_kind, sample_row
+from mimo_pipes.data.sources.energon_samples import SampleKind, UnfitSample, sample_kind, sample_row
 from mimo_pipes.errors import ConfigError
 
 EXTRA = 'reading Energon datasets needs megatron-energon: pip install "mimo-pipes[energon]"'

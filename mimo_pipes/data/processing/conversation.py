@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mimo_pipes.data import bad_rows
-from mimo_pipes.data.media import as_list
+from mimo_pipes.data.processing.media import as_list
 from mimo_pipes.errors import SampleError
 
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system", "bot": "assistant"}

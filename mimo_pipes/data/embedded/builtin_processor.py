@@ -37,7 +37,7 @@ TOKENIZER_VOCAB_SIZE = 4096
 
 
 def _training_corpus(num_lines: int = 4000) -> Iterator[str]:
-    from mimo_pipes.data.synthetic import _PROMPTS, random_sentence
+    from mimo_pipes.data.embedded.synthetic import _PROMPTS, random_sentence
 
     rng = np.random.default_rng(20240501)
     prompts = [p for group in _PROMPTS.values() for p in group]

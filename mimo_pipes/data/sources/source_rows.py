@@ -1,6 +1,6 @@
 """Every row of a ``--dataset`` source with its place (file and line, or file and row), for ``mimo-pipes check``.
 
-A source is opened as a run opens it (:func:`~mimo_pipes.data.sources.open_source`), so its rows are the
+A source is opened as a run opens it (:func:`~mimo_pipes.data.sources.open_source.open_source`), so its rows are the
 run's, numbered as the run numbers them (``dataset row N``, from 0). JSON and JSON-lines files that
 ``datasets`` cannot read are read here instead, line by line: every malformed line and every empty file is
 named, and every other row is still checked, numbered as the run will number it once those lines are mended
@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from mimo_pipes.data import bad_rows
-from mimo_pipes.data.energon_source import is_energon
-from mimo_pipes.data.sources import data_files, open_source, read_rows
+from mimo_pipes.data.sources.energon_source import is_energon
+from mimo_pipes.data.sources.open_source import data_files, open_source, read_rows
 from mimo_pipes.errors import ConfigError, json_error_text
 
 

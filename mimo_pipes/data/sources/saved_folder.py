@@ -14,12 +14,12 @@ DATASET_VERSION = "v1"
 
 DEFAULT_NUM_SAMPLES = 512
 REQUIRED_COLUMNS: tuple[str, ...] = ()
-"""Columns every dataset must have; the conversation columns are checked by :func:`~mimo_pipes.data.sources.open_source`."""
+"""Columns every dataset must have; the conversation columns are checked by :func:`~mimo_pipes.data.sources.open_source.open_source`."""
 
 
 def default_dataset_path(num_samples: int = DEFAULT_NUM_SAMPLES, seed: int = 0) -> Path:
     """The cached synthetic dataset for ``(num_samples, seed)``, generated on first use."""
-    from mimo_pipes.data.synthetic import generate_synthetic_dataset
+    from mimo_pipes.data.embedded.synthetic import generate_synthetic_dataset
 
     final = cache_root() / f"dataset-{DATASET_VERSION}-n{int(num_samples)}-s{int(seed)}"
     return build_atomically(final, lambda tmp: generate_synthetic_dataset(tmp, num_samples, seed))

@@ -1,6 +1,6 @@
 """Dataset sources behind ``--dataset``: a ``save_to_disk`` folder, or Parquet / JSON / JSON-lines files
 and globs (LLaVA annotation lists included), all opened as memory-mapped Arrow through ``datasets``; or a
-prepared Megatron-Energon dataset or metadataset (:mod:`~mimo_pipes.data.energon_source`).
+prepared Megatron-Energon dataset or metadataset (:mod:`~mimo_pipes.data.sources.energon_source`).
 
 Image columns typed ``datasets.Image`` are left undecoded (``{"bytes", "path"}``): the per-sample
 processor decodes them, on its worker threads, and names the row when one is broken.
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from mimo_pipes.data.cache import cache_root
-from mimo_pipes.data.energon_source import EnergonDataset, is_energon
+from mimo_pipes.data.sources.energon_source import EnergonDataset, is_energon
 from mimo_pipes.errors import ConfigError, json_error_text
 from mimo_pipes.observe.third_party import quiet_datasets
 
@@ -49,7 +49,7 @@ def dataset_folder(spec: str | Path) -> Path:
 
 def check_source(spec: str | Path) -> None:
     """Fail with ``ConfigError('--dataset', ...)`` unless ``spec`` names a readable source."""
-    from mimo_pipes.data.dataset import check_dataset_path
+    from mimo_pipes.data.sources.saved_folder import check_dataset_path
 
     if is_energon(spec):
         open_energon(spec)
@@ -66,7 +66,7 @@ def open_source(spec: str | Path, split: str = "train"):
         return open_energon(spec, split)
     import datasets
 
-    from mimo_pipes.data.dataset import open_dataset
+    from mimo_pipes.data.sources.saved_folder import open_dataset
 
     if Path(spec).expanduser().is_dir():
         ds = open_dataset(spec, split)
@@ -92,7 +92,7 @@ def open_energon(spec: str | Path, split: str = "train"):
     """An Energon dataset folder or metadataset YAML file as a map-style source of conversation rows."""
     if Path(spec).expanduser().is_dir():
         return EnergonDataset(spec, split)
-    from mimo_pipes.data.energon_blend import EnergonBlend
+    from mimo_pipes.data.sources.energon_blend import EnergonBlend
 
     return EnergonBlend(spec, split)
 
