@@ -36,6 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mimo_pipes.balance import balance_window  # noqa: E402
+from mimo_pipes.cli.demo_model.encoders import build_vision_tower, encode, patch_dim  # noqa: E402
 from mimo_pipes.config import PipelineConfig, ReorderConfig, planner_settings  # noqa: E402
 from mimo_pipes.data.embedded.builtin_processor import default_processor_path  # noqa: E402
 from mimo_pipes.data.embedded.synthetic import KINDS, kind_counts, make_row  # noqa: E402
@@ -49,7 +50,6 @@ from mimo_pipes.samples.cost import (
 from mimo_pipes.time_model.calibrate import calibrate, fit_report, time_in_rounds  # noqa: E402
 from mimo_pipes.time_model.model import TimeModel, load_time_model, save_time_model
 from mimo_pipes.time_model.sweep import SWEEPS  # noqa: E402
-from mimo_pipes.train.encoders import build_vision_tower, encode, patch_dim  # noqa: E402
 
 LAYOUTS = ((2, 8), (4, 8), (4, 16))  # (vision dp, micro-batch size): the layouts docs/benchmarks.md reports
 COSTS = ("linear", "calibrated", "calibrated, no floor")

@@ -101,15 +101,15 @@ def tail_settings(
     method: str = "thread",
 ) -> Any:
     """Tail settings given term by term, for tests and benchmarks of single nodes (graphs resolve theirs
-    with :func:`mimo_pipes.settings.tail_settings.resolve_tail`). ``collator`` replaces ``pad_length`` and
+    with :func:`mimo_pipes.config.tail_settings.resolve_tail`). ``collator`` replaces ``pad_length`` and
     ``pad_values`` when given; ``module`` names the module (its fields), ``payload``, ``workers`` and
     ``method`` say where rows are processed."""
     from mimo_pipes.balance.settings import PlannerSettings
     from mimo_pipes.checkpoint.resume import resume_point
+    from mimo_pipes.config.tail_settings import BalancePlan, Processing, TailSettings
     from mimo_pipes.samples.collate import DEFAULT_PAD_VALUES, Collator
     from mimo_pipes.samples.cost import CostFunction
     from mimo_pipes.samples.module_fields import module_fields
-    from mimo_pipes.settings.tail_settings import BalancePlan, Processing, TailSettings
 
     plan = BalancePlan(
         cost=CostFunction(encoder_weight, language_weight, language_square_weight, time_model),

@@ -38,10 +38,10 @@ from typing import Any
 
 import torch
 
+from mimo_pipes.cli.demo_model.encoders import encode, vision_tower_config
 from mimo_pipes.config import PipelineConfig, ReorderConfig
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.megatron import MimoBatchSettings, mimo_batch
-from mimo_pipes.train.encoders import encode, vision_tower_config
 from mimo_pipes_recipes import vlm_sft
 
 MODALITY = "images"
@@ -134,7 +134,7 @@ def vision_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 class QwenVisionEncoder(torch.nn.Module):
-    """The encoder of the vision submodule: a Qwen2-VL-style tower (``mimo_pipes.train.encoders``) taking the
+    """The encoder of the vision submodule: a Qwen2-VL-style tower (``mimo_pipes.cli.demo_model.encoders``) taking the
     keywords ``mimo_batch`` gives (``hidden_states``: patch rows, ``grid_thw``: one row per image) and
     returning one row per placeholder token."""
 

@@ -23,6 +23,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from mimo_pipes.cli.demo_model.bridge import recv_embeddings, recv_gradients, send_embeddings, send_gradient
+from mimo_pipes.cli.demo_model.encoders import build_vision_tower, encode, vision_tower_config
+from mimo_pipes.cli.demo_model.reduce import sum_gradients, sum_over
 from mimo_pipes.config import PipelineConfig, TrainOptions
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange import RankLayout
@@ -31,9 +34,6 @@ from mimo_pipes.graph.loader import GraphLoader
 from mimo_pipes.observe.bad_rows_report import bad_row_fields
 from mimo_pipes.observe.third_party import quiet_transformers
 from mimo_pipes.parallel.topology import COMPONENT_FLAG, Topology, fanout_targets
-from mimo_pipes.train.bridge import recv_embeddings, recv_gradients, send_embeddings, send_gradient
-from mimo_pipes.train.encoders import build_vision_tower, encode, vision_tower_config
-from mimo_pipes.train.reduce import sum_gradients, sum_over
 from mimo_pipes_recipes import vlm_sft
 
 # The data side is the SFT recipe's: run, analyze and train read alike.

@@ -2,7 +2,7 @@
 
 Every module builds the same graph from the same data; only its DP layout differs. Copy this file to
 build your own (``--recipe path/to/your_recipe.py``): it provides what the commands call (see
-:mod:`mimo_pipes.recipe`): :func:`prepare` before any rank starts, :func:`build` on every rank, and
+:mod:`mimo_pipes.cli.job.recipe`): :func:`prepare` before any rank starts, :func:`build` on every rank, and
 :func:`row_counts` for ``mimo-pipes analyze``. :func:`pipeline` writes the reader and the processing
 mappers, then appends the library's tail (costs, windows, the exchange, micro-batches) with
 :func:`~mimo_pipes.graph.tail.balanced_tail`.
@@ -16,6 +16,7 @@ from typing import Any
 from torchdata.nodes import BaseNode, ParallelMapper
 
 from mimo_pipes.config import PipelineConfig, flag
+from mimo_pipes.config.tail_settings import resolve_pipeline_tail
 from mimo_pipes.data.bad_rows.skipping import SkipBadRows
 from mimo_pipes.data.embedded.builtin_processor import default_processor_path
 from mimo_pipes.data.processing.module_processor import ModuleProcessor
@@ -31,7 +32,6 @@ from mimo_pipes.nodes.canonical_shard_reader import MapStyleDataset
 from mimo_pipes.samples.collate import FieldSpec
 from mimo_pipes.samples.module_fields import module_fields
 from mimo_pipes.samples.sample import Sample
-from mimo_pipes.settings.tail_settings import resolve_pipeline_tail
 from mimo_pipes.time_model import TimeModelError
 
 

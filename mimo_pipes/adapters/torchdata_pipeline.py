@@ -18,12 +18,12 @@ from torchdata.nodes import BaseNode
 
 from mimo_pipes.checkpoint.resume import reorder_window_size, resume_point
 from mimo_pipes.config import ReorderConfig
+from mimo_pipes.config.tail_settings import TailSettings, resolve_tail
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.graph.loader import GraphLoader
 from mimo_pipes.graph.tail import balanced_tail
 from mimo_pipes.parallel.topology import build_topology
 from mimo_pipes.samples.sample import Sample
-from mimo_pipes.settings.tail_settings import TailSettings, resolve_tail
 
 
 def reader_first_step(reorder: ReorderConfig, consumed_microbatches: int = 0) -> int:
@@ -73,7 +73,7 @@ def layout_tail(
     **options: object,
 ) -> TailSettings:
     """The tail's settings of an adapter on this rank's ``layout`` (its DP place and its module), as every
-    adapter resolves them; ``options`` go to :func:`~mimo_pipes.settings.tail_settings.resolve_tail` as they are."""
+    adapter resolves them; ``options`` go to :func:`~mimo_pipes.config.tail_settings.resolve_tail` as they are."""
     return resolve_tail(
         reorder,
         micro_batch_size=micro_batch_size,

@@ -25,11 +25,11 @@ from mimo_pipes.analysis.replay import (
     spread_and_path,
 )
 from mimo_pipes.config import PipelineConfig
+from mimo_pipes.config.tail_settings import resolve_plan
 from mimo_pipes.observe.summary import summarize
 from mimo_pipes.parallel.topology import ModuleSpec, Topology
 from mimo_pipes.samples.cost import CostFunction
 from mimo_pipes.samples.cost_range import window_budget
-from mimo_pipes.settings.tail_settings import resolve_plan
 
 if TYPE_CHECKING:
     from mimo_pipes.analysis.plot import ModulePlot

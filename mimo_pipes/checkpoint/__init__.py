@@ -1,5 +1,5 @@
-"""A job's saved state on disk: checkpoint generations (:mod:`.generation`), the save lock (:mod:`.lock`)
-and what a resume compares before any rank starts (:mod:`.settings`)."""
+"""A job's saved state on disk: checkpoint generations (:mod:`.generation`), the save lock (:mod:`.lock`),
+what a saved state is valid for (:mod:`.validity`) and where a graph restarts (:mod:`.resume`)."""
 
 from mimo_pipes.checkpoint.generation import (
     MANIFEST_FILE,
@@ -20,43 +20,27 @@ from mimo_pipes.checkpoint.generation import (
     write_rank_files,
 )
 from mimo_pipes.checkpoint.lock import LOCK_FILE, SaveLock, acquire_save_lock, check_save_lock_free, current_job_id
-from mimo_pipes.checkpoint.settings import (
-    FLAGS,
-    OPTION_EXEMPT,
-    RESUME_EXEMPT,
-    check_resume_dir,
-    layout_specs,
-    resume_settings,
-    setting_flag,
-)
 
 __all__ = [
-    "FLAGS",
     "LOCK_FILE",
     "MANIFEST_FILE",
-    "OPTION_EXEMPT",
-    "RESUME_EXEMPT",
     "STATE_FORMAT",
     "FileDigest",
     "Generation",
     "SaveLock",
     "acquire_save_lock",
     "check_save_lock_free",
-    "check_resume_dir",
     "commit_generation",
     "current_job_id",
     "discard_generation",
     "encode_loader_state",
     "encode_model_state",
     "generation_folder",
-    "layout_specs",
     "loader_file",
     "model_file",
     "new_generation_id",
     "open_generation",
     "read_rank_state",
     "read_trainer_state",
-    "resume_settings",
-    "setting_flag",
     "write_rank_files",
 ]

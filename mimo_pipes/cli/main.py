@@ -7,7 +7,7 @@ import difflib
 import sys
 from collections.abc import Sequence
 
-# name -> (module under mimo_pipes.cli, one line for the top-level help)
+# name -> (module under mimo_pipes.cli.commands, one line for the top-level help)
 COMMANDS = {
     "run": ("run_cmd", "run the balanced MIMO input pipeline on local ranks or under torchrun, and summarise it"),
     "analyze": ("analyze_cmd", "offline, in one process: what reordering would do for run's flags (JSON and plots)"),
@@ -64,12 +64,12 @@ def _suggestion(parser: argparse.ArgumentParser, message: str) -> str | None:
 def build_parser() -> argparse.ArgumentParser:
     import importlib
 
-    from mimo_pipes.cli.help_format import HelpFormatter
+    from mimo_pipes.cli.commands.help_format import HelpFormatter
 
     parser = Parser(prog="mimo-pipes", usage="mimo-pipes [-h] COMMAND ...", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser, help=argparse.SUPPRESS)
     for name, (module, summary) in COMMANDS.items():
-        importlib.import_module(f"mimo_pipes.cli.{module}").add_arguments(
+        importlib.import_module(f"mimo_pipes.cli.commands.{module}").add_arguments(
             commands.add_parser(name, prog=f"mimo-pipes {name}", help=summary, description=summary, formatter_class=HelpFormatter)
         )
     return parser
@@ -81,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     parser.argv = list(sys.argv[1:] if argv is None else argv)  # type: ignore[attr-defined]
     args = parser.parse_args(parser.argv)  # type: ignore[attr-defined]
-    return importlib.import_module(f"mimo_pipes.cli.{COMMANDS[args.command][0]}").run(args)
+    return importlib.import_module(f"mimo_pipes.cli.commands.{COMMANDS[args.command][0]}").run(args)
 
 
 if __name__ == "__main__":

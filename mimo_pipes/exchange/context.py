@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 if TYPE_CHECKING:
-    from mimo_pipes.settings.tail_settings import TailSettings
+    from mimo_pipes.config.tail_settings import TailSettings
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mimo_pipes.exchange.roll_call import sign
+from mimo_pipes.exchange.roll_store import sign
 
 
 def world_backend(world_size: int) -> str:
@@ -24,7 +24,7 @@ def world_backend(world_size: int) -> str:
 
 def join_world(rank: int, world_size: int, timeout_s: float, backend: str | None = None) -> str:
     """Join the job's process group (MASTER_ADDR / MASTER_PORT from the environment) and sign the job's roll
-    (``roll_call.py``: a peer that stops can then name this rank if it dies); returns the backend.
+    (``roll_store.py``: a peer that stops can then name this rank if it dies); returns the backend.
     ``backend`` None: :func:`world_backend`."""
     backend = backend or world_backend(world_size)
     if backend == "nccl":

@@ -1,7 +1,7 @@
 """The graph's tail, added to any node of samples or counted rows: costs -> windows -> exchange -> (processing
 ->) micro-batches (-> THD).
 
-Every entry point builds its tail here from one :class:`~mimo_pipes.settings.tail_settings.TailSettings`, so a
+Every entry point builds its tail here from one :class:`~mimo_pipes.config.tail_settings.TailSettings`, so a
 recipe, ``balance_iterator`` and the DataLoader adapter plan, exchange and collate alike.
 """
 
@@ -12,13 +12,13 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
+from mimo_pipes.config.tail_settings import TailSettings
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.nodes import BalanceExchange, CostAnnotator, MicroBatchAssembler, RowProcessor, SequencePacker, Windower
 from mimo_pipes.nodes.row_processor import Masking
 from mimo_pipes.samples.module_fields import module_fields
 from mimo_pipes.samples.sample import Sample
-from mimo_pipes.settings.tail_settings import TailSettings
 
 
 def balanced_tail(

@@ -14,6 +14,7 @@ from torchdata.nodes import BaseNode, IterableWrapper
 
 from mimo_pipes.checkpoint.resume import ResumePoint
 from mimo_pipes.checkpoint.validity import VALID_FOR_KEY, check_valid_for, collation_settings, valid_for
+from mimo_pipes.config.tail_settings import TailSettings
 from mimo_pipes.exchange import (
     ExchangeContext,
     RankLayout,
@@ -26,7 +27,6 @@ from mimo_pipes.observe.metrics import MetricsAccumulator
 from mimo_pipes.observe.observer import ExchangeObserver, ExchangeRecord
 from mimo_pipes.samples.collate import Collator
 from mimo_pipes.samples.sample import Window
-from mimo_pipes.settings.tail_settings import TailSettings
 
 
 class BalanceExchange(BaseNode[Window]):

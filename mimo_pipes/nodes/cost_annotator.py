@@ -6,13 +6,13 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
+from mimo_pipes.config.tail_settings import TailSettings
 from mimo_pipes.errors import SampleError
 from mimo_pipes.nodes.base import GraphNode
 from mimo_pipes.samples.collate import check_sample
 from mimo_pipes.samples.cost import image_token_count, real_token_count
 from mimo_pipes.samples.cost_range import window_budget
 from mimo_pipes.samples.sample import COST, ENCODER_COST, IMAGE_TOKENS, PLACEHOLDER_RUNS, REAL_TOKENS, SAMPLE_ID, Sample
-from mimo_pipes.settings.tail_settings import TailSettings
 
 
 class CostAnnotator(GraphNode[Sample]):

@@ -9,9 +9,9 @@ from torchdata.nodes import BaseNode
 
 from mimo_pipes.checkpoint.resume import ResumePoint
 from mimo_pipes.checkpoint.validity import collation_settings
+from mimo_pipes.config.tail_settings import TailSettings
 from mimo_pipes.nodes.base import GraphNode
 from mimo_pipes.samples.sample import Window
-from mimo_pipes.settings.tail_settings import TailSettings
 
 
 class MicroBatchAssembler(GraphNode[dict]):

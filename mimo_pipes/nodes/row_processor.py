@@ -15,12 +15,12 @@ from typing import Any, NamedTuple
 from torchdata.nodes import BaseNode
 
 from mimo_pipes.checkpoint.validity import VALID_FOR_KEY, check_valid_for, collation_settings, valid_for
+from mimo_pipes.config.tail_settings import TailSettings
 from mimo_pipes.errors import MAX_REASON, PeerError, SampleError, row_reason
 from mimo_pipes.exchange.failure_agreement import agree_on_failures
 from mimo_pipes.samples.collate import Collator
 from mimo_pipes.samples.masking import mask_failed
 from mimo_pipes.samples.sample import SAMPLE_ID, STEP, Sample, Window, WindowReceipt
-from mimo_pipes.settings.tail_settings import TailSettings
 
 AHEAD = 1
 """Windows processed beyond the one the consumer waits for: decoding overlaps training, and the memory of

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from torchdata.nodes import BaseNode
 
+from mimo_pipes.config.tail_settings import TailSettings
 from mimo_pipes.nodes.base import GraphNode
 from mimo_pipes.samples.thd import check_pad_multiple, pack_microbatch, packing_metrics
-from mimo_pipes.settings.tail_settings import TailSettings
 
 
 class SequencePacker(GraphNode[dict]):

@@ -9,13 +9,12 @@ import pytest
 from job_runs import train_in_pool
 from state_folders import save_job
 
-from mimo_pipes.checkpoint import OPTION_EXEMPT, check_resume_dir, setting_flag
-from mimo_pipes.checkpoint.settings import WHY
 from mimo_pipes.checkpoint.validity import show_setting
+from mimo_pipes.cli.demo_model.encoders import vision_tower_config
+from mimo_pipes.cli.job.resume_checks import OPTION_EXEMPT, WHY, check_resume_dir, setting_flag
 from mimo_pipes.cli.main import build_parser, main
 from mimo_pipes.config import PipelineConfig, TrainOptions
 from mimo_pipes.errors import ConfigError
-from mimo_pipes.train.encoders import vision_tower_config
 
 CASES = {
     "steps not whole iterations": (["--micro-batch-size", "4", "--global-batch-size", "8", "--steps", "3"], "--steps", "not whole iterations"),

@@ -8,10 +8,10 @@ import pytest
 from scenarios_entry_points import entry_point_assignments
 
 from mimo_pipes.analysis.analyze import analyze
+from mimo_pipes.cli.commands.run_cmd import prepare_job
+from mimo_pipes.cli.job.recipe import load_recipe
 from mimo_pipes.cli.main import build_parser
-from mimo_pipes.cli.run_cmd import prepare_job
 from mimo_pipes.parallel.sharding import global_microbatch_indices
-from mimo_pipes.recipe import load_recipe
 from mimo_pipes.time_model import TimeModel, save_time_model
 
 MODEL = TimeModel(floor_ps=20_000_000_000, per_image_ps=1_000_000_000, per_patch_ps=5_500_000, per_patch_squared_ps=400)

@@ -12,10 +12,10 @@ import pytest
 from job_runs import analyze_here, run_in_pool, summary_lines, train_in_pool
 from test_analyze import assert_analysis_is_the_summary
 
+from mimo_pipes.cli.job.recipe import load_recipe
 from mimo_pipes.cli.main import main
 from mimo_pipes.config import PipelineConfig
 from mimo_pipes.errors import ConfigError
-from mimo_pipes.recipe import load_recipe
 
 # Every other row of the embedded data, in reverse: a recipe that reads its own way.
 RECIPE = '''

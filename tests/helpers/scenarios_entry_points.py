@@ -9,9 +9,9 @@ import dataclasses
 from scenarios_jobs import run_job
 
 from mimo_pipes.adapters.torchdata_pipeline import balanced_loader
+from mimo_pipes.cli.commands.run_cmd import prepare_job
 from mimo_pipes.cli.main import build_parser
-from mimo_pipes.cli.rank_job import set_up_rank
-from mimo_pipes.cli.run_cmd import prepare_job
+from mimo_pipes.cli.rank.rank_job import set_up_rank
 from mimo_pipes_recipes import existing_pipeline, vlm_sft
 
 

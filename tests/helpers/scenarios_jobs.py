@@ -14,13 +14,13 @@ from mimo_pipes.cli.main import build_parser
 def _job(command: str, argv: list[str]) -> dict[str, Any] | None:
     import importlib
 
-    from mimo_pipes.cli.run_rank import run_rank
-    from mimo_pipes.cli.train_rank import train_rank
+    from mimo_pipes.cli.rank.run_rank import run_rank
+    from mimo_pipes.cli.rank.train_rank import train_rank
 
     args = build_parser().parse_args([command, *argv])
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        config, options, _ = importlib.import_module(f"mimo_pipes.cli.{command}_cmd").prepare_job(args)
+        config, options, _ = importlib.import_module(f"mimo_pipes.cli.commands.{command}_cmd").prepare_job(args)
         result = (run_rank if command == "run" else train_rank)(config, options)
     if result is None:
         return None

@@ -15,8 +15,8 @@ from mimo_pipes.cli.main import build_parser
 def run_signalled_in_summary(argv: list[str]) -> dict[str, Any] | None:
     """``mimo-pipes run ARGV`` on this pool rank, rank 0 receiving SIGTERM while it formats the summary: what
     it printed, and the stop it raised (None when it returned)."""
-    from mimo_pipes.cli import run_rank as run_module
-    from mimo_pipes.cli.stop_signal import StopRequested
+    from mimo_pipes.cli.rank import run_rank as run_module
+    from mimo_pipes.cli.rank.stop_signal import StopRequested
 
     original = run_module.format_summary
 
@@ -30,7 +30,7 @@ def run_signalled_in_summary(argv: list[str]) -> dict[str, Any] | None:
     stop = None
     try:
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-            config, options, _ = importlib.import_module("mimo_pipes.cli.run_cmd").prepare_job(args)
+            config, options, _ = importlib.import_module("mimo_pipes.cli.commands.run_cmd").prepare_job(args)
             try:
                 if run_module.run_rank(config, options) is None:
                     return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from scenarios_exchange import make_config
 
-from mimo_pipes.cli.train_rank import train_rank
+from mimo_pipes.cli.rank.train_rank import train_rank
 from mimo_pipes.config import PipelineConfig, TrainOptions
 
 SEQ_LENGTH = 1536  # the embedded data's longest sample fits; shorter than the default keeps the CPU test light

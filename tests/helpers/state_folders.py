@@ -6,13 +6,12 @@ from __future__ import annotations
 from mimo_pipes.checkpoint import (
     commit_generation,
     encode_loader_state,
-    layout_specs,
     loader_file,
     model_file,
     new_generation_id,
-    resume_settings,
     write_rank_files,
 )
+from mimo_pipes.cli.job.resume_checks import layout_specs, resume_settings
 from mimo_pipes.config import JobOptions, PipelineConfig
 
 

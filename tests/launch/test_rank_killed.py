@@ -1,5 +1,5 @@
 """kill -9 of one rank of a running job (a real launch, by our launcher and by torchrun): every surviving rank
-says in one line that it stopped and which rank died (the job's roll, ``exchange/roll.py``), never the
+says in one line that it stopped and which rank died (the job's roll, ``exchange/roll_verdicts.py``), never the
 transport's raw text (Gloo's ``pair.cc ... Connection reset by peer``); the job ends within seconds of the
 kill, not at the exchange's timeout (the launcher stops the others as torchrun's agent does), and leaves no
 process behind."""

@@ -15,7 +15,7 @@ from job_runs import analyze_here
 from PIL import Image
 from real_data import write_dataset
 
-from mimo_pipes.cli.analyze_cmd import HONOURED, IGNORED, REFUSED
+from mimo_pipes.cli.commands.analyze_cmd import HONOURED, IGNORED, REFUSED
 from mimo_pipes.cli.main import build_parser
 
 SMALL = ["--embedded-samples", "48", "--micro-batch-size", "4", "--steps", "6", "--quiet", "--scalable-dp", "--intra-microbatch-reorder",

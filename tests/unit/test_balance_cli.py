@@ -92,7 +92,7 @@ GOOD_OUT = json.dumps({"slots": [[0, 3], [1, 2]]}, separators=(",", ":"))
 
 @pytest.mark.parametrize("bad, fragment", BAD_LINES)
 def test_bad_line_in_process(bad, fragment):
-    from mimo_pipes.cli.balance_cmd import serve
+    from mimo_pipes.cli.commands.balance_cmd import serve
 
     stdin = io.BytesIO(f"{GOOD}\n\n{bad}\n{GOOD}\n".encode())
     stdout, stderr = io.StringIO(), io.StringIO()
@@ -121,7 +121,7 @@ def test_deeply_nested_json_exit_2_one_stderr_line():
 
 
 def test_invalid_utf8_is_a_bad_line():
-    from mimo_pipes.cli.balance_cmd import serve
+    from mimo_pipes.cli.commands.balance_cmd import serve
 
     stderr = io.StringIO()
     assert serve(io.BytesIO(b"\xff\xfe\n"), io.StringIO(), stderr) == 2

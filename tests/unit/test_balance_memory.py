@@ -137,7 +137,7 @@ def test_window_planning_memory_is_linear_in_the_samples():
 def test_out_of_memory_is_one_line_and_exit_2(monkeypatch):
     import io
 
-    from mimo_pipes.cli import balance_cmd
+    from mimo_pipes.cli.commands import balance_cmd
 
     def exhausted(*args, **kwargs):
         raise MemoryError("Unable to allocate 7.45 GiB for an array")  # numpy's _ArrayMemoryError is one

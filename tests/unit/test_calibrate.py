@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mimo_pipes.cli import calibrate_cmd
+from mimo_pipes.cli.commands import calibrate_cmd
 from mimo_pipes.cli.main import build_parser, main
 from mimo_pipes.config import ReorderConfig
 from mimo_pipes.time_model.calibrate import calibrate, seconds_left, time_in_rounds

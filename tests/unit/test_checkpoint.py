@@ -18,7 +18,6 @@ from mimo_pipes import checkpoint
 from mimo_pipes.checkpoint import (
     MANIFEST_FILE,
     acquire_save_lock,
-    check_resume_dir,
     commit_generation,
     discard_generation,
     encode_loader_state,
@@ -29,8 +28,9 @@ from mimo_pipes.checkpoint import (
     write_rank_files,
 )
 from mimo_pipes.checkpoint import generation as generation_module
+from mimo_pipes.cli.job.output_paths import check_output_file, check_output_folder
+from mimo_pipes.cli.job.resume_checks import check_resume_dir
 from mimo_pipes.cli.main import main
-from mimo_pipes.cli.output_paths import check_output_file, check_output_folder
 from mimo_pipes.config import JobOptions, PipelineConfig
 from mimo_pipes.errors import ConfigError
 
@@ -322,4 +322,7 @@ def test_an_output_folder_that_cannot_be_written_is_refused(read_only_folder, ca
 
 
 def test_the_checkpoint_package_exports_what_the_commands_use():
-    assert {"open_generation", "acquire_save_lock", "check_resume_dir", "resume_settings"} <= set(checkpoint.__all__)
+    """The state on disk is the library's; the checks a resume makes of the command line's options are the
+    command line's (cli/job/resume_checks.py), so the checkpoint package never names a CLI option."""
+    assert {"open_generation", "acquire_save_lock", "read_rank_state", "commit_generation"} <= set(checkpoint.__all__)
+    assert not {"check_resume_dir", "resume_settings"} & set(checkpoint.__all__)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mimo_pipes.cli.argtypes import positive_ints
+from mimo_pipes.cli.commands.argtypes import positive_ints
 
 
 @given(st.lists(st.integers(1, 10**6), min_size=1, max_size=8))

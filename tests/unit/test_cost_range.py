@@ -18,13 +18,13 @@ from torchdata.nodes import IterableWrapper
 from mimo_pipes.analysis.analyze import analyze
 from mimo_pipes.balance import balance_window
 from mimo_pipes.balance.validate import MAX_TOTAL_COST
-from mimo_pipes.cli.balance_cmd import serve
+from mimo_pipes.cli.commands.balance_cmd import serve
 from mimo_pipes.cli.main import main
 from mimo_pipes.config import PipelineConfig, ReorderConfig, exact_weight
+from mimo_pipes.config.tail_settings import resolve_plan, resolve_tail
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.nodes import CostAnnotator
 from mimo_pipes.samples.sample import COST, ENCODER_COST
-from mimo_pipes.settings.tail_settings import resolve_plan, resolve_tail
 from mimo_pipes.time_model.model import TimeModel, save_time_model
 
 REORDER = ["--scalable-dp", "--intra-microbatch-reorder"]

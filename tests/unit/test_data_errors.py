@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mimo_pipes.cli.job_args import add_job_arguments, config_from_args
+from mimo_pipes.cli.job.args import add_job_arguments, config_from_args
 from mimo_pipes.cli.main import build_parser
 from mimo_pipes.config import PipelineConfig
 from mimo_pipes.data.bad_rows.skipping import REPLACED_REASONS, REPLACED_ROWS, SkipBadRows

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mimo_pipes.cli import run_cmd
+from mimo_pipes.cli.commands import run_cmd
 from mimo_pipes.cli.main import build_parser
 from mimo_pipes.errors import ConfigError
 
@@ -216,7 +216,7 @@ def cited_path(span: str) -> str | None:
 
 
 def exists(path: str) -> bool:
-    """A path from the root (or from the package: `cli/launcher.py`); a bare file name, as pages cite a
+    """A path from the root (or from the package: `cli/job/launcher.py`); a bare file name, as pages cite a
     module inside the package or script they are describing, anywhere in the repository's code folders."""
     if path.startswith("mimo_pipes_recipes/"):
         path = "recipes/" + path.removeprefix("mimo_pipes_recipes/")
@@ -280,7 +280,7 @@ def test_every_cited_path_exists(page):
 def test_the_citation_check_sees_a_broken_one(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("# Title\n\nSee `mimo_pipes/gone.py`, `benchmarks/exchange.py`, `cli/job.py`, `gone.py`, [a](missing.md),\n"
-                    "[b](#title), [c](#nothing), `mimo_pipes.recipe.load_recipe`, `mimo_pipes.nowhere`, `tests/*/test_*.py`.\n"
+                    "[b](#title), [c](#nothing), `mimo_pipes.cli.job.recipe.load_recipe`, `mimo_pipes.nowhere`, `tests/*/test_*.py`.\n"
                     "```text\n`mimo_pipes/in_a_block.py`\n```\n")
     assert broken_citations(page) == ["link missing.md", "link #nothing (no such heading)", "path `mimo_pipes/gone.py`",
                                       "path `benchmarks/exchange.py`", "path `cli/job.py`", "path `gone.py`", "module `mimo_pipes.nowhere`"]

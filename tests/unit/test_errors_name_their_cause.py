@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 from test_plugin_dist import single_rank_batches
 
 from mimo_pipes.checkpoint import generation as generation_module
-from mimo_pipes.checkpoint import settings as settings_module
 from mimo_pipes.checkpoint.generation import open_generation
-from mimo_pipes.checkpoint.settings import WHY, resume_settings
-from mimo_pipes.cli.balance_cmd import serve
-from mimo_pipes.cli.rank_job import _os_error
+from mimo_pipes.cli.commands.balance_cmd import serve
+from mimo_pipes.cli.job import resume_checks as settings_module
+from mimo_pipes.cli.job.resume_checks import WHY, resume_settings
+from mimo_pipes.cli.rank.rank_job import _os_error
 from mimo_pipes.config import JobOptions, PipelineConfig, ReorderConfig, TrainOptions
 from mimo_pipes.errors import ConfigError, SampleError, json_error_text
 from mimo_pipes.nodes.uncollate import Uncollate
@@ -219,8 +219,8 @@ SAMPLE_INPUTS = {
 def test_bad_samples_entering_the_tail_name_the_sample_and_field(case):
     from torchdata.nodes import IterableWrapper
 
+    from mimo_pipes.config.tail_settings import resolve_tail
     from mimo_pipes.nodes import CostAnnotator
-    from mimo_pipes.settings.tail_settings import resolve_tail
 
     changes, words = SAMPLE_INPUTS[case]
     settings = resolve_tail(ReorderConfig(scalable_dp=True, intra_microbatch_reorder=True), micro_batch_size=1, dp_size=1, grid_size=1,
@@ -277,7 +277,7 @@ GLOO_CLOSED = "[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Tim
     ("NCCL communicator was aborted on rank 3", "NCCL communicator aborted"),
 ])
 def test_a_transport_failure_becomes_one_line_without_its_text(text, cause):
-    from mimo_pipes.cli.peer_loss import lost_peer_line
+    from mimo_pipes.cli.job.peer_loss import lost_peer_line
     from mimo_pipes.errors import PeerError
 
     raw = lost_peer_line("mimo-pipes run", 3, RuntimeError(text))
@@ -299,7 +299,7 @@ def test_a_transport_failure_becomes_one_line_without_its_text(text, cause):
     ValueError("a timeout of 0 is not allowed"),  # a timeout, but no transport's text
 ])
 def test_other_errors_are_not_a_lost_peer(error):
-    from mimo_pipes.cli.peer_loss import lost_peer_line
+    from mimo_pipes.cli.job.peer_loss import lost_peer_line
 
     assert lost_peer_line("mimo-pipes run", 0, error) is None
 
@@ -315,7 +315,7 @@ class _FullFile(io.StringIO):
 
 
 def test_a_dump_that_runs_out_of_space_names_its_file(tmp_path):
-    from mimo_pipes.cli.rank_job import AssignmentDump
+    from mimo_pipes.cli.rank.rank_job import AssignmentDump
 
     dump = AssignmentDump(JobOptions(dump_assignments=str(tmp_path / "dumps")), rank=3)
     dump.file.close()
@@ -327,7 +327,7 @@ def test_a_dump_that_runs_out_of_space_names_its_file(tmp_path):
 
 
 def test_a_summary_json_that_cannot_be_written_names_its_file(tmp_path, monkeypatch):
-    from mimo_pipes.cli.rank_job import write_summary_json
+    from mimo_pipes.cli.rank.rank_job import write_summary_json
 
     def full(self, text, *args, **kwargs):
         raise OSError(27, "File too large")

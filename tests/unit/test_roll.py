@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from mimo_pipes.exchange import roll_call
-from mimo_pipes.exchange.roll import Signed, Verdict, judge, parse_pairs, parse_signed, ranks_text, signed_text
-from mimo_pipes.exchange.roll_call import Roll, call_roll, process_start, sign
+from mimo_pipes.exchange import roll_store
+from mimo_pipes.exchange.roll_store import Roll, call_roll, process_start, sign
+from mimo_pipes.exchange.roll_verdicts import Signed, Verdict, judge, parse_pairs, parse_signed, ranks_text, signed_text
 
 FOUR = [Signed(rank, 100 + rank, 7) for rank in range(4)]
 
@@ -67,7 +67,7 @@ def _signed(monkeypatch, store, rank: int, world_size: int, node: str) -> Roll:
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(store.port))
-    monkeypatch.setattr(roll_call, "node_identity", lambda: node)
+    monkeypatch.setattr(roll_store, "node_identity", lambda: node)
     roll = sign(rank, world_size)
     assert roll is not None
     return roll
@@ -76,7 +76,7 @@ def _signed(monkeypatch, store, rank: int, world_size: int, node: str) -> Roll:
 def test_the_roll_on_a_store_names_the_dead_rank_across_nodes(monkeypatch, store):
     """Node a holds ranks 0-1, node b ranks 2-3, all signed by this process; rank 3's entry is signed by hand
     with a start time this pid does not have (as if the pid had been reused: that process is gone)."""
-    monkeypatch.setattr(roll_call, "REMOTE_WAIT_S", 0.5)
+    monkeypatch.setattr(roll_store, "REMOTE_WAIT_S", 0.5)
     rolls = [_signed(monkeypatch, store, rank, 4, "a|boot|ns" if rank < 2 else "b|boot|ns") for rank in range(3)]
     rolls[2].store.append("node/b|boot|ns", signed_text(Signed(3, os.getpid(), process_start(os.getpid()) + 1)))
     assert call_roll("peer", read=True, roll=rolls[0]) == Verdict({}, (), (2, 3))  # node b has not reported yet

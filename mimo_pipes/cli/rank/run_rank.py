@@ -10,11 +10,13 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from mimo_pipes.checkpoint import read_rank_state, resume_settings
-from mimo_pipes.cli.headline import headline
-from mimo_pipes.cli.launcher import report_phase
-from mimo_pipes.cli.metrics_log import attach_metrics
-from mimo_pipes.cli.rank_job import (
+from mimo_pipes.checkpoint import read_rank_state
+from mimo_pipes.cli.job.headline import headline
+from mimo_pipes.cli.job.launcher import report_phase
+from mimo_pipes.cli.job.recipe import load_recipe
+from mimo_pipes.cli.job.resume_checks import resume_settings
+from mimo_pipes.cli.rank.metrics_log import attach_metrics
+from mimo_pipes.cli.rank.rank_job import (
     AssignmentDump,
     RankReport,
     RankSetup,
@@ -28,7 +30,7 @@ from mimo_pipes.cli.rank_job import (
     watch_moves,
     write_summary_json,
 )
-from mimo_pipes.cli.stop_signal import StopRequested, signal_name
+from mimo_pipes.cli.rank.stop_signal import StopRequested, signal_name
 from mimo_pipes.config import JobOptions, PipelineConfig
 from mimo_pipes.exchange.world import check_same_position, gather_from_every_rank, join_world, leave_world, world_rank
 from mimo_pipes.graph.traversal import graph_nodes
@@ -44,7 +46,6 @@ from mimo_pipes.observe.summary import (
 )
 from mimo_pipes.observe.warning_tally import WarningCount, WarningTally, collected, merge
 from mimo_pipes.parallel.topology import Topology
-from mimo_pipes.recipe import load_recipe
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import os
 from collections.abc import Callable
 
 from mimo_pipes.checkpoint import SaveLock, acquire_save_lock, check_save_lock_free, current_job_id
-from mimo_pipes.cli.output_paths import check_output_folder
+from mimo_pipes.cli.job.output_paths import check_output_folder
 from mimo_pipes.config import JobOptions, PipelineConfig, resolve_exchange_transport
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.parallel.topology import Topology
@@ -49,7 +49,7 @@ def check_job(config: PipelineConfig, options: JobOptions, announce: Callable[[T
 def validate_consumption(config: PipelineConfig, options: JobOptions, world_size: int) -> int:
     """Checks of what the job consumes (also used by ``analyze``); returns the micro-batches already
     consumed (those of ``--resume``, else 0)."""
-    from mimo_pipes.recipe import check_recipe_exists
+    from mimo_pipes.cli.job.recipe import check_recipe_exists
 
     check_recipe_exists(options.recipe)
     if options.steps < 1:
@@ -69,7 +69,7 @@ def validate_consumption(config: PipelineConfig, options: JobOptions, world_size
         raise ConfigError("--log-interval", f"must be >= 0, got {options.log_interval}")
     consumed = 0
     if options.resume is not None:
-        from mimo_pipes.checkpoint import check_resume_dir
+        from mimo_pipes.cli.job.resume_checks import check_resume_dir
 
         consumed = check_resume_dir(options.resume, config, world_size, options)
         if consumed >= options.steps:

@@ -116,7 +116,7 @@ def resume_settings(config: PipelineConfig, options: JobOptions) -> dict[str, An
         if item.name not in OPTION_EXEMPT:
             settings[item.name] = getattr(options, item.name)
     if isinstance(options, TrainOptions):
-        from mimo_pipes.train.encoders import vision_tower_identity
+        from mimo_pipes.cli.demo_model.encoders import vision_tower_identity
 
         settings["vision_tower"] = vision_tower_identity(options.vision_tower)  # a folder's config, not only its path
     return json.loads(json.dumps(settings))

@@ -20,9 +20,9 @@ from mimo_pipes.checkpoint import (
     open_generation,
     write_rank_files,
 )
-from mimo_pipes.cli.launcher import report_phase
-from mimo_pipes.cli.output_paths import write_failed
-from mimo_pipes.cli.stop_signal import StopRequested, StopSignal
+from mimo_pipes.cli.job.launcher import report_phase
+from mimo_pipes.cli.job.output_paths import write_failed
+from mimo_pipes.cli.rank.stop_signal import StopRequested, StopSignal
 from mimo_pipes.config import JobOptions, PipelineConfig, resolve_exchange_transport
 from mimo_pipes.errors import ConfigError, PeerError
 from mimo_pipes.exchange import RankLayout

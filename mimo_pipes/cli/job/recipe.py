@@ -73,7 +73,7 @@ def load_recipe(spec: str, *, needs: tuple[str, ...] = REQUIRED, command: str = 
             raise
     missing = [name for name in needs if not callable(getattr(module, name, None))]
     if missing:
-        raise ConfigError(RECIPE_FLAG, f"{spec} has no {', '.join(missing)}(), which `mimo-pipes {command}` calls (see mimo_pipes.recipe)")
+        raise ConfigError(RECIPE_FLAG, f"{spec} has no {', '.join(missing)}(), which `mimo-pipes {command}` calls (see mimo_pipes.cli.job.recipe)")
     return module
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from mimo_pipes.cli.argtypes import path
+from mimo_pipes.cli.commands.argtypes import path
 from mimo_pipes.config import (
     DATALOADER_TYPES,
     DEFAULT_COMPONENTS,
@@ -49,7 +49,7 @@ def add_data_arguments(parser: argparse.ArgumentParser, *, dataset_required: boo
 
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of a job: data, layout, batching, reordering, what to consume, checkpoints, output.
-    Every flag says what it does; the formatter appends its default (see cli/help_format.py)."""
+    Every flag says what it does; the formatter appends its default (see cli/commands/help_format.py)."""
     defaults = PipelineConfig()
     reorder = ReorderConfig()
     parser.add_argument("--component", action="append", metavar="SPEC",
@@ -140,7 +140,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
                         help="continue from a state saved with --save-state, up to --steps (default: start afresh)")
     parser.add_argument("--recipe", type=path, default=JobOptions.recipe,
                         help="recipe that builds each rank's graph: an importable module or a .py file providing "
-                             "prepare(config, log) and build(config, layout) (see mimo_pipes.recipe)")
+                             "prepare(config, log) and build(config, layout) (see mimo_pipes.cli.job.recipe)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar and no metrics lines")
     # Exchange metrics (see docs/metrics.md); they come from the exchange, so they need reordering on.
     parser.add_argument("--tensorboard", type=path, metavar="DIR", default=None,

@@ -11,11 +11,11 @@ import argparse
 import dataclasses
 import math
 
-from mimo_pipes.cli.argtypes import path
-from mimo_pipes.cli.job_args import add_job_arguments, config_from_args
-from mimo_pipes.cli.job_checks import validate_job
-from mimo_pipes.cli.launcher import RankMain
-from mimo_pipes.cli.run_cmd import add_summary_json_argument, announcer, prepare_recipe, start_job
+from mimo_pipes.cli.commands.argtypes import path
+from mimo_pipes.cli.commands.run_cmd import add_summary_json_argument, announcer, prepare_recipe, start_job
+from mimo_pipes.cli.job.args import add_job_arguments, config_from_args
+from mimo_pipes.cli.job.checks import validate_job
+from mimo_pipes.cli.job.launcher import RankMain
 from mimo_pipes.config import PipelineConfig, TrainOptions
 from mimo_pipes.errors import ConfigError
 
@@ -45,7 +45,7 @@ def options_from_args(args: argparse.Namespace) -> tuple[PipelineConfig, TrainOp
 def validate_training(config: PipelineConfig, options: TrainOptions) -> int:
     """run's checks, then the trainer's: whole iterations, a supported layout, a saved model to resume."""
     from mimo_pipes.checkpoint import model_file, open_generation
-    from mimo_pipes.recipe import load_recipe
+    from mimo_pipes.cli.job.recipe import load_recipe
 
     announced: list = []
     world_size = validate_job(config, options, announce=lambda *facts: announced.append(facts))
@@ -55,7 +55,7 @@ def validate_training(config: PipelineConfig, options: TrainOptions) -> int:
             raise ConfigError(name, f"{value} micro-batches are not whole iterations of {per_iteration} micro-batches (one global batch)")
     if not (options.lr > 0 and math.isfinite(options.lr)):
         raise ConfigError("--lr", f"must be positive and finite, got {options.lr}")
-    from mimo_pipes.train.encoders import vision_tower_config
+    from mimo_pipes.cli.demo_model.encoders import vision_tower_config
 
     try:
         vision_tower_config(options.vision_tower)
@@ -88,7 +88,7 @@ def prepare_job(args: argparse.Namespace) -> tuple[PipelineConfig, TrainOptions,
 
 
 def _train_in_world() -> RankMain:
-    from mimo_pipes.cli.train_rank import train_in_world
+    from mimo_pipes.cli.rank.train_rank import train_in_world
 
     return train_in_world
 

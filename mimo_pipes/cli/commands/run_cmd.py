@@ -14,10 +14,10 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from mimo_pipes.cli.headline import headline
-from mimo_pipes.cli.job_args import add_job_arguments, config_from_args
-from mimo_pipes.cli.job_checks import hold_save_lock, validate_job
-from mimo_pipes.cli.launcher import EXIT_CONFIG, RankMain, launch, say, under_torchrun
+from mimo_pipes.cli.job.args import add_job_arguments, config_from_args
+from mimo_pipes.cli.job.checks import hold_save_lock, validate_job
+from mimo_pipes.cli.job.headline import headline
+from mimo_pipes.cli.job.launcher import EXIT_CONFIG, RankMain, launch, say, under_torchrun
 from mimo_pipes.config import JobOptions, PipelineConfig
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.parallel.topology import Topology
@@ -65,7 +65,7 @@ def prepare(recipe: ModuleType, config: PipelineConfig) -> None:
 def checked_job(args: argparse.Namespace) -> tuple[PipelineConfig, JobOptions, int]:
     """Every setting of ``run`` checked (the recipe found), the job's first line said; returns the config,
     the options and the world size; raises ConfigError naming the flag."""
-    from mimo_pipes.recipe import load_recipe
+    from mimo_pipes.cli.job.recipe import load_recipe
 
     config, options = config_from_args(args)
     world_size = validate_job(config, options, announce=announcer(config, options, COMMAND))
@@ -75,7 +75,7 @@ def checked_job(args: argparse.Namespace) -> tuple[PipelineConfig, JobOptions, i
 
 def prepare_recipe(config: PipelineConfig, options: JobOptions) -> None:
     """The recipe's preparation, skipped under torchrun (where each rank prepares what it loads)."""
-    from mimo_pipes.recipe import load_recipe
+    from mimo_pipes.cli.job.recipe import load_recipe
 
     if not under_torchrun():
         prepare(load_recipe(options.recipe), config)
@@ -111,7 +111,7 @@ def start_job(args: argparse.Namespace, *, command: str, checked: Callable[[argp
 
 
 def _run_in_world() -> RankMain:
-    from mimo_pipes.cli.run_rank import run_in_world
+    from mimo_pipes.cli.rank.run_rank import run_in_world
 
     return run_in_world
 

@@ -18,8 +18,8 @@ import sys
 from collections import Counter, deque
 from collections.abc import Iterator
 
-from mimo_pipes.cli.job_args import add_data_arguments, add_seq_length_argument
-from mimo_pipes.cli.launcher import EXIT_CONFIG, EXIT_FAILED
+from mimo_pipes.cli.job.args import add_data_arguments, add_seq_length_argument
+from mimo_pipes.cli.job.launcher import EXIT_CONFIG, EXIT_FAILED
 from mimo_pipes.errors import ConfigError
 
 BATCH_ROWS = 64  # rows a worker checks at a time: small enough to keep both cores busy on small files

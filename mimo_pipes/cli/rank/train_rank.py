@@ -7,10 +7,12 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from mimo_pipes.checkpoint import encode_model_state, model_file, read_trainer_state, resume_settings
-from mimo_pipes.cli.headline import headline
-from mimo_pipes.cli.metrics_log import attach_metrics
-from mimo_pipes.cli.rank_job import (
+from mimo_pipes.checkpoint import encode_model_state, model_file, read_trainer_state
+from mimo_pipes.cli.job.headline import headline
+from mimo_pipes.cli.job.recipe import load_recipe
+from mimo_pipes.cli.job.resume_checks import resume_settings
+from mimo_pipes.cli.rank.metrics_log import attach_metrics
+from mimo_pipes.cli.rank.rank_job import (
     AssignmentDump,
     RankReport,
     RankSetup,
@@ -28,7 +30,6 @@ from mimo_pipes.exchange.world import check_same_position, gather_from_every_ran
 from mimo_pipes.observe.bad_rows_report import format_mask_report, format_skip_report, masked_rows, skipped_rows
 from mimo_pipes.observe.summary import ModuleSummary, format_summary, summarize
 from mimo_pipes.observe.warning_tally import WarningCount, WarningTally, collected, merge
-from mimo_pipes.recipe import load_recipe
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ def train_rank(config: PipelineConfig, options: TrainOptions) -> TrainResult | N
 
 
 def _train(setup: RankSetup, config: PipelineConfig, options: TrainOptions, tally: WarningTally) -> TrainResult:
-    from mimo_pipes.cli.train_report import format_training
+    from mimo_pipes.cli.rank.train_report import format_training
 
     rank = world_rank()
     recipe = load_recipe(options.recipe, needs=("build", "Trainer"), command="train")

@@ -7,7 +7,7 @@ launcher is passed to every rank once (they stop at their next micro-batch bound
 state first when the job saves one); ranks still alive a few seconds later are killed, so no process is
 left behind. Spawned ranks also die with the launcher if it is killed outright. A rank killed outright
 makes the launcher stop the others (SIGTERM, as torchrun's agent does); each says in its one line which
-rank died, as the job's roll tells it (``exchange/roll.py``: the launcher hosts the job's store, so that
+rank died, as the job's roll tells it (``exchange/roll_verdicts.py``: the launcher hosts the job's store, so that
 the roll outlives every rank).
 """
 
@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mimo_pipes.cli.peer_loss import lost_peer, lost_peer_line
+from mimo_pipes.cli.job.peer_loss import lost_peer, lost_peer_line
 from mimo_pipes.errors import ConfigError, PeerError, SampleError
 
 EXIT_CONFIG = 2
@@ -65,8 +65,8 @@ def rank_entry(rank_main: RankMain, rank: int, world_size: int, port: int | None
     (the launcher says it for spawned ranks), or by every rank when a peer died (the stop may be for it).
     On its way out the rank says on the job's roll how it ended, so that its peers can tell it from a
     rank that died."""
-    from mimo_pipes.cli.stop_signal import StopRequested, exit_status
-    from mimo_pipes.exchange.roll_call import call_roll
+    from mimo_pipes.cli.rank.stop_signal import StopRequested, exit_status
+    from mimo_pipes.exchange.roll_store import call_roll
 
     if port is not None:
         # The launcher hosts the job's store, as torchrun's agent does: every rank joins it as a client.
@@ -224,8 +224,8 @@ def _spawn(rank_main: RankMain, config: Any, options: Any, world_size: int, comm
     import multiprocessing
     from multiprocessing.connection import wait
 
-    from mimo_pipes.cli.stop_signal import exit_status, signal_name
-    from mimo_pipes.exchange.roll_call import host_store
+    from mimo_pipes.cli.rank.stop_signal import exit_status, signal_name
+    from mimo_pipes.exchange.roll_store import host_store
 
     context = multiprocessing.get_context("spawn")
     _start_quiet_resource_tracker()

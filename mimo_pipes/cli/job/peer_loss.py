@@ -4,7 +4,7 @@ peer``, a timeout, NCCL's abort) turned into one phrase for the rank's one line.
 When one rank of a job dies (killed, out of memory), every rank in a collective with it fails with the
 transport's text, which names a socket, not the rank. The others say what they were doing and that they lost
 a peer, the transport's cause in a few words, and which rank died as the job's roll tells it
-(``exchange/roll.py``; our launcher, which sees which child ended by a signal, names it too).
+(``exchange/roll_verdicts.py``; our launcher, which sees which child ended by a signal, names it too).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from mimo_pipes.exchange.roll import Verdict
+    from mimo_pipes.exchange.roll_verdicts import Verdict
 
 # The transport's causes, in the words a rank's line gives them (first match wins).
 _CAUSES = (

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mimo_pipes.cli.argtypes import path, positive_ints
-from mimo_pipes.cli.output_paths import check_output_file
+from mimo_pipes.cli.commands.argtypes import path, positive_ints
+from mimo_pipes.cli.job.output_paths import check_output_file
 from mimo_pipes.errors import ConfigError
 
 if TYPE_CHECKING:  # torch is imported by the command only: the parser of every command is built
@@ -174,9 +174,9 @@ def _measure(args: argparse.Namespace, sweep: Sweep, device: Any, dtype: Any, th
     """Build the tower and calibrate it with ``threads`` CPU threads (the process's own count is restored after)."""
     import torch
 
+    from mimo_pipes.cli.demo_model.encoders import build_vision_tower, encode, patch_dim
     from mimo_pipes.time_model.calibrate import calibrate, time_in_rounds
     from mimo_pipes.time_model.sweep import forward_shapes
-    from mimo_pipes.train.encoders import build_vision_tower, encode, patch_dim
 
     own_threads = torch.get_num_threads()
     torch.set_num_threads(threads)

@@ -1,4 +1,4 @@
-"""The roll on the job's store: signed by every rank when it joins, read by a rank that stops (see ``roll.py``).
+"""The roll on the job's store: signed by every rank when it joins, read by a rank that stops (judged in ``roll_verdicts.py``).
 
 The roll needs a store that outlives every rank: the one torchrun's agent hosts, or our launcher's for
 spawned ranks, both marked by ``TORCHELASTIC_USE_AGENT_STORE`` (every rank a client of it). Where rank 0
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mimo_pipes.exchange.roll import Signed, Verdict, judge, parse_pairs, parse_signed, signed_text
+from mimo_pipes.exchange.roll_verdicts import Signed, Verdict, judge, parse_pairs, parse_signed, signed_text
 
 STORE_TIMEOUT_S = 5.0
 REMOTE_WAIT_S = 3.0  # a rank that lost a peer it cannot see waits this long for the peer's node to report it

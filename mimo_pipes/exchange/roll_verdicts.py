@@ -1,5 +1,5 @@
 """The roll of a job's ranks, read by a rank that stops: which peer died, in words (pure; the store and the
-processes are read in ``roll_call.py``).
+processes are read in ``roll_store.py``).
 
 A rank killed outright (``kill -9``, the OOM killer, a crash) says nothing, and what its peers get from the
 transport names a socket. Each rank therefore signs the job's roll at start (its node, pid and start time)

@@ -18,12 +18,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mimo_pipes.cli.argtypes import path, positive_ints
-from mimo_pipes.cli.headline import headline
-from mimo_pipes.cli.job_args import add_job_arguments, config_from_args
-from mimo_pipes.cli.job_checks import check_job
-from mimo_pipes.cli.launcher import EXIT_CONFIG, EXIT_FAILED
-from mimo_pipes.cli.output_paths import check_output_folder
+from mimo_pipes.cli.commands.argtypes import path, positive_ints
+from mimo_pipes.cli.job.args import add_job_arguments, config_from_args
+from mimo_pipes.cli.job.checks import check_job
+from mimo_pipes.cli.job.headline import headline
+from mimo_pipes.cli.job.launcher import EXIT_CONFIG, EXIT_FAILED
+from mimo_pipes.cli.job.output_paths import check_output_folder
 from mimo_pipes.config import PipelineConfig
 from mimo_pipes.errors import ConfigError, SampleError
 
@@ -133,8 +133,8 @@ def _windows_a_run_takes(config: PipelineConfig, sizes: tuple[int, ...]) -> tupl
 def run(args: argparse.Namespace) -> int:
     from mimo_pipes.analysis.analyze import analyze, write_plots
     from mimo_pipes.analysis.table import format_analysis
+    from mimo_pipes.cli.job.recipe import load_recipe
     from mimo_pipes.observe.warning_tally import collected, merge
-    from mimo_pipes.recipe import load_recipe
 
     try:
         for flag, why in REFUSED.items():
