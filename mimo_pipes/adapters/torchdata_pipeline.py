@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 
 from torchdata.nodes import BaseNode
 
-from mimo_pipes.checkpoint.resume import reorder_window_size, resume_point
-from mimo_pipes.config import ReorderConfig
+from mimo_pipes.checkpoint.resume import resume_point
+from mimo_pipes.config import ReorderConfig, reorder_window_size
 from mimo_pipes.config.tail_settings import TailSettings, resolve_tail
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.graph.loader import GraphLoader

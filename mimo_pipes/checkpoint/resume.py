@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mimo_pipes.config import ReorderConfig
-
 
 @dataclass(frozen=True)
 class ResumePoint:
@@ -33,8 +31,3 @@ def resume_point(consumed_microbatches: int, window_size: int, composition: list
         raise ValueError(f"window size must be >= 1, got {window_size}")
     first_step = consumed_microbatches - consumed_microbatches % window_size
     return ResumePoint(consumed_microbatches, first_step, consumed_microbatches - first_step, composition)
-
-
-def reorder_window_size(reorder: ReorderConfig) -> int:
-    """Micro-batches balanced together: ``--reorder-window-size`` when reordering, else 1."""
-    return reorder.reorder_window_size if reorder.intra_microbatch_reorder else 1

@@ -1,8 +1,13 @@
-"""The user's configuration: :class:`PipelineConfig` and the :class:`ReorderConfig` inside it, named as the run
-flags name them (``pipeline.py``); and what is derived from it once (``tail_settings.py``: the settings every node
-of a graph's tail takes)."""
+"""The user's configuration and what is derived from it.
 
-from mimo_pipes.config.pipeline import (  # noqa: F401
+``pipeline.py`` holds :class:`PipelineConfig` and the :class:`ReorderConfig` inside it (public: import them from
+here), named as the run flags name them (``flags.py``), with their checks. Derived from them: the exchange's
+transport (``transport.py``), the planners' settings (``planner.py``) and the settings every node of a graph's
+tail takes (``tail_settings.py``). The command line's own options are apart, in ``mimo_pipes.cli.job.options``.
+"""
+
+from mimo_pipes.config.flags import flag
+from mimo_pipes.config.pipeline import (
     DATALOADER_TYPES,
     DEFAULT_ATTENTION_CROSSOVER,
     DEFAULT_COMPONENTS,
@@ -10,15 +15,27 @@ from mimo_pipes.config.pipeline import (  # noqa: F401
     EXCHANGE_TRANSPORTS,
     LANGUAGE_COSTS,
     WEIGHT_DECIMALS,
-    JobOptions,
     PipelineConfig,
     ReorderConfig,
-    TrainOptions,
     check_exchange_payload,
     check_pack_pad_multiple,
     exact_weight,
-    flag,
-    planner_settings,
-    resolve_exchange_transport,
-    two_level_groups,
+    reorder_window_size,
 )
+
+__all__ = [
+    "DATALOADER_TYPES",
+    "DEFAULT_ATTENTION_CROSSOVER",
+    "DEFAULT_COMPONENTS",
+    "EXCHANGE_PAYLOADS",
+    "EXCHANGE_TRANSPORTS",
+    "LANGUAGE_COSTS",
+    "PipelineConfig",
+    "ReorderConfig",
+    "WEIGHT_DECIMALS",
+    "check_exchange_payload",
+    "check_pack_pad_multiple",
+    "exact_weight",
+    "flag",
+    "reorder_window_size",
+]

@@ -1,4 +1,5 @@
-"""Configuration dataclasses and the checks that run before any data is read.
+"""The user's configuration: :class:`PipelineConfig` and the :class:`ReorderConfig` inside it, and their checks,
+which run before any data is read.
 
 Field names follow the run flags (``reorder_window_size`` is ``--reorder-window-size``), so a trainer's
 config can embed :class:`ReorderConfig` and every error names the flag a user would type.
@@ -7,13 +8,13 @@ config can embed :class:`ReorderConfig` and every error names the flag a user wo
 from __future__ import annotations
 
 import glob
-import logging
 import math
 import os
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from mimo_pipes.balance.settings import PlannerSettings
+from mimo_pipes.config.flags import flag
+from mimo_pipes.config.planner import planner_settings, two_level_groups
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.parallel.topology import COMPONENT_FLAG, Topology, build_topology
 from mimo_pipes.samples.cost_range import check_cost_range
@@ -28,37 +29,6 @@ LANGUAGE_COSTS = ("tokens", "packed")
 DEFAULT_ATTENTION_CROSSOVER = 12 * 4096  # causal decoder, hidden size 4096, 4h MLP (see docs/sequence-packing.md)
 
 
-def resolve_exchange_transport(requested: str, world_backend: str, overlap: bool, device_max_connections: str | None,
-                               warn: bool = True) -> str:
-    """The backend of the exchange group: ``gloo`` (CPU bytes) or ``nccl`` (bytes staged through the GPU).
-
-    ``auto`` takes NCCL only for an exchange on the training thread of an NCCL run; an overlapped exchange
-    goes over Gloo, which cannot contend with the trainer's NCCL kernels (an overlapped NCCL exchange beside
-    a trainer's all-reduce hung once on two H200s, before a fix; see docs/benchmarks.md). ``warn`` False:
-    the risky choice is not logged (a job says it once, before its ranks start).
-    """
-    single_queue = device_max_connections is not None and device_max_connections.strip() == "1"
-    if requested == "auto":
-        return "nccl" if world_backend == "nccl" and not overlap else "gloo"
-    if requested == "nccl" and world_backend != "nccl":
-        raise ConfigError(flag("exchange_transport"), "nccl needs one GPU per rank; this run uses gloo")
-    if requested == "nccl" and overlap and single_queue:
-        raise ConfigError(
-            flag("exchange_transport"),
-            "nccl with overlap is refused under CUDA_DEVICE_MAX_CONNECTIONS=1: with one hardware queue the "
-            "prefetch thread's all_to_all and the trainer's gradient all-reduce run in issue order, which differs "
-            "across ranks, and training deadlocks. Use --exchange-transport gloo (overlap kept, CPU bytes) or "
-            "--no-overlap-intra-microbatch-reorder (both collectives on the training thread)",
-        )
-    if requested == "nccl" and overlap and warn:
-        logging.getLogger(__name__).warning(
-            "--exchange-transport nccl with overlap: NCCL kernels of the prefetch thread and of the trainer can "
-            "be ordered differently on different ranks (a run of this kind hung once, before a fix). "
-            "--exchange-transport gloo keeps the overlap without that risk."
-        )
-    return requested
-
-
 def check_pack_pad_multiple(value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(flag("pack_pad_multiple"), f"must be an integer >= 1, got {value!r}")
@@ -67,10 +37,6 @@ def check_pack_pad_multiple(value: object) -> None:
 def check_exchange_payload(value: object) -> None:
     if value not in EXCHANGE_PAYLOADS:
         raise ConfigError(flag("exchange_payload"), f"must be one of {', '.join(EXCHANGE_PAYLOADS)}, got {value!r}")
-
-
-def flag(field_name: str) -> str:
-    return "--" + field_name.replace("_", "-")
 
 
 WEIGHT_DECIMALS = 6
@@ -189,6 +155,11 @@ class ReorderConfig:
                 "false is not supported with reordering: exchanged samples are concatenated back into one "
                 "micro-batch, so every rank must pad to the same length",
             )
+
+
+def reorder_window_size(reorder: ReorderConfig) -> int:
+    """Micro-batches balanced together: ``--reorder-window-size`` when reordering, else 1."""
+    return reorder.reorder_window_size if reorder.intra_microbatch_reorder else 1
 
 
 @dataclass
@@ -317,56 +288,3 @@ class PipelineConfig:
                 f"{window} must divide the {self.microbatches_per_global_batch} micro-batches of a global batch "
                 "when samples move across micro-batches (a window never crosses a global batch)",
             )
-
-
-def two_level_groups(topology: Topology) -> int:
-    """d_enc for two-level balance: every encoder has the same dp, and language dp is k > 1 times it."""
-    sizes = sorted({encoder.dp for encoder in topology.encoders})
-    language = topology.language.dp
-    if len(sizes) != 1 or language // sizes[0] < 2:
-        raise ConfigError(
-            flag("reorder_two_level"),
-            f"needs every encoder at one dp that language dp={language} is a multiple k > 1 of; encoder dp: {sizes}",
-        )
-    return sizes[0]
-
-
-def planner_settings(topology: Topology, reorder: ReorderConfig, model: TimeModel | None) -> PlannerSettings:
-    """From the component specs every rank knows: the floor in cost units and the two-level grouping.
-
-    One level: the floor, scaled by the encoder weight, is spread over the G/d_enc slots of one encoder
-    forward (the smallest encoder dp when encoders differ). Two levels: the encoder level balances
-    encoder cost alone, so the floor is the model's, per group (one group = one encoder forward)."""
-    floor_ns = model.floor_ns if model is not None else 0
-    if reorder.reorder_two_level:
-        return PlannerSettings(floor=floor_ns, encoder_groups=two_level_groups(topology))
-    encoder_weight, _ = reorder.integer_cost_weights()
-    encoders = [encoder.dp for encoder in topology.encoders]
-    slots_per_forward = topology.grid_size // min(encoders) if encoders else 1
-    return PlannerSettings(floor=encoder_weight * floor_ns // slots_per_forward)
-
-
-@dataclass
-class JobOptions:
-    """What ``mimo-pipes run`` does besides building the graph."""
-
-    steps: int = 32
-    recipe: str = "mimo_pipes_recipes.vlm_sft"
-    dump_assignments: str | None = None
-    stop_after: int | None = None
-    save_state: str | None = None
-    resume: str | None = None
-    progress: bool = True
-    # Exchange metrics (mimo_pipes.observe.metrics), written by DP rank 0 of each module.
-    tensorboard: str | None = None  # event files under DIR/<module>/
-    log_interval: int = 20  # a metrics line every N windows and at the end (0: only at the end)
-    summary_json: str | None = None  # `run` writes its summary here as JSON (rank 0)
-
-
-@dataclass
-class TrainOptions(JobOptions):
-    """What ``mimo-pipes train`` adds to run's options: the recipe trains instead of only reading."""
-
-    recipe: str = "mimo_pipes_recipes.tiny_mimo_train"
-    lr: float = 0.1
-    vision_tower: str = "tiny"

@@ -14,15 +14,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from mimo_pipes.balance.settings import PlannerSettings
-from mimo_pipes.checkpoint.resume import ResumePoint, reorder_window_size, resume_point
-from mimo_pipes.config import (
-    PipelineConfig,
-    ReorderConfig,
-    check_exchange_payload,
-    check_pack_pad_multiple,
-    flag,
-    planner_settings,
-)
+from mimo_pipes.checkpoint.resume import ResumePoint, resume_point
+from mimo_pipes.config import PipelineConfig, ReorderConfig, check_exchange_payload, check_pack_pad_multiple, flag
+from mimo_pipes.config.pipeline import reorder_window_size
+from mimo_pipes.config.planner import planner_settings
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.parallel.topology import COMPONENT_FLAG, Topology, build_topology
 from mimo_pipes.samples.collate import Collator, FieldSpec

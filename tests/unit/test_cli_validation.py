@@ -63,7 +63,7 @@ def test_nccl_exchange_without_gpus_is_refused(capsys):
 
 
 def test_overlapped_nccl_exchange_refused_under_single_hardware_queue():
-    from mimo_pipes.config import resolve_exchange_transport
+    from mimo_pipes.config.transport import resolve_exchange_transport
     from mimo_pipes.errors import ConfigError
 
     with pytest.raises(ConfigError) as info:

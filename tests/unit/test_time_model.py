@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mimo_pipes.balance import balance_microbatch, balance_two_level, balance_window
-from mimo_pipes.config import ReorderConfig, planner_settings
+from mimo_pipes.config import ReorderConfig
+from mimo_pipes.config.planner import planner_settings
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.parallel.topology import build_topology
 from mimo_pipes.samples.cost import placeholder_runs

@@ -16,7 +16,8 @@ from mimo_pipes.cli.commands.run_cmd import add_summary_json_argument, announcer
 from mimo_pipes.cli.job.args import add_job_arguments, config_from_args
 from mimo_pipes.cli.job.checks import validate_job
 from mimo_pipes.cli.job.launcher import RankMain
-from mimo_pipes.config import PipelineConfig, TrainOptions
+from mimo_pipes.cli.job.options import TrainOptions
+from mimo_pipes.config import PipelineConfig
 from mimo_pipes.errors import ConfigError
 
 COMMAND = "mimo-pipes train"

@@ -8,7 +8,8 @@ from typing import Any
 
 from mimo_pipes.checkpoint.generation import open_generation
 from mimo_pipes.checkpoint.validity import MISSING, show_setting
-from mimo_pipes.config import JobOptions, PipelineConfig, TrainOptions, exact_weight, flag
+from mimo_pipes.cli.job.options import JobOptions, TrainOptions
+from mimo_pipes.config import PipelineConfig, exact_weight, flag
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.parallel.topology import COMPONENT_FLAG, parse_component
 

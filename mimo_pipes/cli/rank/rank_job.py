@@ -21,9 +21,11 @@ from mimo_pipes.checkpoint import (
     write_rank_files,
 )
 from mimo_pipes.cli.job.launcher import report_phase
+from mimo_pipes.cli.job.options import JobOptions
 from mimo_pipes.cli.job.output_paths import write_failed
 from mimo_pipes.cli.rank.stop_signal import StopRequested, StopSignal
-from mimo_pipes.config import JobOptions, PipelineConfig, resolve_exchange_transport
+from mimo_pipes.config import PipelineConfig
+from mimo_pipes.config.transport import resolve_exchange_transport
 from mimo_pipes.errors import ConfigError, PeerError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.exchange.process_groups import RankGroups, build_rank_groups

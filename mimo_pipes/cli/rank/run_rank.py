@@ -13,6 +13,7 @@ from typing import Any
 from mimo_pipes.checkpoint import read_rank_state
 from mimo_pipes.cli.job.headline import headline
 from mimo_pipes.cli.job.launcher import report_phase
+from mimo_pipes.cli.job.options import JobOptions
 from mimo_pipes.cli.job.recipe import load_recipe
 from mimo_pipes.cli.job.resume_checks import resume_settings
 from mimo_pipes.cli.rank.metrics_log import attach_metrics
@@ -31,7 +32,7 @@ from mimo_pipes.cli.rank.rank_job import (
     write_summary_json,
 )
 from mimo_pipes.cli.rank.stop_signal import StopRequested, signal_name
-from mimo_pipes.config import JobOptions, PipelineConfig
+from mimo_pipes.config import PipelineConfig
 from mimo_pipes.exchange.world import check_same_position, gather_from_every_rank, join_world, leave_world, world_rank
 from mimo_pipes.graph.traversal import graph_nodes
 from mimo_pipes.nodes import SequencePacker

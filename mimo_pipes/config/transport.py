@@ -1,0 +1,39 @@
+"""The exchange's transport, derived from ``--exchange-transport``, the world's backend and the overlap."""
+
+from __future__ import annotations
+
+import logging
+
+from mimo_pipes.config.flags import flag
+from mimo_pipes.errors import ConfigError
+
+
+def resolve_exchange_transport(requested: str, world_backend: str, overlap: bool, device_max_connections: str | None,
+                               warn: bool = True) -> str:
+    """The backend of the exchange group: ``gloo`` (CPU bytes) or ``nccl`` (bytes staged through the GPU).
+
+    ``auto`` takes NCCL only for an exchange on the training thread of an NCCL run; an overlapped exchange
+    goes over Gloo, which cannot contend with the trainer's NCCL kernels (an overlapped NCCL exchange beside
+    a trainer's all-reduce hung once on two H200s, before a fix; see docs/benchmarks.md). ``warn`` False:
+    the risky choice is not logged (a job says it once, before its ranks start).
+    """
+    single_queue = device_max_connections is not None and device_max_connections.strip() == "1"
+    if requested == "auto":
+        return "nccl" if world_backend == "nccl" and not overlap else "gloo"
+    if requested == "nccl" and world_backend != "nccl":
+        raise ConfigError(flag("exchange_transport"), "nccl needs one GPU per rank; this run uses gloo")
+    if requested == "nccl" and overlap and single_queue:
+        raise ConfigError(
+            flag("exchange_transport"),
+            "nccl with overlap is refused under CUDA_DEVICE_MAX_CONNECTIONS=1: with one hardware queue the "
+            "prefetch thread's all_to_all and the trainer's gradient all-reduce run in issue order, which differs "
+            "across ranks, and training deadlocks. Use --exchange-transport gloo (overlap kept, CPU bytes) or "
+            "--no-overlap-intra-microbatch-reorder (both collectives on the training thread)",
+        )
+    if requested == "nccl" and overlap and warn:
+        logging.getLogger(__name__).warning(
+            "--exchange-transport nccl with overlap: NCCL kernels of the prefetch thread and of the trainer can "
+            "be ordered differently on different ranks (a run of this kind hung once, before a fix). "
+            "--exchange-transport gloo keeps the overlap without that risk."
+        )
+    return requested
