@@ -180,7 +180,7 @@ def peak_rss_bytes() -> int:
 
 
 def rank_main(rank: int, world_size: int, case: dict[str, Any]) -> dict[str, Any]:
-    from mimo_pipes.cli.rank.rank_job import set_up_rank
+    from mimo_pipes.cli.rank.setup import set_up_rank
     from mimo_pipes.config import PipelineConfig, ReorderConfig
     from mimo_pipes.data.processing.module_processor import ModuleProcessor
     from mimo_pipes.data.sources.open_source import open_source

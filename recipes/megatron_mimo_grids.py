@@ -197,7 +197,7 @@ def language_microbatch(model: Any, batch: dict[str, Any], settings: MimoBatchSe
 
 
 def train_run(args: argparse.Namespace, place: GridRank, reorder: str) -> list[dict[str, Any]]:
-    from mimo_pipes.cli.rank.rank_job import set_up_rank
+    from mimo_pipes.cli.rank.setup import set_up_rank
 
     device = colocated.training_device()
     config = pipeline_config(args, reorder)

@@ -8,7 +8,8 @@ import json
 from scenarios_exchange import PAD_VALUES, join_layout, make_config
 
 from mimo_pipes.checkpoint import open_generation, read_rank_state
-from mimo_pipes.cli.rank.rank_job import save_state, set_up_rank
+from mimo_pipes.cli.rank.setup import set_up_rank
+from mimo_pipes.cli.rank.state_save import save_state
 from mimo_pipes.errors import ConfigError, PositionMismatchError
 from mimo_pipes.exchange.world import check_same_position, control_group, world_rank
 from mimo_pipes.parallel.topology import build_topology

@@ -11,7 +11,7 @@ from scenarios_jobs import run_job
 from mimo_pipes.adapters.torchdata_pipeline import balanced_loader
 from mimo_pipes.cli.commands.run_cmd import prepare_job
 from mimo_pipes.cli.main import build_parser
-from mimo_pipes.cli.rank.rank_job import set_up_rank
+from mimo_pipes.cli.rank.setup import set_up_rank
 from mimo_pipes_recipes import existing_pipeline, vlm_sft
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from scenarios_exchange import PAD_VALUES, join_layout, make_config
 
-from mimo_pipes.cli.rank.rank_job import consumed_record
+from mimo_pipes.cli.rank.assignment_dump import consumed_record
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
 from mimo_pipes_recipes.vlm_sft import pipeline
 

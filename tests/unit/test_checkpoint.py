@@ -45,7 +45,7 @@ def rank_states(consumed: int) -> dict[int, dict]:
 
 
 def save(directory, consumed: int, settings: dict | None = None, failing: set[int] = frozenset()) -> bool:
-    """The collective save of ``rank_job.save_state``, its ranks played in turn: every rank writes its files,
+    """The collective save of ``state_save.save_state``, its ranks played in turn: every rank writes its files,
     rank 0 commits only when every rank wrote all of them (else discards the generation). ``failing``:
     ranks whose writes raise OSError. True if committed."""
     generation = new_generation_id()

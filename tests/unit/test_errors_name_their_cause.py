@@ -21,7 +21,7 @@ from mimo_pipes.cli.commands.balance_cmd import serve
 from mimo_pipes.cli.job import resume_checks as settings_module
 from mimo_pipes.cli.job.options import JobOptions, TrainOptions
 from mimo_pipes.cli.job.resume_checks import WHY, resume_settings
-from mimo_pipes.cli.rank.rank_job import _os_error
+from mimo_pipes.cli.rank.state_save import _os_error
 from mimo_pipes.config import PipelineConfig, ReorderConfig
 from mimo_pipes.errors import ConfigError, SampleError, json_error_text
 from mimo_pipes.nodes.uncollate import Uncollate
@@ -316,7 +316,7 @@ class _FullFile(io.StringIO):
 
 
 def test_a_dump_that_runs_out_of_space_names_its_file(tmp_path):
-    from mimo_pipes.cli.rank.rank_job import AssignmentDump
+    from mimo_pipes.cli.rank.assignment_dump import AssignmentDump
 
     dump = AssignmentDump(JobOptions(dump_assignments=str(tmp_path / "dumps")), rank=3)
     dump.file.close()
@@ -328,7 +328,7 @@ def test_a_dump_that_runs_out_of_space_names_its_file(tmp_path):
 
 
 def test_a_summary_json_that_cannot_be_written_names_its_file(tmp_path, monkeypatch):
-    from mimo_pipes.cli.rank.rank_job import write_summary_json
+    from mimo_pipes.cli.rank.report import write_summary_json
 
     def full(self, text, *args, **kwargs):
         raise OSError(27, "File too large")

@@ -16,21 +16,13 @@ from mimo_pipes.cli.job.launcher import report_phase
 from mimo_pipes.cli.job.options import JobOptions
 from mimo_pipes.cli.job.recipe import load_recipe
 from mimo_pipes.cli.job.resume_checks import resume_settings
+from mimo_pipes.cli.rank.assignment_dump import AssignmentDump, consumed_record
 from mimo_pipes.cli.rank.metrics_log import attach_metrics
-from mimo_pipes.cli.rank.rank_job import (
-    AssignmentDump,
-    RankReport,
-    RankSetup,
-    StopAtBoundary,
-    consumed_record,
-    moved_by_module,
-    progress_bar,
-    save_state,
-    set_up_rank,
-    stop_job,
-    watch_moves,
-    write_summary_json,
-)
+from mimo_pipes.cli.rank.progress import progress_bar
+from mimo_pipes.cli.rank.report import RankReport, moved_by_module, watch_moves, write_summary_json
+from mimo_pipes.cli.rank.setup import RankSetup, set_up_rank
+from mimo_pipes.cli.rank.state_save import save_state
+from mimo_pipes.cli.rank.stop_boundary import StopAtBoundary, stop_job
 from mimo_pipes.cli.rank.stop_signal import StopRequested, signal_name
 from mimo_pipes.config import PipelineConfig
 from mimo_pipes.exchange.world import check_same_position, gather_from_every_rank, join_world, leave_world, world_rank
