@@ -28,9 +28,10 @@ from mimo_pipes.analysis.analyze import analyze  # noqa: E402
 from mimo_pipes.analysis.row_counts import count_rows  # noqa: E402
 from mimo_pipes.config import PipelineConfig, ReorderConfig  # noqa: E402
 from mimo_pipes.data.cache import CACHE_ENV  # noqa: E402
+from mimo_pipes.data.embedded.builtin_dataset import default_dataset_path  # noqa: E402
 from mimo_pipes.data.embedded.builtin_processor import default_processor_path  # noqa: E402
 from mimo_pipes.data.processing.processor import load_processor  # noqa: E402
-from mimo_pipes.data.sources.saved_folder import default_dataset_path, open_dataset  # noqa: E402
+from mimo_pipes.data.sources.saved_folder import open_dataset  # noqa: E402
 
 
 def repeated_dataset(base: int, samples: int):

@@ -351,8 +351,8 @@ def main() -> None:
     parser.add_argument("--no-docs", action="store_true", help="do not write the results into docs/benchmarks.md")
     args = parser.parse_args()
 
+    from mimo_pipes.data.embedded.builtin_dataset import default_dataset_path
     from mimo_pipes.data.embedded.builtin_processor import MAX_PIXELS, default_processor_path
-    from mimo_pipes.data.sources.saved_folder import default_dataset_path
 
     info = _dist.machine()
     max_pixels = args.max_pixels or MAX_PIXELS

@@ -18,11 +18,11 @@ from torchdata.nodes import BaseNode, ParallelMapper
 from mimo_pipes.config import PipelineConfig, flag
 from mimo_pipes.config.tail_settings import resolve_pipeline_tail
 from mimo_pipes.data.bad_rows.skipping import SkipBadRows
+from mimo_pipes.data.embedded.builtin_dataset import default_dataset_path
 from mimo_pipes.data.embedded.builtin_processor import default_processor_path
 from mimo_pipes.data.processing.module_processor import ModuleProcessor
 from mimo_pipes.data.processing.processor import SampleProcessor, check_processor_path, load_processor
 from mimo_pipes.data.sources.open_source import check_source, dataset_folder, open_source
-from mimo_pipes.data.sources.saved_folder import default_dataset_path
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.graph.loader import GraphLoader

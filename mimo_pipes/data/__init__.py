@@ -17,7 +17,7 @@ _EXPORTS = {
     "check_processor_path": "processing.processor",
     "load_processor": "processing.processor",
     "SampleProcessor": "processing.processor",
-    "default_dataset_path": "sources.saved_folder",
+    "default_dataset_path": "embedded.builtin_dataset",
     "check_dataset_path": "sources.saved_folder",
     "open_dataset": "sources.saved_folder",
     "cache_root": "cache",

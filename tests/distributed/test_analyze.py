@@ -13,9 +13,10 @@ from job_runs import analyze_here, run_and_analyze
 
 from mimo_pipes.analysis.plot import DPI, FIGSIZE_INCHES
 from mimo_pipes.analysis.row_counts import UNCOUNTED, count_tokens, processed_counter
+from mimo_pipes.data.embedded.builtin_dataset import default_dataset_path
 from mimo_pipes.data.embedded.builtin_processor import default_processor_path
 from mimo_pipes.data.processing.processor import load_processor
-from mimo_pipes.data.sources.saved_folder import default_dataset_path, open_dataset
+from mimo_pipes.data.sources.saved_folder import open_dataset
 from mimo_pipes.errors import SampleError
 
 # Heterogeneous layout (3 ranks): language dp 2 fed by a dp-1 vision module. --steps 6 with window 4

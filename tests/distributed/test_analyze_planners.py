@@ -12,9 +12,10 @@ from job_runs import analyze_here, run_and_analyze
 from test_analyze import REORDER, assert_analysis_is_the_summary
 
 from mimo_pipes.analysis.row_counts import count_rows
+from mimo_pipes.data.embedded.builtin_dataset import default_dataset_path
 from mimo_pipes.data.embedded.builtin_processor import default_processor_path
 from mimo_pipes.data.processing.processor import load_processor
-from mimo_pipes.data.sources.saved_folder import default_dataset_path, open_dataset
+from mimo_pipes.data.sources.saved_folder import open_dataset
 from mimo_pipes.parallel.sharding import global_microbatch_indices
 from mimo_pipes.samples.cost import placeholder_runs, real_token_count
 from mimo_pipes.time_model.model import TimeModel, save_time_model

@@ -10,8 +10,8 @@ import pytest
 from job_runs import run_in_pool, summary_lines
 from scenarios_payload import consume_rows, payload_streams
 
+from mimo_pipes.data.embedded.builtin_dataset import default_dataset_path
 from mimo_pipes.data.sources.open_source import open_source
-from mimo_pipes.data.sources.saved_folder import default_dataset_path
 
 LAYOUTS = {
     "dp2+2": ["language=dp=2", "images=dp=2,rank_offset=2"],

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from scenarios_jobs import run_job
 
+from mimo_pipes.data.embedded.builtin_dataset import default_dataset_path
 from mimo_pipes.data.embedded.builtin_processor import default_processor_path
 from mimo_pipes.data.processing.processor import load_processor
-from mimo_pipes.data.sources.saved_folder import default_dataset_path, open_dataset
+from mimo_pipes.data.sources.saved_folder import open_dataset
 
 SAMPLES, BATCH, STEPS, SEQ = 64, 8, 8, 1300
 ARGS = ["--component", "language=dp=2", "--component", "images=dp=2,rank_offset=2", "--scalable-dp", "--intra-microbatch-reorder",

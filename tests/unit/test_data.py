@@ -21,10 +21,11 @@ from PIL import Image
 
 from mimo_pipes.data.cache import build_atomically
 from mimo_pipes.data.embedded import synthetic
+from mimo_pipes.data.embedded.builtin_dataset import default_dataset_path
 from mimo_pipes.data.embedded.builtin_processor import IMAGE_PAD, SPECIAL_TOKENS, build_default_processor
 from mimo_pipes.data.processing.processor import TRUNCATED, SampleProcessor, check_processor_path, load_processor
 from mimo_pipes.data.sources.open_source import open_source
-from mimo_pipes.data.sources.saved_folder import check_dataset_path, default_dataset_path, open_dataset
+from mimo_pipes.data.sources.saved_folder import check_dataset_path, open_dataset
 from mimo_pipes.errors import ConfigError, SampleError
 from mimo_pipes.observe.warning_tally import collected, counts
 from mimo_pipes.samples.cost import image_token_count

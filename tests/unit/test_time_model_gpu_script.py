@@ -12,7 +12,8 @@ from mimo_pipes.balance import balance_window  # noqa: E402
 
 
 def test_rows_are_the_embedded_datasets():
-    from mimo_pipes.data.sources.saved_folder import default_dataset_path, open_dataset
+    from mimo_pipes.data.embedded.builtin_dataset import default_dataset_path
+    from mimo_pipes.data.sources.saved_folder import open_dataset
 
     dataset = open_dataset(default_dataset_path(16, seed=0))
     rows = time_model_gpu.embedded_rows(16)

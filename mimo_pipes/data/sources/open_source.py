@@ -1,6 +1,7 @@
-"""Dataset sources behind ``--dataset``: a ``save_to_disk`` folder, or Parquet / JSON / JSON-lines files
-and globs (LLaVA annotation lists included), all opened as memory-mapped Arrow through ``datasets``; or a
-prepared Megatron-Energon dataset or metadataset (:mod:`~mimo_pipes.data.sources.energon_source`).
+"""What ``--dataset`` names, opened as one source of conversation rows: a ``save_to_disk`` folder
+(:mod:`~mimo_pipes.data.sources.saved_folder`), Parquet / JSON / JSON-lines files and globs (LLaVA annotation lists
+included), both as memory-mapped Arrow through ``datasets``, or a prepared Megatron-Energon dataset or metadataset
+(:mod:`~mimo_pipes.data.sources.energon_source`); and its rows read as the graph's reader reads them.
 
 Image columns typed ``datasets.Image`` are left undecoded (``{"bytes", "path"}``): the per-sample
 processor decodes them, on its worker threads, and names the row when one is broken.

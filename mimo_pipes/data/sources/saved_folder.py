@@ -1,28 +1,15 @@
-"""Dataset sources: the cached built-in dataset and user folders written by ``save_to_disk``."""
+"""A folder written by ``datasets``' ``save_to_disk`` as a ``--dataset`` source: checked, then opened as one split."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from mimo_pipes.data.cache import build_atomically, cache_root
 from mimo_pipes.data.paths import existing_folder
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.observe.third_party import quiet_datasets
 
-DATASET_VERSION = "v1"
-"""Bumped whenever the synthetic generator changes, so a stale cached copy is never reused."""
-
-DEFAULT_NUM_SAMPLES = 512
 REQUIRED_COLUMNS: tuple[str, ...] = ()
 """Columns every dataset must have; the conversation columns are checked by :func:`~mimo_pipes.data.sources.open_source.open_source`."""
-
-
-def default_dataset_path(num_samples: int = DEFAULT_NUM_SAMPLES, seed: int = 0) -> Path:
-    """The cached synthetic dataset for ``(num_samples, seed)``, generated on first use."""
-    from mimo_pipes.data.embedded.synthetic import generate_synthetic_dataset
-
-    final = cache_root() / f"dataset-{DATASET_VERSION}-n{int(num_samples)}-s{int(seed)}"
-    return build_atomically(final, lambda tmp: generate_synthetic_dataset(tmp, num_samples, seed))
 
 
 def check_dataset_path(path: str | Path) -> Path:
