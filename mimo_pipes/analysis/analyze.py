@@ -26,7 +26,7 @@ from mimo_pipes.analysis.replay import (
 )
 from mimo_pipes.config import PipelineConfig
 from mimo_pipes.config.tail_settings import resolve_plan
-from mimo_pipes.observe.summary import summarize
+from mimo_pipes.observe.summary import ModuleSummary, summarize
 from mimo_pipes.parallel.topology import ModuleSpec, Topology
 from mimo_pipes.samples.cost import CostFunction
 from mimo_pipes.samples.cost_range import window_budget
@@ -173,39 +173,64 @@ def analyze(
     tokens = Quantity("image tokens", image_tokens)
     bound_of = functools.partial(critical_path_bound, schedule, start=start, stop=stop)
     for module in topology.modules:
-        summary = summaries.get(module.name)
-        what_if, bounds = _what_ifs(what_ifs, variants, tokens, module.dp, bound_of, incomplete)
-        figures[module.name] = {
-            "dp_size": module.dp,
-            "steps": summary.steps if summary else 0,
-            "spread_before": summary.mean_spread_before if summary else 0.0,
-            "spread_after": summary.mean_spread_after if summary else 0.0,
-            "critical_path_before": summary.max_rank_tokens_before if summary else 0,
-            "critical_path_after": summary.max_rank_tokens_after if summary else 0,
-            "samples": summary.samples if summary else 0,
-            "image_tokens": summary.image_tokens if summary else 0,
-            "what_if": what_if,
-            "critical_path_lower_bound": bounds,
-        }
-        balanced[module.name] = tokens
-        extra = []
-        if model is not None and module in topology.encoders:
-            time = Quantity("modelled ms", encoder, model.floor_ns, 1e6, "modelled_encoder_time")
-            extra.append(time)
-            balanced[module.name] = time
-        if planning.encoder_groups:
-            real = Quantity("real tokens", real_tokens, block="real_tokens")
-            extra.append(real)
-            if module.is_language:
-                balanced[module.name] = real
-        for quantity in extra:
-            block = {"unit": MODELLED_TIME_UNIT, "floor": quantity.floor} if quantity.block == "modelled_encoder_time" else {}
-            what_if, bounds = _what_ifs(what_ifs, variants, quantity, module.dp, bound_of, incomplete)
-            figures[module.name][str(quantity.block)] = {
-                **block, **_figures(result, quantity.values, module.dp, topology.grid_size, quantity.floor),
-                "what_if": what_if, "critical_path_lower_bound": bounds,
-            }
+        figures[module.name], balanced[module.name] = _module_figures(
+            module, summaries.get(module.name), topology=topology, result=result, what_ifs=what_ifs, variants=variants,
+            tokens=tokens, bound_of=bound_of, incomplete=incomplete, model=model, encoder=encoder, real_tokens=real_tokens,
+            two_level=bool(planning.encoder_groups),
+        )
     return Analysis(figures, result, unreordered, what_ifs, given, balanced, schedule, start, stop, incomplete)
+
+
+def _module_figures(
+    module: ModuleSpec,
+    summary: ModuleSummary | None,
+    *,
+    topology: Topology,
+    result: Any,
+    what_ifs: Mapping[str, Any],
+    variants: Mapping[str, Setting],
+    tokens: Quantity,
+    bound_of: Callable[..., Any],
+    incomplete: frozenset[str],
+    model: Any,
+    encoder: np.ndarray,
+    real_tokens: np.ndarray,
+    two_level: bool,
+) -> tuple[dict[str, Any], Quantity]:
+    """One module's figures (image tokens, then modelled time for an encoder with a time model, real tokens
+    under two-level balance) and the quantity its planner balanced."""
+    what_if, bounds = _what_ifs(what_ifs, variants, tokens, module.dp, bound_of, incomplete)
+    figures: dict[str, Any] = {
+        "dp_size": module.dp,
+        "steps": summary.steps if summary else 0,
+        "spread_before": summary.mean_spread_before if summary else 0.0,
+        "spread_after": summary.mean_spread_after if summary else 0.0,
+        "critical_path_before": summary.max_rank_tokens_before if summary else 0,
+        "critical_path_after": summary.max_rank_tokens_after if summary else 0,
+        "samples": summary.samples if summary else 0,
+        "image_tokens": summary.image_tokens if summary else 0,
+        "what_if": what_if,
+        "critical_path_lower_bound": bounds,
+    }
+    balanced = tokens
+    extra = []
+    if model is not None and module in topology.encoders:
+        time = Quantity("modelled ms", encoder, model.floor_ns, 1e6, "modelled_encoder_time")
+        extra.append(time)
+        balanced = time
+    if two_level:
+        real = Quantity("real tokens", real_tokens, block="real_tokens")
+        extra.append(real)
+        if module.is_language:
+            balanced = real
+    for quantity in extra:
+        block = {"unit": MODELLED_TIME_UNIT, "floor": quantity.floor} if quantity.block == "modelled_encoder_time" else {}
+        what_if, bounds = _what_ifs(what_ifs, variants, quantity, module.dp, bound_of, incomplete)
+        figures[str(quantity.block)] = {
+            **block, **_figures(result, quantity.values, module.dp, topology.grid_size, quantity.floor),
+            "what_if": what_if, "critical_path_lower_bound": bounds,
+        }
+    return figures, balanced
 
 
 def skipped_rows(analysis: Analysis) -> tuple[dict[int, str], int]:

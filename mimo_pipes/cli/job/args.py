@@ -44,6 +44,16 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     Every flag says what it does; the formatter appends its default (see cli/commands/help_format.py)."""
     defaults = PipelineConfig()
     reorder = ReorderConfig()
+    _add_layout_arguments(parser, defaults)
+    _add_reorder_arguments(parser, reorder)
+    _add_packing_arguments(parser, defaults, reorder)
+    _add_reading_arguments(parser, defaults)
+    _add_exchange_arguments(parser, defaults)
+    _add_output_arguments(parser)
+
+
+def _add_layout_arguments(parser: argparse.ArgumentParser, defaults: PipelineConfig) -> None:
+    """The modules' layout and the batches."""
     parser.add_argument("--component", action="append", metavar="SPEC",
                         help="a module and its parallel layout, repeatable: 'language=tp=1,pp=1,dp=2,rank_offset=0' "
                              "(keys tp, cp, pp, dp, etp, rank_offset; one module must be named language) "
@@ -56,6 +66,10 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     add_seq_length_argument(parser)
     parser.add_argument("--pad-to-seq-length", type=_bool, default=True, metavar="{true,false}",
                         help="pad every micro-batch to --seq-length; false pads to its longest sample")
+
+
+def _add_reorder_arguments(parser: argparse.ArgumentParser, reorder: ReorderConfig) -> None:
+    """Reordering: what is balanced, over how many micro-batches, on which cost."""
     parser.add_argument("--scalable-dp", action="store_true",
                         help="each rank reads only its canonical shard, never the whole global micro-batch")
     parser.add_argument("--intra-microbatch-reorder", action="store_true",
@@ -77,7 +91,10 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reorder-two-level", action="store_true",
                         help="when language dp is k > 1 times the encoder dp: split samples over encoder replicas by "
                              "encoder cost, then each replica's k language slots by real tokens")
-    # Sequence packing (THD) and the language cost it implies.
+
+
+def _add_packing_arguments(parser: argparse.ArgumentParser, defaults: PipelineConfig, reorder: ReorderConfig) -> None:
+    """Sequence packing (THD) and the language cost it implies."""
     parser.add_argument("--pack-sequences-in-batch", action="store_true",
                         help="pack each rank's micro-batch into one THD row after reordering: real tokens "
                              "concatenated, cu_seqlens, no attention mask")
@@ -91,6 +108,10 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="TOKENS",
                         help="with --reorder-language-cost packed: the sequence length at which attention work "
                              "equals the linear layers' work, about 12 x hidden size for a causal decoder")
+
+
+def _add_reading_arguments(parser: argparse.ArgumentParser, defaults: PipelineConfig) -> None:
+    """What is read, in which order, how far, and how rows are processed."""
     parser.add_argument("--dataloader-type", default=defaults.dataloader_type,
                         help=f"{' or '.join(DATALOADER_TYPES)}: read the data once, or start a new shuffled "
                              "epoch when it ends")
@@ -109,6 +130,10 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
                         help="size of the embedded synthetic dataset (without --dataset)")
     parser.add_argument("--num-workers", type=int, default=defaults.num_workers,
                         help="processing threads per rank")
+
+
+def _add_exchange_arguments(parser: argparse.ArgumentParser, defaults: PipelineConfig) -> None:
+    """How the exchange moves samples between ranks."""
     parser.add_argument("--exchange-transport", default=defaults.exchange_transport,
                         help=f"{', '.join(EXCHANGE_TRANSPORTS)}: gloo moves bytes on the CPU, nccl through the GPU; "
                              "auto takes nccl only for an exchange on the training thread of a GPU run")
@@ -121,6 +146,10 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
                              "(every rank must read the same files, under the same --image-folder)")
     parser.add_argument("--exchange-timeout", type=float, default=defaults.exchange_timeout_s,
                         help="seconds before a collective gives up on a silent peer")
+
+
+def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
+    """Checkpoints, the recipe, and what the job writes and prints."""
     parser.add_argument("--dump-assignments", type=path, metavar="DIR", default=None,
                         help="write DIR/rank{N}.jsonl, one line per micro-batch a rank consumes (default: no dump)")
     parser.add_argument("--stop-after", type=int, default=None, metavar="K",

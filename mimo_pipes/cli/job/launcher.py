@@ -222,9 +222,8 @@ def _stop_resource_tracker(timeout_s: float = 5.0) -> None:
 
 def _spawn(rank_main: RankMain, config: Any, options: Any, world_size: int, command: str) -> int:
     import multiprocessing
-    from multiprocessing.connection import wait
 
-    from mimo_pipes.cli.rank.stop_signal import exit_status, signal_name
+    from mimo_pipes.cli.rank.stop_signal import signal_name
     from mimo_pipes.exchange.roll_store import host_store
 
     context = multiprocessing.get_context("spawn")
@@ -249,18 +248,8 @@ def _spawn(rank_main: RankMain, config: Any, options: Any, world_size: int, comm
         killed_here: set[int] = set()  # ranks this launcher killed (overdue, or past the stop grace)
         ended_by_signal: tuple[int, int] | None = None  # (rank, signal) of the first rank that a signal ended
         while any(process.is_alive() for process in processes):
-            for connection in wait(list(reports), timeout=0.05):
-                try:
-                    phase, value = connection.recv()
-                except EOFError:
-                    del reports[connection]
-                    continue
-                if phase == "joined":
-                    joined.add(reports[connection])
-                    if len(joined) == world_size:
-                        say(f"all {world_size} ranks joined the job after {time.monotonic() - started:.1f}s; building their graphs")
-                elif phase == "saved":
-                    saved = value
+            received = _receive(reports, joined, world_size, started)
+            saved = received if received is not None else saved
             if failed_at is None and any(process.exitcode not in (None, 0) for process in processes):
                 failed_at = time.monotonic()
             if ended_by_signal is None and stop.signum is None:
@@ -281,13 +270,7 @@ def _spawn(rank_main: RankMain, config: Any, options: Any, world_size: int, comm
                         process.kill()
         for process in processes:
             process.join()
-        for connection in list(reports):
-            while connection.poll():
-                try:
-                    phase, value = connection.recv()
-                except EOFError:
-                    break
-                saved = value if phase == "saved" else saved
+        saved = _drain(reports, saved)
     finally:
         stop.restore()
         for process in processes:
@@ -298,11 +281,52 @@ def _spawn(rank_main: RankMain, config: Any, options: Any, world_size: int, comm
                 process.join()
         _stop_resource_tracker()
         del store
-    if stop.signum is not None:
-        where = getattr(options, "save_state", None)
+    return _outcome(processes, stop.signum, getattr(options, "save_state", None), saved, ended_by_signal, command)
+
+
+def _receive(reports: dict[Any, int], joined: set[int], world_size: int, started: float) -> int | None:
+    """One look at the ranks' reports (rank -> launcher pipes): who joined the job, and the micro-batches of the
+    last save a rank reported (None: no save reported). A pipe whose rank ended is dropped from ``reports``."""
+    from multiprocessing.connection import wait
+
+    saved = None
+    for connection in wait(list(reports), timeout=0.05):
+        try:
+            phase, value = connection.recv()
+        except EOFError:
+            del reports[connection]
+            continue
+        if phase == "joined":
+            joined.add(reports[connection])
+            if len(joined) == world_size:
+                say(f"all {world_size} ranks joined the job after {time.monotonic() - started:.1f}s; building their graphs")
+        elif phase == "saved":
+            saved = value
+    return saved
+
+
+def _drain(reports: dict[Any, int], saved: int | None) -> int | None:
+    """What the ranks reported after the launcher's last look (every rank has ended): the last save, if any."""
+    for connection in list(reports):
+        while connection.poll():
+            try:
+                phase, value = connection.recv()
+            except EOFError:
+                break
+            saved = value if phase == "saved" else saved
+    return saved
+
+
+def _outcome(processes: list[Any], signum: int | None, where: str | None, saved: int | None,
+             ended_by_signal: tuple[int, int] | None, command: str) -> int:
+    """The launcher's last words and exit status: stopped by a signal (and where the state went), failed on
+    some ranks (and the rank a signal ended first), or 0."""
+    from mimo_pipes.cli.rank.stop_signal import exit_status, signal_name
+
+    if signum is not None:
         state = f"; saved a complete state after {saved} micro-batches to {where}" if saved is not None else ""
-        say(f"{command}: stopped by {signal_name(stop.signum)}{state}")
-        return exit_status(stop.signum)
+        say(f"{command}: stopped by {signal_name(signum)}{state}")
+        return exit_status(signum)
     codes = [process.exitcode for process in processes]
     if any(codes):
         bad = [rank for rank, code in enumerate(codes) if code]
