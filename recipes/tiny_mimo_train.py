@@ -28,6 +28,7 @@ from mimo_pipes.cli.demo_model.encoders import build_vision_tower, encode, visio
 from mimo_pipes.cli.demo_model.reduce import sum_gradients, sum_over
 from mimo_pipes.cli.job.options import TrainOptions
 from mimo_pipes.config import PipelineConfig
+from mimo_pipes.data.processing.processor import load_processor
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.exchange.process_groups import RankGroups
@@ -95,7 +96,7 @@ class Trainer:
         self.dp_group = groups.dp_group if position.dp_size > 1 else None
         self.microbatches = config.microbatches_per_global_batch
         self.loader = loader
-        self.image_token_id = vlm_sft.load_processor(vlm_sft.processor_path(config), config.seq_length).image_token_id
+        self.image_token_id = load_processor(vlm_sft.processor_path(config), config.seq_length).image_token_id
         encoder, language = topology.encoders[0], topology.language
         self.width = vision_tower_config(options.vision_tower).hidden_size
         self.is_language = position.module.is_language

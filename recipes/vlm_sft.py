@@ -15,14 +15,13 @@ from typing import Any
 
 from torchdata.nodes import BaseNode, ParallelMapper
 
-from mimo_pipes.config import PipelineConfig, flag
+from mimo_pipes.config import PipelineConfig
 from mimo_pipes.config.tail_settings import resolve_pipeline_tail
 from mimo_pipes.data.bad_rows.skipping import SkipBadRows
-from mimo_pipes.data.embedded.builtin_dataset import default_dataset_path
-from mimo_pipes.data.embedded.builtin_processor import default_processor_path
+from mimo_pipes.data.from_config import dataset_path, open_processor, processor_path
 from mimo_pipes.data.processing.module_processor import ModuleProcessor
-from mimo_pipes.data.processing.processor import SampleProcessor, check_processor_path, load_processor
-from mimo_pipes.data.sources.open_source import check_source, dataset_folder, open_source
+from mimo_pipes.data.processing.processor import check_processor_path
+from mimo_pipes.data.sources.open_source import check_source, open_source
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.graph.loader import GraphLoader
@@ -32,7 +31,6 @@ from mimo_pipes.nodes.canonical_shard_reader import MapStyleDataset
 from mimo_pipes.samples.collate import FieldSpec
 from mimo_pipes.samples.module_fields import module_fields
 from mimo_pipes.samples.sample import Sample
-from mimo_pipes.time_model import TimeModelError
 
 
 def pipeline(
@@ -90,27 +88,6 @@ def pipeline(
     return GraphLoader(tail_node, consumed_microbatches=tail.resume.consumed)
 
 
-def dataset_path(config: PipelineConfig) -> str:
-    return config.dataset or str(default_dataset_path(config.embedded_samples, seed=0))
-
-
-def processor_path(config: PipelineConfig) -> str:
-    return config.processor or str(default_processor_path())
-
-
-def image_folder(config: PipelineConfig) -> str:
-    """Where the data's image and video paths resolve (and must stay): ``--image-folder``, else the
-    dataset's own folder."""
-    return config.image_folder or str(dataset_folder(dataset_path(config)))
-
-
-def open_processor(config: PipelineConfig) -> SampleProcessor:
-    """The processor every rank uses, checked against the time model (``--reorder-cost-model``)."""
-    processor = load_processor(processor_path(config), config.seq_length, image_folder=image_folder(config))
-    check_time_model(config, processor)
-    return processor
-
-
 def prepare(config: PipelineConfig, log: Callable[[str], None] = print) -> None:
     """Check user paths, and build the embedded data and processor once before the ranks start. What the
     ranks open anyway is opened here only where opening checks something (the user's data and processor,
@@ -130,22 +107,6 @@ def prepare(config: PipelineConfig, log: Callable[[str], None] = print) -> None:
         dataset = open_source(config.dataset)
         if len(dataset) < config.micro_batch_size:
             raise ConfigError("--dataset", f"{len(dataset)} samples are fewer than one micro-batch of {config.micro_batch_size}")
-
-
-def check_time_model(config: PipelineConfig, processor: Any) -> None:
-    """A time model fit for other patches than the processor makes is refused."""
-    model = config.reorder.load_time_model()
-    if model is None:
-        return
-    try:
-        model.check_geometry(
-            config.reorder.reorder_cost_model,
-            merge_size=processor.merge_size,
-            patch_size=processor.patch_size,
-            temporal_patch_size=processor.temporal_patch_size,
-        )
-    except TimeModelError as error:
-        raise ConfigError(flag("reorder_cost_model"), str(error)) from None
 
 
 def build(

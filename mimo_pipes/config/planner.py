@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from mimo_pipes.balance.settings import PlannerSettings
 from mimo_pipes.config.flags import flag
@@ -10,8 +10,13 @@ from mimo_pipes.errors import ConfigError
 from mimo_pipes.parallel.topology import Topology
 from mimo_pipes.time_model.model import TimeModel
 
-if TYPE_CHECKING:
-    from mimo_pipes.config.pipeline import ReorderConfig
+
+class CostWeights(Protocol):
+    """What the planners' settings read of a :class:`~mimo_pipes.config.ReorderConfig`."""
+
+    reorder_two_level: bool
+
+    def integer_cost_weights(self) -> tuple[int, int]: ...
 
 
 def two_level_groups(topology: Topology) -> int:
@@ -26,7 +31,7 @@ def two_level_groups(topology: Topology) -> int:
     return sizes[0]
 
 
-def planner_settings(topology: Topology, reorder: ReorderConfig, model: TimeModel | None) -> PlannerSettings:
+def planner_settings(topology: Topology, reorder: CostWeights, model: TimeModel | None) -> PlannerSettings:
     """From the component specs every rank knows: the floor in cost units and the two-level grouping.
 
     One level: the floor, scaled by the encoder weight, is spread over the G/d_enc slots of one encoder

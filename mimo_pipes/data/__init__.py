@@ -1,6 +1,7 @@
 """Data, by concern: ``sources/`` (what ``--dataset`` names, opened as rows), ``processing/`` (a row made into a
 module's fields), ``bad_rows/`` (the kinds of bad row, their replacement, their check) and ``embedded/`` (the
-built-in dataset and processors, built offline); ``cache.py`` and ``paths.py`` serve them all.
+built-in dataset and processors, built offline); ``cache.py``, ``paths.py`` and ``from_config.py`` (the data a
+``PipelineConfig`` names) serve them all.
 
 Names are imported lazily, so ``import mimo_pipes.data`` stays cheap until one is used.
 """

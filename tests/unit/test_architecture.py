@@ -150,3 +150,71 @@ def test_nodes_ask_nothing_of_their_source_behind_the_data() -> None:
         if re.search(r"getattr\(self\.source,", text) or re.search(r"getattr\([a-z_]+, \"(start_at|confirm|fail|pin|start_position)\"", text):
             offenders.append(path.name)
     assert offenders == []
+
+
+REPO = PACKAGE.parent
+# Beside the package: recipe files (installed as mimo_pipes_recipes) and benchmarks, each one room.
+OUTSIDE = {"recipes": "mimo_pipes_recipes", "benchmarks": "benchmarks"}
+
+
+def _room_of_module(name: str) -> str | None:
+    """The room a dotted module name lies in: a top-level folder or module of mimo_pipes, or recipes, benchmarks."""
+    parts = name.split(".")
+    if parts[0] == "mimo_pipes":
+        return parts[1] if len(parts) > 1 and ((PACKAGE / parts[1]).is_dir() or (PACKAGE / f"{parts[1]}.py").is_file()) else None
+    return next((room for room, package in OUTSIDE.items() if parts[0] in (room, package)), None)
+
+
+def _room_of_path(path: Path) -> str:
+    relative = path.relative_to(REPO)
+    return relative.parts[1].removesuffix(".py") if relative.parts[0] == "mimo_pipes" else relative.parts[0]
+
+
+def _room_arrows() -> dict[str, set[str]]:
+    """Room -> the other rooms its files import, at any depth (imports inside functions count)."""
+    paths = [path for path in PACKAGE.rglob("*.py") if path.parent != PACKAGE or path.name != "__init__.py"]
+    paths += [path for room in OUTSIDE for path in (REPO / room).glob("*.py")]
+    arrows: dict[str, set[str]] = {}
+    for path in paths:
+        room = _room_of_path(path)
+        targets = {_room_of_module(name) for name in _imports(path)} - {None, room}
+        arrows.setdefault(room, set()).update(target for target in targets if target is not None)
+    return arrows
+
+
+def _cycle(arrows: dict[str, set[str]]) -> list[str]:
+    """A cycle of rooms (empty: none), by depth-first search."""
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(room: str) -> list[str]:
+        state[room] = 1
+        path.append(room)
+        for target in sorted(arrows.get(room, ())):
+            if state.get(target) == 1:
+                return path[path.index(target):] + [target]
+            if target not in state and (found := visit(target)):
+                return found
+        state[room] = 2
+        path.pop()
+        return []
+
+    for room in sorted(arrows):
+        if room not in state and (found := visit(room)):
+            return found
+    return []
+
+
+def test_the_rooms_import_each_other_without_a_cycle() -> None:
+    """Rooms stack in floors: no room reaches, through any chain of imports, back to itself (the library, the
+    recipes and the benchmarks, each an upper floor of the one before)."""
+    arrows = _room_arrows()
+    assert {"cli", "config", "data", "recipes", "benchmarks"} <= set(arrows)
+    assert "cli" in arrows["recipes"] and "recipes" in arrows["benchmarks"]  # the check sees arrows where they are
+    assert _cycle(arrows) == []
+    assert not any({"recipes", "benchmarks"} & arrows[room] for room in arrows if room not in OUTSIDE)
+
+
+def test_the_cycle_check_finds_a_cycle() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": set()}) == []

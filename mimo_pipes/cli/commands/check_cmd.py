@@ -56,9 +56,9 @@ def _cores() -> int:
 def run(args: argparse.Namespace) -> int:
     from mimo_pipes.config import PipelineConfig
     from mimo_pipes.data.bad_rows.row_check import RowChecker
+    from mimo_pipes.data.from_config import image_folder, open_processor
     from mimo_pipes.data.sources.open_source import check_source
     from mimo_pipes.data.sources.source_rows import open_rows
-    from mimo_pipes_recipes.vlm_sft import image_folder, open_processor
 
     try:
         workers = _cores() if args.num_workers is None else args.num_workers
