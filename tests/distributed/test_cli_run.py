@@ -1,6 +1,7 @@
 """`mimo-pipes run` end to end: the real processor, dumps, save and resume, through the per-rank body every
-rank of `run` calls (in the warm Gloo pool); and, marked `launch`, the real launches (spawned ranks, torchrun)
-giving the very same stream."""
+rank of `run` calls (in the warm Gloo pool); and, marked `launch`, a run under torchrun giving the very same
+stream (spawned ranks are launched, and their stream and summary compared with the pool's, by
+tests/launch/test_signals.py's SIGTERM test)."""
 
 from __future__ import annotations
 
@@ -125,18 +126,6 @@ def test_summary_says_when_the_data_ended_before_steps(gloo_pool):
     assert "micro-batches 0..3," in outcome["stdout"]
     assert "the data ended after 4 micro-batches, before the 10 asked for (--steps)" in outcome["stdout"]
     assert {s.module: s.steps for s in outcome["result"].summaries} == {"language": 4, "images": 4}
-
-
-@pytest.mark.launch
-def test_spawned_ranks_give_the_pools_stream(uninterrupted, tmp_path):
-    """The real launcher (4 spawned processes) consumes exactly what the pool's ranks consumed."""
-    outcome, full = uninterrupted
-    dumps = tmp_path / "dumps"
-    result = run_cli(*SMALL, *REORDER, "--dump-assignments", str(dumps))
-    assert result.returncode == 0, result.stderr
-    assert read_dumps(dumps) == full
-    summary = [line for line in result.stdout.splitlines() if line.split()[:1] in (["language"], ["images"])]
-    assert summary == [line for line in outcome["stdout"].splitlines() if line.split()[:1] in (["language"], ["images"])]
 
 
 @pytest.mark.launch
