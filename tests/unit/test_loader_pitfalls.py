@@ -47,12 +47,12 @@ def test_num_yielded_is_exact_after_restore(make_loader):
     iterator = iter(loader)
     take(iterator, 4)
     saved = loader.state_dict()
-    assert saved["num_yielded"] == 4
+    assert saved["consumed_microbatches"] == 4
     restored = make_loader(graph())
     restored.load_state_dict(saved)
     iterator = iter(restored)
     take(iterator, 3)
-    assert restored.state_dict()["num_yielded"] == 7
+    assert restored.state_dict()["consumed_microbatches"] == 7
 
 
 @pytest.mark.parametrize("make_loader", LOADERS)
@@ -68,7 +68,7 @@ def test_load_state_dict_after_state_dict_is_not_ignored(make_loader):
     fresh.state_dict()  # a state_dict call before the restore ...
     fresh.load_state_dict(saved_mid)  # ... must not make the loader ignore this
     assert ids(take(iter(fresh), 5)) == expected[5:10]
-    assert saved["num_yielded"] == 0
+    assert saved["consumed_microbatches"] == 0
 
 
 @pytest.mark.parametrize(
