@@ -201,8 +201,9 @@ def consumed_in(state_dict: Any) -> int:
             raise TypeError
         count = operator.index(held)
     except TypeError:
-        raise StateMismatchError("GraphLoader", GraphLoader.CONSUMED_KEY, f"the saved state holds no count of consumed "
-                                 f"micro-batches (got {held!r}): it is not a GraphLoader's state") from None
+        raise StateMismatchError("GraphLoader", GraphLoader.CONSUMED_KEY, f"the saved state's {GraphLoader.CONSUMED_KEY} is "
+                                 f"missing or not a count (got {held!r}): it is not a GraphLoader's state") from None
     if count < 0:
-        raise StateMismatchError("GraphLoader", GraphLoader.CONSUMED_KEY, f"the saved state's count is negative ({count})")
+        raise StateMismatchError("GraphLoader", GraphLoader.CONSUMED_KEY, f"the saved state's {GraphLoader.CONSUMED_KEY} is "
+                                 f"negative ({count})")
     return count
