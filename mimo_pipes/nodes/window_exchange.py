@@ -71,12 +71,12 @@ class WindowExchange:
         composition = pinned[1] if pinned is not None and pinned[0] == window.first_step else None
         started = time.perf_counter()
         if self.collator is None:
-            result = exchange_window(self.ctx, window, sequence, self.buffers, record=record, position=consumed,
+            result = exchange_window(self.ctx, window, sequence, self.buffers, record=record, consumed_microbatches=consumed,
                                      composition=composition, copy=self.copy_received)
         else:
             # What collation needs is checked before the exchange; what still fails is agreed on after it.
             result = exchange_window(self.ctx, window, sequence, self.buffers, validate=self.collator.check, record=record,
-                                     position=consumed, composition=composition)
+                                     consumed_microbatches=consumed, composition=composition)
             collating = time.perf_counter()
             error: Exception | None = None
             try:
