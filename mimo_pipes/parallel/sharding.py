@@ -19,10 +19,11 @@ def microbatches_per_epoch(dataset_size: int, micro_batch_size: int) -> int:
     return dataset_size // micro_batch_size
 
 
-@functools.lru_cache(maxsize=2)
+@functools.lru_cache(maxsize=4)
 def epoch_order(dataset_size: int, epoch: int, seed: int, shuffle: bool) -> np.ndarray:
-    """The epoch's order of the dataset's rows (read-only). The last two are kept: a reader asks for one
-    micro-batch after another, and every micro-batch of an epoch shares its order."""
+    """The epoch's order of the dataset's rows (read-only). The last four are kept: a reader asks for one
+    micro-batch after another, every micro-batch of an epoch shares its order, and a process may hold a few
+    readers (an epoch's end and the next, another dataset's) without computing an order per sample."""
     if not shuffle:
         order = np.arange(dataset_size, dtype=np.int64)
     else:
