@@ -44,7 +44,7 @@ class IteratorLoader(GraphLoader):
     """
 
     def __init__(self, root, *, consumed_microbatches: int, restorable: bool, window_aligned: bool, mrope_first: bool = False) -> None:
-        self.window_aligned = window_aligned  # read by _point, which the base's __init__ calls
+        self.window_aligned = window_aligned  # read by _first_point, which the base's __init__ calls
         super().__init__(root, consumed_microbatches=consumed_microbatches)
         self.restorable = restorable
         self._spent = False  # closed over a plain iterator that had been read from
@@ -57,8 +57,9 @@ class IteratorLoader(GraphLoader):
             batch[POSITION_IDS] = positions.transpose(0, 1).contiguous()  # back to the [3, rows, L] they came in
         return batch
 
-    def _point(self, consumed_microbatches: int, composition: list[list[int]] | None = None) -> ResumePoint:
-        return resume_point(consumed_microbatches, self._window_size, composition, window_aligned=self.window_aligned)
+    def _first_point(self, consumed_microbatches: int) -> ResumePoint:
+        # A live iterator stands at the next micro-batch: nothing to skip. A restore starts at its window's start.
+        return resume_point(consumed_microbatches, self._window_size, window_aligned=self.window_aligned)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not self.restorable:

@@ -69,7 +69,7 @@ class GraphLoader(Loader[dict]):
         self._window_size = window_size(graph_nodes(root))
         # Where a fresh start begins (and a new pass after the stream ended), with each node's state saved under
         # another layout there (a start on another layout); else the last loaded (or closed-at) state.
-        self._fresh_start = self._point(consumed_microbatches)
+        self._fresh_start = self._first_point(consumed_microbatches)
         self._fresh_states: dict[int, Any] = {}
         self._pending_state: dict[str, Any] | None = None
         self._started = False
@@ -80,6 +80,10 @@ class GraphLoader(Loader[dict]):
         """Where the graph starts after ``consumed_microbatches``: its reader at the first step of the window
         holding the next one (see :func:`~mimo_pipes.checkpoint.resume.resume_point`)."""
         return resume_point(consumed_microbatches, self._window_size, composition)
+
+    def _first_point(self, consumed_microbatches: int) -> ResumePoint:
+        """Where the graph built after ``consumed_microbatches`` starts (a restored state says its own)."""
+        return self._point(consumed_microbatches)
 
     def __iter__(self) -> Iterator[dict]:
         """Start at the restored position (or ``consumed_microbatches``); once started, continue where the loader
