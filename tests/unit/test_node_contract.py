@@ -176,3 +176,53 @@ def test_a_state_without_a_count_is_refused_naming_the_field() -> None:
 def test_the_loader_refuses_a_count_that_is_not_one(bad) -> None:
     with pytest.raises(ValueError, match="consumed micro-batches"):
         GraphLoader(graph(GRID_1).root, consumed_microbatches=bad)
+
+
+class _Counting(GraphNode[int]):
+    """A reader of 0, 1, 2, ... that notes what the loader tells it."""
+
+    def __init__(self, end: int) -> None:
+        super().__init__()
+        self.end, self.aborted, self.starts = end, [], []
+
+    def start_at(self, point, saved_state=None) -> None:
+        self.starts.append(point.consumed_microbatches)
+
+    def restore(self, initial_state: dict | None) -> None:
+        self.next_item = 0 if initial_state is None else initial_state["next"]
+
+    def next(self) -> int:
+        if self.next_item == self.end:
+            raise StopIteration
+        self.next_item += 1
+        return self.next_item - 1
+
+    def own_state(self) -> dict:
+        return {"next": self.next_item}
+
+    def abort(self, error: BaseException) -> None:
+        self.aborted.append(error)
+
+
+class _FailingAt(GraphNode[int]):
+    def __init__(self, source: BaseNode, item: int) -> None:
+        super().__init__(source)
+        self.item = item
+
+    def next(self) -> int:
+        value = next(self.source)
+        if value == self.item:
+            raise ValueError(f"item {value}")
+        return value
+
+
+def test_a_failure_after_a_node_reaches_it_through_the_loader() -> None:
+    reader = _Counting(10)
+    loader = GraphLoader(_FailingAt(reader, 3), consumed_microbatches=2)
+    assert [next(loader), next(loader), next(loader)] == [0, 1, 2]
+    assert reader.starts == [2]  # told where the run starts, before its reset
+    with pytest.raises(ValueError, match="item 3"):
+        next(loader)
+    assert [str(error) for error in reader.aborted] == ["item 3"]
+    ended = _Counting(2)
+    assert list(GraphLoader(ended)) == [0, 1] and ended.aborted == []  # the end of a stream is no failure
