@@ -90,7 +90,6 @@ def tail_settings(
     language_weight: int = 0,
     language_square_weight: int = 0,
     time_model: Any = None,
-    consumed_microbatches: int = 0,
     floor: int = 0,
     encoder_groups: int = 0,
     pack_pad_multiple: int = 1,
@@ -105,7 +104,6 @@ def tail_settings(
     ``pad_values`` when given; ``module`` names the module (its fields), ``payload``, ``workers`` and
     ``method`` say where rows are processed."""
     from mimo_pipes.balance.settings import PlannerSettings
-    from mimo_pipes.checkpoint.resume import resume_point
     from mimo_pipes.config.tail_settings import BalancePlan, Processing, TailSettings
     from mimo_pipes.samples.collate import DEFAULT_PAD_VALUES, Collator
     from mimo_pipes.samples.cost import CostFunction
@@ -124,7 +122,6 @@ def tail_settings(
         plan=plan,
         micro_batch_size=samples_per_rank * dp_size,
         samples_per_rank=samples_per_rank,
-        resume=resume_point(consumed_microbatches, window_size),
         image_token_ids=ids,
         collator=collator if collator is not None else Collator(pad_length, dict(DEFAULT_PAD_VALUES if pad_values is None else pad_values)),
         pack_pad_multiple=pack_pad_multiple,

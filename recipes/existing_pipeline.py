@@ -2,8 +2,9 @@
 
 :func:`example_samples` is one way to write the reader: a torch Sampler over this rank's positions of every
 global micro-batch, SamplerWrapper, Mapper (and a ParallelMapper). Hand the node it returns to
-:func:`mimo_pipes.adapters.torchdata_pipeline.balanced_loader`, which appends the library's tail; start the
-reader at :func:`~mimo_pipes.adapters.torchdata_pipeline.reader_first_step` to resume.
+:func:`mimo_pipes.adapters.torchdata_pipeline.balanced_loader`, which appends the library's tail; the loader
+tells the sampler where to start (``start_at``). A reader that cannot be told starts at
+:func:`~mimo_pipes.adapters.torchdata_pipeline.reader_first_step` itself.
 """
 
 from __future__ import annotations
@@ -23,18 +24,18 @@ from mimo_pipes.samples.sample import SAMPLE_ID, STEP, Sample
 
 class RankShardSampler(Sampler):
     """Example reader: ``(step, dataset index)`` for this rank's positions of every global micro-batch
-    from ``first_step`` on, reshuffling each epoch from the seed. Never ends."""
+    from the step the loader says on (``start_at``), reshuffling each epoch from the seed. Never ends."""
 
-    def __init__(self, dataset_size: int, *, micro_batch_size: int, layout: RankLayout, seed: int, first_step: int = 0) -> None:
+    def __init__(self, dataset_size: int, *, micro_batch_size: int, layout: RankLayout, seed: int) -> None:
         self.dataset_size = dataset_size
         self.micro_batch_size = micro_batch_size
         self.layout = layout
         self.seed = seed
-        self.first_step = first_step
+        self.first_step = 0
 
     def start_at(self, point: ResumePoint, saved_state: Any = None) -> None:
-        """From the next fresh start on, begin at ``point.first_step``: what lets the loader continue a state
-        saved under another layout (see ``GraphLoader.load_state_dict``)."""
+        """From the next fresh start on, begin at ``point.first_step`` (the loader tells it before every fresh
+        start: a resume from a count, or a state saved under another layout, see ``GraphLoader.load_state_dict``)."""
         self.first_step = point.first_step
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
@@ -64,12 +65,11 @@ def example_samples(
     micro_batch_size: int,
     layout: RankLayout,
     seed: int,
-    first_step: int = 0,
     map_fn: Callable[[Sample], Sample] | None = None,
     num_workers: int = 2,
 ) -> BaseNode[Sample]:
     """A pipeline as a user might already have one: sampler -> SamplerWrapper -> Mapper -> ParallelMapper."""
-    sampler = RankShardSampler(len(dataset), micro_batch_size=micro_batch_size, layout=layout, seed=seed, first_step=first_step)
+    sampler = RankShardSampler(len(dataset), micro_batch_size=micro_batch_size, layout=layout, seed=seed)
     node: BaseNode[Sample] = Mapper(SamplerWrapper(sampler), _LoadRow(dataset))
     if map_fn is not None:
         # ParallelMapper keeps its source's state without copying it: SnapshotGuard hands it copies.

@@ -114,7 +114,7 @@ class Trainer:
     @property
     def iteration(self) -> int:
         """Iterations done since the start of training (continues across a resume)."""
-        return self.loader.num_yielded // self.microbatches
+        return self.loader.consumed_microbatches // self.microbatches
 
     def step(self) -> StepResult:
         started = time.perf_counter()

@@ -61,7 +61,7 @@ def pipeline(
     ``processing``: ``thread`` or ``process`` (processing on worker processes; it must pickle)."""
     tail = resolve_pipeline_tail(
         config, layout.dp_size, image_token_ids=image_token_id, pad_values=pad_values, vision_fields=vision_fields,
-        consumed_microbatches=consumed_microbatches, module=layout.module, method=processing,
+        module=layout.module, method=processing,
         payload="rows" if process_rows is not None else "samples",
     )
     # This rank's B/d samples of every global micro-batch, from the window that holds the next one.
@@ -73,7 +73,6 @@ def pipeline(
         grid_size=layout.grid_size,
         seed=config.seed,
         dataloader_type=config.dataloader_type,
-        first_step=tail.resume.first_step,
     )
     if map_fn is not None:
         # Processing, or with rows the counting (cheap: on threads). ParallelMapper keeps its source's state
@@ -85,7 +84,7 @@ def pipeline(
         )
     # CostAnnotator -> Windower -> BalanceExchange -> (RowProcessor ->) MicroBatchAssembler (-> SequencePacker).
     tail_node = balanced_tail(node, settings=tail, layout=layout, process_rows=process_rows, stand_in=stand_in)
-    return GraphLoader(tail_node, consumed_microbatches=tail.resume.consumed)
+    return GraphLoader(tail_node, consumed_microbatches=consumed_microbatches)
 
 
 def prepare(config: PipelineConfig, log: Callable[[str], None] = print) -> None:

@@ -2,7 +2,7 @@
 
 ``balance_iterator`` composes existing nodes: the source (IterableWrapper) -> Uncollate -> the tail every
 entry point shares (:func:`~mimo_pipes.graph.tail.balanced_tail`: CostAnnotator -> Windower -> BalanceExchange
--> MicroBatchAssembler (-> SequencePacker)), under a GraphLoader. Only the wiring lives here.
+-> MicroBatchAssembler (-> SequencePacker)), under an :class:`IteratorLoader`. Only the wiring lives here.
 
 Resuming: a plain iterator cannot be rewound, so the state only records counters (micro-batches taken
 from the source up to the start of the current window, and how many of that window were handed out).
@@ -21,7 +21,7 @@ import torch
 from torchdata.nodes import BaseNode, IterableWrapper, Stateful
 
 from mimo_pipes.adapters.torchdata_pipeline import layout_tail
-from mimo_pipes.checkpoint.resume import ResumePoint
+from mimo_pipes.checkpoint.resume import ResumePoint, resume_point
 from mimo_pipes.config import ReorderConfig, flag
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange import RankLayout
@@ -33,14 +33,18 @@ from mimo_pipes.nodes.uncollate import POSITION_IDS
 SourceFactory = Callable[[int], Iterable[Mapping[str, Any]]]
 
 
-class BalancedIterator(GraphLoader):
-    """Iterator of balanced micro-batches with ``state_dict`` / ``load_state_dict`` (plain data).
+class IteratorLoader(GraphLoader):
+    """The loader ``balance_iterator`` returns: a :class:`GraphLoader` over an iterator of collated micro-batches,
+    with ``state_dict`` / ``load_state_dict`` (plain data).
 
     ``iter`` never moves it (a later ``iter`` continues where it stands, as :class:`GraphLoader`'s);
     ``close()`` (or ``with``) stops the exchange's background thread. Over a plain iterator, closing ends it.
+    A source that can be opened at a step (``window_aligned``) starts at the first step of the window holding
+    the next micro-batch, as every graph does; a live iterator starts where it stands, its first window short.
     """
 
-    def __init__(self, root, *, consumed_microbatches: int, restorable: bool, mrope_first: bool = False) -> None:
+    def __init__(self, root, *, consumed_microbatches: int, restorable: bool, window_aligned: bool, mrope_first: bool = False) -> None:
+        self.window_aligned = window_aligned  # read by _first_point, which the base's __init__ calls
         super().__init__(root, consumed_microbatches=consumed_microbatches)
         self.restorable = restorable
         self._spent = False  # closed over a plain iterator that had been read from
@@ -52,6 +56,10 @@ class BalancedIterator(GraphLoader):
         if self.mrope_first and isinstance(positions, torch.Tensor) and positions.dim() == 3:
             batch[POSITION_IDS] = positions.transpose(0, 1).contiguous()  # back to the [3, rows, L] they came in
         return batch
+
+    def _first_point(self, consumed_microbatches: int) -> ResumePoint:
+        # A live iterator stands at the next micro-batch: nothing to skip. A restore starts at its window's start.
+        return resume_point(consumed_microbatches, self._window_size, window_aligned=self.window_aligned)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not self.restorable:
@@ -75,7 +83,7 @@ class BalancedIterator(GraphLoader):
         # A plain iterator cannot be rewound: closing ends the iteration (its state_dict still says where it stood).
         self._spent = self._spent or spent
 
-    def __enter__(self) -> BalancedIterator:
+    def __enter__(self) -> IteratorLoader:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -85,16 +93,17 @@ class BalancedIterator(GraphLoader):
 class _CountedSource:
     """An iterable over ``open_at(first)`` whose state is the number of the next micro-batch it yields.
 
-    IterableWrapper calls ``load_state_dict`` right before ``iter`` when it restores and only ``iter``
-    when it starts afresh, so a loaded position is used once and a fresh start begins at ``start``.
+    A fresh start begins where the loader says (:meth:`start_at`, before every fresh start). IterableWrapper
+    calls ``load_state_dict`` right before ``iter`` when it restores and only ``iter`` when it starts afresh,
+    so a loaded position is used once.
     The state has one form for a factory and for a plain iterator, so either may restore the other's."""
 
     NEXT_KEY = "next_microbatch"
 
-    def __init__(self, open_at: SourceFactory, start: int) -> None:
+    def __init__(self, open_at: SourceFactory) -> None:
         self.open_at = open_at
-        self.start = start
-        self.next_microbatch = start
+        self.start = 0
+        self.next_microbatch = 0
         self._resume_at: int | None = None
 
     def __iter__(self) -> Iterator[Mapping[str, Any]]:
@@ -146,7 +155,7 @@ def balance_iterator(
     pack_pad_multiple: int = 1,
     components: Sequence[str] | None = None,
     mrope_first: bool = False,
-) -> BalancedIterator:
+) -> IteratorLoader:
     """Balanced micro-batches from this rank's collated ones, in the same format plus metadata lists.
 
     ``microbatches`` (or ``source_factory``, exactly one) yields this rank's micro-batch of every global
@@ -176,15 +185,14 @@ def balance_iterator(
         raise ConfigError(flag("seq_length"), f"must be >= 1 with --pad-to-seq-length true, got {seq_length}")
     tail = layout_tail(config, layout, micro_batch_size=micro_batch_size, image_token_id=image_token_id,
                        pad_length=seq_length if pad_to_seq_length else None, pad_values=pad_values, components=components,
-                       consumed_microbatches=consumed_microbatches if source_factory is not None else 0,
                        pack_sequences=pack_sequences, pack_pad_multiple=pack_pad_multiple)
     if source_factory is not None:
-        source = IterableWrapper(_CountedSource(source_factory, tail.resume.first_step))
-        consumed_microbatches, restorable = tail.resume.consumed, True
+        source = IterableWrapper(_CountedSource(source_factory))
+        restorable = True
     else:  # a live iterator starts where it stands: its first window may be short
         restorable = isinstance(microbatches, Stateful)
         # A stateful source's own state is saved and restored inside ours.
-        counted = microbatches if restorable else _CountedSource(_open_once(microbatches, consumed_microbatches), consumed_microbatches)
+        counted = microbatches if restorable else _CountedSource(_open_once(microbatches, consumed_microbatches))
         source = IterableWrapper(counted)
     node: BaseNode[Any] = Uncollate(
         source,
@@ -193,8 +201,8 @@ def balance_iterator(
         rows_per_batch=tail.samples_per_rank,
         dp_rank=layout.dp_rank,
         dp_size=layout.dp_size,
-        first_step=tail.resume.first_step if source_factory is not None else consumed_microbatches,
         mrope_first=mrope_first,
     )
     root = balanced_tail(node, settings=tail, layout=layout)
-    return BalancedIterator(root, consumed_microbatches=consumed_microbatches, restorable=restorable, mrope_first=mrope_first)
+    return IteratorLoader(root, consumed_microbatches=consumed_microbatches, restorable=restorable,
+                          window_aligned=source_factory is not None, mrope_first=mrope_first)

@@ -5,7 +5,9 @@ your reader -> your mappers (Mapper / ParallelMapper) -> CostAnnotator -> Window
 
 Your part must yield this rank's B/d samples of every global micro-batch, in canonical order (DP rank r
 of d holds positions r*B/d .. (r+1)*B/d - 1), each a dict of unpadded tensors with ``sample_id`` and
-``step`` (see mimo_pipes/samples/sample.py), starting at :func:`reader_first_step`. :func:`balanced_loader`
+``step`` (see mimo_pipes/samples/sample.py), starting where the loader says: a source with ``start_at`` (a
+torchdata node, or the sampler or iterable under torchdata's wrappers) is told; any other must start at
+:func:`reader_first_step` itself. :func:`balanced_loader`
 appends the library's part with :func:`~mimo_pipes.graph.tail.balanced_tail`. ``recipes/existing_pipeline.py``
 shows one way to write the reader.
 """
@@ -27,7 +29,8 @@ from mimo_pipes.samples.sample import Sample
 
 
 def reader_first_step(reorder: ReorderConfig, consumed_microbatches: int = 0) -> int:
-    """The global micro-batch your reader must start at to resume after ``consumed_microbatches``."""
+    """The global micro-batch a reader that cannot be told (no ``start_at``) must start at to resume after
+    ``consumed_microbatches``: what the loader tells a reader that can (the same function)."""
     return resume_point(consumed_microbatches, reorder_window_size(reorder)).first_step
 
 
@@ -46,8 +49,8 @@ def balanced_loader(
 ) -> GraphLoader:
     """This rank's loader of balanced, padded micro-batches over your ``samples`` node.
 
-    ``samples`` starts at global micro-batch ``reader_first_step(reorder, consumed_microbatches)``; the loader
-    skips what was already consumed of that window. ``micro_batch_size`` is the global B. ``components``:
+    ``samples`` starts at global micro-batch ``reader_first_step(reorder, consumed_microbatches)`` (the loader
+    tells a source with ``start_at`` so); the loader skips what was already consumed of that window. ``micro_batch_size`` is the global B. ``components``:
     every module's spec (as ``--component`` takes them), needed with a time model or two-level balance so
     that the planner's floor and encoder replicas are the run's. ``layout.module`` decides the fields this
     rank's micro-batches carry and the exchange moves (a language rank: no pixels; see
@@ -56,8 +59,8 @@ def balanced_loader(
     """
     tail = layout_tail(reorder, layout, micro_batch_size=micro_batch_size, image_token_id=image_token_id,
                        pad_length=seq_length if pad_to_seq_length else None, pad_values=pad_values,
-                       components=components, consumed_microbatches=consumed_microbatches)
-    return GraphLoader(balanced_tail(samples, settings=tail, layout=layout), consumed_microbatches=tail.resume.consumed)
+                       components=components)
+    return GraphLoader(balanced_tail(samples, settings=tail, layout=layout), consumed_microbatches=consumed_microbatches)
 
 
 def layout_tail(
@@ -69,7 +72,6 @@ def layout_tail(
     pad_length: int | None,
     pad_values: Mapping[str, int | float],
     components: Sequence[str] | None,
-    consumed_microbatches: int,
     **options: object,
 ) -> TailSettings:
     """The tail's settings of an adapter on this rank's ``layout`` (its DP place and its module), as every
@@ -83,7 +85,6 @@ def layout_tail(
         pad_length=pad_length,
         pad_values=pad_values,
         topology=build_topology(components) if components is not None else None,
-        consumed_microbatches=consumed_microbatches,
         module=layout.module,
         **options,
     )

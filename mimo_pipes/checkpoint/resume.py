@@ -1,33 +1,44 @@
-"""Resuming from a consumed micro-batch count alone (Megatron's arithmetic): where a graph restarts.
+"""Where a graph starts: the consumed micro-batches, and what follows from them for the graph's nodes.
 
-A graph restarts its reader at the first step of the window that holds the next micro-batch, because
-a window is balanced as a whole, and its assembler skips the micro-batches of that window already
-consumed. That yields exactly the stream of restoring the graph's full state. The same point, with the
-window's composition, restarts a graph of another layout from a saved state (``GraphLoader``).
+The loader (``GraphLoader``) alone takes the restart position, the consumed micro-batches, and derives one
+:class:`ResumePoint` from it, which it tells every node (``GraphNode.start_at``). A window is balanced as a
+whole, so a graph restarts its reader at the first step of the window that holds the next micro-batch, and its
+assembler skips the micro-batches of that window already consumed: the same stream as restoring the graph's
+full state. The same point, with the window's composition, restarts a graph of another layout from a saved
+state.
 """
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
 class ResumePoint:
-    """``consumed`` micro-batches are done; read from ``first_step`` and skip ``skip_first`` of them.
-    ``composition``: which samples form each micro-batch of the window at ``first_step`` when they moved
-    between its micro-batches (flat window indices per micro-batch; None: each micro-batch its own)."""
+    """``consumed_microbatches`` are done; the graph's reader starts at global micro-batch ``first_step`` (the
+    first step of a window: another concept, where a window starts) and the assembler skips ``skip_first`` of
+    that window's micro-batches. ``composition``: which samples form each micro-batch of the window at
+    ``first_step`` when they moved between its micro-batches (flat window indices per micro-batch; None:
+    each micro-batch its own)."""
 
-    consumed: int
+    consumed_microbatches: int
     first_step: int
     skip_first: int
     composition: list[list[int]] | None = None
 
 
-def resume_point(consumed_microbatches: int, window_size: int, composition: list[list[int]] | None = None) -> ResumePoint:
-    """Windows start at multiples of W of the global step, on every rank and every module alike."""
-    if consumed_microbatches < 0:
-        raise ValueError(f"consumed micro-batches must be >= 0, got {consumed_microbatches}")
+def resume_point(consumed_microbatches: int, window_size: int, composition: list[list[int]] | None = None, *,
+                 window_aligned: bool = True) -> ResumePoint:
+    """Windows start at multiples of W of the global step, on every rank and every module alike.
+    ``window_aligned`` False: a source that starts where it stands (a live iterator): its first window is short."""
+    try:
+        consumed = operator.index(consumed_microbatches)
+    except TypeError:
+        raise ValueError(f"consumed micro-batches must be an integer, got {consumed_microbatches!r}") from None
+    if consumed < 0 or isinstance(consumed_microbatches, bool):
+        raise ValueError(f"consumed micro-batches must be an integer >= 0, got {consumed_microbatches!r}")
     if window_size < 1:
         raise ValueError(f"window size must be >= 1, got {window_size}")
-    first_step = consumed_microbatches - consumed_microbatches % window_size
-    return ResumePoint(consumed_microbatches, first_step, consumed_microbatches - first_step, composition)
+    first_step = consumed - consumed % window_size if window_aligned else consumed
+    return ResumePoint(consumed, first_step, consumed - first_step, composition)

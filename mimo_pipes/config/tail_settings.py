@@ -3,9 +3,9 @@
 Every entry point (the recipes, ``balance_iterator``, the DataLoader adapter, ``mimo-pipes analyze``)
 resolves its reordering settings here: :func:`resolve_plan` into the :class:`BalancePlan` every module
 of a run shares (integer weights, the loaded time model, the planner's floor and two-level grouping,
-window), and :func:`resolve_tail` into one rank's frozen :class:`TailSettings` (the plan plus B/d, the
-resume point, collation, the module's fields and where rows are processed), which the tail's nodes take
-by keyword. Nothing else derives them.
+window), and :func:`resolve_tail` into one rank's frozen :class:`TailSettings` (the plan plus B/d,
+collation, the module's fields and where rows are processed), which the tail's nodes take by keyword. Nothing
+else derives them. Where a run starts is not a setting: the loader alone takes it (``GraphLoader``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from mimo_pipes.balance.settings import PlannerSettings
-from mimo_pipes.checkpoint.resume import ResumePoint, resume_point
 from mimo_pipes.config import PipelineConfig, ReorderConfig, check_exchange_payload, check_pack_pad_multiple, flag
 from mimo_pipes.config.pipeline import reorder_window_size
 from mimo_pipes.config.planner import planner_settings
@@ -73,14 +72,12 @@ class Processing:
 @dataclass(frozen=True)
 class TailSettings:
     """What the tail's nodes of one module rank need: the run's :class:`BalancePlan`, the global micro-batch
-    size B and this module's B/d, where the graph restarts (``resume``), the placeholder ids the cost
-    counts, collation, sequence packing, the fields the module's micro-batches carry and where its rows
-    are processed."""
+    size B and this module's B/d, the placeholder ids the cost counts, collation, sequence packing, the fields
+    the module's micro-batches carry and where its rows are processed."""
 
     plan: BalancePlan
     micro_batch_size: int
     samples_per_rank: int
-    resume: ResumePoint
     image_token_ids: tuple[int, ...]
     collator: Collator
     pack_sequences: bool = False
@@ -130,7 +127,6 @@ def resolve_tail(
     pad_values: Mapping[str, int | float],
     vision_fields: Mapping[str, FieldSpec] | None = None,
     topology: Topology | None = None,
-    consumed_microbatches: int = 0,
     pack_sequences: bool = False,
     pack_pad_multiple: int = 1,
     time_model: TimeModel | None | object = LOAD,
@@ -172,7 +168,6 @@ def resolve_tail(
         plan=plan,
         micro_batch_size=micro_batch_size,
         samples_per_rank=micro_batch_size // dp_size,
-        resume=resume_point(consumed_microbatches, plan.window_size),
         image_token_ids=ids,
         collator=Collator(pad_length, dict(pad_values), carried),
         pack_sequences=pack_sequences,
@@ -189,7 +184,6 @@ def resolve_pipeline_tail(
     image_token_ids: int | Sequence[int],
     pad_values: Mapping[str, int | float],
     vision_fields: Mapping[str, FieldSpec] | None = None,
-    consumed_microbatches: int = 0,
     time_model: TimeModel | None | object = LOAD,
     module: str | None = None,
     method: str = "thread",
@@ -208,7 +202,6 @@ def resolve_pipeline_tail(
         pad_values=pad_values,
         vision_fields=vision_fields,
         topology=topology,
-        consumed_microbatches=consumed_microbatches,
         pack_sequences=config.pack_sequences_in_batch,
         pack_pad_multiple=config.pack_pad_multiple,
         time_model=time_model,

@@ -68,7 +68,7 @@ def _agree(
     error: BaseException | None,
     costs_sizes: list[int],
     stage: str = "during the balance exchange",
-    position: int = -1,
+    consumed_microbatches: int = -1,
 ) -> torch.Tensor:
     """All-gather status, window shape, start position and per-sample values (see ``PER_SAMPLE``); raise on
     every rank if any failed, or if the ranks started from different positions."""
@@ -76,7 +76,7 @@ def _agree(
     local = torch.full((width,), -1, dtype=torch.int64)
     local[0] = status
     local[3] = sequence
-    local[POSITION_AT] = position
+    local[POSITION_AT] = consumed_microbatches
     if window is not None:
         local[1] = len(window.microbatches)
         local[2] = window.first_step
@@ -157,7 +157,7 @@ def exchange_window(
     buffers: ExchangeBuffers | None = None,
     validate: Callable[[list[Sample]], None] | None = None,
     record: ExchangeRecord | None = None,
-    position: int = -1,
+    consumed_microbatches: int = -1,
     composition: list[list[int]] | None = None,
     copy: bool = False,
 ) -> Window:
@@ -168,8 +168,8 @@ def exchange_window(
     checks this rank's samples before anything is sent (what the caller's work on the result needs), so a
     bad sample fails on every rank at once. With ``record`` (see
     :mod:`mimo_pipes.observe.observer`) the exchange fills in what it did: the window's gathered figures, its
-    assignment, phase times and bytes moved. ``position``: the micro-batch this rank's loader started or
-    restored at (see :data:`POSITION_AT`; -1: not known). ``composition``: which samples form each output
+    assignment, phase times and bytes moved. ``consumed_microbatches``: where this rank's loader started or
+    restored (see :data:`POSITION_AT`; -1: not known). ``composition``: which samples form each output
     micro-batch (flat indices per micro-batch, as :class:`~mimo_pipes.samples.sample.Window` records them) of a
     window restored inside, whose first micro-batches were consumed under it (perhaps on another layout):
     the planner's plan when it forms those micro-batches, else each of them balanced over the slots where
@@ -194,7 +194,7 @@ def exchange_window(
         result = Window(window.first_step, permute_local(local_samples, plan), composition=chosen)
         clock.lap("decode")
         return result
-    gathered = _agree(ctx, STATUS_OK, sequence, window, None, costs_sizes, position=position)
+    gathered = _agree(ctx, STATUS_OK, sequence, window, None, costs_sizes, consumed_microbatches=consumed_microbatches)
     clock.lap("gather")
     # gathered[r] holds rank r's samples, micro-batch by micro-batch: reorder into canonical flat indices.
     width = PER_SAMPLE * count * ctx.samples_per_rank

@@ -91,7 +91,7 @@ def barrier(group: dist.ProcessGroup | None = None) -> None:
 
 def check_same_position(position: int, group: dist.ProcessGroup | None = None) -> None:
     """Every rank of ``group`` (None: the world) stands at the same micro-batch ``position`` (what its loader
-    restored, ``loader.num_yielded``); else :class:`~mimo_pipes.errors.PositionMismatchError` on every rank,
+    restored, ``loader.consumed_microbatches``); else :class:`~mimo_pipes.errors.PositionMismatchError` on every rank,
     naming each rank's position. One small all-gather: call it on every rank once after a restore, so that
     modules whose states come from different saves never pair the wrong samples."""
     from mimo_pipes.errors import PositionMismatchError

@@ -12,11 +12,17 @@ from the same start. ``load_state_dict``
 checks the state against every node of the graph at once (what each is valid for), so a state made for
 other settings is refused right there, not at the next ``iter``; a state saved under another layout of the
 same run continues the same global stream.
+
+The loader alone takes where a run starts: the consumed micro-batches (``consumed_microbatches``, the one
+name, in code and in the saved state; a state saved under the older key ``num_yielded`` loads as well). It
+derives the :class:`~mimo_pipes.checkpoint.resume.ResumePoint` and tells every node before every reset
+(``GraphNode.start_at``); no node takes or derives it otherwise.
 """
 
 from __future__ import annotations
 
 import copy
+import operator
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,6 +36,7 @@ from mimo_pipes.checkpoint.validity import (
     nested_node_states,
     on_other_layout,
 )
+from mimo_pipes.errors import StateMismatchError
 from mimo_pipes.graph.torchdata_guards import stop_torchdata_threads
 from mimo_pipes.graph.traversal import (
     check_restartable,
@@ -41,29 +48,42 @@ from mimo_pipes.graph.traversal import (
     wrapped,
 )
 from mimo_pipes.nodes.balance_exchange import BalanceExchange
-from mimo_pipes.nodes.base import Restartable, StartChecked
+from mimo_pipes.nodes.base import GraphNode, Restartable
 
 
 class GraphLoader(Loader[dict]):
     """Iterates a graph's root node; ``state_dict`` / ``load_state_dict`` capture the whole graph.
 
+    ``consumed_microbatches``: where a fresh start begins (micro-batches consumed before this graph was built),
+    and, as a property, the micro-batches handed out since the start of training (continues across restores).
     ``load_state_dict`` also takes a state saved by a rank of another layout of the same run (other DP sizes,
     canonical grid, TP, PP): when everything that shapes the global stream is unchanged, the graph starts at
     the saved global position instead of restoring node by node (see :meth:`load_state_dict`)."""
 
     ROOT_KEY = "root"
-    NUM_YIELDED_KEY = "num_yielded"
+    CONSUMED_KEY = "consumed_microbatches"
+    OLDER_CONSUMED_KEY = "num_yielded"  # what states saved before the one name held it under; still loaded
 
     def __init__(self, root: BaseNode[dict], consumed_microbatches: int = 0) -> None:
         super().__init__(root, restart_on_stop_iteration=False)
-        self.consumed_microbatches = consumed_microbatches  # micro-batches consumed before this graph was built
-        # Where the graph starts (and a new pass after the stream ended): the last loaded (or closed-at) state,
-        # or a start on another layout.
+        self._window_size = window_size(graph_nodes(root))
+        # Where a fresh start begins (and a new pass after the stream ended), with each node's state saved under
+        # another layout there (a start on another layout); else the last loaded (or closed-at) state.
+        self._fresh_start = self._first_point(consumed_microbatches)
+        self._fresh_states: dict[int, Any] = {}
         self._pending_state: dict[str, Any] | None = None
-        self._pending_start: tuple[ResumePoint, list[tuple[BaseNode, Any]]] | None = None
         self._started = False
         self._ended = False
-        self._num_yielded = consumed_microbatches
+        self._consumed = self._fresh_start.consumed_microbatches
+
+    def _point(self, consumed_microbatches: int, composition: list[list[int]] | None = None) -> ResumePoint:
+        """Where the graph starts after ``consumed_microbatches``: its reader at the first step of the window
+        holding the next one (see :func:`~mimo_pipes.checkpoint.resume.resume_point`)."""
+        return resume_point(consumed_microbatches, self._window_size, composition)
+
+    def _first_point(self, consumed_microbatches: int) -> ResumePoint:
+        """Where the graph built after ``consumed_microbatches`` starts (a restored state says its own)."""
+        return self._point(consumed_microbatches)
 
     def __iter__(self) -> Iterator[dict]:
         """Start at the restored position (or ``consumed_microbatches``); once started, continue where the loader
@@ -75,22 +95,21 @@ class GraphLoader(Loader[dict]):
         return self
 
     def _start(self) -> None:
-        """Reset the graph to the restored position, or to ``consumed_microbatches`` when nothing was restored."""
-        state, start = self._pending_state, self._pending_start
-        nodes = graph_nodes(self.root)
-        if start is not None:
-            self._start_at(*start)
-        position = self.consumed_microbatches if state is None else int(state[self.NUM_YIELDED_KEY])
-        if state is not None:  # restored inside a window whose samples moved: keep its micro-batches
-            composition = saved_composition(self.root, state[self.ROOT_KEY])
-        else:  # a start on another layout keeps the saved window's micro-batches too
-            composition = start[0].composition if start is not None else None
-        first_step = resume_point(position, window_size(nodes)).first_step
-        for node in nodes:
-            if isinstance(node, StartChecked):  # every exchange then checks that the module's ranks agree
-                node.expect_start(position, first_step, composition)
+        """Tell every node where the graph starts, then reset it to the restored state or the fresh start."""
+        state = self._pending_state
+        if state is None:
+            point, saved = self._fresh_start, self._fresh_states
+        else:  # restored inside a window whose samples moved: its micro-batches are kept
+            point, saved = self._point(consumed_in(state), saved_composition(self.root, state[self.ROOT_KEY])), {}
+        for node in graph_nodes(self.root):
+            if isinstance(node, GraphNode):
+                node.start_at(point, copy.deepcopy(saved.get(id(node))))
+            elif state is None:  # a source of another library: only a fresh start is its to make
+                for target in (node, *wrapped(node)):
+                    if isinstance(target, Restartable):
+                        target.start_at(point, None)
         self.root.reset(None if state is None else copy.deepcopy(state[self.ROOT_KEY]))
-        self._num_yielded = position
+        self._consumed = point.consumed_microbatches
         self._started, self._ended = True, False
 
     def __next__(self) -> dict:
@@ -101,17 +120,22 @@ class GraphLoader(Loader[dict]):
         except StopIteration:
             self._ended = True
             raise
-        self._num_yielded += 1
+        except Exception as error:
+            for node in graph_nodes(self.root):  # a node whose peers wait for it tells them (the exchange)
+                if isinstance(node, GraphNode):
+                    node.abort(error)
+            raise
+        self._consumed += 1
         return item
 
     @property
-    def num_yielded(self) -> int:
+    def consumed_microbatches(self) -> int:
         """Micro-batches handed out since the start of training (continues across restores)."""
         if not self._started and self._pending_state is not None:
-            return int(self._pending_state[self.NUM_YIELDED_KEY])
-        if not self._started and self._pending_start is not None:
-            return self._pending_start[0].consumed
-        return self._num_yielded
+            return consumed_in(self._pending_state)
+        if not self._started:
+            return self._fresh_start.consumed_microbatches
+        return self._consumed
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore on the next ``iter`` or ``next`` (an iterator taken before keeps working, from the restored
@@ -129,33 +153,23 @@ class GraphLoader(Loader[dict]):
         expected = [node.valid_for for node in described]
         if root_state is None or not on_other_layout(root_state, expected):
             check_graph_state(root_state, expected)
-            self._pending_state, self._pending_start = copy.deepcopy(state_dict), None
+            self._pending_state = {self.ROOT_KEY: copy.deepcopy(root_state), self.CONSUMED_KEY: consumed_in(state_dict)}
             self._started = False
             return
         saved = nested_node_states(root_state)
         adjusted = [on_layout(node, state.get(VALID_FOR_KEY)) for node, state in zip(described, saved)]
         check_graph_state(root_state, adjusted + expected[len(adjusted):], ON_ANOTHER_LAYOUT)
         check_restartable(self.root)
-        consumed = int(state_dict[self.NUM_YIELDED_KEY])
-        point = resume_point(consumed, window_size(described), saved_composition(self.root, root_state))
-        self._pending_state, self._pending_start = None, (point, [(node, copy.deepcopy(state)) for node, state in zip(described, saved)])
-        self._started = False
-
-    def _start_at(self, point: ResumePoint, saved: list[tuple[BaseNode, Any]]) -> None:
-        """Move every node's fresh start to ``point`` (a state of another layout continues there)."""
-        states = {id(node): state for node, state in saved}
-        for node in graph_nodes(self.root):
-            for target in (node, *wrapped(node)):
-                if isinstance(target, Restartable):
-                    target.start_at(point, states.get(id(node)))
-        self.consumed_microbatches = point.consumed
+        self._fresh_start = self._point(consumed_in(state_dict), saved_composition(self.root, root_state))
+        self._fresh_states = {id(node): copy.deepcopy(state) for node, state in zip(described, saved)}
+        self._pending_state, self._started = None, False
 
     def state_dict(self) -> dict[str, Any]:
         if not self._started and self._pending_state is not None:
             return copy.deepcopy(self._pending_state)
         if not self._started:
             self._start()
-        return copy.deepcopy({self.ROOT_KEY: self.root.state_dict(), self.NUM_YIELDED_KEY: self._num_yielded})
+        return copy.deepcopy({self.ROOT_KEY: self.root.state_dict(), self.CONSUMED_KEY: self._consumed})
 
     def exchange_node(self) -> BalanceExchange | None:
         """The graph's BalanceExchange (None when the graph does not reorder)."""
@@ -168,16 +182,32 @@ class GraphLoader(Loader[dict]):
         return node.metrics() if node is not None else None
 
     def close(self) -> None:
-        """Stop every background thread of the graph (the exchange's prefetcher, torchdata's mapper
-        workers); safe to call twice. The position is kept: iterating again resumes exactly there
-        (windows that were prefetched are exchanged again)."""
+        """Stop every background thread of the graph (the exchange's prefetcher, row processing's workers,
+        torchdata's mapper workers); safe to call twice. The position is kept: iterating again resumes exactly
+        there (windows that were prefetched are exchanged again)."""
         if self._started:
-            self._pending_state, self._pending_start = self.state_dict(), None
+            self._pending_state = self.state_dict()
             self._started = False
         # Consumers first: the exchange's prefetcher finishes the exchanges its peers may be in, reading
         # from its source, so the threads that feed it stop after it.
         for node in graph_nodes(self.root):
-            close = getattr(node, "close", None)
-            if callable(close):
-                close()
+            if isinstance(node, GraphNode):
+                node.shutdown()
             stop_torchdata_threads(node)
+
+
+def consumed_in(state_dict: Any) -> int:
+    """The consumed micro-batches a loader's saved state holds (under the older key too); StateMismatchError
+    naming the field when it holds none, or no count."""
+    held = state_dict.get(GraphLoader.CONSUMED_KEY, state_dict.get(GraphLoader.OLDER_CONSUMED_KEY)) if isinstance(state_dict, dict) else None
+    try:
+        if isinstance(held, bool):
+            raise TypeError
+        count = operator.index(held)
+    except TypeError:
+        raise StateMismatchError("GraphLoader", GraphLoader.CONSUMED_KEY, f"the saved state's {GraphLoader.CONSUMED_KEY} is "
+                                 f"missing or not a count (got {held!r}): it is not a GraphLoader's state") from None
+    if count < 0:
+        raise StateMismatchError("GraphLoader", GraphLoader.CONSUMED_KEY, f"the saved state's {GraphLoader.CONSUMED_KEY} is "
+                                 f"negative ({count})")
+    return count

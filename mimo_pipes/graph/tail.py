@@ -30,12 +30,12 @@ def balanced_tail(
     stand_in: Callable[[Sample], Sample] | None = None,
 ) -> BaseNode[dict]:
     """This rank's micro-batches from ``items`` (its B/d samples of every global micro-batch, in canonical
-    order, from the first step of ``settings.resume`` on). Under the ``rows`` payload ``items`` are
+    order, from the first step the loader starts at on). Under the ``rows`` payload ``items`` are
     counted rows, which ``process_rows`` turns into this module's samples after the exchange; with
     ``settings.processing.mask_failed`` a row that fails there is masked on every module, ``stand_in``
     making what this module trains on in its place (:class:`~mimo_pipes.nodes.row_processor.Masking`, agreed
     on over ``layout.agreement_group``). Wrap the
-    result in a GraphLoader with ``consumed_microbatches=settings.resume.consumed``. ``settings`` must be resolved for
+    result in a GraphLoader, which alone takes where the run starts (``consumed_microbatches``). ``settings`` must be resolved for
     ``layout.module`` (``resolve_tail(..., module=layout.module)``): the module decides what moves."""
     if settings.fields != module_fields(layout.module):
         raise ValueError(
@@ -51,14 +51,17 @@ def balanced_tail(
                           "the exchange; this pipeline gives none (use --exchange-payload samples)")
     node: BaseNode[Any] = CostAnnotator(items, settings=settings)
     node = Windower(node, settings=settings)
+    exchange = None
     if settings.plan.reorder:
-        # Collates each window right after moving it (on the prefetch thread with overlap), unless it moves rows.
-        node = BalanceExchange(node, settings=settings, layout=layout, collate=not rows, confirm_delivery=rows)
+        # Collates each window right after moving it (on the prefetch thread with overlap), unless it moves rows;
+        # then each window carries its record to the RowProcessor, which reports it when it hands the window on.
+        node = exchange = BalanceExchange(node, settings=settings, layout=layout, collate=not rows, report_on_delivery=not rows)
     if rows:
         # Rows become this module's samples here, on the rank that trains on them, and are collated.
         assert process_rows is not None
         masking = Masking(stand_in, layout.agreement_group) if stand_in is not None else None
-        node = RowProcessor(node, settings=settings, process=process_rows, masking=masking)
+        node = RowProcessor(node, settings=settings, process=process_rows, masking=masking,
+                            report=exchange.report if exchange is not None else None)
     node = MicroBatchAssembler(node, settings=settings)
     if settings.pack_sequences and settings.fields.tokens:
         # One THD row per micro-batch, after the exchange: packing never changes which samples a rank holds.

@@ -1,5 +1,5 @@
-"""The graph's torchdata.nodes, one per module: reader, costs, windows, exchange, processing after it, assembly,
-sequence packing."""
+"""The graph's nodes, one per file, each a :class:`~mimo_pipes.nodes.base.GraphNode` (the contract every node
+keeps): reader, costs, windows, exchange, processing after it, assembly, sequence packing, uncollation."""
 
 from mimo_pipes.nodes.balance_exchange import BalanceExchange
 from mimo_pipes.nodes.canonical_shard_reader import CanonicalShardReader

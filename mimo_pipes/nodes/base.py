@@ -1,18 +1,24 @@
-"""The contract every node of the graph keeps, written once.
+"""The contract every node of the graph keeps, written once: :class:`GraphNode`.
 
-A node is a ``torchdata.nodes.BaseNode``. Besides ``next`` / ``reset(initial_state)`` / ``get_state`` it:
+Every node of the library is a ``GraphNode``, a ``torchdata.nodes.BaseNode`` that keeps ``next`` /
+``reset(initial_state)`` / ``get_state`` and whose state the base class wraps from what the node declares:
 
-* describes, once in ``__init__``, what its state is valid for (``valid_for``: its class and every setting
-  that shapes its stream); ``get_state`` stores the description under ``VALID_FOR_KEY`` and
-  ``reset(initial_state)`` refuses a state made for other settings before anything is read;
-* keeps its source's state under ``SOURCE_KEY`` and resets its source with it (a reader has no source);
-* may offer ``start_at(point, saved_state)`` (:class:`Restartable`): from the next fresh ``reset(None)`` on,
-  start at a resume point (a consumed micro-batch count turned into a first step, see
-  :mod:`mimo_pipes.checkpoint.resume`), which the loader calls on every node that has it to continue a state
-  saved under another layout; the exchange also hears where the loader starts (:class:`StartChecked`).
+* ``describe(settings)``, once in ``__init__``: what its state is valid for (its class and every setting
+  that shapes its stream). ``get_state`` stores it under ``VALID_FOR_KEY``; ``reset(initial_state)``
+  refuses a state made for other settings before anything is read. :meth:`GraphNode.valid_for_layout`
+  says how the description reads on another layout.
+* its source (``sources()``: the nodes it reads, named explicitly), whose state it keeps under ``SOURCE_KEY``:
+  the source's state after the last item this node delivered (:meth:`GraphNode.source_state`; a node that
+  reads ahead or stands inside an item it re-reads says which), and resets its source with it.
+* its own fields (:meth:`GraphNode.own_state` / :meth:`GraphNode.restore`).
+* where a run starts (:meth:`GraphNode.start_at`): the loader, which alone takes the consumed micro-batches,
+  tells every node before every reset.
+* :meth:`GraphNode.shutdown` (stop its threads and workers) and :meth:`GraphNode.abort` (the graph stopped on a
+  failure after this node: a node whose peers wait for it tells them), both called by the loader.
 
-Nodes ask nothing of each other: what a node must tell the node before it travels with the data (a window's
-:class:`~mimo_pipes.samples.sample.WindowReceipt`).
+Data flows one way: no node calls the node it reads from. What a node must tell the nodes after it travels
+with the data (a window's :class:`~mimo_pipes.observe.observer.ExchangeRecord`); a failure after a node
+reaches it through the loader (:meth:`GraphNode.abort`).
 """
 
 from __future__ import annotations
@@ -23,29 +29,25 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 from torchdata.nodes import BaseNode
 
 from mimo_pipes.checkpoint.resume import ResumePoint
-from mimo_pipes.checkpoint.validity import VALID_FOR_KEY, check_valid_for, valid_for
+from mimo_pipes.checkpoint.validity import VALID_FOR_KEY, check_valid_for, on_saved_layout, valid_for
 
 T = TypeVar("T")
 
 
 @runtime_checkable
 class Restartable(Protocol):
-    """A node that can start at a resume point on its next fresh reset (what the loader asks of it)."""
+    """What a source that is not a node may offer (a user's sampler or iterable under torchdata's wrappers):
+    start at a resume point on its next fresh start. The loader tells it before a fresh start."""
 
     def start_at(self, point: ResumePoint, saved_state: Any = None) -> None: ...
 
 
-@runtime_checkable
-class StartChecked(Protocol):
-    """A node that checks where its module's ranks start (the balance exchange): the loader tells it, before
-    every reset, the consumed micro-batches it starts at and the window whose micro-batches a saved run chose."""
-
-    def expect_start(self, consumed_microbatches: int, first_step: int = 0, composition: list[list[int]] | None = None) -> None: ...
-
-
 class GraphNode(BaseNode[T]):
-    """A node with a described, checked state. Subclasses set ``valid_for`` through :meth:`describe` and put
-    their own counters in :meth:`own_state` / :meth:`restore`; a node with a source passes it to ``__init__``."""
+    """A node with a described, checked state, an explicit source, a start and a shutdown.
+
+    Subclasses call ``super().__init__(source)``, set ``valid_for`` through :meth:`describe`, and declare their
+    own fields (:meth:`own_state` / :meth:`restore`); a node whose saved source state is not the live one
+    overrides :meth:`source_state`, a node that holds items read ahead drops them in :meth:`discard_ahead`."""
 
     SOURCE_KEY = "source"
     VALID_FOR_KEY = VALID_FOR_KEY
@@ -59,30 +61,57 @@ class GraphNode(BaseNode[T]):
         """What this node's state is valid for: its class name and ``settings`` (readable names, plain values)."""
         self.valid_for = valid_for(type(self).__name__, settings)
 
+    def sources(self) -> tuple[BaseNode, ...]:
+        """The nodes this node reads from (none for a reader)."""
+        return () if self.source is None else (self.source,)
+
+    def valid_for_layout(self, saved: dict[str, Any]) -> dict[str, Any]:
+        """This node's description on the layout a saved description records (another DP rank and size)."""
+        assert self.valid_for is not None, "only a described node is checked against a saved state"
+        return on_saved_layout(self.valid_for, saved)
+
+    def start_at(self, point: ResumePoint, saved_state: Any = None) -> None:
+        """Where the graph starts at the next reset, told by the loader before every reset: ``point`` (the
+        consumed micro-batches and what follows from them). ``saved_state``: this node's state saved under
+        another layout at ``point`` (None otherwise). A reset with a state restores it instead. Nothing by
+        default: a node without a position of its own."""
+
+    def abort(self, error: BaseException) -> None:
+        """The graph stopped on ``error``, raised after this node (told by the loader). Nothing by default."""
+
+    def shutdown(self) -> None:
+        """Stop this node's threads and workers (iterating again restarts them). Nothing by default."""
+
     def reset(self, initial_state: dict | None = None) -> None:
         if initial_state is not None and self.valid_for is not None:
             check_valid_for(initial_state, self.valid_for)
         super().reset(initial_state)
+        self.discard_ahead()
         if self.source is not None:
-            self.source.reset(None if initial_state is None else self.source_state_to_restore(initial_state))
+            self.source.reset(None if initial_state is None else copy.deepcopy(initial_state[self.SOURCE_KEY]))
         self.restore(initial_state)
 
-    def source_state_to_restore(self, initial_state: dict) -> Any:
-        """The state the source is reset with (a deep copy: a node never shares a state dict with its source)."""
-        return copy.deepcopy(initial_state[self.SOURCE_KEY])
+    def discard_ahead(self) -> None:
+        """Drop what was read ahead of the consumer, before the source is reset. Nothing by default."""
 
     def restore(self, initial_state: dict | None) -> None:
-        """This node's own counters from ``initial_state`` (None: a fresh start). Nothing by default."""
+        """This node's own fields from ``initial_state`` (None: a fresh start). Nothing by default."""
 
     def own_state(self) -> dict[str, Any]:
-        """This node's own counters, saved beside its source's state. None by default."""
+        """This node's own fields, saved beside its source's state. None by default."""
         return {}
+
+    def source_state(self) -> Any:
+        """The source's state to save: after the last item this node delivered. By default the live one (a
+        node that reads one item per item it delivers)."""
+        assert self.source is not None
+        return self.source.state_dict()
 
     def get_state(self) -> dict[str, Any]:
         state: dict[str, Any] = {}
         if self.valid_for is not None:
             state[self.VALID_FOR_KEY] = copy.deepcopy(self.valid_for)
         if self.source is not None:
-            state[self.SOURCE_KEY] = copy.deepcopy(self.source.state_dict())
-        state.update(self.own_state())
+            state[self.SOURCE_KEY] = copy.deepcopy(self.source_state())
+        state.update(copy.deepcopy(self.own_state()))
         return state

@@ -10,7 +10,7 @@ import numpy as np
 from mimo_pipes.checkpoint.resume import ResumePoint
 from mimo_pipes.checkpoint.validity import on_saved_layout, source_fingerprint
 from mimo_pipes.nodes.base import GraphNode
-from mimo_pipes.parallel.sharding import epoch_order, microbatches_per_epoch
+from mimo_pipes.parallel.sharding import global_microbatch_indices, microbatches_per_epoch
 from mimo_pipes.parallel.topology import owned_positions
 from mimo_pipes.samples.sample import SAMPLE_ID, SLOT, STEP, Sample
 
@@ -25,8 +25,10 @@ class CanonicalShardReader(GraphNode[Sample]):
     """Reads only this rank's B/d samples of each global micro-batch (scalable DP).
 
     ``single`` reads the dataset once in order; ``cyclic`` reshuffles each epoch from the seed and never
-    ends. Each sample gets its dataset index, global step and canonical slot. The state is two counters,
-    so resuming from a consumed-sample count (``first_step = consumed // B``) is the same as restoring it.
+    ends (which rows: :func:`~mimo_pipes.parallel.sharding.global_microbatch_indices`). Each sample gets its
+    dataset index, global step and canonical slot. It starts at the first step the loader tells it
+    (:meth:`start_at`); the state is two counters (the next step and the next of its positions in it), so
+    resuming from a consumed micro-batch count is the same as restoring it.
     It is valid for one dataset (length and fingerprint: ``dataset_fingerprint`` if given, else
     :func:`~mimo_pipes.checkpoint.validity.source_fingerprint` of the rows it reads first), B, DP layout, seed and
     dataloader type.
@@ -45,7 +47,6 @@ class CanonicalShardReader(GraphNode[Sample]):
         grid_size: int,
         seed: int = 0,
         dataloader_type: str = "cyclic",
-        first_step: int = 0,
         dataset_fingerprint: str | None = None,
     ) -> None:
         super().__init__()
@@ -57,14 +58,12 @@ class CanonicalShardReader(GraphNode[Sample]):
         self.grid_size = grid_size
         self.seed = seed
         self.cyclic = dataloader_type == "cyclic"
-        self.first_step = first_step
+        self.first_step = 0  # where a fresh start reads from: the loader says (start_at)
         self.positions = owned_positions(dp_rank, dp_size, micro_batch_size)
         self.samples_per_slot = micro_batch_size // grid_size
         self.per_epoch = microbatches_per_epoch(len(dataset), micro_batch_size)
         if self.per_epoch == 0:
             raise ValueError(f"dataset has {len(dataset)} samples, fewer than one micro-batch of {micro_batch_size}")
-        self._order_epoch = -1
-        self._order = np.empty(0, dtype=np.int64)
         self._fingerprint_of_rows = dataset_fingerprint is None
         if dataset_fingerprint is None:  # rows this rank reads first (its own slots of step 0), never others
             dataset_fingerprint = source_fingerprint(dataset, self._first_rows(self.positions))
@@ -80,8 +79,11 @@ class CanonicalShardReader(GraphNode[Sample]):
         })
 
     def _first_rows(self, positions: range) -> list[int]:
-        self._order, self._order_epoch = epoch_order(len(self.dataset), 0, self.seed, shuffle=self.cyclic), 0  # kept for step 0
-        return [int(index) for index in self._order[positions.start : positions.stop]]
+        return [int(index) for index in self._microbatch(0)[positions.start : positions.stop]]
+
+    def _microbatch(self, step: int) -> np.ndarray:
+        """The B dataset indices of global micro-batch ``step``, in canonical order."""
+        return global_microbatch_indices(step, len(self.dataset), self.micro_batch_size, self.seed, self.cyclic)
 
     def valid_for_layout(self, saved: Mapping[str, Any]) -> dict[str, Any]:
         """This reader's description on the layout of a saved description (another DP rank and size): a
@@ -107,19 +109,12 @@ class CanonicalShardReader(GraphNode[Sample]):
             self._next_step = int(initial_state[self.NEXT_STEP_KEY])
             self._next_position = int(initial_state[self.NEXT_POSITION_KEY])
 
-    def _dataset_index(self, step: int, position: int) -> int:
-        epoch, within = divmod(step, self.per_epoch)
-        if epoch != self._order_epoch:
-            self._order = epoch_order(len(self.dataset), epoch, self.seed, shuffle=self.cyclic)
-            self._order_epoch = epoch
-        return int(self._order[within * self.micro_batch_size + position])
-
     def next(self) -> Sample:
         step = self._next_step
         if not self.cyclic and step >= self.per_epoch:
             raise StopIteration
         position = self.positions.start + self._next_position
-        index = self._dataset_index(step, position)
+        index = int(self._microbatch(step)[position])
         row = dict(self.dataset[index])
         row[SAMPLE_ID] = index
         row[STEP] = step

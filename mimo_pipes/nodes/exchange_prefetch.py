@@ -29,8 +29,9 @@ class Prefetched(NamedTuple):
     in_flight: int  # being exchanged on the prefetch thread now (0 or 1)
 
 
-class Prefetcher:
-    """Background exchanges on a dedicated group. Stops cooperatively: it finishes the exchanges any peer
+class ExchangePrefetchThread:
+    """Background exchanges on a dedicated group (not torchdata's ``Prefetcher`` node: a thread of the balance
+    exchange, which owns it and stops it in ``shutdown()`` or when it is collected). Stops cooperatively: it finishes the exchanges any peer
     may already have entered (up to ``delivered + PREFETCH_DEPTH``), so no peer is left in a collective."""
 
     def __init__(self, source: BaseNode[Window], exchange: WindowExchange, first_sequence: int) -> None:
@@ -117,7 +118,3 @@ class Prefetcher:
         if join_timeout is None or join_timeout > 0:
             self.thread.join(join_timeout)
 
-
-def stop_prefetcher(prefetcher: Prefetcher | None, join_timeout: float | None) -> None:
-    if prefetcher is not None:
-        prefetcher.stop(join_timeout)

@@ -19,9 +19,10 @@ class MicroBatchAssembler(GraphNode[dict]):
     the exchange already collated (on its prefetch thread) pass through.
 
     Its state is the source's state from before the current window plus how many of the window's
-    micro-batches were yielded, so a restore inside a window re-reads that window and skips ahead.
-    ``settings.resume.skip_first`` does the same for a fresh start in the middle of a window (resume from
-    a count); a state taken before the first window is read carries that pending skip. Inside a window
+    micro-batches were yielded, so a restore inside a window re-reads that window and skips ahead. A fresh
+    start in the middle of a window (resume from a count) does the same: the loader tells it how many of the
+    first window's micro-batches were consumed (:meth:`start_at`); a state taken before the first window is
+    read carries that pending skip. Inside a window
     whose samples moved between micro-batches, the state also keeps the window's composition (which
     samples each micro-batch holds, as flat window indices: W x B integers at most), so the window is
     re-exchanged with exactly those micro-batches, on this layout or another (see :meth:`start_at`).
@@ -33,7 +34,7 @@ class MicroBatchAssembler(GraphNode[dict]):
 
     def __init__(self, source: BaseNode[Window], *, settings: TailSettings) -> None:
         super().__init__(source)
-        self.skip_first = settings.resume.skip_first  # micro-batches of the first window already consumed (resume by count)
+        self.skip_first = 0  # micro-batches of the first window already consumed: the loader says (start_at)
         self.start_composition: list[list[int]] | None = None  # the first window's, when started inside it (start_at)
         self.collator = settings.collator
         self.describe(collation_settings(self.collator))
@@ -67,19 +68,25 @@ class MicroBatchAssembler(GraphNode[dict]):
         self._yielded += 1
         return microbatch if self._window.collated else self.collator.microbatch(microbatch, step)
 
-    def get_state(self) -> dict[str, Any]:
-        # The source's state from before the current window, not its live one (see the class docstring).
+    def _saved(self) -> tuple[Any, int, list[list[int]] | None]:
+        """The source's state to save, the micro-batches of its window yielded, and that window's composition."""
         window_done = self._window is not None and self._yielded == len(self._window.microbatches)
         if window_done:
             # At a window boundary the source's current state starts the next window: no re-read on restore.
-            source_state, yielded, composition = self.source.state_dict(), 0, None
-        elif self._window_start_state is None:
+            return self.source.state_dict(), 0, None
+        if self._window_start_state is None:
             # No window read yet: the source stands at the first one, of which ``skip_first`` are still to skip.
-            source_state, yielded, composition = self.source.state_dict(), self._yielded, self._pending_composition
-        else:
-            source_state, yielded = self._window_start_state, self._yielded
-            composition = self._window.composition if self._window is not None else self._pending_composition
-        state = {self.VALID_FOR_KEY: copy.deepcopy(self.valid_for), self.SOURCE_KEY: copy.deepcopy(source_state), self.YIELDED_KEY: yielded}
+            return self.source.state_dict(), self._yielded, self._pending_composition
+        composition = self._window.composition if self._window is not None else self._pending_composition
+        return self._window_start_state, self._yielded, composition
+
+    def source_state(self) -> Any:
+        # The source's state from before the current window, not its live one (see the class docstring).
+        return self._saved()[0]
+
+    def own_state(self) -> dict[str, Any]:
+        _, yielded, composition = self._saved()
+        state: dict[str, Any] = {self.YIELDED_KEY: yielded}
         if composition is not None and yielded:
-            state[self.COMPOSITION_KEY] = copy.deepcopy(composition)
+            state[self.COMPOSITION_KEY] = composition
         return state

@@ -7,20 +7,22 @@ import copy
 import multiprocessing
 import operator
 import threading
-import weakref
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 from torchdata.nodes import BaseNode
 
-from mimo_pipes.checkpoint.validity import VALID_FOR_KEY, check_valid_for, collation_settings, valid_for
+from mimo_pipes.checkpoint.validity import collation_settings
 from mimo_pipes.config.tail_settings import TailSettings
 from mimo_pipes.errors import MAX_REASON, PeerError, SampleError, row_reason
 from mimo_pipes.exchange.failure_agreement import agree_on_failures
+from mimo_pipes.nodes.base import GraphNode
+from mimo_pipes.nodes.window_exchange import ExchangeReport
+from mimo_pipes.observe.observer import ExchangeRecord
 from mimo_pipes.samples.collate import Collator
 from mimo_pipes.samples.masking import mask_failed
-from mimo_pipes.samples.sample import SAMPLE_ID, STEP, Sample, Window, WindowReceipt
+from mimo_pipes.samples.sample import SAMPLE_ID, STEP, Sample, Window
 
 AHEAD = 1
 """Windows processed beyond the one the consumer waits for: decoding overlaps training, and the memory of
@@ -31,7 +33,7 @@ class _Pending(NamedTuple):
     window: Future[Window]  # the window processed and collated
     rows: list[Future[Sample]]  # its rows' processing, cancelled when the window is dropped
     state_after: Any  # the source's state right after it handed out the window
-    receipt: WindowReceipt | None  # the source's receipt for the window read (see Window.receipt)
+    record: ExchangeRecord | None  # what the window's exchange did (see Window.record), reported when handed on
     dropped: threading.Event  # set when the window is dropped: its agreement still runs, nothing else
 
 
@@ -44,36 +46,36 @@ class Masking(NamedTuple):
     group: Any = None
 
 
-class RowProcessor(BaseNode[Window]):
+class RowProcessor(GraphNode[Window]):
     """Turns every window of rows (from the exchange, or the Windower without one) into this module's
     collated micro-batches: each row goes through ``process`` (its module's fields:
     :class:`~mimo_pipes.data.processing.module_processor.ModuleProcessor`) on ``settings.processing.workers``
     threads or worker processes (``method``), on the rank that trains on it, so decoding and resizing are
     balanced by the exchange's assignment. It reads :data:`AHEAD` windows ahead of the one asked for.
 
-    A failure (a row that cannot be processed, a window that cannot be collated) raises here and, when the
-    source is a :class:`~mimo_pipes.nodes.BalanceExchange`, is announced to the module's other ranks through
-    it (:meth:`~mimo_pipes.nodes.BalanceExchange.fail`). With ``masking`` (``settings.processing.mask_failed``:
+    A failure (a row that cannot be processed, a window that cannot be collated) raises here; the loader then
+    tells the nodes before it (:meth:`~mimo_pipes.nodes.BalanceExchange.abort` announces it to the module's
+    other ranks). Each window from an exchange carries its record, which this node hands to ``report`` (the
+    exchange's :class:`~mimo_pipes.nodes.window_exchange.ExchangeReport`) when it hands the window on, so the
+    figures follow the consumer, not the read-ahead. With ``masking`` (``settings.processing.mask_failed``:
     ``--skip-bad-samples``) a row whose processing raises its :class:`~mimo_pipes.errors.SampleError` is
     masked instead: every rank of the job says which of each window's rows failed, in window order on the
     collating thread (:func:`~mimo_pipes.exchange.failure_agreement.agree_on_failures`), and every module
     masks those samples before the window is handed out; :attr:`masked` counts them (each module counts
     every failure of the job). The state is the source's state after the last
     delivered window; windows processed ahead are dropped on a restore and processed again. It is valid for
-    one module's fields and one collation. ``close()`` stops its workers (iterating again restarts them).
+    one module's fields and one collation. :meth:`shutdown` stops its workers (iterating again restarts them).
     """
 
-    SOURCE_KEY = "source"
-    VALID_FOR_KEY = VALID_FOR_KEY
-
     def __init__(
-        self, source: BaseNode[Window], *, settings: TailSettings, process: Callable[[Sample], Sample], masking: Masking | None = None
+        self, source: BaseNode[Window], *, settings: TailSettings, process: Callable[[Sample], Sample], masking: Masking | None = None,
+        report: ExchangeReport | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(source)
         if settings.processing.mask_failed and masking is None:
             raise ValueError("settings.processing.mask_failed needs masking: what stands in for a row that fails")
-        self.source = source
         self.process = process
+        self.report = report
         self.masking = masking if settings.processing.mask_failed else None
         self.masked = 0  # samples masked so far (every failure of the job, as every module masks it)
         self.collator: Collator = settings.collator
@@ -81,16 +83,13 @@ class RowProcessor(BaseNode[Window]):
         self.method = settings.processing.method
         self._pool: Executor | None = None
         self._collating: ThreadPoolExecutor | None = None
-        self._finalizer: weakref.finalize | None = None
         self._pending: collections.deque[_Pending] = collections.deque()
-        self.valid_for = valid_for(type(self).__name__, {"module fields": settings.fields.role, **collation_settings(self.collator)})
+        self.describe({"module fields": settings.fields.role, **collation_settings(self.collator)})
 
-    def reset(self, initial_state: dict | None = None) -> None:
-        if initial_state is not None:
-            check_valid_for(initial_state, self.valid_for)
-        super().reset(initial_state)
+    def discard_ahead(self) -> None:
         self._drop_pending()
-        self.source.reset(None if initial_state is None else copy.deepcopy(initial_state[self.SOURCE_KEY]))
+
+    def restore(self, initial_state: dict | None) -> None:
         self._state_after_delivered = copy.deepcopy(self.source.state_dict())
         self._source_ended = False
 
@@ -107,14 +106,12 @@ class RowProcessor(BaseNode[Window]):
         pending = self._pending.popleft()
         try:
             window = pending.window.result()
-        except BaseException as error:
+        except BaseException:
             self._drop_pending()
-            if pending.receipt is not None:
-                pending.receipt.failed(error)
-            raise
+            raise  # the loader tells the nodes before this one (the exchange announces it to its peers)
         self._state_after_delivered = pending.state_after
-        if pending.receipt is not None:  # the exchange's observers and metrics follow the window handed on, not the read-ahead
-            pending.receipt.delivered()
+        if self.report is not None:  # the exchange's observers and metrics follow the window handed on, not the read-ahead
+            self.report.publish(pending.record)
         return window
 
     def processed_ahead(self) -> list[Window]:
@@ -131,7 +128,7 @@ class RowProcessor(BaseNode[Window]):
             collated = collating.submit(_collate, self.collator, window, rows)
         else:
             collated = collating.submit(self._mask_and_collate, window, rows, dropped)
-        return _Pending(collated, [future for microbatch in rows for future in microbatch], state_after, window.receipt, dropped)
+        return _Pending(collated, [future for microbatch in rows for future in microbatch], state_after, window.record, dropped)
 
     def _mask_and_collate(self, window: Window, rows: list[list[Future[Sample]]], dropped: threading.Event) -> Window:
         """On the collating thread, in window order: the window's rows processed, the job's failures agreed on
@@ -181,7 +178,6 @@ class RowProcessor(BaseNode[Window]):
                                                  initializer=_install, initargs=(self.process,))
             # Collation waits for the window's rows: a thread of its own, so a window never waits behind its rows.
             self._collating = ThreadPoolExecutor(1, thread_name_prefix="mimo-pipes-collate")
-            self._finalizer = weakref.finalize(self, _shut_down, self._pool, self._collating, self.masking is None)
         return self._pool, self._collating
 
     def _drop_pending(self) -> None:
@@ -193,16 +189,16 @@ class RowProcessor(BaseNode[Window]):
                 pending.window.cancel()
         self._pending.clear()
 
-    def close(self) -> None:
+    def shutdown(self) -> None:
         """Stop the workers after the rows they are processing; pending windows are dropped."""
         self._drop_pending()
-        if self._finalizer is not None:
-            self._finalizer()
-            self._finalizer = None
+        pool, collating = self._pool, self._collating
         self._pool = self._collating = None
+        if pool is not None and collating is not None:
+            _shut_down(pool, collating, self.masking is None)
 
-    def get_state(self) -> dict[str, Any]:
-        return {self.VALID_FOR_KEY: copy.deepcopy(self.valid_for), self.SOURCE_KEY: copy.deepcopy(self._state_after_delivered)}
+    def source_state(self) -> Any:
+        return self._state_after_delivered
 
 
 def _collate(collator: Collator, window: Window, rows: list[list[Future[Sample]]]) -> Window:

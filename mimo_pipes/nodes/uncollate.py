@@ -11,8 +11,8 @@ import torch
 from torchdata.nodes import BaseNode, IterableWrapper
 
 from mimo_pipes.checkpoint.resume import ResumePoint
-from mimo_pipes.checkpoint.validity import VALID_FOR_KEY, check_valid_for, valid_for
 from mimo_pipes.errors import SampleError
+from mimo_pipes.nodes.base import GraphNode
 from mimo_pipes.samples.collate import (
     CONCAT_FIELDS,
     GRIDS,
@@ -32,7 +32,7 @@ NUM_IMAGES = "num_images"  # optional per-row image counts in a collated batch
 _METADATA_BY_LIST_NAME = {list_name: key for key, list_name in METADATA_LIST_NAMES.items()}
 
 
-class Uncollate(BaseNode[Sample]):
+class Uncollate(GraphNode[Sample]):
     """Yields the rows of each collated micro-batch as samples, padding stripped, vision rows split off.
 
     * Rows: ``input_ids.shape[0]`` (``rows_per_batch``, when given, is checked).
@@ -48,8 +48,8 @@ class Uncollate(BaseNode[Sample]):
       ``num_images`` when the batch has that field, else the fewest grid rows whose image tokens
       (``prod(t, h, w) / merge_size**2`` each) add up to the row's placeholder count in ``input_ids``.
       Each image owns the next ``prod(t, h, w)`` rows of ``pixel_values``.
-    * ``step`` counts micro-batches from ``first_step`` (the batch's own ``step`` and ``read_steps`` are
-      ignored: the samples are read anew at the step of the batch that holds them).
+    * ``step`` counts micro-batches from the first step the loader tells it (:meth:`start_at`; the batch's own
+      ``step`` and ``read_steps`` are ignored: the samples are read anew at the step of the batch that holds them).
     * ``sample_id`` comes from ``sample_ids`` when present, else it is the row's position counted over
       global micro-batches: ``step * rows * dp_size + dp_rank * rows + row``.
     * Other metadata lists (``slots``, ``costs``, ...) come back when not None; any other field must be a
@@ -59,10 +59,8 @@ class Uncollate(BaseNode[Sample]):
     it is valid for one image token id, merge size, rows per batch and DP layout.
     """
 
-    SOURCE_KEY = "source"
     STEP_KEY = "step"
     ROWS_YIELDED_KEY = "rows_yielded"
-    VALID_FOR_KEY = VALID_FOR_KEY
 
     def __init__(
         self,
@@ -73,42 +71,35 @@ class Uncollate(BaseNode[Sample]):
         rows_per_batch: int | None = None,
         dp_rank: int = 0,
         dp_size: int = 1,
-        first_step: int = 0,
         mrope_first: bool = False,
     ) -> None:
-        super().__init__()
         if merge_size < 1:
             raise ValueError(f"merge_size must be >= 1, got {merge_size}")
-        self.source = source if isinstance(source, BaseNode) else IterableWrapper(source)
+        super().__init__(source if isinstance(source, BaseNode) else IterableWrapper(source))
         self.image_token_id = image_token_id
         self.merge_size = merge_size
         self.rows_per_batch = rows_per_batch
         self.dp_rank = dp_rank
         self.dp_size = dp_size
-        self.first_step = first_step
+        self.first_step = 0  # where a fresh start counts steps from: the loader says (start_at)
         self.mrope_first = mrope_first
         settings = {"image token id": image_token_id, "merge size": merge_size, "rows per batch": rows_per_batch, "dp rank": dp_rank, "dp size": dp_size}
         if mrope_first:  # only then, so that states saved before the setting existed stay valid
             settings["position ids"] = "[3, rows, L]"
-        self.valid_for = valid_for(type(self).__name__, settings)
+        self.describe(settings)
 
     def start_at(self, point: ResumePoint, saved_state: Any = None) -> None:
         """From the next ``reset(None)`` on, count steps from ``point.first_step`` (the source must start
         there too: it is restarted on its own)."""
         self.first_step = point.first_step
 
-    def reset(self, initial_state: dict | None = None) -> None:
-        if initial_state is not None:
-            check_valid_for(initial_state, self.valid_for)
-        super().reset(initial_state)
+    def restore(self, initial_state: dict | None) -> None:
         self._rows: collections.deque[Sample] = collections.deque()
         self._taken = 0
         self._batch_start_state: dict[str, Any] | None = None
         if initial_state is None:
-            self.source.reset(None)
             self._step = self.first_step
             return
-        self.source.reset(copy.deepcopy(initial_state[self.SOURCE_KEY]))
         self._step = int(initial_state[self.STEP_KEY])
         skip = int(initial_state[self.ROWS_YIELDED_KEY])
         if skip:  # restored inside a batch: read it again and drop the rows already handed out
@@ -130,17 +121,14 @@ class Uncollate(BaseNode[Sample]):
         self._taken += 1
         return self._rows.popleft()
 
-    def get_state(self) -> dict[str, Any]:
-        if self._rows:  # inside a batch: restart from it
-            source_state, step, taken = self._batch_start_state, self._step - 1, self._taken
-        else:
-            source_state, step, taken = self.source.state_dict(), self._step, 0
-        return {
-            self.VALID_FOR_KEY: copy.deepcopy(self.valid_for),
-            self.SOURCE_KEY: copy.deepcopy(source_state),
-            self.STEP_KEY: step,
-            self.ROWS_YIELDED_KEY: taken,
-        }
+    def source_state(self) -> Any:
+        # Inside a batch: the source's state before it, which a restore reads again.
+        return self._batch_start_state if self._rows else self.source.state_dict()
+
+    def own_state(self) -> dict[str, Any]:
+        if self._rows:
+            return {self.STEP_KEY: self._step - 1, self.ROWS_YIELDED_KEY: self._taken}
+        return {self.STEP_KEY: self._step, self.ROWS_YIELDED_KEY: 0}
 
     def split(self, batch: Mapping[str, Any], step: int) -> list[Sample]:
         """The samples of one collated micro-batch of global step ``step``, in row order."""

@@ -7,6 +7,8 @@ numpy's PCG64, which yields the same permutation on every platform, and never en
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from mimo_pipes.parallel.topology import owned_positions
@@ -17,10 +19,17 @@ def microbatches_per_epoch(dataset_size: int, micro_batch_size: int) -> int:
     return dataset_size // micro_batch_size
 
 
+@functools.lru_cache(maxsize=4)
 def epoch_order(dataset_size: int, epoch: int, seed: int, shuffle: bool) -> np.ndarray:
+    """The epoch's order of the dataset's rows (read-only). The last four are kept: a reader asks for one
+    micro-batch after another, every micro-batch of an epoch shares its order, and a process may hold a few
+    readers (an epoch's end and the next, another dataset's) without computing an order per sample."""
     if not shuffle:
-        return np.arange(dataset_size, dtype=np.int64)
-    return np.random.Generator(np.random.PCG64([seed, epoch])).permutation(dataset_size)
+        order = np.arange(dataset_size, dtype=np.int64)
+    else:
+        order = np.random.Generator(np.random.PCG64([seed, epoch])).permutation(dataset_size)
+    order.setflags(write=False)
+    return order
 
 
 def global_microbatch_indices(

@@ -10,7 +10,7 @@ until they are processed after the exchange.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 Sample = dict[str, Any]
 
@@ -28,15 +28,6 @@ TOKEN_LAYOUT = "token_layout"  # dict: its token ids, trained flags and layout f
 METADATA_KEYS = (SAMPLE_ID, STEP, SLOT, IMAGE_TOKENS, REAL_TOKENS, COST, ENCODER_COST, PLACEHOLDER_RUNS, TOKEN_LAYOUT)
 
 
-class WindowReceipt(Protocol):
-    """Travels with a window from the node that made it (the balance exchange) to a node that hands it on
-    later (row processing): that node says when it handed the window on, or that it could not."""
-
-    def delivered(self) -> None: ...
-
-    def failed(self, error: BaseException) -> None: ...
-
-
 @dataclass
 class Window:
     """This rank's samples for global micro-batches ``first_step .. first_step + len(microbatches) - 1``:
@@ -47,15 +38,16 @@ class Window:
     ``composition`` (set by an exchange that lets samples move between micro-batches): per output
     micro-batch, the window's flat indices ``m*B + j`` it holds over all ranks, ascending. It does not
     depend on the layout, so a state saved inside the window keeps it (see MicroBatchAssembler).
-    ``receipt``: what a node that hands the window on later tells the node that made it (not data: never
-    compared, copied into another window or saved).
+    ``record``: what its exchange did (an :class:`~mimo_pipes.observe.observer.ExchangeRecord`), carried to the
+    node that hands the window on when that node is not the exchange (row processing), which reports it;
+    never compared or saved.
     """
 
     first_step: int
     microbatches: list[list[Sample]] | list[dict[str, Any]]
     collated: bool = False
     composition: list[list[int]] | None = None
-    receipt: WindowReceipt | None = field(default=None, compare=False, repr=False)
+    record: Any = field(default=None, compare=False, repr=False)
 
 
 def held_bytes(value: Any) -> int:

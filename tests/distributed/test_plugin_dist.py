@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from layout_checks import baseline_spread, check_fanout, check_invariants, vision_spread
+from node_checks import starting_at
 from scenarios_exchange import PAD_VALUES
 from scenarios_plugin import run_recipe, run_wrapper_resume, run_wrapper_vs_graph
 
@@ -81,7 +82,7 @@ def assert_same_samples(got: list[dict], expected: list[dict]) -> None:
 def test_uncollate_round_trip_is_bitwise(pad_length):
     rows = mixed_rows()
     batch = collate_microbatch(rows, pad_length=pad_length, pad_values={"input_ids": 3, "labels": -100})
-    out = list(Uncollate(iter([batch]), image_token_id=IMAGE_TOKEN_ID, first_step=7))
+    out = list(starting_at(Uncollate(iter([batch]), image_token_id=IMAGE_TOKEN_ID), 7))
     assert_same_samples(out, rows)
     # and collating again gives the batch back, padding included
     again = collate_microbatch(out, pad_length=pad_length, pad_values={"input_ids": 3, "labels": -100})
@@ -96,7 +97,7 @@ def test_uncollate_synthetic_rows_with_derived_ids_and_steps():
         samples = [{**dataset[step * 4 + j], STEP: step} for j in range(4)]
         batch = collate_microbatch(samples, pad_length=2048, pad_values=PAD_VALUES)
         batches.append({name: value for name, value in batch.items() if isinstance(value, torch.Tensor)})
-    node = Uncollate(iter(batches), image_token_id=IMAGE_TOKEN_ID, rows_per_batch=4, dp_rank=1, dp_size=2, first_step=5)
+    node = starting_at(Uncollate(iter(batches), image_token_id=IMAGE_TOKEN_ID, rows_per_batch=4, dp_rank=1, dp_size=2), 5)
     out = list(node)
     assert [s[STEP] for s in out] == [5] * 4 + [6] * 4 + [7] * 4
     # position in the global micro-batch of 8, counted over steps: step * 8 + 4 * dp_rank + row
@@ -113,7 +114,7 @@ def test_uncollate_uses_num_images_when_given():
     del batch["vision_rows"]
     batch["num_images"] = [3, 0, 1, 0, 2]
     batch["input_ids"] = torch.where(batch["input_ids"] == IMAGE_TOKEN_ID, TEXT_TOKEN_ID, batch["input_ids"])
-    out = list(Uncollate(iter([batch]), image_token_id=IMAGE_TOKEN_ID, first_step=7))
+    out = list(starting_at(Uncollate(iter([batch]), image_token_id=IMAGE_TOKEN_ID), 7))
     assert [s["image_grid_thw"].shape[0] for s in out] == [3, 0, 1, 0, 2]
     for got, original in zip(out, rows):
         assert torch.equal(got["pixel_values"], original["pixel_values"])
@@ -123,7 +124,7 @@ def test_uncollate_refuses_what_it_cannot_split():
     rows = mixed_rows()
     batch = collate_microbatch(rows, pad_length=None)
     del batch["vision_rows"]  # as another library collates: images are split by their placeholder tokens
-    wrong_merge = Uncollate(iter([batch]), image_token_id=IMAGE_TOKEN_ID, merge_size=1, first_step=7)
+    wrong_merge = starting_at(Uncollate(iter([batch]), image_token_id=IMAGE_TOKEN_ID, merge_size=1), 7)
     with pytest.raises(SampleError, match="image placeholder tokens"):
         next(iter(wrong_merge))
     extra = dict(batch, extra_grid=torch.zeros(2, 3))
@@ -138,7 +139,7 @@ def test_uncollate_refuses_what_it_cannot_split():
 
 def test_uncollate_restores_inside_a_batch():
     batches = [collate_microbatch(mixed_rows(), pad_length=None) for _ in range(3)]
-    node = Uncollate(batches, image_token_id=IMAGE_TOKEN_ID, first_step=7)  # a list: re-iterable
+    node = starting_at(Uncollate(batches, image_token_id=IMAGE_TOKEN_ID), 7)  # a list: re-iterable
     node.reset()
     head = [next(node) for _ in range(7)]
     state = node.state_dict()

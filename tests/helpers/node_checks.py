@@ -44,11 +44,20 @@ class CountingSource(BaseNode[dict]):
         return self._state  # live on purpose
 
 
+def starting_at(node, first_step: int = 0, skip_first: int = 0, composition=None):
+    """``node`` told, as a loader tells it before its first reset, that the graph starts at ``first_step``
+    (skipping ``skip_first`` micro-batches of that window)."""
+    from mimo_pipes.checkpoint.resume import ResumePoint
+
+    node.start_at(ResumePoint(first_step + skip_first, first_step, skip_first, composition))
+    return node
+
+
 def tiny_samples(per_microbatch: int, steps: int, first_step: int = 0) -> CanonicalShardReader:
     """``steps`` micro-batches of ``per_microbatch`` tiny samples (DP 1), read from ``first_step`` on."""
     dataset = SyntheticProcessedDataset(per_microbatch * steps, text_tokens=2, patch_dim=1)
-    return CanonicalShardReader(dataset, micro_batch_size=per_microbatch, dp_rank=0, dp_size=1, grid_size=1,
-                                dataloader_type="single", first_step=first_step)
+    return starting_at(CanonicalShardReader(dataset, micro_batch_size=per_microbatch, dp_rank=0, dp_size=1, grid_size=1,
+                                            dataloader_type="single"), first_step)
 
 
 def assert_same(got: Any, want: Any, where: str = "item") -> None:

@@ -68,7 +68,7 @@ def restore_mixed_positions(components, *, mixed: str) -> dict | None:
     outcome: dict = {"module": position.module.name, "dp_rank": position.dp_rank, "raised": None}
     try:
         if mixed == "modules":
-            check_same_position(restored.num_yielded, control)
+            check_same_position(restored.consumed_microbatches, control)
         else:
             next(restored)
     except PositionMismatchError as error:

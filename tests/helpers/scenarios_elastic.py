@@ -89,7 +89,7 @@ def elastic_resume(save_layout, resume_layouts, *, steps: int, points: list[int]
             for point in points:
                 loader = new_loader(components, layout)
                 loader.load_state_dict(states[position.module.name][point])
-                assert loader.num_yielded == point
+                assert loader.consumed_microbatches == point
                 mine[point] = _records(loader, steps - point, position)
                 loader.close()
         gathered = gather_from_every_rank(mine)

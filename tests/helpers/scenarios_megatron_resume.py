@@ -43,7 +43,7 @@ def restart_from_consumed_samples(components, *, microbatches_per_iteration, ite
     first.close()
     consumed = microbatches_from_samples(consumed_train_samples, micro_batch_size)
     restarted = loader(consumed)
-    num_yielded_at_start = restarted.num_yielded
+    num_yielded_at_start = restarted.consumed_microbatches
     rest = take(restarted, total - consumed)
     return {
         "module": groups.position.module.name,

@@ -56,9 +56,9 @@ def cumulative_after_resume(components, *, steps, stop_at, micro_batch_size, **c
         if state is not None:
             loader.load_state_dict(state)
         try:
-            if loader.num_yielded < until:
+            if loader.consumed_microbatches < until:
                 for _ in loader:
-                    if loader.num_yielded >= until:
+                    if loader.consumed_microbatches >= until:
                         break
             return loader.exchange_metrics(), json.loads(json.dumps(loader.state_dict()))
         finally:

@@ -166,7 +166,7 @@ def run_wrapper_vs_graph(components, *, steps, micro_batch_size, seed, with_ids,
             assert_batches_equal(got, want, f"step {step}")
             assert_batches_equal(got, want, f"step {step}", names=["image_tokens", "real_tokens", "costs"])
             records.append(_record(got, ids))
-        assert wrapped.num_yielded == steps
+        assert wrapped.consumed_microbatches == steps
     return rank_result(position, records)
 
 
@@ -195,7 +195,7 @@ def run_wrapper_resume(components, *, micro_batch_size, seed, window_size, acros
         for count in range(total):
             if count == stop_after:
                 state = wrapped.state_dict()
-                assert wrapped.num_yielded == stop_after
+                assert wrapped.consumed_microbatches == stop_after
             reference.append(next(wrapped))
     outcomes = {}
     if kind == "stateful":
@@ -213,6 +213,6 @@ def run_wrapper_resume(components, *, micro_batch_size, seed, window_size, acros
                 want = reference[count]
                 assert got["sample_ids"] == want["sample_ids"], f"{name}: micro-batch {count} holds other samples"
                 assert_batches_equal(got, want, f"{name}: micro-batch {count}")
-            assert wrapped.num_yielded == total
+            assert wrapped.consumed_microbatches == total
     records = [_record(b, dataset_ids(b["sample_ids"], micro_batch_size=micro_batch_size, seed=seed)) for b in reference]
     return rank_result(position, records)

@@ -40,7 +40,7 @@ def run_real_data(dataset, image_folder, processor, *, steps, seed):
             assert trained == expected, f"row {sample_id}: trains {trained!r}, expected {expected!r}"
             assert (batch[VISION_ROWS]["pixel_values"][row] > 0) == (num_images(sample_id) > 0)
         records.append({"step": batch["step"], "sample_ids": batch["sample_ids"]})
-        if loader.num_yielded >= steps:
+        if loader.consumed_microbatches >= steps:
             break
     loader.close()
     return rank_result(position, records)
@@ -127,7 +127,7 @@ def run_mrope(dataset, image_folder, processor_path, *, steps, seed):
             assert batch["position_ids"][row, :, :real].tolist() == expected
             assert not batch["position_ids"][row, :, real:].any()  # padding
         records.append({"step": batch["step"], "sample_ids": batch["sample_ids"]})
-        if loader.num_yielded >= steps:
+        if loader.consumed_microbatches >= steps:
             break
     loader.close()
     return rank_result(position, records)

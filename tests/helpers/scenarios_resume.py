@@ -71,7 +71,7 @@ def resume_points(components, *, steps, points, dataset_size=160, settle_s=0.3, 
         second = new_loader(config=restored_config)
         second.load_state_dict(state)
         tail = consume(second, steps - point)
-        yielded = second.num_yielded
+        yielded = second.consumed_microbatches
         second.close()
         by_count = new_loader(consumed=point, config=restored_config)
         counted = consume(by_count, steps - point)

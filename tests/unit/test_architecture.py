@@ -142,8 +142,8 @@ def test_the_exchange_and_analyze_reach_the_planners_through_one_entry() -> None
 
 
 def test_nodes_ask_nothing_of_their_source_behind_the_data() -> None:
-    """What a node tells the node before it travels with the data (a window's receipt): no node looks up
-    methods on its source by name, and the loader finds restartable nodes through typed protocols."""
+    """What a node tells the node before it travels with the data (a window's record) or through the loader:
+    no node looks up methods on its source by name, and the loader tells nodes through typed hooks."""
     offenders = []
     for path in sorted((PACKAGE / "nodes").glob("*.py")) + [PACKAGE / "graph" / "loader.py"]:
         text = path.read_text()

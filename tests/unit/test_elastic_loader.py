@@ -52,7 +52,7 @@ def test_the_graph_loader_continues_a_state_of_another_layout(count):
     for target in (GRID_2, GRID_1):  # another layout, and the saving one (exact, node by node)
         loader = graph(target)
         loader.load_state_dict(state)
-        assert loader.num_yielded == count
+        assert loader.consumed_microbatches == count
         got = ids(take(loader, 12 - count))
         window_end = -(-count // 4) * 4  # the window the state stands in (none at a boundary)
         assert got[: window_end - count] == rest[: window_end - count]  # the saved window's micro-batches
@@ -70,7 +70,7 @@ def test_the_graph_loader_continues_a_state_of_another_layout(count):
     window_end = -(-count // 4) * 4
     assert ids(take(continued, window_end - count)) == rest[: window_end - count]
     continued.close()
-    assert again["num_yielded"] == 12
+    assert again["consumed_microbatches"] == 12
 
 
 def test_a_setting_that_shapes_the_stream_is_refused_on_another_layout():

@@ -12,6 +12,7 @@ from mimo_pipes.config import PipelineConfig, ReorderConfig
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.graph.loader import GraphLoader
 from mimo_pipes.graph.traversal import graph_nodes
+from mimo_pipes.nodes.base import GraphNode
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
 from mimo_pipes_recipes.vlm_sft import pipeline
 
@@ -47,18 +48,21 @@ def test_close_stops_mapper_threads_and_iteration_resumes_in_place():
     loader.close()
     assert set(worker_threads()) <= before, f"threads left after close: {set(worker_threads()) - before}"
     got += [next(loader)["sample_ids"] for _ in range(4)]
-    assert got == expected and loader.num_yielded == 8
+    assert got == expected and loader.consumed_microbatches == 8
     loader.close()
     loader.close()
     assert set(worker_threads()) <= before
 
 
-class Zip(BaseNode[tuple]):
-    """Reads several branches in step; links them through a list, not through ``source``."""
+class Zip(GraphNode[tuple]):
+    """Reads several branches in step; names them in ``sources()``, not through ``source``."""
 
     def __init__(self, branches: list[BaseNode]) -> None:
         super().__init__()
         self.branches = branches
+
+    def sources(self) -> tuple[BaseNode, ...]:
+        return tuple(self.branches)
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
@@ -72,12 +76,16 @@ class Zip(BaseNode[tuple]):
         return {"branches": [branch.state_dict() for branch in self.branches]}
 
 
-class Holder(BaseNode):
-    """Passes items of a node it keeps under another name than ``source``."""
+class Holder(GraphNode):
+    """Passes items of a node it keeps under another name than ``source``, named in ``sources()``."""
 
     def __init__(self, upstream: BaseNode) -> None:
         super().__init__()
         self.upstream = upstream
+        self.loop: BaseNode | None = None
+
+    def sources(self) -> tuple[BaseNode, ...]:
+        return (self.upstream,) if self.loop is None else (self.upstream, self.loop)
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
@@ -100,7 +108,7 @@ def threads_left(before: set[threading.Thread], wait_s: float = 30.0) -> set[thr
         time.sleep(0.05)
 
 
-def test_close_stops_threads_of_nodes_linked_other_than_through_source():
+def test_close_stops_threads_of_nodes_that_name_their_sources():
     before = set(threading.enumerate())
     mapped = ParallelMapper(IterableWrapper(range(1000)), lambda x: x * 2, num_workers=2, method="thread")
     prefetched = Prefetcher(Holder(ParallelMapper(IterableWrapper(range(1000)), lambda x: x + 1, num_workers=2, prebatch=3)), 4)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datasets
 import pytest
-from node_checks import check_refused, check_save_load_everywhere, saved_after, take
+from node_checks import check_refused, check_save_load_everywhere, saved_after, starting_at, take
 
 from mimo_pipes.checkpoint.validity import SAMPLED_ROWS, source_fingerprint
 from mimo_pipes.errors import StateMismatchError
@@ -18,8 +18,9 @@ DATASET = SyntheticProcessedDataset(40, seed=3, text_tokens=4, patch_dim=2)
 
 def reader(dataset=DATASET, **overrides) -> CanonicalShardReader:
     settings = dict(micro_batch_size=8, dp_rank=1, dp_size=2, grid_size=4, seed=5, dataloader_type="cyclic")
+    first_step = overrides.pop("first_step", 0)
     settings.update(overrides)
-    return CanonicalShardReader(dataset, **settings)
+    return starting_at(CanonicalShardReader(dataset, **settings), first_step)
 
 
 @pytest.mark.parametrize("dataloader_type, count", [("single", None), ("cyclic", 44)])

@@ -53,9 +53,9 @@ def test_state_of_a_count_start_before_and_right_after_its_first_item(consumed):
         for built_from in (0, consumed):  # the state decides, not the count the new graph was built with
             restored = graph(built_from, map_fn=tag)
             restored.load_state_dict(copy.deepcopy(state))
-            assert restored.num_yielded == position
+            assert restored.consumed_microbatches == position
             assert_same(take(restored, STEPS - position), reference[position:], f"state at {position}, graph built from {built_from}")
-            assert restored.num_yielded == STEPS
+            assert restored.consumed_microbatches == STEPS
             restored.close()
 
 

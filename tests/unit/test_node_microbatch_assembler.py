@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from node_checks import assert_same, check_refused, check_save_load_everywhere, saved_after, take, tiny_samples
 from torchdata.nodes import IterableWrapper
 
+from mimo_pipes.checkpoint.resume import resume_point
 from mimo_pipes.nodes import MicroBatchAssembler, Windower
 from mimo_pipes.samples.collate import Collator, collate_microbatch
 from mimo_pipes.samples.sample import Window
@@ -25,8 +26,11 @@ PADDED = Collator(1600, {"labels": -100, "input_ids": 7})
 
 def assembler(per_microbatch=3, window_size=3, steps=7, consumed=0, collator=PADDED) -> MicroBatchAssembler:
     """Over the windows a graph that consumed ``consumed`` micro-batches reads (from that window's start)."""
-    settings = tail_settings(samples_per_rank=per_microbatch, window_size=window_size, consumed_microbatches=consumed, collator=collator)
-    return MicroBatchAssembler(windower(per_microbatch, window_size, steps, settings.resume.first_step), settings=settings)
+    settings = tail_settings(samples_per_rank=per_microbatch, window_size=window_size, collator=collator)
+    point = resume_point(consumed, window_size)  # what the loader tells every node
+    node = MicroBatchAssembler(windower(per_microbatch, window_size, steps, point.first_step), settings=settings)
+    node.start_at(point)
+    return node
 
 
 def test_restores_at_every_position():

@@ -74,7 +74,7 @@ def test_worker_processes_give_the_threads_stream():
     try:
         assert_same(take(node, None), threads)
     finally:
-        node.close()
+        node.shutdown()
 
 
 def test_a_row_that_fails_raises_its_error_and_a_restore_starts_over():
@@ -87,7 +87,7 @@ def test_a_row_that_fails_raises_its_error_and_a_restore_starts_over():
     assert_same(take(restored, None), expected())
 
 
-def test_close_stops_its_workers_and_iterating_again_restarts_them():
+def test_shutdown_stops_its_workers_and_iterating_again_restarts_them():
     def workers() -> list[str]:
         return [t.name for t in threading.enumerate() if t.name.startswith(("mimo-pipes-process", "mimo-pipes-collate"))]
 
@@ -95,12 +95,12 @@ def test_close_stops_its_workers_and_iterating_again_restarts_them():
     first = take(node, 1)
     assert workers()
     state = node.state_dict()
-    node.close()
+    node.shutdown()
     assert not workers()
     node.reset(state)
     assert_same(take(node, None), expected()[1:])
     assert_same(first, expected()[:1])
-    node.close()
+    node.shutdown()
 
 
 @pytest.mark.parametrize(("change", "setting", "saved", "now"), [

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from node_checks import assert_same, check_refused, check_save_load_everywhere, saved_after
+from node_checks import assert_same, check_refused, check_save_load_everywhere, saved_after, starting_at
 
 from mimo_pipes.adapters.microbatch_iterator import balance_iterator
 from mimo_pipes.config import ReorderConfig
@@ -30,9 +30,10 @@ def batches() -> list[dict]:
 
 
 def uncollate(**overrides) -> Uncollate:
-    settings = dict(image_token_id=IMAGE_TOKEN_ID, rows_per_batch=4, dp_rank=1, dp_size=2, first_step=3)
+    first_step = overrides.pop("first_step", 3)
+    settings = dict(image_token_id=IMAGE_TOKEN_ID, rows_per_batch=4, dp_rank=1, dp_size=2)
     settings.update(overrides)
-    return Uncollate(batches(), **settings)
+    return starting_at(Uncollate(batches(), **settings), first_step)
 
 
 def test_restores_at_every_position():
@@ -63,7 +64,7 @@ def test_read_steps_are_carried_by_collation_and_not_taken_back():
     samples = [{**DATASET[row], STEP: 4 + row % 2, "slot": row // 2} for row in range(4)]
     batch = collate_microbatch(samples, step=6, pad_length=1600, pad_values={"labels": -100})
     assert batch["step"] == 6 and batch["read_steps"] == [4, 5, 4, 5] and batch["slots"] == [0, 0, 1, 1]
-    rows = list(Uncollate([batch], image_token_id=IMAGE_TOKEN_ID, rows_per_batch=4, first_step=9))
+    rows = list(starting_at(Uncollate([batch], image_token_id=IMAGE_TOKEN_ID, rows_per_batch=4), 9))
     assert [row[STEP] for row in rows] == [9] * 4
     assert [row["slot"] for row in rows] == [0, 0, 1, 1] and all("read_steps" not in row for row in rows)
 

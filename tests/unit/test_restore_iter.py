@@ -81,7 +81,7 @@ def test_a_second_iter_after_a_restore_resumes_there(name, count):
     first = iter(restored)
     again = iter(restored)  # the common pattern: it = iter(loader), then a for loop over the loader
     assert ids(take(again, 4)) == rest
-    assert first is again and restored.num_yielded == count + 4
+    assert first is again and restored.consumed_microbatches == count + 4
     restored.close()
 
 
@@ -91,11 +91,11 @@ def test_an_iter_after_consuming_continues_where_the_loader_stands(name):
     restored, rest = restored_and_rest(make, 4, 6)
     assert ids(take(restored, 2)) == rest[:2]
     assert ids(take(iter(restored), 2)) == rest[2:4]  # neither back to the restored micro-batch nor to step 0
-    assert restored.state_dict()["num_yielded"] == 8
+    assert restored.state_dict()["consumed_microbatches"] == 8
     restored.close()
     fresh = make()
     first = ids(take(iter(fresh), 2))
-    assert ids(take(iter(fresh), 2)) != first and fresh.num_yielded == 4  # a fresh loader goes on too
+    assert ids(take(iter(fresh), 2)) != first and fresh.consumed_microbatches == 4  # a fresh loader goes on too
     fresh.close()
 
 
@@ -144,7 +144,7 @@ def test_a_plain_iterator_continues_on_a_second_iter_and_refuses_one_after_close
     tail = take(iter(wrapped), 3)  # the source cannot be rewound: it goes on, labelled with its real steps
     assert steps(head + tail) == list(range(6)) and ids(head + tail) == ids(expected)
     wrapped.close()
-    assert wrapped.state_dict()["num_yielded"] == 6  # still says where it stood
+    assert wrapped.state_dict()["consumed_microbatches"] == 6  # still says where it stood
     with pytest.raises(RuntimeError, match="^cannot iterate again after close\\(\\): the source is a plain iterator.*source_factory="):
         iter(wrapped)
     with pytest.raises(RuntimeError, match="cannot iterate again after close"):

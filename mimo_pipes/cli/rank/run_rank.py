@@ -101,7 +101,7 @@ def _run_and_report(setup: RankSetup, config: PipelineConfig, options: JobOption
     loader = load_recipe(options.recipe).build(config, setup.layout)
     if options.resume:
         loader.load_state_dict(read_rank_state(options.resume, rank, setup.topology))  # on another layout: its module's
-    start = loader.num_yielded
+    start = loader.consumed_microbatches
     check_same_position(start, setup.control)  # every module restored the same micro-batch
     packer = next((node for node in graph_nodes(loader.root) if isinstance(node, SequencePacker)), None)
     stop = options.stop_after if options.stop_after is not None else options.steps
@@ -112,7 +112,7 @@ def _run_and_report(setup: RankSetup, config: PipelineConfig, options: JobOption
     progress = progress_bar(rank == 0 and options.progress, total=options.steps, initial=start)
     try:
         signum = 0
-        while loader.num_yielded < stop and not (signum := stopper.requested()):
+        while loader.consumed_microbatches < stop and not (signum := stopper.requested()):
             try:
                 batch = next(loader)
             except StopIteration:
@@ -124,7 +124,7 @@ def _run_and_report(setup: RankSetup, config: PipelineConfig, options: JobOption
                 records[-1]["packing"] = packer.last_metrics
             if progress is not None:
                 progress.update(1)
-        end = loader.num_yielded  # below stop when the data ended first (or a signal came)
+        end = loader.consumed_microbatches  # below stop when the data ended first (or a signal came)
         if options.save_state:
             save_state(setup, options.save_state, loader.state_dict(), resume_settings(config, options), end)
             report_phase("saved", end)  # the launcher says so if a signal comes now

@@ -67,7 +67,7 @@ def _train(setup: RankSetup, config: PipelineConfig, options: TrainOptions, tall
     trainer = recipe.Trainer(config, options, setup.groups, setup.topology, recipe.build(config, setup.layout))
     if options.resume:
         trainer.load_state_dict(read_trainer_state(options.resume, rank, setup.topology))  # on another layout: its module's
-    check_same_position(trainer.loader.num_yielded, setup.control)  # every module restored the same micro-batch
+    check_same_position(trainer.loader.consumed_microbatches, setup.control)  # every module restored the same micro-batch
     per_iteration = config.microbatches_per_global_batch
     start = trainer.iteration
     stop = (options.stop_after if options.stop_after is not None else options.steps) // per_iteration
@@ -88,10 +88,10 @@ def _train(setup: RankSetup, config: PipelineConfig, options: TrainOptions, tall
                     progress.update(1)
         if options.save_state:
             state = trainer.state_dict()
-            save_state(setup, options.save_state, state["loader"], resume_settings(config, options), trainer.loader.num_yielded,
+            save_state(setup, options.save_state, state["loader"], resume_settings(config, options), trainer.loader.consumed_microbatches,
                        extra_files={model_file(rank): encode_model_state(state)})
         if signum:
-            raise stop_job(signum, options.save_state, trainer.loader.num_yielded)
+            raise stop_job(signum, options.save_state, trainer.loader.consumed_microbatches)
         metrics = trainer.loader.exchange_metrics()
     finally:
         if progress is not None:
@@ -102,7 +102,7 @@ def _train(setup: RankSetup, config: PipelineConfig, options: TrainOptions, tall
             metrics_log.close()
     position = setup.position
     report = RankReport(tally.snapshot(), metrics_log.final_line(metrics) if metrics_log is not None else None,
-                        (position.module.name, position.dp_rank, position.tp_rank, position.pp_rank), moved.totals(trainer.loader.num_yielded))
+                        (position.module.name, position.dp_rank, position.tp_rank, position.pp_rank), moved.totals(trainer.loader.consumed_microbatches))
     everything = gather_from_every_rank((results, report), setup.job)
     flat = [result for per_rank, _ in everything for result in per_rank or []]
     reports = [rank_report for _, rank_report in everything]
