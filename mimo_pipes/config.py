@@ -17,6 +17,7 @@ from mimo_pipes.balance.settings import PlannerSettings
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.parallel.topology import COMPONENT_FLAG, Topology, build_topology
 from mimo_pipes.samples.cost_range import check_cost_range
+from mimo_pipes.settings.counts import as_count
 from mimo_pipes.time_model.model import TimeModel, TimeModelError, load_time_model
 
 DATALOADER_TYPES = ("single", "cyclic")
@@ -73,6 +74,15 @@ def flag(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
 
 
+def take_counts(settings: object, names: tuple[str, ...]) -> None:
+    """The integer settings ``names`` of ``settings`` as ints (numpy and torch integers become ints; a float,
+    bool or string is refused naming the flag). Their ranges are the settings' own checks (``validate``)."""
+    for name in names:
+        value = getattr(settings, name)
+        if value is not None or name != "global_batch_size":  # None: one window of micro-batches
+            object.__setattr__(settings, name, as_count(value, flag(name), minimum=None))
+
+
 WEIGHT_DECIMALS = 6
 """Cost weights are read exactly to this many decimal places (a fraction p/q with q <= 10**6 too)."""
 
@@ -120,6 +130,11 @@ class ReorderConfig:
     # Language dp = k * encoder dp, k > 1: encoder replicas by encoder cost, their k slots by real tokens.
     reorder_two_level: bool = False
 
+    COUNTS = ("reorder_window_size", "reorder_attention_crossover")
+
+    def __post_init__(self) -> None:
+        take_counts(self, self.COUNTS)
+
     def load_time_model(self) -> TimeModel | None:
         """The time model of ``reorder_cost_model`` (None without one); a bad file is a ConfigError."""
         if self.reorder_cost_model is None:
@@ -160,7 +175,8 @@ class ReorderConfig:
         return terms[0] // divisor, terms[1] // divisor, terms[2] // divisor
 
     def validate(self) -> None:
-        if not isinstance(self.reorder_window_size, int) or self.reorder_window_size < 1:
+        take_counts(self, self.COUNTS)
+        if self.reorder_window_size < 1:
             raise ConfigError(flag("reorder_window_size"), f"must be an integer >= 1, got {self.reorder_window_size!r}")
         if self.reorder_language_cost not in LANGUAGE_COSTS:
             raise ConfigError(flag("reorder_language_cost"), f"must be one of {', '.join(LANGUAGE_COSTS)}, got {self.reorder_language_cost!r}")
@@ -221,6 +237,11 @@ class PipelineConfig:
     exchange_payload: str = "rows"
     exchange_image_paths: bool = False
 
+    COUNTS = ("micro_batch_size", "global_batch_size", "seq_length", "seed", "embedded_samples", "num_workers", "pack_pad_multiple")
+
+    def __post_init__(self) -> None:
+        take_counts(self, self.COUNTS)
+
     @property
     def microbatches_per_global_batch(self) -> int:
         global_batch = self.global_batch_size or self.micro_batch_size * self.reorder.reorder_window_size
@@ -228,6 +249,7 @@ class PipelineConfig:
 
     def validate(self, world_size: int | None = None) -> Topology:
         """Check every setting against the others; return the topology. Raises ConfigError."""
+        take_counts(self, self.COUNTS)
         topology = build_topology(self.components, world_size)
         self.reorder.validate()
         self._validate_modules(topology)

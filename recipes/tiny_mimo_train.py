@@ -31,6 +31,7 @@ from mimo_pipes.graph.loader import GraphLoader
 from mimo_pipes.observe.bad_rows_report import bad_row_fields
 from mimo_pipes.observe.third_party import quiet_transformers
 from mimo_pipes.parallel.topology import COMPONENT_FLAG, Topology, fanout_targets
+from mimo_pipes.settings.counts import as_count
 from mimo_pipes.train.bridge import recv_embeddings, recv_gradients, send_embeddings, send_gradient
 from mimo_pipes.train.encoders import build_vision_tower, encode, vision_tower_config
 from mimo_pipes.train.reduce import sum_gradients, sum_over
@@ -205,4 +206,4 @@ class Trainer:
 
 def build(config: PipelineConfig, layout: RankLayout, *, consumed_microbatches: int = 0) -> GraphLoader:
     """The loader both modules read through (so ``mimo-pipes run --recipe`` works with this recipe too)."""
-    return vlm_sft.build(config, layout, consumed_microbatches=consumed_microbatches)
+    return vlm_sft.build(config, layout, consumed_microbatches=as_count(consumed_microbatches, "consumed_microbatches"))

@@ -31,6 +31,7 @@ from mimo_pipes.nodes.canonical_shard_reader import MapStyleDataset
 from mimo_pipes.samples.collate import FieldSpec
 from mimo_pipes.samples.module_fields import module_fields
 from mimo_pipes.samples.sample import Sample
+from mimo_pipes.settings.counts import as_count
 from mimo_pipes.settings.tail_settings import resolve_pipeline_tail
 from mimo_pipes.time_model import TimeModelError
 
@@ -63,7 +64,7 @@ def pipeline(
     ``processing``: ``thread`` or ``process`` (processing on worker processes; it must pickle)."""
     tail = resolve_pipeline_tail(
         config, layout.dp_size, image_token_ids=image_token_id, pad_values=pad_values, vision_fields=vision_fields,
-        consumed_microbatches=consumed_microbatches, module=layout.module, method=processing,
+        consumed_microbatches=as_count(consumed_microbatches, "consumed_microbatches"), module=layout.module, method=processing,
         payload="rows" if process_rows is not None else "samples",
     )
     # This rank's B/d samples of every global micro-batch, from the window that holds the next one.
@@ -152,7 +153,8 @@ def build(
     config: PipelineConfig, layout: RankLayout, *, consumed_microbatches: int = 0, processing: str = "thread"
 ) -> GraphLoader:
     """This rank's loader; ``consumed_microbatches`` resumes from a Megatron-style count; ``processing``:
-    per-sample processing on ``thread``s or worker ``process``es."""
+    per-sample processing on ``thread``s or worker ``process``es. A count that is not an integer >= 0 is refused here."""
+    consumed_microbatches = as_count(consumed_microbatches, "consumed_microbatches")
     processor = open_processor(config)
     dataset = open_source(dataset_path(config))
     rows: ModuleProcessor | None = None

@@ -23,12 +23,13 @@ from mimo_pipes.graph.loader import GraphLoader
 from mimo_pipes.graph.tail import balanced_tail
 from mimo_pipes.parallel.topology import build_topology
 from mimo_pipes.samples.sample import Sample
+from mimo_pipes.settings.counts import as_count
 from mimo_pipes.settings.tail_settings import TailSettings, resolve_tail
 
 
 def reader_first_step(reorder: ReorderConfig, consumed_microbatches: int = 0) -> int:
     """The global micro-batch your reader must start at to resume after ``consumed_microbatches``."""
-    return resume_point(consumed_microbatches, reorder_window_size(reorder)).first_step
+    return resume_point(as_count(consumed_microbatches, "consumed_microbatches"), reorder_window_size(reorder)).first_step
 
 
 def balanced_loader(
@@ -56,7 +57,7 @@ def balanced_loader(
     """
     tail = layout_tail(reorder, layout, micro_batch_size=micro_batch_size, image_token_id=image_token_id,
                        pad_length=seq_length if pad_to_seq_length else None, pad_values=pad_values,
-                       components=components, consumed_microbatches=consumed_microbatches)
+                       components=components, consumed_microbatches=as_count(consumed_microbatches, "consumed_microbatches"))
     return GraphLoader(balanced_tail(samples, settings=tail, layout=layout), consumed_microbatches=tail.resume.consumed)
 
 

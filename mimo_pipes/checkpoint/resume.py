@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mimo_pipes.config import ReorderConfig
+from mimo_pipes.settings.counts import as_count
 
 
 @dataclass(frozen=True)
@@ -27,10 +28,8 @@ class ResumePoint:
 
 def resume_point(consumed_microbatches: int, window_size: int, composition: list[list[int]] | None = None) -> ResumePoint:
     """Windows start at multiples of W of the global step, on every rank and every module alike."""
-    if consumed_microbatches < 0:
-        raise ValueError(f"consumed micro-batches must be >= 0, got {consumed_microbatches}")
-    if window_size < 1:
-        raise ValueError(f"window size must be >= 1, got {window_size}")
+    consumed_microbatches = as_count(consumed_microbatches, "consumed_microbatches")
+    window_size = as_count(window_size, "window_size", minimum=1)
     first_step = consumed_microbatches - consumed_microbatches % window_size
     return ResumePoint(consumed_microbatches, first_step, consumed_microbatches - first_step, composition)
 

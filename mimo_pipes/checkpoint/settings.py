@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 from typing import Any
 
 from mimo_pipes.checkpoint.generation import open_generation
@@ -89,12 +90,13 @@ def layout_specs(config: PipelineConfig) -> list[str]:
     return specs
 
 
-def resume_settings(config: PipelineConfig, options: JobOptions) -> dict[str, Any]:
+def resume_settings(config: PipelineConfig, options: JobOptions | None) -> dict[str, Any]:
     """Every setting a resumed run must share with the saved one, by field name, JSON-plain: all fields of
     the config and of the configs inside it except :data:`RESUME_EXEMPT` (what shapes the stream), and all
     options except :data:`OPTION_EXEMPT` (the recipe, and for ``train`` what shapes the losses). Values
     are compared by meaning: of the components, the modules' names (the layout may change; the manifest
-    keeps it, see :func:`layout_specs`), cost weights as exact numbers."""
+    keeps it, see :func:`layout_specs`), cost weights as exact numbers. ``options`` None: the config's alone
+    (a graph saved inside another trainer's checkpoint, :mod:`mimo_pipes.megatron.checkpoint`)."""
     settings: dict[str, Any] = {}
 
     def add(holder: Any) -> None:
@@ -112,7 +114,7 @@ def resume_settings(config: PipelineConfig, options: JobOptions) -> dict[str, An
         settings[name] = str(exact_weight(settings[name], flag(name)))
     if config.dataset is not None:
         settings["embedded_samples"] = None  # the embedded data is not used
-    for item in dataclasses.fields(options):
+    for item in dataclasses.fields(options) if options is not None else ():
         if item.name not in OPTION_EXEMPT:
             settings[item.name] = getattr(options, item.name)
     if isinstance(options, TrainOptions):
@@ -133,14 +135,18 @@ def check_resume_dir(directory: str, config: PipelineConfig, world_size: int, op
     other DP sizes, TP, PP or offsets): each rank then restores its module's first saved rank (see
     :meth:`~mimo_pipes.checkpoint.generation.Generation.source_rank`). Returns the consumed micro-batch count."""
     generation = open_generation(directory)
-    saved, current = generation.settings, resume_settings(config, options)
+    check_same_settings(generation.settings, resume_settings(config, options), where=directory, setting="--resume")
+    generation.verify()
+    return generation.consumed
+
+
+def check_same_settings(saved: dict[str, Any], current: dict[str, Any], *, where: str | Path, setting: str) -> None:
+    """ConfigError naming ``setting`` and the first setting that differs between a save (in ``where``) and this run."""
     for name in [*current, *(name for name in saved if name not in current)]:
         before, now = saved.get(name, MISSING), current.get(name, MISSING)
         if before != now:
             why = f": {WHY[name]}" if name in WHY else ""
-            raise ConfigError("--resume", f"{directory} was saved with {setting_flag(name)} {_show(before)}, this run has {_show(now)}{why}")
-    generation.verify()
-    return generation.consumed
+            raise ConfigError(setting, f"{where} was saved with {setting_flag(name)} {_show(before)}, this run has {_show(now)}{why}")
 
 
 def _show(value: Any) -> str:

@@ -42,6 +42,7 @@ from mimo_pipes.graph.traversal import (
 )
 from mimo_pipes.nodes.balance_exchange import BalanceExchange
 from mimo_pipes.nodes.base import Restartable, StartChecked
+from mimo_pipes.settings.counts import as_count
 
 
 class GraphLoader(Loader[dict]):
@@ -56,6 +57,7 @@ class GraphLoader(Loader[dict]):
 
     def __init__(self, root: BaseNode[dict], consumed_microbatches: int = 0) -> None:
         super().__init__(root, restart_on_stop_iteration=False)
+        consumed_microbatches = as_count(consumed_microbatches, "consumed_microbatches")
         self.consumed_microbatches = consumed_microbatches  # micro-batches consumed before this graph was built
         # Where the graph starts (and a new pass after the stream ended): the last loaded (or closed-at) state,
         # or a start on another layout.
@@ -125,6 +127,8 @@ class GraphLoader(Loader[dict]):
         metric totals continue. Pass a state saved by a rank of the same module. Every source of the graph
         must be able to start at a given global micro-batch (``start_at``; the library's readers can)."""
         root_state = state_dict.get(self.ROOT_KEY) if isinstance(state_dict, dict) else None
+        if root_state is not None and self.NUM_YIELDED_KEY in state_dict:  # the position, checked where it enters
+            state_dict = {**state_dict, self.NUM_YIELDED_KEY: as_count(state_dict[self.NUM_YIELDED_KEY], self.NUM_YIELDED_KEY)}
         described = described_nodes(self.root)
         expected = [node.valid_for for node in described]
         if root_state is None or not on_other_layout(root_state, expected):
