@@ -67,8 +67,9 @@ def test_a_graph_restarted_from_consumed_train_samples_continues_the_stream(gloo
 
 @pytest.mark.parametrize("resume_components", [
     ["language=dp=2", "images=dp=2,rank_offset=2"],
-    ["language=dp=1", "images=dp=1,rank_offset=1"],  # another layout of the same modules
-], ids=["same-layout", "other-layout"])
+    ["language=dp=1", "images=dp=1,rank_offset=1"],  # other layouts of the same modules
+    ["language=dp=4", "images=dp=2,rank_offset=4"],
+], ids=["same-layout", "smaller-layout", "larger-layout"])
 def test_the_state_in_megatrons_iteration_folder_resumes_exactly_after_failed_and_uncommitted_saves(gloo_pool, tmp_path, resume_components):
     """Iteration 2 committed; iteration 3's save failed on rank 1 (refused on every rank); iteration 4's state
     written but the job died before Megatron's tracker: every rank resumes at iteration 2 (micro-batch 6, inside a

@@ -68,7 +68,7 @@ def resume_from_iteration_folders(components, resume_components, *, directory, m
     dies before Megatron commits it. Then every rank of ``resume_components`` (the same modules, any layout)
     loads the state of the iteration Megatron resumes from and continues; compared with the uninterrupted run
     of that layout."""
-    from mimo_pipes.exchange.world import job_group, world_rank
+    from mimo_pipes.exchange.world import barrier, job_group, world_rank
     from mimo_pipes.megatron import checkpoint as megatron_checkpoint
 
     def run_on(layout_components):
@@ -108,7 +108,8 @@ def resume_from_iteration_folders(components, resume_components, *, directory, m
         finally:
             graph.close()
         outcome["refusals"] = refusals
-    joined, _ = run_on(resume_components)  # every rank is past the saves: the tracker names iteration save_at
+    barrier()  # the job restarts once every rank is past the saves (spare ranks too): the tracker names iteration save_at
+    joined, _ = run_on(resume_components)
     if joined is None:
         return None
     topology, groups, layout = joined
