@@ -19,6 +19,7 @@ from mimo_pipes.exchange import RankLayout
 from mimo_pipes.nodes import SnapshotGuard
 from mimo_pipes.parallel.sharding import shard_indices
 from mimo_pipes.samples.sample import SAMPLE_ID, STEP, Sample
+from mimo_pipes.settings.counts import as_count
 
 
 class RankShardSampler(Sampler):
@@ -30,7 +31,7 @@ class RankShardSampler(Sampler):
         self.micro_batch_size = micro_batch_size
         self.layout = layout
         self.seed = seed
-        self.first_step = first_step
+        self.first_step = as_count(first_step, "first_step")
 
     def start_at(self, point: ResumePoint, saved_state: Any = None) -> None:
         """From the next fresh start on, begin at ``point.first_step``: what lets the loader continue a state

@@ -21,6 +21,7 @@ from mimo_pipes.megatron import global_microbatch_size, microbatches_from_sample
 from mimo_pipes.settings.counts import as_count
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
 from mimo_pipes_recipes import tiny_mimo_train, vlm_sft
+from mimo_pipes_recipes.existing_pipeline import RankShardSampler
 
 NOT_COUNTS = [24 / 4, 6.5, True, False, "6", None, np.float64(6.0), np.bool_(True), torch.tensor(6.0), torch.tensor([6]),
               torch.tensor(True)]
@@ -81,6 +82,7 @@ def test_build_takes_numpy_and_torch_integers_as_ints():
 def test_the_adapters_and_the_loader_refuse_it_alike(value):
     reorder = ReorderConfig(scalable_dp=True, intra_microbatch_reorder=True, reorder_window_size=2)
     refused_at_the_call(lambda v: reader_first_step(reorder, v), "consumed_microbatches", value)
+    refused_at_the_call(lambda v: RankShardSampler(8, micro_batch_size=2, layout=LAYOUT, seed=0, first_step=v), "first_step", value)
     refused_at_the_call(lambda v: GraphLoader(IterableWrapper([]), consumed_microbatches=v), "consumed_microbatches", value)
     samples = IterableWrapper([])
     refused_at_the_call(lambda v: balanced_loader(samples, reorder=reorder, layout=LAYOUT, micro_batch_size=2, seq_length=64,
