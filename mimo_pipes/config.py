@@ -74,12 +74,16 @@ def flag(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
 
 
+OPTIONAL_COUNTS = ("global_batch_size", "stop_after")
+"""Integer settings whose None means something (one window of micro-batches; run to --steps)."""
+
+
 def take_counts(settings: object, names: tuple[str, ...]) -> None:
     """The integer settings ``names`` of ``settings`` as ints (numpy and torch integers become ints; a float,
     bool or string is refused naming the flag). Their ranges are the settings' own checks (``validate``)."""
     for name in names:
         value = getattr(settings, name)
-        if value is not None or name != "global_batch_size":  # None: one window of micro-batches
+        if value is not None or name not in OPTIONAL_COUNTS:
             object.__setattr__(settings, name, as_count(value, flag(name), minimum=None))
 
 
@@ -383,6 +387,11 @@ class JobOptions:
     tensorboard: str | None = None  # event files under DIR/<module>/
     log_interval: int = 20  # a metrics line every N windows and at the end (0: only at the end)
     summary_json: str | None = None  # `run` writes its summary here as JSON (rank 0)
+
+    COUNTS = ("steps", "stop_after", "log_interval")
+
+    def __post_init__(self) -> None:
+        take_counts(self, self.COUNTS)
 
 
 @dataclass

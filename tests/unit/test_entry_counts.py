@@ -13,7 +13,7 @@ from torchdata.nodes import IterableWrapper
 
 from mimo_pipes.adapters.microbatch_iterator import balance_iterator
 from mimo_pipes.adapters.torchdata_pipeline import balanced_loader, reader_first_step
-from mimo_pipes.config import PipelineConfig, ReorderConfig
+from mimo_pipes.config import JobOptions, PipelineConfig, ReorderConfig, TrainOptions
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.graph.loader import GraphLoader
@@ -155,3 +155,12 @@ def test_numpy_settings_become_ints_and_validate():
                               seq_length=np.int32(256), seed=np.int64(3))
     assert settings.validate(2).world_size == 2
     assert all(type(getattr(settings, name)) is int for name in ("micro_batch_size", "global_batch_size", "seq_length", "seed"))
+
+
+@pytest.mark.parametrize("options", [JobOptions, TrainOptions])
+def test_the_jobs_counts_refuse_floats_and_take_numpy(options):
+    for name in options.COUNTS:
+        with pytest.raises(ConfigError, match=f"^--{name.replace('_', '-')}: must be an integer, got 4.0"):
+            options(**{name: 4.0})
+        assert type(getattr(options(**{name: np.int64(4)}), name)) is int
+    assert options(stop_after=None).stop_after is None
