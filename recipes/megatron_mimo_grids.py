@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 from mimo_pipes.config import PipelineConfig
-from mimo_pipes.megatron import MimoBatchSettings, mimo_batch
+from mimo_pipes.megatron import MimoBatchSettings, mimo_batch, require_mrope_and_packing
 from mimo_pipes_recipes import megatron_mimo_train as colocated
 from mimo_pipes_recipes import vlm_sft
 
@@ -253,6 +253,7 @@ def train_run(args: argparse.Namespace, place: GridRank, reorder: str) -> list[d
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    require_mrope_and_packing("megatron_mimo_grids")  # the release and MimoModel.forward's signature, before anything is built
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())

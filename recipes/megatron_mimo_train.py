@@ -41,7 +41,7 @@ import torch
 from mimo_pipes.cli.demo_model.encoders import encode, vision_tower_config
 from mimo_pipes.config import PipelineConfig, ReorderConfig
 from mimo_pipes.exchange import RankLayout
-from mimo_pipes.megatron import MimoBatchSettings, mimo_batch
+from mimo_pipes.megatron import MimoBatchSettings, mimo_batch, require_mrope_and_packing
 from mimo_pipes_recipes import vlm_sft
 
 MODALITY = "images"
@@ -461,6 +461,7 @@ def environment() -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    require_mrope_and_packing("megatron_mimo_train")  # the release and MimoModel.forward's signature, before anything is built
     if not torch.cuda.is_available():
         print("megatron_mimo_train: needs a CUDA GPU (megatron-core's GPTModel runs its attention on CUDA)", file=sys.stderr)
         return 2

@@ -28,6 +28,7 @@ from mimo_pipes.cli.demo_model.encoders import build_vision_tower, encode, visio
 from mimo_pipes.cli.demo_model.reduce import sum_gradients, sum_over
 from mimo_pipes.cli.job.options import TrainOptions
 from mimo_pipes.config import PipelineConfig
+from mimo_pipes.config.counts import as_count
 from mimo_pipes.data.processing.processor import load_processor
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange import RankLayout
@@ -207,4 +208,4 @@ class Trainer:
 
 def build(config: PipelineConfig, layout: RankLayout, *, consumed_microbatches: int = 0) -> GraphLoader:
     """The loader both modules read through (so ``mimo-pipes run --recipe`` works with this recipe too)."""
-    return vlm_sft.build(config, layout, consumed_microbatches=consumed_microbatches)
+    return vlm_sft.build(config, layout, consumed_microbatches=as_count(consumed_microbatches, "consumed_microbatches"))

@@ -16,6 +16,7 @@ from typing import Any
 from torchdata.nodes import BaseNode, ParallelMapper
 
 from mimo_pipes.config import PipelineConfig
+from mimo_pipes.config.counts import as_count
 from mimo_pipes.config.tail_settings import resolve_pipeline_tail
 from mimo_pipes.data.bad_rows.skipping import SkipBadRows
 from mimo_pipes.data.from_config import dataset_path, open_processor, processor_path
@@ -112,7 +113,8 @@ def build(
     config: PipelineConfig, layout: RankLayout, *, consumed_microbatches: int = 0, processing: str = "thread"
 ) -> GraphLoader:
     """This rank's loader; ``consumed_microbatches`` resumes from a Megatron-style count; ``processing``:
-    per-sample processing on ``thread``s or worker ``process``es."""
+    per-sample processing on ``thread``s or worker ``process``es. A count that is not an integer >= 0 is refused here."""
+    consumed_microbatches = as_count(consumed_microbatches, "consumed_microbatches")
     processor = open_processor(config)
     dataset = open_source(dataset_path(config))
     rows: ModuleProcessor | None = None

@@ -23,6 +23,7 @@ from torchdata.nodes import BaseNode, IterableWrapper, Stateful
 from mimo_pipes.adapters.torchdata_pipeline import layout_tail
 from mimo_pipes.checkpoint.resume import ResumePoint, resume_point
 from mimo_pipes.config import ReorderConfig, flag
+from mimo_pipes.config.counts import as_count
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.graph.loader import GraphLoader
@@ -126,7 +127,7 @@ class _CountedSource:
         return {self.NEXT_KEY: self.next_microbatch}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self._resume_at = int(state[self.NEXT_KEY])
+        self._resume_at = as_count(state[self.NEXT_KEY], self.NEXT_KEY)
 
 
 def _open_once(microbatches: Iterable[Mapping[str, Any]], start: int) -> SourceFactory:
@@ -181,6 +182,7 @@ def balance_iterator(
     """
     if (microbatches is None) == (source_factory is None):
         raise TypeError("pass exactly one of microbatches and source_factory")
+    consumed_microbatches = as_count(consumed_microbatches, "consumed_microbatches")
     if pad_to_seq_length and (seq_length is None or seq_length < 1):
         raise ConfigError(flag("seq_length"), f"must be >= 1 with --pad-to-seq-length true, got {seq_length}")
     tail = layout_tail(config, layout, micro_batch_size=micro_batch_size, image_token_id=image_token_id,

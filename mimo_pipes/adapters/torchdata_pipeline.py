@@ -20,6 +20,7 @@ from torchdata.nodes import BaseNode
 
 from mimo_pipes.checkpoint.resume import resume_point
 from mimo_pipes.config import ReorderConfig, reorder_window_size
+from mimo_pipes.config.counts import as_count
 from mimo_pipes.config.tail_settings import TailSettings, resolve_tail
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.graph.loader import GraphLoader
@@ -31,7 +32,7 @@ from mimo_pipes.samples.sample import Sample
 def reader_first_step(reorder: ReorderConfig, consumed_microbatches: int = 0) -> int:
     """The global micro-batch a reader that cannot be told (no ``start_at``) must start at to resume after
     ``consumed_microbatches``: what the loader tells a reader that can (the same function)."""
-    return resume_point(consumed_microbatches, reorder_window_size(reorder)).first_step
+    return resume_point(as_count(consumed_microbatches, "consumed_microbatches"), reorder_window_size(reorder)).first_step
 
 
 def balanced_loader(

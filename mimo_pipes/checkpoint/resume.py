@@ -10,8 +10,9 @@ state.
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
+
+from mimo_pipes.config.counts import as_count
 
 
 @dataclass(frozen=True)
@@ -32,13 +33,7 @@ def resume_point(consumed_microbatches: int, window_size: int, composition: list
                  window_aligned: bool = True) -> ResumePoint:
     """Windows start at multiples of W of the global step, on every rank and every module alike.
     ``window_aligned`` False: a source that starts where it stands (a live iterator): its first window is short."""
-    try:
-        consumed = operator.index(consumed_microbatches)
-    except TypeError:
-        raise ValueError(f"consumed micro-batches must be an integer, got {consumed_microbatches!r}") from None
-    if consumed < 0 or isinstance(consumed_microbatches, bool):
-        raise ValueError(f"consumed micro-batches must be an integer >= 0, got {consumed_microbatches!r}")
-    if window_size < 1:
-        raise ValueError(f"window size must be >= 1, got {window_size}")
+    consumed = as_count(consumed_microbatches, "consumed_microbatches")
+    window_size = as_count(window_size, "window_size", minimum=1)
     first_step = consumed - consumed % window_size if window_aligned else consumed
     return ResumePoint(consumed, first_step, consumed - first_step, composition)

@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+from mimo_pipes.config.counts import as_count
 from mimo_pipes.config.flags import flag
 from mimo_pipes.config.planner import planner_settings, two_level_groups
 from mimo_pipes.errors import ConfigError
@@ -37,6 +38,19 @@ def check_pack_pad_multiple(value: object) -> None:
 def check_exchange_payload(value: object) -> None:
     if value not in EXCHANGE_PAYLOADS:
         raise ConfigError(flag("exchange_payload"), f"must be one of {', '.join(EXCHANGE_PAYLOADS)}, got {value!r}")
+
+
+OPTIONAL_COUNTS = ("global_batch_size", "stop_after")
+"""Integer settings whose None means something (one window of micro-batches; run to --steps)."""
+
+
+def take_counts(settings: object, names: tuple[str, ...]) -> None:
+    """The integer settings ``names`` of ``settings`` as ints (numpy and torch integers become ints; a float,
+    bool or string is refused naming the flag). Their ranges are the settings' own checks (``validate``)."""
+    for name in names:
+        value = getattr(settings, name)
+        if value is not None or name not in OPTIONAL_COUNTS:
+            object.__setattr__(settings, name, as_count(value, flag(name), minimum=None))
 
 
 WEIGHT_DECIMALS = 6
@@ -86,6 +100,11 @@ class ReorderConfig:
     # Language dp = k * encoder dp, k > 1: encoder replicas by encoder cost, their k slots by real tokens.
     reorder_two_level: bool = False
 
+    COUNTS = ("reorder_window_size", "reorder_attention_crossover")
+
+    def __post_init__(self) -> None:
+        take_counts(self, self.COUNTS)
+
     def load_time_model(self) -> TimeModel | None:
         """The time model of ``reorder_cost_model`` (None without one); a bad file is a ConfigError."""
         if self.reorder_cost_model is None:
@@ -126,7 +145,8 @@ class ReorderConfig:
         return terms[0] // divisor, terms[1] // divisor, terms[2] // divisor
 
     def validate(self) -> None:
-        if not isinstance(self.reorder_window_size, int) or self.reorder_window_size < 1:
+        take_counts(self, self.COUNTS)
+        if self.reorder_window_size < 1:
             raise ConfigError(flag("reorder_window_size"), f"must be an integer >= 1, got {self.reorder_window_size!r}")
         if self.reorder_language_cost not in LANGUAGE_COSTS:
             raise ConfigError(flag("reorder_language_cost"), f"must be one of {', '.join(LANGUAGE_COSTS)}, got {self.reorder_language_cost!r}")
@@ -192,6 +212,11 @@ class PipelineConfig:
     exchange_payload: str = "rows"
     exchange_image_paths: bool = False
 
+    COUNTS = ("micro_batch_size", "global_batch_size", "seq_length", "seed", "embedded_samples", "num_workers", "pack_pad_multiple")
+
+    def __post_init__(self) -> None:
+        take_counts(self, self.COUNTS)
+
     @property
     def microbatches_per_global_batch(self) -> int:
         global_batch = self.global_batch_size or self.micro_batch_size * self.reorder.reorder_window_size
@@ -199,6 +224,7 @@ class PipelineConfig:
 
     def validate(self, world_size: int | None = None) -> Topology:
         """Check every setting against the others; return the topology. Raises ConfigError."""
+        take_counts(self, self.COUNTS)
         topology = build_topology(self.components, world_size)
         self.reorder.validate()
         self._validate_modules(topology)

@@ -39,6 +39,11 @@ def leave_world() -> None:
         dist.destroy_process_group()
 
 
+def joined() -> bool:
+    """Whether this process is in a process group (a single process outside one is a world of its own)."""
+    return dist.is_available() and dist.is_initialized()
+
+
 def world_rank() -> int:
     return dist.get_rank()
 

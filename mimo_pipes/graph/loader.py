@@ -36,6 +36,7 @@ from mimo_pipes.checkpoint.validity import (
     nested_node_states,
     on_other_layout,
 )
+from mimo_pipes.config.counts import as_count
 from mimo_pipes.errors import StateMismatchError
 from mimo_pipes.graph.torchdata_guards import stop_torchdata_threads
 from mimo_pipes.graph.traversal import (
@@ -66,6 +67,7 @@ class GraphLoader(Loader[dict]):
 
     def __init__(self, root: BaseNode[dict], consumed_microbatches: int = 0) -> None:
         super().__init__(root, restart_on_stop_iteration=False)
+        consumed_microbatches = as_count(consumed_microbatches, "consumed_microbatches")
         self._window_size = window_size(graph_nodes(root))
         # Where a fresh start begins (and a new pass after the stream ended), with each node's state saved under
         # another layout there (a start on another layout); else the last loaded (or closed-at) state.

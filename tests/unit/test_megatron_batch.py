@@ -11,7 +11,7 @@ from megatron_inputs import IMAGE, MERGE, START, VIDEO, microbatch, reference
 
 from mimo_pipes.data.embedded.builtin_processor import default_processor_path
 from mimo_pipes.data.processing.processor import load_processor
-from mimo_pipes.megatron import FORWARD_KEYS, MimoBatchSettings, fit_to_forward, for_stage, mimo_batch, stage_of
+from mimo_pipes.megatron import FORWARD_KEYS, MimoBatchSettings, fit_to_forward, for_stage, forward_support, mimo_batch, stage_of
 from mimo_pipes.samples.collate import METADATA_LIST_NAMES, VISION_ROWS
 from mimo_pipes.samples.thd import pack_microbatch
 
@@ -199,10 +199,10 @@ def test_fit_to_forward_keeps_what_the_signature_takes(batch):
     def forward_016(self, input_ids, position_ids=None, attention_mask=None, loss_mask=None, labels=None, modality_inputs=None):
         return None
 
-    kwargs = fit_to_forward(mimo_batch(batch), forward_016)
+    kwargs = fit_to_forward(mimo_batch(batch, mrope=False), forward_016, version="0.16.1")
     assert tuple(kwargs) == FORWARD_KEYS[:-1]
-    with pytest.raises(ValueError, match="takes no packing_kwargs"):
-        fit_to_forward(mimo_batch(pack_microbatch(batch)), forward_016)
+    with pytest.raises(ValueError, match="cannot take packing_kwargs"):
+        fit_to_forward(mimo_batch(pack_microbatch(batch), mrope=False), forward_016, version="0.16.1")
 
 
 def test_the_keys_are_parameters_of_the_installed_mimo_model_forward(batch):
@@ -210,8 +210,8 @@ def test_the_keys_are_parameters_of_the_installed_mimo_model_forward(batch):
     if not hasattr(mimo, "MimoModel"):
         pytest.skip("this megatron-core has no MimoModel")
     parameters = inspect.signature(mimo.MimoModel.forward).parameters
-    kwargs = fit_to_forward(mimo_batch(batch))
+    kwargs = fit_to_forward(mimo_batch(batch, mrope=forward_support().mrope_and_packing))
     assert set(kwargs) <= set(parameters) and set(FORWARD_KEYS) - set(kwargs) <= {"packing_kwargs"}
     inspect.signature(mimo.MimoModel.forward).bind(None, **kwargs)  # every key binds
-    if "packing_kwargs" in parameters:
+    if forward_support().mrope_and_packing:
         assert fit_to_forward(mimo_batch(pack_microbatch(batch)))["packing_kwargs"] is not None

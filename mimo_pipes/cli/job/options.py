@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mimo_pipes.config.pipeline import take_counts
+
 
 @dataclass
 class JobOptions:
@@ -21,6 +23,11 @@ class JobOptions:
     tensorboard: str | None = None  # event files under DIR/<module>/
     log_interval: int = 20  # a metrics line every N windows and at the end (0: only at the end)
     summary_json: str | None = None  # `run` writes its summary here as JSON (rank 0)
+
+    COUNTS = ("steps", "stop_after", "log_interval")
+
+    def __post_init__(self) -> None:
+        take_counts(self, self.COUNTS)
 
 
 @dataclass
