@@ -30,7 +30,7 @@ from mimo_pipes.checkpoint.validity import (
     nested_node_states,
     on_other_layout,
 )
-from mimo_pipes.graph.torchdata_guards import stop_torchdata_threads
+from mimo_pipes.graph.torchdata_guards import close_at_exit, stop_torchdata_threads
 from mimo_pipes.graph.traversal import (
     check_restartable,
     described_nodes,
@@ -76,6 +76,7 @@ class GraphLoader(Loader[dict]):
 
     def _start(self) -> None:
         """Reset the graph to the restored position, or to ``consumed_microbatches`` when nothing was restored."""
+        close_at_exit(self)  # one an exception kept from being closed stops its threads before the interpreter's teardown
         state, start = self._pending_state, self._pending_start
         nodes = graph_nodes(self.root)
         if start is not None:
