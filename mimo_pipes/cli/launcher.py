@@ -57,14 +57,20 @@ def report_phase(phase: str, value: Any = None) -> None:
         _reports.send((phase, value))
 
 
-def launch(rank_main: RankMain, config: Any, options: Any, world_size: int, command: str) -> int:
+def launch(rank_main: RankMain, config: Any, options: Any, world_size: int, command: str,
+           before_exit: Callable[[], None] | None = None) -> int:
     """Run ``rank_main`` on every rank: as this process's rank under torchrun, else on ``world_size``
-    spawned processes; the exit status of the job."""
+    spawned processes; the exit status of the job. Under torchrun the rank's process ends here, without the
+    interpreter's teardown (``exit_now``): ``before_exit`` runs first (the save lock's release), as a
+    caller's ``finally`` would not."""
     if under_torchrun():
         if int(os.environ["WORLD_SIZE"]) != world_size:
             say(f"{command}: error: --component: modules cover {world_size} ranks but torchrun started {os.environ['WORLD_SIZE']}")
             return EXIT_CONFIG
-        exit_now(rank_entry(rank_main, int(os.environ["RANK"]), world_size, None, config, options, command))
+        status = rank_entry(rank_main, int(os.environ["RANK"]), world_size, None, config, options, command)
+        if before_exit is not None:
+            before_exit()
+        exit_now(status)
     return _spawn(rank_main, config, options, world_size, command)
 
 
