@@ -95,7 +95,6 @@ class BalanceExchange(BaseNode[Window]):
         self._finalizer: weakref.finalize | None = None
         self.start = ExchangeStart()  # see expect_start()
         self._start_sequence = 0  # where a fresh start (reset(None)) begins; start_at() moves it
-        self._start_totals: dict[str, Any] | None = None
         self._failed = False
         self.valid_for = valid_for(type(self).__name__, {
             "dp rank": ctx.dp_rank,
@@ -119,12 +118,11 @@ class BalanceExchange(BaseNode[Window]):
     def start_at(self, point: ResumePoint, saved_state: Any = None) -> None:
         """From the next ``reset(None)`` on, continue a run saved under another layout at ``point.first_step``:
         ``saved_state`` is this node's state saved at the start of that window (its windows-delivered count
-        and the module's metric totals continue, see :meth:`MetricsAccumulator.module_wide`). Where it starts and
+        continues; the metric totals start again there, see :mod:`mimo_pipes.observe.metrics`). Where it starts and
         which micro-batches the window keeps (``point.composition``) the loader then says through
         :meth:`expect_start`, as for every start."""
         saved = saved_state if isinstance(saved_state, dict) else {}
         self._start_sequence = int(saved.get(self.SEQUENCE_KEY, 0))
-        self._start_totals = MetricsAccumulator.module_wide(saved.get(self.METRICS_KEY))
 
     def reset(self, initial_state: dict | None = None) -> None:
         if initial_state is not None:
@@ -140,8 +138,9 @@ class BalanceExchange(BaseNode[Window]):
             self._sequence = int(initial_state[self.SEQUENCE_KEY])
         self._state_after_delivered = copy.deepcopy(self.source.state_dict())
         self._ended = False
-        # A state saved before the totals were kept (no METRICS_KEY) restores the stream and starts them at zero.
-        self._accumulator.load_state(self._start_totals if initial_state is None else initial_state.get(self.METRICS_KEY))
+        # A state saved before the totals were kept (no METRICS_KEY) restores the stream and starts them at zero;
+        # so does a start on another layout (totals over two layouts' DP ranks would mix figures of different sizes).
+        self._accumulator.load_state(None if initial_state is None else initial_state.get(self.METRICS_KEY))
         self._last_metrics = None
         self._unconfirmed.clear()
         self._sync_exchange = WindowExchange(self.ctx, self.collator, self, self.start, self.copy_received)
