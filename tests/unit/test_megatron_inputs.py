@@ -170,6 +170,10 @@ def test_a_video_micro_batch_with_default_settings_names_the_video_token_setting
     error = refused(video_batch(), "video_grid_thw", "video_token_id is None")
     assert "pass video_token_id=" in str(error) and "MimoBatchSettings.for_processor(processor)" in str(error)
     assert mimo_batch(video_batch(), mrope=False)["modality_inputs"] is not None  # no placeholders to find: nothing needed
+    both = dict(one_image(step=3), **{k: v for k, v in video_batch().items() if k.endswith("videos") or k == "video_grid_thw"})
+    error = refused(both, "video_grid_thw", "ordering videos among images for one encoder", mrope=False)
+    assert "pass video_token_id=" in str(error)
+    assert set(mimo_batch(both, mrope=False, video_modality="videos")["modality_inputs"]) == {"images", "videos"}  # apart: no order
 
 
 def test_a_wrong_image_token_id_is_named():
