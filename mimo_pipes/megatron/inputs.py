@@ -37,9 +37,15 @@ UNKNOWN_STEP = "?"
 
 class MimoBatchError(ValueError, TypeError):
     """A micro-batch ``mimo_batch`` refuses: ``mimo_batch: micro-batch STEP: ...``, naming ``field`` (None
-    where fields disagree). A ValueError and a TypeError both, so that either ``except`` a caller wrote holds."""
+    where fields disagree). A ValueError and a TypeError both, so that either ``except`` a caller wrote holds.
+    Rebuilt from its message alone (pickling, a DataLoader worker's ``ExceptionWrapper``), it keeps the
+    message; ``step`` and ``field`` are then None."""
 
-    def __init__(self, step: object, field: str | None, message: str) -> None:
+    def __init__(self, step: object, field: str | None = None, message: str | None = None) -> None:
+        if message is None:  # rebuilt from the whole message
+            self.step, self.field = None, None
+            super().__init__(step)
+            return
         self.step, self.field = step, field
         super().__init__(f"mimo_batch: micro-batch {step}: {message}")
 

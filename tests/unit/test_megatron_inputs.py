@@ -3,6 +3,8 @@ and the field, never a bare error from inside the M-RoPE or vision code, never a
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 import torch
@@ -48,6 +50,7 @@ def refused(batch, field: str | None, words: str, **options) -> MimoBatchError:
         assert field in message.split(": ", 2)[2] and error.field == field, message
     assert isinstance(error, ValueError) and isinstance(error, TypeError)  # whichever a caller catches
     assert error.__cause__ is None and (error.__context__ is None or error.__suppress_context__)  # one exception, not a chain
+    assert str(pickle.loads(pickle.dumps(error))) == message  # crosses a worker process as it is
     return error
 
 
