@@ -89,3 +89,13 @@ def test_checks_first_report_line_is_not_glued_to_its_bar(tmp_path):
     text = both.getvalue()
     assert status == 1 and "\rcheck:" in text  # the bar was drawn
     assert len(_lines_starting(text, f"{tmp_path / 'rows.jsonl'} line 1 (dataset row 0), id 'r0': missing image")) == 1, text
+
+
+def test_analyzes_report_is_not_glued_to_its_bars(tmp_path):
+    both = io.StringIO()
+    with contextlib.redirect_stdout(both), contextlib.redirect_stderr(both):
+        status = main(["analyze", "--micro-batch-size", "4", "--embedded-samples", "16", "--steps", "4", "--scalable-dp",
+                       "--intra-microbatch-reorder", "--compare-window-sizes", "2", "--out", str(tmp_path / "out")])
+    text = both.getvalue()
+    assert status == 0 and "\rcosts:" in text, text  # a bar was drawn
+    assert _lines_starting(text, "mimo-pipes analyze: language dp=2 + images dp=2"), text
