@@ -4,18 +4,14 @@ after the modules' globals are cleared), and the exception itself still shows.""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
-HELPERS = Path(__file__).resolve().parents[1] / "helpers"
-
 SCRIPT = textwrap.dedent("""
-    import sys
-    sys.path.insert(0, {helpers!r})
     from failing_map_recipe import fail_on_bad_sample
     from mimo_pipes.config import PipelineConfig, ReorderConfig
     from mimo_pipes.exchange import RankLayout
@@ -39,8 +35,9 @@ ENDINGS = {
 @pytest.mark.parametrize("ending", ENDINGS)
 def test_no_exception_ignored_at_exit(ending, workers):
     map_fn = "lambda sample: sample" if ending == "left open" else "fail_on_bad_sample"
-    script = SCRIPT.format(helpers=str(HELPERS), workers=workers, map_fn=map_fn, ending=ENDINGS[ending].replace("\n    ", "\n"))
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    script = SCRIPT.format(workers=workers, map_fn=map_fn, ending=ENDINGS[ending].replace("\n    ", "\n"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}  # this test's imports, the failing recipe's too
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
     assert "Exception ignored" not in done.stderr and "maxsize" not in done.stderr, done.stderr
     if ending == "raised":
         assert done.returncode == 1 and done.stderr.rstrip().endswith("sample 5, field 'input_ids': cannot be tokenized"), done.stderr
