@@ -29,7 +29,7 @@ from mimo_pipes.exchange import RankLayout
 from mimo_pipes.graph.loader import GraphLoader
 from mimo_pipes.graph.tail import balanced_tail
 from mimo_pipes.nodes import Uncollate
-from mimo_pipes.nodes.uncollate import POSITION_IDS
+from mimo_pipes.samples.mrope_layout import POSITION_IDS, to_mrope_first
 
 SourceFactory = Callable[[int], Iterable[Mapping[str, Any]]]
 
@@ -55,7 +55,7 @@ class IteratorLoader(GraphLoader):
         batch = super().__next__()
         positions = batch.get(POSITION_IDS)
         if self.mrope_first and isinstance(positions, torch.Tensor) and positions.dim() == 3:
-            batch[POSITION_IDS] = positions.transpose(0, 1).contiguous()  # back to the [3, rows, L] they came in
+            batch[POSITION_IDS] = to_mrope_first(positions)  # back to the [3, rows, L] they came in
         return batch
 
     def _first_point(self, consumed_microbatches: int) -> ResumePoint:

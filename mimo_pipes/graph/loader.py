@@ -38,7 +38,7 @@ from mimo_pipes.checkpoint.validity import (
 )
 from mimo_pipes.config.counts import as_count
 from mimo_pipes.errors import StateMismatchError
-from mimo_pipes.graph.torchdata_guards import stop_torchdata_threads
+from mimo_pipes.graph.torchdata_guards import close_at_exit, forget_at_exit, stop_torchdata_threads
 from mimo_pipes.graph.traversal import (
     check_restartable,
     described_nodes,
@@ -98,6 +98,7 @@ class GraphLoader(Loader[dict]):
 
     def _start(self) -> None:
         """Tell every node where the graph starts, then reset it to the restored state or the fresh start."""
+        close_at_exit(self)  # one an exception kept from being closed stops its threads before the interpreter's teardown
         state = self._pending_state
         if state is None:
             point, saved = self._fresh_start, self._fresh_states
@@ -196,6 +197,7 @@ class GraphLoader(Loader[dict]):
             if isinstance(node, GraphNode):
                 node.shutdown()
             stop_torchdata_threads(node)
+        forget_at_exit(self)
 
 
 def consumed_in(state_dict: Any) -> int:

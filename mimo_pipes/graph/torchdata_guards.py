@@ -5,10 +5,68 @@ torchdata's own classes by type (its private ones included: the only way to reac
 
 from __future__ import annotations
 
+import atexit
+import sys
+from typing import Any
+
 from torchdata.nodes import BaseNode, PinMemory, Prefetcher
-from torchdata.nodes.map import _ParallelMapperImpl, _ParallelMapperIter
+from torchdata.nodes.map import _ParallelMapperImpl, _ParallelMapperIter, _SingleThreadedMapper
 
 _THREADED = (_ParallelMapperImpl, Prefetcher, PinMemory)
+
+_exiting = False
+_open_loaders: dict[int, Any] = {}
+"""Loaders started and not closed yet, by id: each is closed at the interpreter's exit if it still is open."""
+_quieted: set[type] = set()
+
+
+def close_at_exit(loader: Any) -> None:
+    """Close ``loader`` (its ``close()``) when the interpreter exits, if it is still open then: a loader that an
+    exception kept from being closed would otherwise still run its threads while the interpreter tears down
+    (torch's threads then abort the process now and then: "terminate called without an active exception").
+    The loader's ``close()`` calls :func:`forget_at_exit`."""
+    _open_loaders[id(loader)] = loader
+
+
+def forget_at_exit(loader: Any) -> None:
+    """``loader`` was closed: nothing is left to close at exit."""
+    _open_loaders.pop(id(loader), None)
+
+
+def _at_exit() -> None:
+    global _exiting
+    for loader in list(_open_loaders.values()):
+        try:
+            loader.close()
+        except Exception:  # noqa: BLE001 - a graph that failed may not close cleanly; the process ends anyway
+            pass
+    _exiting = True
+
+
+def _quiet_at_exit(cls: type) -> None:
+    """torchdata 0.11's mapper iterators (``_ParallelMapperIter``, ``_SingleThreadedMapper``) stop their
+    threads in ``__del__``. One still referenced when the interpreter exits (a loader that an exception kept
+    from being closed, held by a global or by the traceback) is collected after the modules' globals were
+    cleared: its multiprocessing Event's ``set`` then finds ``sys`` gone from ``multiprocessing.synchronize``
+    and Python prints ``Exception ignored ... 'NoneType' object has no attribute 'maxsize'``. From the exit
+    on, skip it: its threads are daemons, and multiprocessing's own exit hook ends its worker processes (as
+    torch's DataLoader skips its ``__del__`` once ``python_exit_status`` is set)."""
+    original = vars(cls).get("__del__")
+    if original is None or cls in _quieted:
+        return
+
+    def __del__(self, _original=original, _finalizing=sys.is_finalizing) -> None:
+        if _exiting or _finalizing():
+            return
+        _original(self)
+
+    _quieted.add(cls)
+    cls.__del__ = __del__  # type: ignore[attr-defined]
+
+
+atexit.register(_at_exit)  # registered after multiprocessing's exit hook, so it runs before it
+for _iterator_class in (_ParallelMapperIter, _SingleThreadedMapper):
+    _quiet_at_exit(_iterator_class)
 
 
 def stop_torchdata_threads(node: BaseNode) -> None:

@@ -5,12 +5,13 @@ Megatron checkpoint's sample count. Nothing here needs megatron-core itself exce
 from mimo_pipes.megatron.batch import FORWARD_KEYS, mimo_batch
 from mimo_pipes.megatron.consumed import global_microbatch_size, microbatches_from_samples, samples_from_microbatches
 from mimo_pipes.megatron.forward import ForwardSupport, fit_to_forward, forward_parameters, forward_support, require_mrope_and_packing
+from mimo_pipes.megatron.inputs import MimoBatchError
 from mimo_pipes.megatron.rope import mrope_position_ids
 from mimo_pipes.megatron.settings import MimoBatchSettings
 from mimo_pipes.megatron.stages import for_stage, stage_of
 
 __all__ = [
-    "FORWARD_KEYS", "ForwardSupport", "MimoBatchSettings", "fit_to_forward", "for_stage", "forward_parameters", "forward_support",
+    "FORWARD_KEYS", "ForwardSupport", "MimoBatchError", "MimoBatchSettings", "fit_to_forward", "for_stage", "forward_parameters", "forward_support",
     "global_microbatch_size", "microbatches_from_samples", "mimo_batch", "mrope_position_ids", "require_mrope_and_packing",
     "samples_from_microbatches", "stage_of",
 ]

@@ -16,8 +16,8 @@ key                 value                                        where from
 ``packing_kwargs``  None, or the THD parameters                  ``cu_seqlens``, ... (packing.py)
 ==================  ===========================================  ===================================
 
-A key the micro-batch lacks is None (an encoder module's micro-batches have no token fields, a
-language module's no pixels). Every other key is dropped: the metadata lists (``sample_ids``,
+What each field must be is checked first (:mod:`mimo_pipes.megatron.inputs`). A key the micro-batch lacks
+is None (an encoder module's micro-batches have no token fields, a language module's no pixels). Every other key is dropped: the metadata lists (``sample_ids``,
 ``read_steps``, ``slots``, ``image_tokens``, ``real_tokens``, ``costs``), ``step``, ``vision_rows``,
 the packing fields once they are ``packing_kwargs``, and keys rows pass through.
 """
@@ -29,11 +29,13 @@ from typing import Any
 
 import torch
 
+from mimo_pipes.megatron.inputs import MimoBatchError, check_microbatch, step_of
 from mimo_pipes.megatron.packing import is_packed, packing_kwargs
-from mimo_pipes.megatron.rope import MROPE_ROWS, mrope_position_ids
+from mimo_pipes.megatron.rope import mrope_position_ids
 from mimo_pipes.megatron.settings import MimoBatchSettings
 from mimo_pipes.megatron.stages import for_stage
 from mimo_pipes.megatron.vision import merged_vision
+from mimo_pipes.samples.mrope_layout import MROPE_ROWS, POSITION_IDS, to_mrope_first
 from mimo_pipes.samples.thd import CU_SEQLENS, CU_SEQLENS_UNPADDED
 
 FORWARD_KEYS = ("input_ids", "position_ids", "attention_mask", "loss_mask", "labels", "modality_inputs", "packing_kwargs")
@@ -45,8 +47,11 @@ def mimo_batch(micro_batch: Mapping[str, Any], settings: MimoBatchSettings | Non
 
     ``settings`` (default: the built-in processor's, see :class:`MimoBatchSettings`) with ``options``
     overriding its fields by name. Tensors stay on the micro-batch's device; the micro-batch is not
-    modified. Raises ValueError naming the micro-batch when its placeholders and grids disagree."""
+    modified. Raises :class:`~mimo_pipes.megatron.inputs.MimoBatchError` (a ValueError), one line naming the
+    micro-batch and the field, for a micro-batch it refuses: a malformed field, or placeholders and grids
+    that disagree."""
     settings = (settings or DEFAULT_SETTINGS).with_options(**options) if options else (settings or DEFAULT_SETTINGS)
+    check_microbatch(micro_batch, settings)
     packed = is_packed(micro_batch)
     input_ids = micro_batch.get("input_ids")
     mask = None if packed else micro_batch.get("attention_mask")
@@ -60,8 +65,8 @@ def mimo_batch(micro_batch: Mapping[str, Any], settings: MimoBatchSettings | Non
             "modality_inputs": _modality_inputs(micro_batch, settings, mask, packed),
             "packing_kwargs": packing_kwargs(micro_batch),
         }
-    except ValueError as e:
-        raise ValueError(f"mimo_batch: micro-batch {micro_batch.get('step')}: {e}") from e
+    except ValueError as e:  # placeholders and grids that disagree: the inner message is the whole story
+        raise MimoBatchError(step_of(micro_batch), None, str(e)) from None
     return for_stage(kwargs, settings.stage)
 
 
@@ -81,9 +86,9 @@ def _position_ids(batch: Mapping[str, Any], settings: MimoBatchSettings, packed:
             video_intervals=settings.video_intervals,
             split_video_frames=settings.mrope_family == "qwen3-vl",
         )
-    positions = batch.get("position_ids")
+    positions = batch.get(POSITION_IDS)
     if isinstance(positions, torch.Tensor) and positions.dim() == 3 and positions.shape[1] == MROPE_ROWS:
-        return positions.transpose(0, 1).contiguous()  # the pipeline's [B, 3, S] as Megatron's [3, B, S]
+        return to_mrope_first(positions)  # the pipeline's [B, 3, S]; [3, B, S] (B != 3) is Megatron's already
     return positions
 
 

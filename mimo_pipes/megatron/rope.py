@@ -24,8 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from mimo_pipes.samples.mrope_layout import MROPE_ROWS
+
 TEXT, IMAGE, VIDEO = 0, 1, 2
-MROPE_ROWS = 3
 
 
 @dataclass(frozen=True)
@@ -84,21 +85,29 @@ def runs(kinds: np.ndarray) -> list[tuple[int, int, int]]:
 
 
 class _Queue:
-    """The items of one kind, handed out in order."""
+    """The items of one kind, handed out in order. Its messages name the grid field and the id that finds
+    the placeholders (``name`` is ``image`` or ``video``: ``image_grid_thw``, ``image_token_id``)."""
 
-    def __init__(self, items: list[VisionItem], name: str) -> None:
-        self.items, self.name, self.next = items, name, 0
+    def __init__(self, items: list[VisionItem], name: str, token_id: int | None) -> None:
+        self.items, self.name, self.next, self.token_id = items, name, 0, token_id
 
     def take(self) -> VisionItem:
+        if not self.items:
+            raise ValueError(f"input_ids holds {self.name} placeholder tokens ({self.name}_token_id {self.token_id}) but "
+                             f"{self.name}_grid_thw is missing or empty: M-RoPE needs each {self.name}'s grid")
         if self.next >= len(self.items):
-            raise ValueError(f"more {self.name} placeholder tokens than the {self.name} grids describe ({len(self.items)} items)")
+            raise ValueError(f"input_ids holds more {self.name} placeholder tokens ({self.name}_token_id {self.token_id}) "
+                             f"than {self.name}_grid_thw describes ({len(self.items)} items)")
         item = self.items[self.next]
         self.next += 1
         return item
 
     def check_done(self) -> None:
         if self.next != len(self.items):
-            raise ValueError(f"the {self.name} grids describe {len(self.items)} items but the placeholder tokens hold {self.next}")
+            hint = (f"; no token of input_ids is {self.token_id}: is {self.name}_token_id the tokenizer's {self.name} placeholder id?"
+                    if self.next == 0 else "")
+            raise ValueError(f"{self.name}_grid_thw describes {len(self.items)} items but the {self.name} placeholder tokens of "
+                             f"input_ids ({self.name}_token_id {self.token_id}) fill {self.next}{hint}")
 
 
 def sequence_positions(kinds: np.ndarray, queues: dict[int, _Queue]) -> np.ndarray:
@@ -156,8 +165,9 @@ def mrope_position_ids(
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be [batch, sequence], got shape {tuple(input_ids.shape)}")
     queues = {
-        IMAGE: _Queue(vision_items(image_grid_thw, spatial_merge_size), "image"),
-        VIDEO: _Queue(vision_items(video_grid_thw, spatial_merge_size, intervals=video_intervals, split_frames=split_video_frames), "video"),
+        IMAGE: _Queue(vision_items(image_grid_thw, spatial_merge_size), "image", image_token_id),
+        VIDEO: _Queue(vision_items(video_grid_thw, spatial_merge_size, intervals=video_intervals, split_frames=split_video_frames),
+                      "video", video_token_id),
     }
     kinds = token_kinds(input_ids, image_token_id, video_token_id)
     out = np.zeros((MROPE_ROWS, *kinds.shape), dtype=np.int64)

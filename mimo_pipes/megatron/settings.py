@@ -7,9 +7,8 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from mimo_pipes.data.embedded.builtin_processor import IMAGE_PAD, MERGE_SIZE, SPECIAL_TOKENS
+from mimo_pipes.megatron.stages import ONLY, STAGES
 
-STAGES = ("only", "first", "middle", "last")
-"""A rank's pipeline stage in the language model: ``only`` (no pipeline parallelism) keeps every key."""
 ATTENTION_MASKS = ("none", "bool")
 """``none``: no mask (causal attention; right padding comes after every real token). ``bool``: a
 ``[B, 1, S, S]`` mask, True where a query may not attend (a later token or a padding token)."""
@@ -50,7 +49,7 @@ class MimoBatchSettings:
     mrope_family: str = "qwen2-vl"
     tokens_per_second: float = 2.0
     seconds_per_video_grid: float = 1.0
-    stage: str = "only"
+    stage: str = ONLY
     attention_mask: str = "none"
     video_modality: str | None = None
     encodes: bool = True

@@ -13,19 +13,22 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+STAGES = ("only", "first", "middle", "last")
+"""A rank's pipeline stage in the language model: ``only`` (no pipeline parallelism) keeps every key."""
+ONLY, FIRST, MIDDLE, LAST = STAGES
 FIRST_STAGE_KEYS = ("input_ids", "modality_inputs")
 LAST_STAGE_KEYS = ("labels", "loss_mask")
 
 
 def stage_keys(stage: str) -> tuple[str, ...]:
-    """The keys set to None on ``stage`` (``only``, ``first``, ``middle``, ``last``)."""
+    """The keys set to None on ``stage`` (one of ``STAGES``)."""
+    if stage not in STAGES:
+        raise ValueError(f"stage must be one of {', '.join(STAGES)}, got {stage!r}")
     dropped: tuple[str, ...] = ()
-    if stage in ("middle", "last"):
+    if stage in (MIDDLE, LAST):
         dropped += FIRST_STAGE_KEYS
-    if stage in ("first", "middle"):
+    if stage in (FIRST, MIDDLE):
         dropped += LAST_STAGE_KEYS
-    if stage not in ("only", "first", "middle", "last"):
-        raise ValueError(f"stage must be one of only, first, middle, last, got {stage!r}")
     return dropped
 
 
@@ -40,5 +43,5 @@ def stage_of(pp_rank: int, pp_size: int) -> str:
     if pp_size < 1 or not 0 <= pp_rank < pp_size:
         raise ValueError(f"pipeline rank {pp_rank} is not in a pipeline of {pp_size} stages")
     if pp_size == 1:
-        return "only"
-    return "first" if pp_rank == 0 else "last" if pp_rank == pp_size - 1 else "middle"
+        return ONLY
+    return FIRST if pp_rank == 0 else LAST if pp_rank == pp_size - 1 else MIDDLE

@@ -86,7 +86,6 @@ class BalanceExchange(GraphNode[Window]):
         self._prefetcher: ExchangePrefetchThread | None = None
         self.start = ExchangeStart()  # see start_at()
         self._start_sequence = 0  # where a fresh start (reset(None)) begins; start_at() moves it
-        self._start_totals: dict[str, Any] | None = None
         self._ended = self._failed = False
         self.describe({
             "dp rank": ctx.dp_rank,
@@ -117,13 +116,12 @@ class BalanceExchange(GraphNode[Window]):
         the window at ``point.first_step`` is exchanged with those micro-batches, only balancing each over the
         slots: a window started inside, whose first micro-batches were consumed under that composition.
         ``saved_state``: this node's state saved under another layout at the start of that window (its
-        windows-delivered count and the module's metric totals continue, see :meth:`MetricsAccumulator.module_wide`)."""
+        windows-delivered count continues; the metric totals start again there, see :mod:`mimo_pipes.observe.metrics`)."""
         composition = point.composition
         pinned = None if composition is None else (point.first_step, [list(map(int, m)) for m in composition])
         self.start = ExchangeStart(point.consumed_microbatches, pinned)
         saved = saved_state if isinstance(saved_state, dict) else {}
         self._start_sequence = int(saved.get(self.SEQUENCE_KEY, 0))
-        self._start_totals = MetricsAccumulator.module_wide(saved.get(self.METRICS_KEY)) if saved else None
 
     def discard_ahead(self) -> None:
         self.shutdown()  # the thread reads the source: stopped before the source is reset
@@ -132,8 +130,9 @@ class BalanceExchange(GraphNode[Window]):
         self._failed = self._ended = False
         self._sequence = self._start_sequence if initial_state is None else int(initial_state[self.SEQUENCE_KEY])
         self._state_after_delivered = copy.deepcopy(self.source.state_dict())
-        # A state saved before the totals were kept (no METRICS_KEY) restores the stream and starts them at zero.
-        self._accumulator.load_state(self._start_totals if initial_state is None else initial_state.get(self.METRICS_KEY))
+        # A state saved before the totals were kept (no METRICS_KEY) restores the stream and starts them at zero;
+        # so does a start on another layout (totals over two layouts' DP ranks would mix figures of different sizes).
+        self._accumulator.load_state(None if initial_state is None else initial_state.get(self.METRICS_KEY))
         self.report.last_metrics = None
         self._sync_exchange = WindowExchange(self.ctx, self.collator, self.report, self.start, self.copy_received)
 

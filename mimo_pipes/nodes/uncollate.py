@@ -24,10 +24,9 @@ from mimo_pipes.samples.collate import (
     wide_integer,
 )
 from mimo_pipes.samples.cost import image_token_count
+from mimo_pipes.samples.mrope_layout import MROPE_ROWS, POSITION_IDS, to_rows_first
 from mimo_pipes.samples.sample import SAMPLE_ID, STEP, Sample
 
-POSITION_IDS = "position_ids"
-MROPE_ROWS = 3  # temporal, height and width rows of M-RoPE position ids
 NUM_IMAGES = "num_images"  # optional per-row image counts in a collated batch
 _METADATA_BY_LIST_NAME = {list_name: key for key, list_name in METADATA_LIST_NAMES.items()}
 
@@ -160,7 +159,7 @@ class Uncollate(GraphNode[Sample]):
                 if name == POSITION_IDS and self.mrope_first and isinstance(value, torch.Tensor) and value.dim() == 3:
                     if value.shape[0] != MROPE_ROWS:
                         raise ValueError(f"micro-batch {step}: field {name!r} must be [3, rows, length] (mrope_first), got {tuple(value.shape)}")
-                    value = value.transpose(0, 1)
+                    value = to_rows_first(value)
                 if not isinstance(value, torch.Tensor) or value.shape[:1] != (rows,) or value.dim() not in (2, 3):
                     raise ValueError(f"micro-batch {step}: field {name!r} must be a [rows, length] or [rows, k, length] tensor")
                 for row, sample in enumerate(samples):

@@ -18,10 +18,11 @@ readers placed the samples, i.e. without reordering) or ``after`` (as the exchan
   ``time/{phase}_s`` per phase of :data:`~mimo_pipes.observe.observer.PHASES`, ``time/wait_s`` (the training
   thread's wait for the window in ``next()``);
 - ``window``, ``first_step``, ``microbatches``, ``dp_rank``, ``dp_size``;
-- ``cumulative/...``: the same sums, spreads and ratios over every window delivered since the start of
-  training (``cumulative/windows``, ``cumulative/microbatches``); a graph restored from a saved state
-  continues its totals (they are part of the exchange node's state); restored on another layout, the
-  module's figures continue and the rank's own (``rank/*``, ``time/*``, per-rank loads) start again.
+- ``cumulative/...``: the same sums, spreads and ratios over every window delivered since
+  ``cumulative/since_step`` (``cumulative/windows``, ``cumulative/microbatches``): since the start of
+  training (0), and a graph restored from a saved state continues its totals (they are part of the
+  exchange node's state). Restored on another layout, they start again where it resumes: loads, critical
+  paths and spreads over DP ranks of two layouts do not add up to a figure of either.
 """
 
 from __future__ import annotations
@@ -129,6 +130,7 @@ class MetricsAccumulator:
     MICROBATCHES_KEY = "microbatches"
     SUMS_KEY = "sums"
     PER_RANK_KEY = "per_rank"
+    SINCE_KEY = "since_step"  # the first step the totals count (absent from older states: 0)
 
     def __init__(self) -> None:
         self.reset()
@@ -138,6 +140,7 @@ class MetricsAccumulator:
         self._microbatches = 0
         self._sums: dict[str, float] = {}
         self._per_rank: dict[str, list[int]] = {}
+        self._since: int | None = None  # set by the first window counted
 
     def state(self) -> dict[str, Any]:
         """The running totals. Floats survive a JSON round trip exactly, so totals restored from a
@@ -147,6 +150,7 @@ class MetricsAccumulator:
             self.MICROBATCHES_KEY: self._microbatches,
             self.SUMS_KEY: dict(self._sums),
             self.PER_RANK_KEY: {prefix: list(ranks) for prefix, ranks in self._per_rank.items()},
+            self.SINCE_KEY: self._since,
         }
 
     def load_state(self, state: Mapping[str, Any] | None) -> None:
@@ -158,25 +162,14 @@ class MetricsAccumulator:
         self._microbatches = int(state[self.MICROBATCHES_KEY])
         self._sums = dict(state[self.SUMS_KEY])
         self._per_rank = {prefix: list(ranks) for prefix, ranks in state[self.PER_RANK_KEY].items()}
-
-    @classmethod
-    def module_wide(cls, state: Mapping[str, Any] | None) -> dict[str, Any] | None:
-        """The part of saved totals that holds for any layout of the module: every figure about the module
-        (loads, critical paths, bounds, moves, counts), without the saving rank's own (``rank/*``,
-        ``time/*``) and the per-rank loads, which belong to that layout's ranks."""
-        if state is None:
-            return None
-        own = ("rank/", "time/")
-        return {
-            cls.WINDOWS_KEY: int(state[cls.WINDOWS_KEY]),
-            cls.MICROBATCHES_KEY: int(state[cls.MICROBATCHES_KEY]),
-            cls.SUMS_KEY: {name: value for name, value in state[cls.SUMS_KEY].items() if not name.startswith(own)},
-            cls.PER_RANK_KEY: {},
-        }
+        since = state.get(self.SINCE_KEY, 0)
+        self._since = None if since is None else int(since)
 
     def add(self, figures: dict[str, Any], wait_seconds: float) -> dict[str, Any]:
         figures = {**figures, "time/wait_s": wait_seconds}
         count = figures["microbatches"]
+        if self._since is None:
+            self._since = int(figures["first_step"])
         self._windows += 1
         self._microbatches += count
         sums = self._sums
@@ -198,6 +191,7 @@ class MetricsAccumulator:
         out = dict(figures)
         out["cumulative/windows"] = self._windows
         out["cumulative/microbatches"] = self._microbatches
+        out["cumulative/since_step"] = self._since
         for name, value in sums.items():
             is_average = name.rsplit("/", 1)[-1] in ("max", "min", "mean", "spread")
             out[f"cumulative/{name}"] = value / self._microbatches if is_average and self._microbatches else value
@@ -243,8 +237,10 @@ def scalars(metrics: dict[str, Any]) -> dict[str, float]:
 def summary_line(module: str, metrics: dict[str, Any]) -> str:
     """One line of the cumulative figures, for a log."""
     windows = metrics["cumulative/windows"]
+    since = metrics.get("cumulative/since_step") or 0  # after a restart on another layout: where it resumed
+    counted = f" since micro-batch {since}" if since else ""
     return (
-        f"{module}: {windows} windows, {metrics['cumulative/microbatches']} micro-batches: image-token spread "
+        f"{module}: {windows} windows, {metrics['cumulative/microbatches']} micro-batches{counted}: image-token spread "
         f"{metrics['cumulative/image_tokens/before/spread']:.1f} -> {metrics['cumulative/image_tokens/after/spread']:.1f}, "
         f"critical path {metrics['cumulative/image_tokens/before/critical_path']} -> "
         f"{metrics['cumulative/image_tokens/after/critical_path']} (bound "

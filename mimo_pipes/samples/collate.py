@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from mimo_pipes.errors import SampleError
+from mimo_pipes.samples.grids import GRIDS, grid_problem, patch_rows_problem, patches_dtype_problem
 from mimo_pipes.samples.sample import COST, IMAGE_TOKENS, METADATA_KEYS, REAL_TOKENS, SAMPLE_ID, SLOT, STEP, Sample, Window
 
 # Per-token fields: padded on the right along their last dimension and stacked: [L] -> [b, L], and the
@@ -148,15 +149,12 @@ def _check_tokens(value: Any, sample: Sample, name: str, length: int | None) -> 
         raise SampleError(sample.get(SAMPLE_ID), f"has {value.shape[-1]} tokens, more than the pad length {length}", field=name)
 
 
-GRIDS = {"image_grid_thw": "pixel_values", "video_grid_thw": "pixel_values_videos"}
-"""Each (t, h, w) grid field and the field of patches it describes, one row per patch."""
-
-
 def check_sample(sample: Sample) -> None:
     """What a sample handed to the tail must be, checked where it enters (CostAnnotator) so that a plug-in's
     mistake names the sample and the field there instead of passing silently or failing deep inside:
     ``sample_id`` and ``step`` integers; token ids, labels and positions int32 or int64; every per-token field
-    as long as ``input_ids``; each vision grid positive and describing exactly the sample's patches."""
+    as long as ``input_ids``; patch rows floating point; each vision grid positive and describing exactly the
+    sample's patches (:mod:`mimo_pipes.samples.grids`)."""
     for key in (SAMPLE_ID, STEP):
         value = sample.get(key)
         if not is_integer(value):
@@ -177,22 +175,21 @@ def check_sample(sample: Sample) -> None:
 
 
 def check_grids(sample: Sample) -> None:
-    """The sample's (t, h, w) grid rows are positive and describe exactly its rows of patches (what the
-    encoder will take them for): an inconsistent grid would pass the exchange and fail in the encoder."""
+    """The sample's patch rows are floating point, and its (t, h, w) grid rows are positive and describe
+    exactly its rows of patches (what the encoder will take them for): an inconsistent grid or integer pixels
+    would pass the exchange and fail in the encoder."""
     for grid_name, patches_name in GRIDS.items():
         grid, patches = sample.get(grid_name), sample.get(patches_name)
-        if not isinstance(grid, torch.Tensor) or not isinstance(patches, torch.Tensor) or patches.dim() < 1:
+        if not isinstance(patches, torch.Tensor) or patches.dim() < 1:
             continue
-        if grid.dim() != 2 or grid.shape[1] != 3 or grid.dtype.is_floating_point or grid.dtype == torch.bool:
-            raise SampleError(sample.get(SAMPLE_ID), f"must be an integer [images, 3] tensor of (t, h, w), got {grid.dtype} "
-                              f"of shape {tuple(grid.shape)}", field=grid_name)
-        rows = grid.tolist()  # a few images: Python arithmetic costs less than tensor ops (every sample, every step)
-        if any(value < 1 for row in rows for value in row):
-            raise SampleError(sample.get(SAMPLE_ID), f"has a (t, h, w) row below 1: {rows}", field=grid_name)
-        described = sum(t * h * w for t, h, w in rows)
-        if described != patches.shape[0]:
-            raise SampleError(sample.get(SAMPLE_ID), f"describes {described} patches but the sample has {patches.shape[0]} "
-                              f"rows of {patches_name}", field=grid_name)
+        problem = patches_dtype_problem(patches)
+        if problem is not None:
+            raise SampleError(sample.get(SAMPLE_ID), problem, field=patches_name)
+        if not isinstance(grid, torch.Tensor):
+            continue
+        problem = grid_problem(grid, grid_name) or patch_rows_problem(grid, patches, patches_name, "the sample")
+        if problem is not None:
+            raise SampleError(sample.get(SAMPLE_ID), problem, field=grid_name)
 
 
 def is_integer(value: object) -> bool:

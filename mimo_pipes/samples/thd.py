@@ -30,12 +30,11 @@ import torch
 
 from mimo_pipes.errors import SampleError
 from mimo_pipes.samples.collate import CONCAT_FIELDS, DEFAULT_PAD_VALUES
+from mimo_pipes.samples.mrope_layout import MROPE_ROWS, POSITION_IDS, is_rows_first
 
 CU_SEQLENS = "cu_seqlens"
 CU_SEQLENS_UNPADDED = "cu_seqlens_unpadded"
 MAX_SEQLEN = "max_seqlen"
-MROPE_ROWS = 3  # temporal, height, width rows of Qwen2-VL-style rotary position ids
-POSITION_IDS = "position_ids"
 ATTENTION_MASK = "attention_mask"
 
 
@@ -47,7 +46,7 @@ def token_fields(batch: Mapping[str, Any]) -> list[str]:
     for name, value in batch.items():
         if name in CONCAT_FIELDS or not isinstance(value, torch.Tensor):
             continue
-        if tuple(value.shape) == (rows, length) or tuple(value.shape) == (rows, MROPE_ROWS, length):
+        if tuple(value.shape) == (rows, length) or is_rows_first(value, rows, length):
             names.append(name)
     return names
 

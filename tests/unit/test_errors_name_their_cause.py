@@ -213,6 +213,9 @@ SAMPLE_INPUTS = {
     "a grid twice the patches": (dict(image_grid_thw=lambda s: s["image_grid_thw"] * torch.tensor([1, 2, 1])), "field 'image_grid_thw': describes"),
     "pixels with a leading 1": (dict(pixel_values=lambda s: s["pixel_values"].unsqueeze(0)), "but the sample has 1 rows of pixel_values"),
     "int16 position ids": (dict(position_ids=lambda s: s["position_ids"].to(torch.int16)), "field 'position_ids': must be an int32 or int64"),
+    "int64 pixels": (dict(pixel_values=lambda s: s["pixel_values"].long()), "field 'pixel_values': must be floating point"),
+    "uint8 pixels": (dict(pixel_values=lambda s: s["pixel_values"].to(torch.uint8)), "field 'pixel_values': must be floating point"),
+    "bool pixels": (dict(pixel_values=lambda s: s["pixel_values"].bool()), "field 'pixel_values': must be floating point"),
 }
 
 

@@ -111,3 +111,16 @@ def test_state_carries_the_metrics_totals_across_a_restore(across):
     restarted.reset(None)  # a fresh start, not a restore: the totals start again
     take(restarted, 1)
     assert restarted.metrics()["cumulative/windows"] == 1
+
+
+def test_totals_start_again_on_another_layout():
+    # a state of another layout (start_at): its totals are not mixed into this layout's
+    from mimo_pipes.checkpoint.resume import ResumePoint
+
+    state = saved_after(exchange(COLLATOR), 2)
+    assert state[BalanceExchange.METRICS_KEY]["windows"] == 2
+    node = exchange(COLLATOR)
+    node.start_at(ResumePoint(6, 6, 0), state)
+    node.reset(None)
+    take(node, 1)
+    assert node.metrics()["cumulative/windows"] == 1 and node.metrics()["cumulative/microbatches"] == node.metrics()["microbatches"]

@@ -84,7 +84,8 @@ def _progress_factory(enabled: bool):
             return lambda _done: None
         from tqdm import tqdm
 
-        bar = tqdm(total=total, desc=description, file=sys.stderr, dynamic_ncols=True, leave=False)
+        # leave=True: the bar ends with its line, so the report after it starts a line of its own in a shared log
+        bar = tqdm(total=total, desc=description, file=sys.stderr, dynamic_ncols=True, leave=True)
 
         def update(done: int) -> None:
             bar.update(done)

@@ -149,7 +149,9 @@ class Report:
 def _progress(total: int, enabled: bool):
     from tqdm import tqdm
 
-    return tqdm(total=total, desc="check", unit=" rows", file=sys.stderr, dynamic_ncols=True, leave=False, disable=not enabled)
+    # leave=True: the bar ends with its line (a newline), so the report's first line starts a line of its own
+    # where stdout and stderr share a file or pipe (a cleared bar leaves only a carriage return there).
+    return tqdm(total=total, desc="check", unit=" rows", file=sys.stderr, dynamic_ncols=True, leave=True, disable=not enabled)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -102,7 +102,7 @@ def start_job(args: argparse.Namespace, *, command: str, checked: Callable[[argp
         return EXIT_CONFIG
     try:
         prepare_recipe(config, options)
-        return launch(rank_main(), config, options, world_size, command)
+        return launch(rank_main(), config, options, world_size, command, before_exit=lock.release if lock is not None else None)
     except ConfigError as error:
         print(f"{command}: error: {error}", file=sys.stderr)
         return EXIT_CONFIG

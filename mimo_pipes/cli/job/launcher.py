@@ -37,9 +37,18 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def say(message: str) -> None:
-    """A phase of the launch, on stderr."""
-    print(message, file=sys.stderr, flush=True)
+def say(message: str, *, bar: bool = False) -> None:
+    """A phase of the launch, on stderr. ``bar``: rank 0's progress bar (tqdm, in another process: its
+    ``tqdm.write`` cannot be used) may stand unfinished on the current line; the message then starts a line
+    of its own: on a terminal the bar's line is cleared first (the bar redraws below it), elsewhere (a log
+    file, a pipe) the message starts on a new line."""
+    start = ("\r\033[K" if sys.stderr.isatty() else "\n") if bar else ""
+    print(f"{start}{message}", file=sys.stderr, flush=True)
+
+
+def _bar_shown(options: Any) -> bool:
+    """Whether rank 0 shows a progress bar (``--quiet`` shows none)."""
+    return bool(getattr(options, "progress", False))
 
 
 def report_phase(phase: str, value: Any = None) -> None:
@@ -48,14 +57,20 @@ def report_phase(phase: str, value: Any = None) -> None:
         _reports.send((phase, value))
 
 
-def launch(rank_main: RankMain, config: Any, options: Any, world_size: int, command: str) -> int:
+def launch(rank_main: RankMain, config: Any, options: Any, world_size: int, command: str,
+           before_exit: Callable[[], None] | None = None) -> int:
     """Run ``rank_main`` on every rank: as this process's rank under torchrun, else on ``world_size``
-    spawned processes; the exit status of the job."""
+    spawned processes; the exit status of the job. Under torchrun the rank's process ends here, without the
+    interpreter's teardown (``exit_now``): ``before_exit`` runs first (the save lock's release), as a
+    caller's ``finally`` would not."""
     if under_torchrun():
         if int(os.environ["WORLD_SIZE"]) != world_size:
             say(f"{command}: error: --component: modules cover {world_size} ranks but torchrun started {os.environ['WORLD_SIZE']}")
             return EXIT_CONFIG
-        exit_now(rank_entry(rank_main, int(os.environ["RANK"]), world_size, None, config, options, command))
+        status = rank_entry(rank_main, int(os.environ["RANK"]), world_size, None, config, options, command)
+        if before_exit is not None:
+            before_exit()
+        exit_now(status)
     return _spawn(rank_main, config, options, world_size, command)
 
 
@@ -81,7 +96,7 @@ def rank_entry(rank_main: RankMain, rank: int, world_size: int, port: int | None
         verdict = call_roll("stopped", read=True)
         phrase = verdict.phrase(lost_peer=False) if verdict is not None else None
         if phrase:  # every rank: the one that says it alone may be the one that died
-            say(f"{command}: rank {rank}: {stop}; {phrase}")
+            say(f"{command}: rank {rank}: {stop}; {phrase}", bar=_bar_shown(options))
         elif port is None and rank == 0:
             say(f"{command}: {stop}")
         return exit_status(stop.signum)
@@ -92,7 +107,8 @@ def rank_entry(rank_main: RankMain, rank: int, world_size: int, port: int | None
         # ended: said in a few words here, with the rank the roll finds dead.
         lost = lost_peer(error) is not None
         verdict = call_roll("peer" if lost or isinstance(error, PeerError) else "error", read=lost)
-        say(lost_peer_line(command, rank, error, verdict) or f"{command}: rank {rank}: {error if own else f'{type(error).__name__}: {error}'}")
+        say(lost_peer_line(command, rank, error, verdict) or f"{command}: rank {rank}: {error if own else f'{type(error).__name__}: {error}'}",
+            bar=_bar_shown(options))
         if os.environ.get("MIMO_PIPES_TRACEBACK") and not own:
             raise
     return EXIT_FAILED
@@ -256,7 +272,7 @@ def _spawn(rank_main: RankMain, config: Any, options: Any, world_size: int, comm
                 ended_by_signal = _ended_by_signal(processes, killed_here)
                 if ended_by_signal is not None:
                     say(f"{command}: rank {ended_by_signal[0]} was killed by {signal_name(ended_by_signal[1])}; "
-                        "the other ranks cannot go on without it: stopping them")
+                        "the other ranks cannot go on without it: stopping them", bar=_bar_shown(options))
                     # As torchrun's agent does: the others stop at their next boundary (or fail in their next
                     # collective with it), each naming it, instead of running on until a collective times out.
                     signal_ranks(processes, signal.SIGTERM)
@@ -281,7 +297,7 @@ def _spawn(rank_main: RankMain, config: Any, options: Any, world_size: int, comm
                 process.join()
         _stop_resource_tracker()
         del store
-    return _outcome(processes, stop.signum, getattr(options, "save_state", None), saved, ended_by_signal, command)
+    return _outcome(processes, stop.signum, getattr(options, "save_state", None), saved, ended_by_signal, command, bar=_bar_shown(options))
 
 
 def _receive(reports: dict[Any, int], joined: set[int], world_size: int, started: float) -> int | None:
@@ -318,9 +334,9 @@ def _drain(reports: dict[Any, int], saved: int | None) -> int | None:
 
 
 def _outcome(processes: list[Any], signum: int | None, where: str | None, saved: int | None,
-             ended_by_signal: tuple[int, int] | None, command: str) -> int:
+             ended_by_signal: tuple[int, int] | None, command: str, *, bar: bool) -> int:
     """The launcher's last words and exit status: stopped by a signal (and where the state went), failed on
-    some ranks (and the rank a signal ended first), or 0."""
+    some ranks (and the rank a signal ended first), or 0. ``bar``: rank 0 shows a progress bar."""
     from mimo_pipes.cli.rank.stop_signal import exit_status, signal_name
 
     if signum is not None:
@@ -331,6 +347,7 @@ def _outcome(processes: list[Any], signum: int | None, where: str | None, saved:
     if any(codes):
         bad = [rank for rank, code in enumerate(codes) if code]
         first = f" (rank {ended_by_signal[0]} was killed by {signal_name(ended_by_signal[1])} first)" if ended_by_signal else ""
-        say(f"{command}: failed on rank(s) {', '.join(map(str, bad))}{first}")
+        # A rank ended by a signal may be rank 0, its bar left unfinished on the line.
+        say(f"{command}: failed on rank(s) {', '.join(map(str, bad))}{first}", bar=bar and ended_by_signal is not None)
         return EXIT_FAILED
     return 0
