@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 from tqdm import tqdm
 
-from mimo_pipes.cli import launcher
+from mimo_pipes.cli.job import launcher
 from mimo_pipes.cli.main import main
 from mimo_pipes.errors import ConfigError
 

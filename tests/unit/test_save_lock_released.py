@@ -10,8 +10,9 @@ from types import SimpleNamespace
 import pytest
 
 from mimo_pipes.checkpoint import LOCK_FILE
-from mimo_pipes.cli import launcher, run_cmd
-from mimo_pipes.cli.stop_signal import StopRequested
+from mimo_pipes.cli.commands import run_cmd
+from mimo_pipes.cli.job import launcher
+from mimo_pipes.cli.rank.stop_signal import StopRequested
 
 
 class Exited(Exception):
