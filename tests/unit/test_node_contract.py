@@ -174,7 +174,7 @@ def test_a_state_without_a_count_is_refused_naming_the_field() -> None:
 
 @pytest.mark.parametrize("bad", [-1, 1.5, "3", True])
 def test_the_loader_refuses_a_count_that_is_not_one(bad) -> None:
-    with pytest.raises(ValueError, match="consumed micro-batches"):
+    with pytest.raises(ValueError, match="^consumed_microbatches: must be an integer >= 0"):  # a ConfigError is a ValueError
         GraphLoader(graph(GRID_1).root, consumed_microbatches=bad)
 
 
