@@ -117,6 +117,32 @@ def _fields(kind: SampleKind, parts: dict[str, bytes], shard: str, key: str) -> 
     return fields
 
 
+def field_errors(kind: SampleKind, samples: list[tuple[str, dict[str, bytes]]]) -> list[tuple[str, str, str]]:
+    """(field, its field_map entry, why) of every ``field_map`` field that none of ``samples`` (``(key,
+    parts)`` pairs) has."""
+    from megatron.energon.flavors.webdataset.field_access import field_access
+
+    failing: dict[str, str] = {}
+    found: set[str] = set()
+    for key, parts in samples:
+        try:
+            decoded = {name: _decoded(name, parts[name], "", key) for name in kind.parts or () if name in parts}
+        except UnfitSample:
+            continue
+        for field, options in kind.field_map:
+            try:
+                field_access(decoded, [list(option) for option in options])
+                found.add(field)
+            except Exception as error:  # noqa: BLE001 - a missing part or key
+                failing.setdefault(field, f"{type(error).__name__}: {' '.join(str(error).split())[:120]}")
+    return [(field, field_spec(options), failing[field]) for field, options in kind.field_map if field in failing and field not in found]
+
+
+def field_spec(options: tuple[tuple[str, ...], ...]) -> str:
+    """A field_map entry as ``dataset.yaml`` writes it: ``part[key][key]``, options separated by commas."""
+    return ",".join(option[0] + "".join(f"[{key}]" for key in option[1:]) for option in options)
+
+
 def _decoded(name: str, raw: bytes, shard: str, key: str) -> Any:
     ext = name.rsplit(".", 1)[-1].lower()
     if ext in IMAGE_PARTS:
