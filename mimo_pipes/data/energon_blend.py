@@ -154,7 +154,8 @@ def _leaves(path: Path, split: str, scale: Fraction = Fraction(1), within: str =
         missing = Path(str(error.filename or error.args[-1]))
         entry = _entry_naming(path, missing) or "an entry"
         if missing.is_dir():
-            raise ConfigError("--dataset", f"{where}: {entry}: {unprepared(missing) or f'{missing} is not a prepared Energon dataset (no .nv-meta/)'}") from None
+            why = unprepared(missing) or f"{missing} is not a prepared Energon dataset (no .nv-meta/)"
+            raise ConfigError("--dataset", f"{where}: {entry}: {why}") from None
         raise ConfigError("--dataset", f"{where}: {entry} names {missing}, which does not exist") from None
     except Exception as error:  # noqa: BLE001 - Energon's parser names what it could not read
         raise ConfigError("--dataset", f"cannot read the metadataset {where}: {_why_unreadable(path, error)}") from None

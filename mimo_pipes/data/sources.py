@@ -69,13 +69,15 @@ def check_source(spec: str | Path, split: str = "train") -> None:
 def report_problems(dataset, *, skip_bad: bool, log) -> None:
     """A source's rows that cannot be read, found before any rank starts (an Energon dataset's shards that are
     missing, cut or without their index): refused without ``skip_bad``, else each said once with ``log``."""
-    if not hasattr(dataset, "places") or not hasattr(dataset, "shards") and not hasattr(dataset, "parts"):
+    from mimo_pipes.data.energon_blend import EnergonBlend
+
+    if not isinstance(dataset, (EnergonDataset, EnergonBlend)):
         return
     from mimo_pipes.data.energon_checks import refuse_source_problems, source_problems
 
     problems, _ = source_problems(dataset)
     if not skip_bad:
-        refuse_source_problems(problems, str(getattr(dataset, "path", "")))
+        refuse_source_problems(problems, str(dataset.path))
     for problem in problems:
         log(f"--dataset: {problem.text}: {problem.kind}: {problem.reason}; its rows are replaced (--skip-bad-samples)")
 

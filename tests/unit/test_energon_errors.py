@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("megatron.energon")  # the energon extra; installed where the tests run
 
-from energon_data import CAPTION_YAML, CRUDE_YAML, VQA_YAML, crude_sample, write_shards  # noqa: E402
+from energon_data import CAPTION_YAML, CRUDE_YAML, VQA_YAML, write_shards  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from mimo_pipes.cli.main import main  # noqa: E402
