@@ -1,7 +1,7 @@
 """An Energon metadataset (a YAML file blending prepared datasets) as one map-style source with one global
 order, the same in every process.
 
-The rule. Part ``i`` has ``n_i`` samples (its ``train`` split, read as
+The rule. Part ``i`` has ``n_i`` samples (its split part, read as
 :class:`~mimo_pipes.data.energon_source.EnergonDataset` reads it) and contributes ``c_i`` items to one pass
 over the blend:
 
@@ -16,6 +16,8 @@ Item ``j`` of part ``i`` (``0 <= j < c_i``) is that part's sample ``j mod n_i`` 
 So each part is spread evenly over the pass, and blend sample ``k`` is found without listing the pass.
 A nested metadataset's weights are normalised to sum to 1 and multiplied by its own weight, as Energon
 does. Joins, subsets and other dataset or split configs than ``dataset.yaml`` / ``split.yaml`` are refused.
+An error names the metadataset file, the entry (``splits.train.blend[1] (path vqa)``, nested files
+chained) and what is missing.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from mimo_pipes.data import bad_rows
-from mimo_pipes.data.energon_meta import unprepared
+from mimo_pipes.data.energon_meta import META, read_yaml, unprepared
 from mimo_pipes.data.energon_source import EnergonDataset, energon, is_energon
 from mimo_pipes.errors import ConfigError
 
@@ -148,6 +150,12 @@ def _leaves(path: Path, split: str, scale: Fraction = Fraction(1), within: str =
     from megatron.energon.metadataset.loader import load_dataset
 
     where = f"{within}{path}"
+    if path.parent.name == META:  # a file of a prepared dataset's metadata, not a metadataset
+        raise ConfigError("--dataset", f"{where} is a file of an Energon dataset's {META}/: pass the dataset's folder, {path.parent.parent}")
+    tree = read_yaml(path, "a metadataset")
+    if not isinstance(tree, dict) or "splits" not in tree:
+        raise ConfigError("--dataset", f"{where} is not an Energon metadataset: it has no splits (a MetadatasetV2 maps each split "
+                                       "part to a blend or a dataset path)")
     try:
         loaded = load_dataset(str(path))
     except FileNotFoundError as error:  # Energon names the path alone: say which entry names it, and what it is
@@ -158,23 +166,11 @@ def _leaves(path: Path, split: str, scale: Fraction = Fraction(1), within: str =
             raise ConfigError("--dataset", f"{where}: {entry}: {why}") from None
         raise ConfigError("--dataset", f"{where}: {entry} names {missing}, which does not exist") from None
     except Exception as error:  # noqa: BLE001 - Energon's parser names what it could not read
-        raise ConfigError("--dataset", f"cannot read the metadataset {where}: {_why_unreadable(path, error)}") from None
+        raise ConfigError("--dataset", f"cannot read the metadataset {where}: {' '.join(str(error).split())[:300] or type(error).__name__}") from None
     if split not in loaded.splits:
         flag = "--split-part" if not within else "--dataset"
         raise ConfigError(flag, f"the metadataset {where} has no {split!r} split: its splits are {', '.join(sorted(loaded.splits)) or 'none'}")
     return _node_leaves(loaded.splits[split], path, split, scale, f"{where}: splits.{split}")
-
-
-def _why_unreadable(path: Path, error: Exception) -> str:
-    text = " ".join(str(error).split())
-    if not text:  # Energon's YAML parser says where on stderr only: ask PyYAML
-        try:
-            import yaml
-
-            yaml.safe_load(path.read_text())
-        except Exception as parsed:  # noqa: BLE001
-            text = " ".join(str(parsed).split())
-    return (text or type(error).__name__)[:300]
 
 
 def _entry_naming(path: Path, missing: Path, depth: int = 0) -> str | None:

@@ -29,8 +29,10 @@ def prepare_hint(folder: str | Path) -> str:
 
 
 def unprepared(folder: Path) -> str | None:
-    """Why ``folder`` (without ``.nv-meta/``) is an Energon dataset that was not prepared: it holds tar
-    shards; None when it holds none."""
+    """Why ``folder`` (without ``.nv-meta/``) is an Energon dataset that was not prepared (it holds tar
+    shards), or is the ``.nv-meta/`` folder of one; None otherwise."""
+    if folder.name == META and folder.parent.joinpath(META).is_dir():
+        return f"{str(folder)!r} is the {META}/ folder of an Energon dataset: pass the dataset's folder, {folder.parent}"
     if (folder / META).is_dir():
         return None
     tars = sorted(p.name for p in folder.glob("*.tar")) if folder.is_dir() else []
@@ -65,22 +67,27 @@ def _missing_piece(folder: Path) -> str | None:
     return f"{str(folder)!r} is an Energon dataset that was not prepared to the end: {META}/ has no {what}; {prepare_hint(folder)}"
 
 
+def read_yaml(path: Path, what: str) -> object:
+    """``path`` parsed (YAML, or JSON); ConfigError naming the file, ``what`` it holds and where the text is
+    wrong. Parsed here rather than by Energon's parser, which prints a failure to the terminal itself."""
+    import yaml
+
+    try:
+        return yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+        raise ConfigError("--dataset", f"cannot read {path} ({what}): {' '.join(str(error).split())[:300]}") from None
+
+
 def split_parts(folder: Path) -> dict[str, list[str]]:
     """The split parts ``split.yaml`` (or ``split.json``) lists, each with its shard names (braces expanded)."""
     import braceexpand
-    from megatron.energon.epathlib import EPath
-    from megatron.energon.eyaml import load_yaml_json
 
-    meta = folder / META
-    name = "split.yaml" if (meta / "split.yaml").is_file() else "split.json"
-    try:
-        raw = load_yaml_json(EPath(meta / name))
-        parts = raw["split_parts"]
-        return {str(part): [shard for entry in (shards or []) for shard in braceexpand.braceexpand(str(entry))]
-                for part, shards in parts.items()}
-    except Exception as error:  # noqa: BLE001 - a file Energon's prepare did not write
-        raise ConfigError("--dataset", f"cannot read {meta / name} (its split_parts: each split's shards): "
-                                       f"{' '.join(str(error).split())[:200] or type(error).__name__}") from None
+    path = folder / META / ("split.yaml" if (folder / META / "split.yaml").is_file() else "split.json")
+    raw = read_yaml(path, "its split_parts: each split's shards")
+    parts = raw.get("split_parts") if isinstance(raw, dict) else None
+    if not isinstance(parts, dict) or not all(isinstance(shards, (list, type(None))) for shards in parts.values()):
+        raise ConfigError("--dataset", f"{path}: split_parts must map each split part to its list of shards; {prepare_hint(folder)}")
+    return {str(part): [shard for entry in (shards or []) for shard in braceexpand.braceexpand(str(entry))] for part, shards in parts.items()}
 
 
 def read_split(folder: Path, split: str) -> SplitMeta:

@@ -70,8 +70,10 @@ def sample_kind(config: dict, where: str) -> SampleKind:
         raise ConfigError("--dataset", f"{where} declares samples of type {name!r}; mimo-pipes reads {SUPPORTED}")
     if kind == "crude":
         return SampleKind(kind)
-    if config.get("sample_loader") is not None or not isinstance(config.get("field_map"), dict):
+    if config.get("sample_loader") is not None:
         raise ConfigError("--dataset", f"{where}: a {name} dataset is read through its field_map (a sample_loader is not supported)")
+    if not isinstance(config.get("field_map"), dict):
+        raise ConfigError("--dataset", f"{where}: a {name} dataset needs a field_map naming the parts of {', '.join(REQUIRED_FIELDS[kind])}")
     fields = {str(k): v for k, v in config["field_map"].items()}
     missing = [field for field in REQUIRED_FIELDS[kind] if field not in fields]
     if missing:

@@ -1,6 +1,8 @@
-"""A prepared Megatron-Energon dataset as a map-style source: sample ``k`` of the ``train`` split is the
-``k``-th when its shards are taken in the order ``.nv-meta/split.yaml`` lists them and each shard's samples
-in their order in the tar, so a dataset and a LLaVA list written from it agree row for row.
+"""A prepared Megatron-Energon dataset as a map-style source: sample ``k`` of a split part (``train``
+unless ``--split-part`` names another) is the ``k``-th when that part's shards are taken in the order
+``.nv-meta/split.yaml`` lists them and each shard's samples in their order in the tar, so a dataset and a
+LLaVA list written from it agree row for row. What ``.nv-meta/`` holds is read by
+:mod:`~mimo_pipes.data.energon_meta`, which names a missing piece.
 
 Sample ``j`` of a shard is read through Energon's own index of it (``<shard>.tar.idx``, the byte offset
 of every sample and of the shard's end, written by ``energon prepare``): one read of the sample's bytes,
@@ -9,10 +11,13 @@ whose tar members are split into its parts; images stay encoded (see
 :data:`OPEN_SHARDS` shards are open at a time (two files each: the tar and its index), the least
 recently read closed first, however many shards the dataset has.
 
-A sample that cannot be read (its shard missing or cut short, an index that no longer matches its shard)
-or that makes no conversation is handed on as a row that fails when processed
-(:data:`~mimo_pipes.data.bad_rows.ROW_FAULT`), its reason naming the shard and the sample's key: a run
-stops on it with that line, ``--skip-bad-samples`` replaces it, ``mimo-pipes check`` lists it.
+A shard that cannot be read whole is found once before any rank starts
+(:mod:`~mimo_pipes.data.energon_checks`). A sample that cannot be read all the same (its shard gone since,
+an index that no longer matches its shard) or that makes no conversation is handed on as a row that fails
+when processed (:data:`~mimo_pipes.data.bad_rows.ROW_FAULT`), its reason naming the shard and the sample's
+key: a run stops on it with that line, ``--skip-bad-samples`` replaces it, ``mimo-pipes check`` lists it.
+Every row carries its place (``<shard> key <key>``, :data:`~mimo_pipes.data.bad_rows.ROW_PLACE`), so
+whatever reason a later step gives for it names the sample too.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mimo_pipes.data import bad_rows
-from mimo_pipes.data.energon_meta import META, read_split
+from mimo_pipes.data.energon_meta import META, read_split, read_yaml, unprepared
 from mimo_pipes.data.energon_samples import SampleKind, UnfitSample, sample_kind, sample_row
 from mimo_pipes.errors import ConfigError
 
@@ -57,6 +62,9 @@ def is_energon(spec: str | Path) -> bool:
 def check_split(spec: str | Path | None, split: str) -> None:
     """A split other than ``train`` is read from Energon datasets and metadatasets only: ConfigError otherwise."""
     if split != "train" and (spec is None or not is_energon(spec)):
+        not_prepared = None if spec is None else unprepared(Path(spec).expanduser())
+        if not_prepared is not None:
+            raise ConfigError("--dataset", not_prepared)
         named = "the embedded synthetic dataset" if spec is None else f"--dataset {spec}"
         raise ConfigError("--split-part", f"{split!r} is a split of a Megatron-Energon dataset or metadataset; {named} is not one "
                                           "(it is read whole, as train)")
@@ -93,13 +101,11 @@ _SPAN = struct.Struct("QQ")  # as Energon's TarIndexWriter packs them
 
 
 class EnergonDataset:
-    """One prepared dataset's ``split`` (``train``): ``len``, and ``dataset[k]`` -> the row of sample ``k``.
+    """One prepared dataset's ``split`` part: ``len``, and ``dataset[k]`` -> the row of sample ``k``.
     Safe to read from several threads; picklable (a copy opens its own files)."""
 
     def __init__(self, path: str | Path, split: str = "train", *, open_shards: int = OPEN_SHARDS) -> None:
         energon()
-        from megatron.energon.eyaml import load_yaml
-
         self.path = Path(path).expanduser()
         self.split = split
         self.open_shards = max(1, open_shards)
@@ -109,10 +115,7 @@ class EnergonDataset:
             raise ConfigError("--dataset", f"{where}: split.yaml excludes single samples ({sorted(meta.sample_excludes)[0]}, ...); "
                               "mimo-pipes reads whole shards only: exclude shards, or prepare the dataset without them")
         self.config_file = self.path / META / "dataset.yaml"
-        try:
-            config = load_yaml(self.config_file.read_bytes())
-        except Exception as error:  # noqa: BLE001
-            raise ConfigError("--dataset", f"cannot read {self.config_file}: {' '.join(str(error).split())[:300]}") from None
+        config = read_yaml(self.config_file, "the sample type and field_map")
         self.kind: SampleKind = sample_kind(config if isinstance(config, dict) else {}, str(self.config_file))
         self.shards, self.counts = meta.shards, meta.counts
         self.starts = [0]

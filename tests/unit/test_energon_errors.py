@@ -350,3 +350,25 @@ def test_analyze_and_the_masking_path_name_shard_and_key_too(tmp_path):
     encoder = ModuleProcessor(processor, ModuleFields(ENCODER))
     with pytest.raises(SampleError, match=r"dataset row 5: shard-0001.tar key q0005: image 0 "):  # counted, then processed after the exchange
         encoder(encoder.count({**dataset[5], "sample_id": 5}))
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("", "is not an Energon metadataset: it has no splits"),
+    ("foo: 1\n", "is not an Energon metadataset: it has no splits"),
+    ("splits: [\n", "cannot read {path} (a metadataset): while parsing"),
+    ("__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n      - weight: -1\n        path: {vqa}\n",
+     "{path}: splits.train.blend: weights must be >= 0 and not all 0"),
+])
+def test_a_yaml_that_is_no_metadataset_is_named_in_one_line(vqa, tmp_path, capfd, text, said):
+    path = tmp_path / "m.yaml"
+    path.write_text(text.format(vqa=vqa))
+    with pytest.raises(ConfigError) as info:
+        open_source(str(path))
+    assert said.format(path=path) in str(info.value) and "\n" not in str(info.value)
+    assert capfd.readouterr().err == ""  # no parser's own lines on the terminal
+
+
+def test_a_file_or_folder_inside_nv_meta_points_to_the_dataset(vqa):
+    for inside in (vqa / ".nv-meta", vqa / ".nv-meta" / "dataset.yaml"):
+        status, _, stderr = command("check", "--dataset", str(inside))
+        assert status == 2 and "of an Energon dataset" in stderr and stderr.rstrip().endswith(f"pass the dataset's folder, {vqa}")
