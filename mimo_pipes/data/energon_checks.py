@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -66,13 +67,17 @@ def shard_problems(dataset: EnergonDataset) -> list[ShardProblem]:
             return ShardProblem(name, count, first, count - first, start, kind, reason)  # noqa: B023 - used at once
 
         try:
-            size = os.stat(path).st_size
+            info = os.stat(path)
         except FileNotFoundError:
             found.append(problem(bad_rows.MISSING_SHARD, f"the shard {path} does not exist"))
             continue
         except OSError as error:
             found.append(problem(bad_rows.MISSING_SHARD, f"the shard {path} cannot be read ({error.strerror})"))
             continue
+        if not stat.S_ISREG(info.st_mode):
+            found.append(problem(bad_rows.MISSING_SHARD, f"the shard {path} is not a file"))
+            continue
+        size = info.st_size
         try:
             entries = os.stat(index).st_size // 8
         except OSError:
@@ -82,7 +87,11 @@ def shard_problems(dataset: EnergonDataset) -> list[ShardProblem]:
             found.append(problem(bad_rows.STALE_INDEX, f"its index holds {entries - 1} samples but .info.json says {count}: "
                                                        "prepare the dataset again"))
             continue
-        cut = _first_cut(path, index, count, size)
+        try:
+            cut = _first_cut(path, index, count, size)
+        except OSError as error:
+            found.append(problem(bad_rows.MISSING_SHARD, f"the shard or its index cannot be read ({error.strerror or error})"))
+            continue
         if cut is not None:
             found.append(problem(bad_rows.TRUNCATED_SHARD, f"the shard ends at byte {size}, inside its sample {cut} "
                                                            "(counting from 0): it is truncated", first=cut))

@@ -372,3 +372,13 @@ def test_a_file_or_folder_inside_nv_meta_points_to_the_dataset(vqa):
     for inside in (vqa / ".nv-meta", vqa / ".nv-meta" / "dataset.yaml"):
         status, _, stderr = command("check", "--dataset", str(inside))
         assert status == 2 and "of an Energon dataset" in stderr and stderr.rstrip().endswith(f"pass the dataset's folder, {vqa}")
+
+
+def test_a_shard_that_is_a_folder_is_said_once_like_a_missing_one(vqa):
+    (vqa / "shard-0001.tar").unlink()
+    (vqa / "shard-0001.tar").mkdir()
+    status, stdout, _ = command("check", "--dataset", str(vqa))
+    assert status == 1
+    assert [line for line in stdout.splitlines() if "shard-0001" in line] == [
+        f"shard-0001.tar (8 samples, dataset rows 8..15): {bad_rows.MISSING_SHARD}: the shard {vqa / 'shard-0001.tar'} is not a file; "
+        "its rows are not checked"]
