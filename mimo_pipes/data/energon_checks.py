@@ -57,45 +57,39 @@ def shard_problems(dataset: EnergonDataset) -> list[ShardProblem]:
 
     found = []
     for shard, name in enumerate(dataset.shards):
-        count, start = dataset.counts[shard], dataset.starts[shard]
-        if count == 0:
-            continue
+        count = dataset.counts[shard]
         path = dataset.path / name
-        index = path.with_suffix(ITAR_SUFFIX)
-
-        def problem(kind: str, reason: str, first: int = 0) -> ShardProblem:
-            return ShardProblem(name, count, first, count - first, start, kind, reason)  # noqa: B023 - used at once
-
-        try:
-            info = os.stat(path)
-        except FileNotFoundError:
-            found.append(problem(bad_rows.MISSING_SHARD, f"the shard {path} does not exist"))
-            continue
-        except OSError as error:
-            found.append(problem(bad_rows.MISSING_SHARD, f"the shard {path} cannot be read ({error.strerror})"))
-            continue
-        if not stat.S_ISREG(info.st_mode):
-            found.append(problem(bad_rows.MISSING_SHARD, f"the shard {path} is not a file"))
-            continue
-        size = info.st_size
-        try:
-            entries = os.stat(index).st_size // 8
-        except OSError:
-            found.append(problem(bad_rows.STALE_INDEX, f"the shard has no index ({index.name}): prepare the dataset again"))
-            continue
-        if entries != count + 1:
-            found.append(problem(bad_rows.STALE_INDEX, f"its index holds {entries - 1} samples but .info.json says {count}: "
-                                                       "prepare the dataset again"))
-            continue
-        try:
-            cut = _first_cut(path, index, count, size)
-        except OSError as error:
-            found.append(problem(bad_rows.MISSING_SHARD, f"the shard or its index cannot be read ({error.strerror or error})"))
-            continue
-        if cut is not None:
-            found.append(problem(bad_rows.TRUNCATED_SHARD, f"the shard ends at byte {size}, inside its sample {cut} "
-                                                           "(counting from 0): it is truncated", first=cut))
+        why = _unreadable(path, path.with_suffix(ITAR_SUFFIX), count) if count else None
+        if why is not None:
+            kind, reason, first = why
+            found.append(ShardProblem(name, count, first, count - first, dataset.starts[shard], kind, reason))
     return found
+
+
+def _unreadable(path, index, count: int) -> tuple[str, str, int] | None:
+    """(kind, why, first sample it takes) when the shard at ``path`` (``count`` samples, indexed by
+    ``index``) cannot be read whole; None when it can."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return bad_rows.MISSING_SHARD, f"the shard {path} does not exist", 0
+    except OSError as error:
+        return bad_rows.MISSING_SHARD, f"the shard {path} cannot be read ({error.strerror})", 0
+    if not stat.S_ISREG(info.st_mode):
+        return bad_rows.MISSING_SHARD, f"the shard {path} is not a file", 0
+    try:
+        entries = os.stat(index).st_size // 8
+    except OSError:
+        return bad_rows.STALE_INDEX, f"the shard has no index ({index.name}): prepare the dataset again", 0
+    if entries != count + 1:
+        return bad_rows.STALE_INDEX, f"its index holds {entries - 1} samples but .info.json says {count}: prepare the dataset again", 0
+    try:
+        cut = _first_cut(path, index, count, info.st_size)
+    except OSError as error:
+        return bad_rows.MISSING_SHARD, f"the shard or its index cannot be read ({error.strerror or error})", 0
+    if cut is None:
+        return None
+    return bad_rows.TRUNCATED_SHARD, f"the shard ends at byte {info.st_size}, inside its sample {cut} (counting from 0): it is truncated", cut
 
 
 def _first_cut(shard, index, count: int, size: int) -> int | None:
