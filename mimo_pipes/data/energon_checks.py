@@ -29,9 +29,11 @@ PEEK_SAMPLES = 8
 
 @dataclass(frozen=True)
 class ShardProblem:
-    """Samples ``first .. first + count - 1`` of shard ``shard`` (of ``samples``) cannot be read: ``kind`` (a
-    bad_rows phrase) and why; ``start``: the dataset row of the shard's first sample."""
+    """Samples ``first .. first + count - 1`` of shard ``shard`` (of ``samples``; ``position``: its place in
+    ``split.yaml``) cannot be read: ``kind`` (a bad_rows phrase) and why; ``start``: the dataset row of the
+    shard's first sample."""
 
+    position: int
     shard: str
     samples: int
     first: int
@@ -62,7 +64,7 @@ def shard_problems(dataset: EnergonDataset) -> list[ShardProblem]:
         why = _unreadable(path, path.with_suffix(ITAR_SUFFIX), count) if count else None
         if why is not None:
             kind, reason, first = why
-            found.append(ShardProblem(name, count, first, count - first, dataset.starts[shard], kind, reason))
+            found.append(ShardProblem(shard, name, count, first, count - first, dataset.starts[shard], kind, reason))
     return found
 
 
@@ -128,18 +130,27 @@ def source_problems(source: object) -> tuple[list[SourceProblem], Callable[[int]
     parts = getattr(source, "parts", None)
     if parts is None:  # one dataset
         found = shard_problems(source)  # type: ignore[arg-type]
-        problems = [SourceProblem((source.shards.index(p.shard), p.first), p.text, p.kind, p.reason, p.count) for p in found]  # type: ignore[attr-defined]
+        problems = [SourceProblem((p.position, p.first), p.text, p.kind, p.reason, p.count) for p in found]
         return problems, _covers([p.rows for p in found])
-    problems, by_part = [], []
+    problems, covered = [], []
     for index, (part, count, name) in enumerate(zip(parts, source.order.counts, source.names)):  # type: ignore[attr-defined]
         found = shard_problems(part)
-        by_part.append([p.rows for p in found])
+        covered.append(_covers([p.rows for p in found]))
         for p in found:
             rows = _items_in(count, len(part), p.rows)
-            problems.append(SourceProblem((index, part.shards.index(p.shard), p.first, -1), f"{name}: {p.text}; {rows} rows of the blend",
-                                          p.kind, p.reason, rows))
-    covered = [_covers(ranges) for ranges in by_part]
-    return problems, lambda row: (lambda part, sample: covered[part](sample))(*source.locate(row))  # type: ignore[attr-defined]
+            problems.append(SourceProblem((index, p.position, p.first, -1), f"{name}: {p.text}; {rows} rows of the blend", p.kind, p.reason, rows))
+    return problems, _BlendRows(source, covered)
+
+
+class _BlendRows:
+    """Whether a blend row is a sample its part's problems take."""
+
+    def __init__(self, blend: object, covered: list[Callable[[int], bool]]) -> None:
+        self.blend, self.covered = blend, covered
+
+    def __call__(self, row: int) -> bool:
+        part, sample = self.blend.locate(row)  # type: ignore[attr-defined]
+        return self.covered[part](sample)
 
 
 def _covers(ranges: list[range]) -> Callable[[int], bool]:
