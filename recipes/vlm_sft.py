@@ -22,7 +22,7 @@ from mimo_pipes.data.bad_rows.skipping import SkipBadRows
 from mimo_pipes.data.from_config import dataset_path, open_processor, processor_path
 from mimo_pipes.data.processing.module_processor import ModuleProcessor
 from mimo_pipes.data.processing.processor import check_processor_path
-from mimo_pipes.data.sources.open_source import check_source, open_source
+from mimo_pipes.data.sources.open_source import check_source, open_source, report_problems
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.graph.loader import GraphLoader
@@ -94,7 +94,7 @@ def prepare(config: PipelineConfig, log: Callable[[str], None] = print) -> None:
     a time model against the processor's patches): loading the embedded ones added seconds before any rank
     started, and their sizes are settings checked already."""
     if config.dataset is not None:
-        check_source(config.dataset)
+        check_source(config.dataset, config.split_part)
     else:
         log(f"embedded dataset: {config.embedded_samples} synthetic VLM samples")
         dataset_path(config)  # built once, here, not by every rank at once
@@ -104,7 +104,8 @@ def prepare(config: PipelineConfig, log: Callable[[str], None] = print) -> None:
         open_processor(config)
     log(f"processor: {processor_path(config)}")
     if config.dataset is not None:
-        dataset = open_source(config.dataset)
+        dataset = open_source(config.dataset, config.split_part)
+        report_problems(dataset, skip_bad=config.skip_bad_samples, log=log)  # a shard that cannot be read: said once, here
         if len(dataset) < config.micro_batch_size:
             raise ConfigError("--dataset", f"{len(dataset)} samples are fewer than one micro-batch of {config.micro_batch_size}")
 
@@ -116,7 +117,7 @@ def build(
     per-sample processing on ``thread``s or worker ``process``es. A count that is not an integer >= 0 is refused here."""
     consumed_microbatches = as_count(consumed_microbatches, "consumed_microbatches")
     processor = open_processor(config)
-    dataset = open_source(dataset_path(config))
+    dataset = open_source(dataset_path(config), config.split_part)
     rows: ModuleProcessor | None = None
     map_fn: Callable[[Sample], Sample] = processor
     if config.exchange_payload == "rows":
@@ -152,7 +153,7 @@ def row_counts(config: PipelineConfig, *, real_tokens: bool, runs: bool, progres
     ``progress(description, total)`` returns the callback that takes the rows done."""
     from mimo_pipes.analysis.row_counts import count_rows
 
-    dataset = open_source(dataset_path(config))
+    dataset = open_source(dataset_path(config), config.split_part)
     tick = progress("costs", len(dataset)) if progress is not None else None
     # Under the samples payload the graph processes every row whole before counting it: a row bad only when its
     # images are decoded is replaced there, so with --skip-bad-samples the count decodes them too.
@@ -172,7 +173,7 @@ def failed_after_exchange(config: PipelineConfig, rows: Iterable[int], progress:
     from mimo_pipes.samples.module_fields import ENCODER, ModuleFields
     from mimo_pipes.samples.sample import SAMPLE_ID
 
-    dataset = open_source(dataset_path(config))
+    dataset = open_source(dataset_path(config), config.split_part)
     # The encoder module's path of a row, as build() makes it: counted (files read as the exchange moves them),
     # then processed; a row that fails there is masked on every module.
     encoder = ModuleProcessor(open_processor(config), ModuleFields(ENCODER), image_paths=config.exchange_image_paths, whole_files=True)

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from mimo_pipes.data.bad_rows import placed
 from mimo_pipes.data.bad_rows.complete_files import check_row_images
 from mimo_pipes.data.cache import cache_root
 from mimo_pipes.data.processing.module_processor import ModuleProcessor, RowCount
@@ -241,7 +242,7 @@ def _count_all(dataset: Any, processor: Any, row_counter: RowCounter | None, rea
             except SampleError as error:
                 if not skip_bad:
                     raise
-                bad[start + offset] = row_reason(error)
+                bad[start + offset] = row_reason(placed(error, row))
                 counts.append((0, 0, []))
         for offset, (images, text_and_images, lengths) in enumerate(counts):
             image_tokens[start + offset] = images

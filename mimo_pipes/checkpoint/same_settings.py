@@ -34,6 +34,7 @@ WHY = {
     "embedded_samples": "the data is what every global micro-batch is drawn from",
     "processor": "the processor makes the samples and their costs",
     "image_folder": "it decides which images the samples hold",
+    "split_part": "the split part is what every global micro-batch is drawn from",
     "seq_length": "it decides what the samples hold and how they are padded",
     "pad_to_seq_length": "it decides how the micro-batches are padded",
     "skip_bad_samples": "it decides which rows stand in for bad ones",

@@ -206,6 +206,7 @@ class PipelineConfig:
     pack_pad_multiple: int = 1  # pad every packed sequence to a multiple of this (2 x cp with context parallelism)
     # Real data (docs/data.md): image paths relative to this folder; replace unreadable rows.
     image_folder: str | None = None
+    split_part: str = "train"  # the split part of an Energon dataset or metadataset (Energon's name)
     skip_bad_samples: bool = False
     # What the exchange moves (docs/design.md): dataset rows, processed after it on the rank that trains on
     # them, or processed samples; rows keep their images' paths only when every rank reads the same files.
@@ -260,7 +261,19 @@ class PipelineConfig:
                 raise ConfigError(flag(setting), f"{path} does not exist")
         if self.image_folder is not None and not os.path.isdir(os.path.expanduser(self.image_folder)):
             raise ConfigError(flag("image_folder"), f"{self.image_folder} is not a folder")
+        self._validate_energon()
         return topology
+
+    def _validate_energon(self) -> None:
+        """--split-part names a split of an Energon source; --image-folder does not apply to one."""
+        from mimo_pipes.data.sources.energon_source import check_split, is_energon
+
+        if not isinstance(self.split_part, str) or not self.split_part.strip():
+            raise ConfigError(flag("split_part"), f"must name a split part (train, val, test), got {self.split_part!r}")
+        check_split(self.dataset, self.split_part)
+        if self.image_folder is not None and self.dataset is not None and is_energon(self.dataset):
+            raise ConfigError(flag("image_folder"), f"does not apply to an Energon --dataset ({self.dataset}): its images are read "
+                                                    "from its shards; leave --image-folder out")
 
     def check_cost_range(self, topology: Topology, window_microbatches: int | None = None) -> None:
         """Every cost a sample of --seq-length tokens can have fits the planners' int64 sums over a window

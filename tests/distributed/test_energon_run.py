@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("megatron.energon")  # the energon extra; installed where the tests run
 
 from dist_pool import shared_pool  # noqa: E402
-from energon_data import write_real_rows  # noqa: E402
+from energon_data import crude_sample, write_real_rows, write_shards  # noqa: E402
 from job_runs import analyze_here, run_in_pool, summary_lines  # noqa: E402
 from real_data import write_dataset  # noqa: E402
 from test_cli_elastic import dumps_by_step, paired  # noqa: E402
@@ -91,3 +91,18 @@ def test_resume_on_energon_on_another_layout_continues_the_global_stream(gloo_po
             assert got[module][step] == full[module][step], (module, step)
         later = range(2 * WINDOW, 12)  # later windows: the same samples, perhaps in other micro-batches
         assert sorted(i for step in later for i in got[module][step]) == sorted(i for step in later for i in full[module][step])
+
+
+def test_run_on_another_split_part_consumes_that_parts_samples_in_split_yaml_order(gloo_pool, tmp_path):
+    """--split-part val of a dataset whose val part lists shards 3 then 2 is the run on a dataset of those
+    shards' samples in that order, on every rank."""
+    samples = [crude_sample(i) for i in range(SIZE)]
+    names = [f"shard-{k:04d}.tar" for k in range(4)]
+    split = write_shards(tmp_path / "split", samples, 6, "__class__: CrudeWebdataset\n",
+                         splits={"train": names[:2], "val": [names[3], names[2]]})
+    val_only = write_shards(tmp_path / "val-only", samples[18:] + samples[12:18], 6, "__class__: CrudeWebdataset\n")
+    flags = [*COMMON, "--steps", "3", "--dataloader-type", "single"]
+    run_in_pool(gloo_pool, [*flags, "--dataset", str(split), "--split-part", "val", "--dump-assignments", str(tmp_path / "val")])
+    run_in_pool(gloo_pool, [*flags, "--dataset", str(val_only), "--dump-assignments", str(tmp_path / "only")])
+    dumps = read_dumps(tmp_path / "val")
+    assert dumps == read_dumps(tmp_path / "only") and sum(len(records) for records in dumps.values()) == 3 * len(dumps)

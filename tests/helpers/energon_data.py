@@ -31,9 +31,11 @@ def crude_sample(i: int) -> dict:
     return sample
 
 
-def write_shards(folder: Path, samples: list[dict], per_shard: int, dataset_yaml: str, *, names: list[str] | None = None) -> Path:
+def write_shards(folder: Path, samples: list[dict], per_shard: int, dataset_yaml: str, *, names: list[str] | None = None,
+                 splits: dict[str, list[str]] | None = None) -> Path:
     """``samples`` (webdataset dicts: ``__key__`` and parts) written ``per_shard`` to a tar and prepared
-    as an Energon dataset whose ``split.yaml`` lists the shards in order (or in the order of ``names``)."""
+    as an Energon dataset whose ``split.yaml`` lists the shards in order (or in the order of ``names``) as
+    its ``train`` part, or (``splits``) the parts given, each with its shards in the order given."""
     import webdataset as wds
     from megatron.energon.flavors.webdataset.prepare import WebdatasetPreparator
 
@@ -47,6 +49,8 @@ def write_shards(folder: Path, samples: list[dict], per_shard: int, dataset_yaml
         shards.append(name)
     WebdatasetPreparator.prepare_dataset(folder, names or shards, split_parts_ratio=[("train", 1.0)], shuffle_seed=None, workers=1)
     (folder / ".nv-meta" / "dataset.yaml").write_text(dataset_yaml)
+    if splits is not None:  # as a user edits split.yaml after energon prepare
+        (folder / ".nv-meta" / "split.yaml").write_text(json.dumps({"split_parts": splits, "exclude": []}))
     return folder
 
 

@@ -85,7 +85,7 @@ def test_each_command_describes_itself(command, words):
 
 
 def test_check_takes_only_the_flags_it_uses():
-    assert set(option_entries(help_text("check"))) == {"--help", "--dataset", "--processor", "--image-folder", "--seq-length", "--decode",
+    assert set(option_entries(help_text("check"))) == {"--help", "--dataset", "--processor", "--image-folder", "--split-part", "--seq-length", "--decode",
                                                        "--num-workers", "--quiet"}
 
 

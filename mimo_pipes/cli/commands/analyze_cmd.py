@@ -33,7 +33,7 @@ HONOURED = (
     "--component", "--micro-batch-size", "--global-batch-size", "--seq-length", "--scalable-dp", "--intra-microbatch-reorder",
     "--reorder-encoder-cost-weight", "--reorder-language-cost-weight", "--reorder-window-size", "--reorder-across-microbatches",
     "--reorder-cost-model", "--reorder-two-level", "--reorder-language-cost", "--reorder-attention-crossover", "--dataloader-type",
-    "--drop-last", "--steps", "--seed", "--dataset", "--processor", "--image-folder", "--skip-bad-samples", "--embedded-samples",
+    "--drop-last", "--steps", "--seed", "--dataset", "--processor", "--image-folder", "--split-part", "--skip-bad-samples", "--embedded-samples",
     "--exchange-payload", "--stop-after", "--resume", "--recipe", "--quiet",
 )
 """Flags of ``run`` that mean to analyze what they mean to run. ``--exchange-payload`` decides which rows

@@ -57,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from mimo_pipes.config import PipelineConfig
     from mimo_pipes.data.bad_rows.row_check import RowChecker
     from mimo_pipes.data.from_config import image_folder, open_processor
+    from mimo_pipes.data.sources.energon_source import is_energon
     from mimo_pipes.data.sources.open_source import check_source
     from mimo_pipes.data.sources.source_rows import open_rows
 
@@ -64,24 +65,27 @@ def run(args: argparse.Namespace) -> int:
         workers = _cores() if args.num_workers is None else args.num_workers
         if workers < 1:
             raise ConfigError("--num-workers", f"must be >= 1, got {workers}")
-        config = PipelineConfig(dataset=args.dataset, processor=args.processor, image_folder=args.image_folder, seq_length=args.seq_length)
+        config = PipelineConfig(dataset=args.dataset, processor=args.processor, image_folder=args.image_folder, seq_length=args.seq_length,
+                                split_part=args.split_part)
         config.validate()
-        check_source(args.dataset)  # a wrong path is said before the processor loads
+        check_source(args.dataset, args.split_part)  # a wrong path is said before the processor loads
         processor = open_processor(config)
-        source = open_rows(args.dataset)
+        source = open_rows(args.dataset, args.split_part)
     except ConfigError as error:
         print(f"mimo-pipes check: error: {error}", file=sys.stderr)
         return EXIT_CONFIG
-    folder = image_folder(config)
+    if is_energon(args.dataset):  # its images are read from its shards
+        images = f"split part {args.split_part!r}; images read from its shards"
+    else:
+        images = f"image paths resolve inside {image_folder(config)}" + ("" if args.image_folder else " (the dataset's folder; --image-folder sets another)")
     print(f"mimo-pipes check: {args.dataset}: {source.total} rows; processor {args.processor or 'embedded'} "
-          f"({processor.family.name}), --seq-length {args.seq_length}; image paths resolve inside {folder}"
-          + ("" if args.image_folder else " (the dataset's folder; --image-folder sets another)"))
+          f"({processor.family.name}), --seq-length {args.seq_length}; {images}")
     report = Report(source.findings)
     checker = RowChecker(processor, decode=args.decode)
     batches = max(1, -(-source.total // BATCH_ROWS))
     try:
         with _progress(source.total, not args.quiet) as bar:
-            bar.update(sum(finding.row for finding in source.findings))
+            bar.update(sum(finding.rows for finding in source.findings))
             for batch, verdicts in _verdicts(source.batches(BATCH_ROWS), checker, min(workers, batches)):
                 report.add(batch, verdicts)
                 bar.update(len(batch))
@@ -126,9 +130,12 @@ class Report:
             named = "" if ident is None else f", id {repr(ident)[:MAX_ID]}"
             entries.append((places[row], f"{places[row].text}{named}: {verdict.kind}: {verdict.reason}"))
         lines = [text for _, text in sorted(entries, key=lambda entry: entry[0].order)]
-        rows = Counter([finding.kind for finding in self.findings if finding.row] + [verdict.kind for _, _, verdict in self.bad_rows])
-        files = Counter(finding.kind for finding in self.findings if not finding.row)
-        total = self.checked + sum(finding.row for finding in self.findings)
+        rows = Counter(verdict.kind for _, _, verdict in self.bad_rows)
+        for finding in self.findings:
+            rows[finding.kind] += finding.rows
+        rows = +rows  # file faults stand for no row
+        files = Counter(finding.kind for finding in self.findings if not finding.rows)
+        total = self.checked + sum(finding.rows for finding in self.findings)
         bad_files = f"; {sum(files.values())} of {len(source.files or [])} files" if files else ""
         lines.append(f"bad: {sum(rows.values()) or 'none'} of {total} rows{bad_files}")
         for kind, count in sorted(rows.items(), key=lambda item: (-item[1], item[0])):

@@ -36,7 +36,10 @@ def add_data_arguments(parser: argparse.ArgumentParser, *, dataset_required: boo
                              "(default: the embedded offline processor)")
     parser.add_argument("--image-folder", type=path, default=None, metavar="DIR",
                         help="folder that the data's image and video paths resolve inside; a path outside it is a bad row "
-                             "(default: the dataset's own folder)")
+                             "(default: the dataset's own folder; refused with an Energon dataset, whose images are in its shards)")
+    parser.add_argument("--split-part", default=PipelineConfig.split_part, metavar="{train,val,test}",
+                        help="the split part of a Megatron-Energon dataset or metadataset to read, as its split.yaml or "
+                             "metadataset names it; sample k is the k-th of that part's shards in split.yaml's order")
 
 
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
@@ -205,6 +208,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[PipelineConfig, JobOptio
         pack_sequences_in_batch=args.pack_sequences_in_batch,
         pack_pad_multiple=args.pack_pad_multiple,
         image_folder=args.image_folder,
+        split_part=args.split_part,
         skip_bad_samples=args.skip_bad_samples,
         exchange_payload=args.exchange_payload,
         exchange_image_paths=args.exchange_image_paths,

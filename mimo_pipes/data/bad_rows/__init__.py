@@ -3,6 +3,11 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
+from mimo_pipes.errors import SampleError
+
 # Images and videos.
 NO_IMAGE_FOLDER = "image path without an image folder"
 OUTSIDE_IMAGE_FOLDER = "image outside the image folder"
@@ -35,3 +40,35 @@ ROW_FAULT = "__row_fault__"
 """Row key: a source that cannot read a row hands it on as ``{ROW_FAULT: {"kind", "reason"}}``, and
 processing it raises that SampleError, so ``--skip-bad-samples`` and ``mimo-pipes check`` treat it as any
 bad row (and the reader never fails on it)."""
+ROW_PLACE = "__row_place__"
+"""Row key: where a source says the row lives, when a dataset row number does not say it (an Energon
+sample's ``<shard> key <key>``). Processing passes it on to no sample; every reason given for the row
+names it (:func:`placed`)."""
+
+
+def placed(error: SampleError, row: object) -> SampleError:
+    """``error`` naming ``row``'s place (:data:`ROW_PLACE`) after its "dataset row N: ", when it does not
+    name it already; ``error`` itself for a row without one."""
+    place = row.get(ROW_PLACE) if isinstance(row, dict) else None
+    text = error.reason if error.reason is not None else str(error)
+    if not place or place in text:
+        return error
+    head = f"dataset row {error.sample_id}: "
+    rest = text.removeprefix(head)
+    return SampleError(error.sample_id, f"{head if text.startswith(head) else ''}{place}: {rest}", error.field, kind=error.kind)
+
+
+def names_place(method: Callable) -> Callable:
+    """A processing method ``method(self, row, ...)`` whose SampleError names the row's place (:func:`placed`)."""
+
+    @functools.wraps(method)
+    def processing(self: object, row: dict, *args: object, **kwargs: object) -> object:
+        try:
+            return method(self, row, *args, **kwargs)
+        except SampleError as error:
+            named = placed(error, row)
+            if named is error:
+                raise
+            raise named.with_traceback(error.__traceback__) from None
+
+    return processing

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mimo_pipes.data import bad_rows
 from mimo_pipes.data.bad_rows.complete_files import check_row_images
 from mimo_pipes.data.processing.conversation import conversation
 from mimo_pipes.data.processing.media_sizes import MediaSizes, UnreadableHeader, encoded_media, media_sizes
@@ -124,11 +125,13 @@ class ModuleProcessor:
         ids, trained = processor.token_layout(turns, media, sample_id, len(sizes.images), len(sizes.videos))
         return ids, trained, fields
 
+    @bad_rows.names_place
     def counts(self, row: dict, *, runs: bool = True) -> RowCount:
         """(image tokens, real tokens, placeholder runs) of ``row`` as processing it would give them;
         ``runs`` False leaves the runs empty (they cost a pass over the ids)."""
         return self._counted(row, runs)[0]
 
+    @bad_rows.names_place
     def count(self, row: dict) -> Sample:
         """The row as this module moves it, with its counts as metadata (image tokens, real tokens,
         placeholder runs). An encoder module's row keeps its text and its images as encoded bytes
@@ -147,6 +150,7 @@ class ModuleProcessor:
             return {**row, **counts}
         return {**{key: value for key, value in row.items() if key not in CONSUMED_KEYS}, **counts, TOKEN_LAYOUT: layout}
 
+    @bad_rows.names_place
     def __call__(self, row: dict) -> Sample:
         """This module's fields of ``row`` (a row :meth:`count` made, or a plain one), and every key the
         processor passes through."""
@@ -167,6 +171,7 @@ class ModuleProcessor:
         out.update((name, value) for name, value in layout.items() if name not in (IDS, TRAINED, RUNS))
         return out
 
+    @bad_rows.names_place
     def stand_in(self, row: dict) -> Sample:
         """What this module trains on in place of ``row`` when processing it failed after the exchange (see
         :mod:`mimo_pipes.samples.masking`): an encoder processes the row with every image and video blank

@@ -41,7 +41,7 @@ from mimo_pipes.samples.sample import SAMPLE_ID
 TRUNCATED = WarningKind(
     "samples truncated to --seq-length", note="later turns first, then the prompt's start and the reply's end; every image placeholder kept"
 )
-CONSUMED_KEYS = ("images", "image", "videos", "video", "prompt", "response", "messages", "conversations")
+CONSUMED_KEYS = ("images", "image", "videos", "video", "prompt", "response", "messages", "conversations", bad_rows.ROW_PLACE)
 """Row keys a :class:`SampleProcessor` turns into model fields; every other key passes through."""
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -224,6 +224,7 @@ class SampleProcessor:
             raise SampleError(sample_id, f"dataset row {sample_id}: no token to train on{cut}", field="messages", kind=bad_rows.NO_TRAINED_TOKEN)
         return ids, trained
 
+    @bad_rows.names_place
     def __call__(self, row: dict) -> dict:
         sample_id = row.get(SAMPLE_ID, row.get("id"))
         turns = conversation(row, sample_id)

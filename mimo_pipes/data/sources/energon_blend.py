@@ -1,7 +1,7 @@
 """An Energon metadataset (a YAML file blending prepared datasets) as one map-style source with one global
 order, the same in every process.
 
-The rule. Part ``i`` has ``n_i`` samples (its ``train`` split, read as
+The rule. Part ``i`` has ``n_i`` samples (its split part, read as
 :class:`~mimo_pipes.data.sources.energon_source.EnergonDataset` reads it) and contributes ``c_i`` items to one pass
 over the blend:
 
@@ -16,17 +16,21 @@ Item ``j`` of part ``i`` (``0 <= j < c_i``) is that part's sample ``j mod n_i`` 
 So each part is spread evenly over the pass, and blend sample ``k`` is found without listing the pass.
 A nested metadataset's weights are normalised to sum to 1 and multiplied by its own weight, as Energon
 does. Joins, subsets and other dataset or split configs than ``dataset.yaml`` / ``split.yaml`` are refused.
+An error names the metadataset file, the entry (``splits.train.blend[1] (path vqa)``, nested files
+chained) and what is missing.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 from mimo_pipes.data import bad_rows
+from mimo_pipes.data.sources.energon_meta import META, read_yaml, unprepared
 from mimo_pipes.data.sources.energon_source import EnergonDataset, energon, is_energon
 from mimo_pipes.errors import ConfigError
 
@@ -78,15 +82,16 @@ class EnergonBlend:
     def __init__(self, path: str | Path, split: str = "train") -> None:
         self.path = Path(path).expanduser()
         leaves = _leaves(self.path, split)
-        self.parts = [EnergonDataset(leaf, split=part_split) for leaf, part_split, _ in leaves]
+        self.parts = [_part(leaf) for leaf in leaves]
         sizes = [len(part) for part in self.parts]
-        modes = {mode for _, _, (mode, _) in leaves}
+        modes = {leaf.share[0] for leaf in leaves}
         if len(modes) > 1:
             raise ConfigError("--dataset", f"{str(path)!r} mixes blend weights and blend_epochized repetitions")
-        factors = [factor for _, _, (_, factor) in leaves]
+        factors = [leaf.share[1] for leaf in leaves]
         counts = repeated_counts(sizes, factors) if modes == {"repetitions"} else weighted_counts(sizes, factors)
         self.order = BlendOrder(counts)
-        self.names = [str(leaf) for leaf, _, _ in leaves]
+        self.names = [str(leaf.folder) for leaf in leaves]
+        self.entries = [leaf.entry for leaf in leaves]
         if len(self) == 0:
             raise ConfigError("--dataset", f"{str(path)!r} blends no samples")
 
@@ -119,49 +124,122 @@ class EnergonBlend:
             part.close()
 
 
-def _leaves(path: Path, split: str, scale: Fraction = Fraction(1)) -> list[tuple[Path, str, tuple[str, Fraction]]]:
-    """(dataset folder, split, (mode, weight or repetitions)) of every dataset the metadataset blends."""
+def _part(leaf: Leaf) -> EnergonDataset:
+    """The dataset a leaf names; its ConfigError said as the metadataset entry's."""
+    try:
+        return EnergonDataset(leaf.folder, split=leaf.split)
+    except ConfigError as error:
+        raise ConfigError("--dataset", f"{leaf.entry}: {str(error).removeprefix(error.setting + ': ')}") from None
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One dataset a metadataset blends: its folder, split part, (mode, weight or repetitions), and where the
+    metadataset names it (``blend.yaml: splits.train.blend[1] (path vqa)``, nested files chained)."""
+
+    folder: Path
+    split: str
+    share: tuple[str, Fraction]
+    entry: str
+
+
+def _leaves(path: Path, split: str, scale: Fraction = Fraction(1), within: str = "") -> list[Leaf]:
+    """Every dataset the metadataset ``path`` blends in its ``split``; ConfigError naming the metadataset
+    file, the entry and what is missing."""
     energon()
     from megatron.energon.metadataset.loader import load_dataset
 
+    where = f"{within}{path}"
+    if path.parent.name == META:  # a file of a prepared dataset's metadata, not a metadataset
+        raise ConfigError("--dataset", f"{where} is a file of an Energon dataset's {META}/: pass the dataset's folder, {path.parent.parent}")
+    tree = read_yaml(path, "a metadataset")
+    if not isinstance(tree, dict) or "splits" not in tree:
+        raise ConfigError("--dataset", f"{where} is not an Energon metadataset: it has no splits (a MetadatasetV2 maps each split "
+                                       "part to a blend or a dataset path)")
     try:
         loaded = load_dataset(str(path))
-        node = loaded.splits[split]
-    except KeyError:
-        raise ConfigError("--dataset", f"{str(path)!r} has no {split!r} split") from None
+    except FileNotFoundError as error:  # Energon names the path alone: say which entry names it, and what it is
+        missing = Path(str(error.filename or error.args[-1]))
+        entry = _entry_naming(path, missing) or "an entry"
+        if missing.is_dir():
+            why = unprepared(missing) or f"{missing} is not a prepared Energon dataset (no .nv-meta/)"
+            raise ConfigError("--dataset", f"{where}: {entry}: {why}") from None
+        raise ConfigError("--dataset", f"{where}: {entry} names {missing}, which does not exist") from None
     except Exception as error:  # noqa: BLE001 - Energon's parser names what it could not read
-        raise ConfigError("--dataset", f"cannot read the metadataset {str(path)!r}: {' '.join(str(error).split())[:300]}") from None
-    return _node_leaves(node, path, split, scale)
+        raise ConfigError("--dataset", f"cannot read the metadataset {where}: {' '.join(str(error).split())[:300] or type(error).__name__}") from None
+    if split not in loaded.splits:
+        flag = "--split-part" if not within else "--dataset"
+        raise ConfigError(flag, f"the metadataset {where} has no {split!r} split: its splits are {', '.join(sorted(loaded.splits)) or 'none'}")
+    return _node_leaves(loaded.splits[split], path, split, scale, f"{where}: splits.{split}")
 
 
-def _node_leaves(node: Any, path: Path, split: str, scale: Fraction) -> list:
+def _entry_naming(path: Path, missing: Path, depth: int = 0) -> str | None:
+    """Where in ``path``'s YAML (or a metadataset it nests) a ``path:`` leads to ``missing``:
+    ``splits.train.blend[1] (path x)``, nested ones chained."""
+    try:
+        import yaml
+
+        tree = yaml.safe_load(path.read_text())
+    except Exception:  # noqa: BLE001
+        return None
+
+    def walk(node: Any, at: str) -> str | None:
+        if isinstance(node, dict):
+            value = node.get("path")
+            if isinstance(value, str):
+                target = path.parent / value
+                if target.resolve() == missing.resolve():
+                    return f"{at} (path {value})"
+                if target.is_file() and depth < 8:
+                    inner = _entry_naming(target, missing, depth + 1)
+                    if inner is not None:
+                        return f"{at} (path {value}): {target}: {inner}"
+            items = list(node.items())
+        elif isinstance(node, list):
+            items = [(f"[{k}]", item) for k, item in enumerate(node)]
+        else:
+            return None
+        for name, child in items:
+            found = walk(child, f"{at}{name}" if str(name).startswith("[") else f"{at}.{name}" if at else str(name))
+            if found is not None:
+                return found
+        return None
+
+    return walk(tree, "")
+
+
+def _node_leaves(node: Any, path: Path, split: str, scale: Fraction, at: str) -> list[Leaf]:
     kind = type(node).__name__
     if kind == "MetadatasetBlend":
-        entries, mode = [(ref, Fraction(str(ref.weight))) for ref in node.blend], "weight"
-        total = sum(weight for _, weight in entries)
-        if any(weight < 0 for _, weight in entries) or total <= 0:
-            raise ConfigError("--dataset", f"{str(path)!r}: blend weights must be >= 0 and not all 0")
-        entries = [(ref, scale * weight / total) for ref, weight in entries]
+        entries, mode = [(ref, Fraction(str(ref.weight)), f"{at}.blend[{k}]") for k, ref in enumerate(node.blend)], "weight"
+        total = sum(weight for _, weight, _ in entries)
+        if any(weight < 0 for _, weight, _ in entries) or total <= 0:
+            raise ConfigError("--dataset", f"{at}.blend: weights must be >= 0 and not all 0")
+        entries = [(ref, scale * weight / total, entry) for ref, weight, entry in entries]
     elif kind == "MetadatasetBlendEpochized":
-        entries, mode = [(ref, scale * Fraction(str(ref.repetitions))) for ref in node.blend_epochized], "repetitions"
-        if any(factor < 0 for _, factor in entries):
-            raise ConfigError("--dataset", f"{str(path)!r}: repetitions must be >= 0")
+        entries, mode = [(ref, scale * Fraction(str(ref.repetitions)), f"{at}.blend_epochized[{k}]")
+                         for k, ref in enumerate(node.blend_epochized)], "repetitions"
+        if any(factor < 0 for _, factor, _ in entries):
+            raise ConfigError("--dataset", f"{at}.blend_epochized: repetitions must be >= 0")
     elif kind == "DatasetReference":
-        entries, mode = [(node, scale)], "weight"
+        entries, mode = [(node, scale, at)], "weight"
     else:
-        raise ConfigError("--dataset", f"{str(path)!r}: a {kind} is not read (mimo-pipes reads blend, blend_epochized and dataset references)")
+        raise ConfigError("--dataset", f"{at}: a {kind} is not read (mimo-pipes reads blend, blend_epochized and dataset references)")
     leaves = []
-    for ref, factor in entries:
+    for ref, factor, entry in entries:
+        named = f"{entry} (path {ref.path})"
         if type(ref).__name__.endswith("JoinDatasetReference") or getattr(ref, "subset", None) is not None:
-            raise ConfigError("--dataset", f"{str(path)!r}: joins and subsets are not read; blend whole datasets")
+            raise ConfigError("--dataset", f"{named}: joins and subsets are not read; blend whole datasets")
         if getattr(ref, "dataset_config", None) not in (None, "dataset.yaml") or getattr(ref, "split_config", None) not in (None, "split.yaml"):
-            raise ConfigError("--dataset", f"{str(path)!r}: {ref.path}: only dataset.yaml and split.yaml configs are read")
+            raise ConfigError("--dataset", f"{named}: only dataset.yaml and split.yaml configs are read")
         target = Path(str(ref.path))
         part_split = ref.split_part or split
         if target.is_file():  # a nested metadataset
-            leaves += _leaves(target, part_split, factor)
+            leaves += _leaves(target, part_split, factor, within=f"{named}: ")
         elif is_energon(target):
-            leaves.append((target, part_split, (mode, factor)))
+            leaves.append(Leaf(target, part_split, (mode, factor), f"{named}, split_part {part_split!r}"))
+        elif not target.exists():
+            raise ConfigError("--dataset", f"{named}: {target} does not exist")
         else:
-            raise ConfigError("--dataset", f"{str(path)!r}: {target} is not a prepared Energon dataset")
+            raise ConfigError("--dataset", f"{named}: {unprepared(target) or f'{target} is not a prepared Energon dataset (it has no .nv-meta/)'}")
     return leaves

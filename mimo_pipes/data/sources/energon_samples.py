@@ -70,8 +70,10 @@ def sample_kind(config: dict, where: str) -> SampleKind:
         raise ConfigError("--dataset", f"{where} declares samples of type {name!r}; mimo-pipes reads {SUPPORTED}")
     if kind == "crude":
         return SampleKind(kind)
-    if config.get("sample_loader") is not None or not isinstance(config.get("field_map"), dict):
+    if config.get("sample_loader") is not None:
         raise ConfigError("--dataset", f"{where}: a {name} dataset is read through its field_map (a sample_loader is not supported)")
+    if not isinstance(config.get("field_map"), dict):
+        raise ConfigError("--dataset", f"{where}: a {name} dataset needs a field_map naming the parts of {', '.join(REQUIRED_FIELDS[kind])}")
     fields = {str(k): v for k, v in config["field_map"].items()}
     missing = [field for field in REQUIRED_FIELDS[kind] if field not in fields]
     if missing:
@@ -115,6 +117,32 @@ def _fields(kind: SampleKind, parts: dict[str, bytes], shard: str, key: str) -> 
         except Exception as error:  # noqa: BLE001 - a missing part or key: the sample's fault
             raise UnfitSample(f"field {field!r}: {' '.join(str(error).split())[:200]}") from None
     return fields
+
+
+def field_errors(kind: SampleKind, samples: list[tuple[str, dict[str, bytes]]]) -> list[tuple[str, str, str]]:
+    """(field, its field_map entry, why) of every ``field_map`` field that none of ``samples`` (``(key,
+    parts)`` pairs) has."""
+    from megatron.energon.flavors.webdataset.field_access import field_access
+
+    failing: dict[str, str] = {}
+    found: set[str] = set()
+    for key, parts in samples:
+        try:
+            decoded = {name: _decoded(name, parts[name], "", key) for name in kind.parts or () if name in parts}
+        except UnfitSample:
+            continue
+        for field, options in kind.field_map:
+            try:
+                field_access(decoded, [list(option) for option in options])
+                found.add(field)
+            except Exception as error:  # noqa: BLE001 - a missing part or key
+                failing.setdefault(field, f"{type(error).__name__}: {' '.join(str(error).split())[:120]}")
+    return [(field, field_spec(options), failing[field]) for field, options in kind.field_map if field in failing and field not in found]
+
+
+def field_spec(options: tuple[tuple[str, ...], ...]) -> str:
+    """A field_map entry as ``dataset.yaml`` writes it: ``part[key][key]``, options separated by commas."""
+    return ",".join(option[0] + "".join(f"[{key}]" for key in option[1:]) for option in options)
 
 
 def _decoded(name: str, raw: bytes, shard: str, key: str) -> Any:

@@ -1,6 +1,8 @@
-"""A prepared Megatron-Energon dataset as a map-style source: sample ``k`` of the ``train`` split is the
-``k``-th when its shards are taken in the order ``.nv-meta/split.yaml`` lists them and each shard's samples
-in their order in the tar, so a dataset and a LLaVA list written from it agree row for row.
+"""A prepared Megatron-Energon dataset as a map-style source: sample ``k`` of a split part (``train``
+unless ``--split-part`` names another) is the ``k``-th when that part's shards are taken in the order
+``.nv-meta/split.yaml`` lists them and each shard's samples in their order in the tar, so a dataset and a
+LLaVA list written from it agree row for row. What ``.nv-meta/`` holds is read by
+:mod:`~mimo_pipes.data.sources.energon_meta`, which names a missing piece.
 
 Sample ``j`` of a shard is read through Energon's own index of it (``<shard>.tar.idx``, the byte offset
 of every sample and of the shard's end, written by ``energon prepare``): one read of the sample's bytes,
@@ -9,10 +11,13 @@ whose tar members are split into its parts; images stay encoded (see
 :data:`OPEN_SHARDS` shards are open at a time (two files each: the tar and its index), the least
 recently read closed first, however many shards the dataset has.
 
-A sample that cannot be read (its shard missing or cut short, an index that no longer matches its shard)
-or that makes no conversation is handed on as a row that fails when processed
-(:data:`~mimo_pipes.data.bad_rows.ROW_FAULT`), its reason naming the shard and the sample's key: a run
-stops on it with that line, ``--skip-bad-samples`` replaces it, ``mimo-pipes check`` lists it.
+A shard that cannot be read whole is found once before any rank starts
+(:mod:`~mimo_pipes.data.sources.energon_checks`). A sample that cannot be read all the same (its shard gone since,
+an index that no longer matches its shard) or that makes no conversation is handed on as a row that fails
+when processed (:data:`~mimo_pipes.data.bad_rows.ROW_FAULT`), its reason naming the shard and the sample's
+key: a run stops on it with that line, ``--skip-bad-samples`` replaces it, ``mimo-pipes check`` lists it.
+Every row carries its place (``<shard> key <key>``, :data:`~mimo_pipes.data.bad_rows.ROW_PLACE`), so
+whatever reason a later step gives for it names the sample too.
 """
 
 from __future__ import annotations
@@ -28,11 +33,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mimo_pipes.data import bad_rows
+from mimo_pipes.data.sources.energon_meta import META, read_split, read_yaml, unprepared
 from mimo_pipes.data.sources.energon_samples import SampleKind, UnfitSample, sample_kind, sample_row
 from mimo_pipes.errors import ConfigError
 
 EXTRA = 'reading Energon datasets needs megatron-energon: pip install "mimo-pipes[energon]"'
-META = ".nv-meta"
 OPEN_SHARDS = 32
 """Shards kept open at once (two file handles each)."""
 
@@ -52,6 +57,17 @@ def is_energon(spec: str | Path) -> bool:
     if path.is_dir():
         return (path / META).is_dir()
     return path.suffix.lower() in (".yaml", ".yml") and path.is_file()
+
+
+def check_split(spec: str | Path | None, split: str) -> None:
+    """A split other than ``train`` is read from Energon datasets and metadatasets only: ConfigError otherwise."""
+    if split != "train" and (spec is None or not is_energon(spec)):
+        not_prepared = None if spec is None else unprepared(Path(spec).expanduser())
+        if not_prepared is not None:
+            raise ConfigError("--dataset", not_prepared)
+        named = "the embedded synthetic dataset" if spec is None else f"--dataset {spec}"
+        raise ConfigError("--split-part", f"{split!r} is a split of a Megatron-Energon dataset or metadataset; {named} is not one "
+                                          "(it is read whole, as train)")
 
 
 class ShardFault(Exception):
@@ -85,40 +101,27 @@ _SPAN = struct.Struct("QQ")  # as Energon's TarIndexWriter packs them
 
 
 class EnergonDataset:
-    """One prepared dataset's ``split`` (``train``): ``len``, and ``dataset[k]`` -> the row of sample ``k``.
+    """One prepared dataset's ``split`` part: ``len``, and ``dataset[k]`` -> the row of sample ``k``.
     Safe to read from several threads; picklable (a copy opens its own files)."""
 
     def __init__(self, path: str | Path, split: str = "train", *, open_shards: int = OPEN_SHARDS) -> None:
         energon()
-        from megatron.energon.epathlib import EPath
-        from megatron.energon.eyaml import load_yaml
-        from megatron.energon.flavors.webdataset.metadata import WebdatasetMeta, get_info_shard_files
-
         self.path = Path(path).expanduser()
         self.split = split
         self.open_shards = max(1, open_shards)
         where = f"{str(path)!r}"
-        try:
-            meta = WebdatasetMeta.from_config(EPath(self.path), split_part=split)
-            info_names = get_info_shard_files(EPath(self.path))
-        except Exception as error:  # noqa: BLE001 - any unreadable metadata is a bad --dataset
-            raise ConfigError("--dataset", f"{where} is not a prepared Energon dataset with a {split!r} split "
-                              f"(run energon prepare): {' '.join(str(error).split())[:300]}") from None
+        meta = read_split(self.path, split)
         if meta.sample_excludes:
             raise ConfigError("--dataset", f"{where}: split.yaml excludes single samples ({sorted(meta.sample_excludes)[0]}, ...); "
                               "mimo-pipes reads whole shards only: exclude shards, or prepare the dataset without them")
-        config_file = self.path / META / "dataset.yaml"
-        try:
-            config = load_yaml(config_file.read_bytes())
-        except Exception as error:  # noqa: BLE001
-            raise ConfigError("--dataset", f"cannot read {config_file}: {' '.join(str(error).split())[:300]}") from None
-        self.kind: SampleKind = sample_kind(config if isinstance(config, dict) else {}, str(config_file))
-        self.shards = [shard.name for shard in meta.shards]
-        self.counts = [int(shard.count) for shard in meta.shards]
+        self.config_file = self.path / META / "dataset.yaml"
+        config = read_yaml(self.config_file, "the sample type and field_map")
+        self.kind: SampleKind = sample_kind(config if isinstance(config, dict) else {}, str(self.config_file))
+        self.shards, self.counts = meta.shards, meta.counts
         self.starts = [0]
         for count in self.counts:
             self.starts.append(self.starts[-1] + count)
-        self.info_ids = {name: k for k, name in enumerate(info_names)}  # how the sqlite index numbers the shards
+        self.info_ids = {name: k for k, name in enumerate(meta.info_names)}  # how the sqlite index numbers the shards
         if self.starts[-1] == 0:
             raise ConfigError("--dataset", f"{where} has no samples in its {split!r} split")
         self._open: OrderedDict[int, _OpenShard] = OrderedDict()
@@ -140,17 +143,21 @@ class EnergonDataset:
         try:
             key, parts = self.read(shard, sample)
         except ShardFault as fault:
-            return {bad_rows.ROW_FAULT: {"kind": fault.kind, "reason": f"{name} key {self.key(shard, sample)}: {fault.reason}"}}
+            place = f"{name} key {self.key(shard, sample)}"
+            return {bad_rows.ROW_FAULT: {"kind": fault.kind, "reason": f"{place}: {fault.reason}"}, bad_rows.ROW_PLACE: place}
         try:
-            return sample_row(self.kind, parts, name, key)
+            row = sample_row(self.kind, parts, name, key)
         except UnfitSample as unfit:
-            return {bad_rows.ROW_FAULT: {"kind": bad_rows.UNFIT_SAMPLE, "reason": f"{name} key {key}: {unfit}"}}
+            row = {bad_rows.ROW_FAULT: {"kind": bad_rows.UNFIT_SAMPLE, "reason": f"{name} key {key}: {unfit}"}}
+        row[bad_rows.ROW_PLACE] = f"{name} key {key}"  # every reason a later step gives names it (bad_rows.placed)
+        return row
 
     # ------------------------------------------------------------------------------------------------
     # Reading
 
-    def read(self, shard: int, sample: int) -> tuple[str, dict[str, bytes]]:
-        """(key, {part: bytes}) of sample ``sample`` of shard ``shard``; ShardFault when it cannot be read."""
+    def read(self, shard: int, sample: int, *, every_part: bool = False) -> tuple[str, dict[str, bytes]]:
+        """(key, {part: bytes}) of sample ``sample`` of shard ``shard`` (the parts its kind reads, or with
+        ``every_part`` all); ShardFault when it cannot be read."""
         with self._lock:  # the LRU: no handle closed while read
             handle = self._handle(shard)
             try:
@@ -159,7 +166,7 @@ class EnergonDataset:
                 raise ShardFault(bad_rows.STALE_INDEX, f"its index has no entry for sample {sample} ({error})") from None
             if stop > handle.size:
                 head = os.pread(handle.fd, 512, start) if start < handle.size else b""
-                if head and not _is_header(head):  # the index points into other bytes: not a cut, a change
+                if head and not is_header(head):  # the index points into other bytes: not a cut, a change
                     raise ShardFault(bad_rows.STALE_INDEX, f"its index points at no tar member (byte {start}) and past the shard's "
                                      f"end ({handle.size} bytes): the shard changed after energon prepare; prepare the dataset again")
                 raise ShardFault(bad_rows.TRUNCATED_SHARD, f"the shard ends at byte {handle.size}, before this sample's end at "
@@ -169,7 +176,7 @@ class EnergonDataset:
             data = os.pread(handle.fd, stop - start, start)
         if len(data) < stop - start:
             raise ShardFault(bad_rows.TRUNCATED_SHARD, f"read {len(data)} of the sample's {stop - start} bytes: the shard is truncated")
-        return members(data, self.kind.parts)
+        return members(data, None if every_part else self.kind.parts)
 
     def _handle(self, shard: int) -> _OpenShard:
         handle = self._open.get(shard)
@@ -266,7 +273,7 @@ class EnergonDataset:
         return found
 
 
-def _is_header(block: bytes) -> bool:
+def is_header(block: bytes) -> bool:
     try:
         tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
     except tarfile.HeaderError:

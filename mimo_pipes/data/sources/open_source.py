@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from mimo_pipes.data.cache import cache_root
-from mimo_pipes.data.sources.energon_source import EnergonDataset, is_energon
+from mimo_pipes.data.sources.energon_source import EnergonDataset, check_split, is_energon
 from mimo_pipes.errors import ConfigError, json_error_text
 from mimo_pipes.observe.third_party import quiet_datasets
 
@@ -48,23 +48,47 @@ def dataset_folder(spec: str | Path) -> Path:
     return path if path.is_dir() else path.parent
 
 
-def check_source(spec: str | Path) -> None:
-    """Fail with ``ConfigError('--dataset', ...)`` unless ``spec`` names a readable source."""
+def check_source(spec: str | Path, split: str = "train") -> None:
+    """Fail with ``ConfigError`` unless ``spec`` names a readable source with a ``split`` part (``--dataset``,
+    or ``--split-part``). An Energon dataset's ``dataset.yaml`` is checked against its first samples."""
     from mimo_pipes.data.sources.saved_folder import check_dataset_path
 
     if is_energon(spec):
-        open_energon(spec)
-    elif Path(spec).expanduser().is_dir():
+        from mimo_pipes.data.sources.energon_checks import check_samples
+
+        source = open_energon(spec, split)
+        for part in getattr(source, "parts", [source]):
+            check_samples(part)
+        return
+    check_split(spec, split)
+    if Path(spec).expanduser().is_dir():
         check_dataset_path(spec)
     else:
         data_files(str(spec))
 
 
+def report_problems(dataset, *, skip_bad: bool, log) -> None:
+    """A source's rows that cannot be read, found before any rank starts (an Energon dataset's shards that are
+    missing, cut or without their index): refused without ``skip_bad``, else each said once with ``log``."""
+    from mimo_pipes.data.sources.energon_blend import EnergonBlend
+
+    if not isinstance(dataset, (EnergonDataset, EnergonBlend)):
+        return
+    from mimo_pipes.data.sources.energon_checks import refuse_source_problems, source_problems
+
+    problems, _ = source_problems(dataset)
+    if not skip_bad:
+        refuse_source_problems(problems, str(dataset.path))
+    for problem in problems:
+        log(f"--dataset: {problem.text}: {problem.kind}: {problem.reason}; its rows are replaced (--skip-bad-samples)")
+
+
 def open_source(spec: str | Path, split: str = "train"):
     """``spec`` as a :class:`datasets.Dataset` with a conversation column, images left undecoded (an
-    Energon dataset as :func:`open_energon` opens it)."""
+    Energon dataset as :func:`open_energon` opens it, its ``split`` part: ``--split-part``)."""
     if is_energon(spec):  # before datasets is imported: an Energon source does without it
         return open_energon(spec, split)
+    check_split(spec, split)
     import datasets
 
     from mimo_pipes.data.sources.saved_folder import open_dataset

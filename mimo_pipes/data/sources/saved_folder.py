@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mimo_pipes.data.paths import existing_folder
+from mimo_pipes.data.sources.energon_meta import unprepared
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.observe.third_party import quiet_datasets
 
@@ -19,7 +20,7 @@ def check_dataset_path(path: str | Path) -> Path:
     is_dataset = (p / "dataset_info.json").is_file() and (p / "state.json").is_file()
     is_dict = (p / "dataset_dict.json").is_file()
     if not (is_dataset or is_dict):
-        raise ConfigError("--dataset", f"{str(path)!r} was not written by save_to_disk; {hint}")
+        raise ConfigError("--dataset", unprepared(p) or f"{str(path)!r} was not written by save_to_disk; {hint}")
     return p
 
 

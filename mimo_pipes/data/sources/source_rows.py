@@ -10,8 +10,9 @@ too. Lines count from 1, rows from 0.
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,13 +33,13 @@ class Place:
 
 @dataclass(frozen=True)
 class Finding:
-    """A fault met reading the source itself: a malformed line (``row``: it stands for a dataset row), an
-    empty or unreadable file."""
+    """A fault met reading the source itself: a malformed line (``rows``: the dataset rows it stands for, 1),
+    an empty or unreadable file (0), a shard of an Energon dataset that cannot be read (its samples)."""
 
     place: Place
     kind: str
     reason: str
-    row: bool
+    rows: int
 
 
 @dataclass
@@ -52,8 +53,14 @@ class SourceRows:
     dataset: Any = None  # the source as a run opens it; None when it is read line by line
     files: list[str] | None = None  # its files (None: a save_to_disk folder)
     builder: str | None = None
+    unread: Callable[[int], bool] | None = None  # rows a finding stands for (a shard that cannot be read): not read
 
     def batches(self, size: int) -> Iterator[list[tuple[int, dict]]]:
+        if self.dataset is not None and self.unread is not None:
+            rows = (row for row in range(self.total) if not self.unread(row))
+            while chunk := list(itertools.islice(rows, size)):
+                yield [(row, self.dataset[row]) for row in chunk]
+            return
         if self.dataset is not None:
             for start in range(0, self.total, size):
                 yield list(enumerate(read_rows(self.dataset, start, min(start + size, self.total)), start))
@@ -90,15 +97,23 @@ class SourceRows:
         return {row: found.get(row) or Place((0, row), f"dataset row {row}") for row in wanted}
 
 
-def open_rows(spec: str) -> SourceRows:
-    """The rows of ``spec`` (a ``--dataset`` value). Raises ConfigError when the source cannot be read and
-    no line or file of it is to blame (a missing path, another kind of file, a column missing)."""
-    if Path(spec).expanduser().is_dir() or is_energon(spec):
-        dataset = open_source(spec)
+def open_rows(spec: str, split: str = "train") -> SourceRows:
+    """The rows of ``spec`` (a ``--dataset`` value; its ``split`` part). Raises ConfigError when the source
+    cannot be read and no line or file of it is to blame (a missing path, another kind of file, a column
+    missing). An Energon shard that cannot be read is one finding for all its samples, which are not read."""
+    if is_energon(spec):
+        from mimo_pipes.data.sources.energon_checks import source_problems
+
+        dataset = open_source(spec, split)
+        problems, unread = source_problems(dataset)
+        findings = [Finding(Place(p.order, p.text), p.kind, f"{p.reason}; its rows are not checked", rows=p.rows) for p in problems]
+        return SourceRows(spec, len(dataset), findings, dataset=dataset, unread=unread if problems else None)
+    if Path(spec).expanduser().is_dir():
+        dataset = open_source(spec, split)
         return SourceRows(spec, len(dataset), dataset=dataset)
     builder, files = data_files(spec)
     try:
-        dataset = open_source(spec)
+        dataset = open_source(spec, split)
     except ConfigError:
         if builder != "json":
             raise
@@ -133,7 +148,7 @@ def _has_rows(name: str) -> bool:
 
 
 def _empty_file(index: int, name: str) -> Finding:
-    return Finding(Place((index, 0), name), bad_rows.EMPTY_FILE, "holds no rows", row=False)
+    return Finding(Place((index, 0), name), bad_rows.EMPTY_FILE, "holds no rows", rows=0)
 
 
 def _json_entries(files: list[str]) -> Iterator[Entry]:
@@ -152,7 +167,7 @@ def _json_entries(files: list[str]) -> Iterator[Entry]:
             if value is not None:
                 for k, item in enumerate(value):
                     place = Place((index, k), f"{name} row {k} (dataset row {row})")
-                    yield place, row, item if isinstance(item, dict) else Finding(place, bad_rows.NOT_A_ROW, _not_a_row(item), row=True)
+                    yield place, row, item if isinstance(item, dict) else Finding(place, bad_rows.NOT_A_ROW, _not_a_row(item), rows=1)
                     row += 1
                 continue
         with open(name, "rb") as handle:
@@ -173,11 +188,11 @@ def _whole(index: int, name: str) -> tuple[list | None, Finding | None]:
         if error.msg == "Extra data":  # more than one value: JSON lines in a .json file
             return None, None
         place = Place((index, error.lineno), f"{name} line {error.lineno}")
-        return None, Finding(place, bad_rows.INVALID_JSON, f"{json_error_text(error, line=False)}; none of the file's rows can be read", row=False)
+        return None, Finding(place, bad_rows.INVALID_JSON, f"{json_error_text(error, line=False)}; none of the file's rows can be read", rows=0)
     except UnicodeDecodeError as error:
-        return None, Finding(Place((index, 0), name), bad_rows.INVALID_JSON, f"not UTF-8 text ({error.reason} at byte {error.start})", row=False)
+        return None, Finding(Place((index, 0), name), bad_rows.INVALID_JSON, f"not UTF-8 text ({error.reason} at byte {error.start})", rows=0)
     if not isinstance(value, list):
-        return None, Finding(Place((index, 0), name), bad_rows.NOT_A_ROW, f"holds a JSON {type(value).__name__}, not a list of rows", row=False)
+        return None, Finding(Place((index, 0), name), bad_rows.NOT_A_ROW, f"holds a JSON {type(value).__name__}, not a list of rows", rows=0)
     return value, None
 
 
@@ -185,10 +200,10 @@ def _line(raw: bytes, place: Place) -> dict | Finding:
     try:
         value = json.loads(raw.rstrip(b"\r\n"))
     except UnicodeDecodeError:
-        return Finding(place, bad_rows.INVALID_JSON, "not UTF-8 text", row=True)
+        return Finding(place, bad_rows.INVALID_JSON, "not UTF-8 text", rows=1)
     except json.JSONDecodeError as error:
-        return Finding(place, bad_rows.INVALID_JSON, f"{json_error_text(error, line=False)}", row=True)
-    return value if isinstance(value, dict) else Finding(place, bad_rows.NOT_A_ROW, _not_a_row(value), row=True)
+        return Finding(place, bad_rows.INVALID_JSON, f"{json_error_text(error, line=False)}", rows=1)
+    return value if isinstance(value, dict) else Finding(place, bad_rows.NOT_A_ROW, _not_a_row(value), rows=1)
 
 
 def _not_a_row(value: object) -> str:
