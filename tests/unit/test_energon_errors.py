@@ -24,7 +24,7 @@ from mimo_pipes.config import PipelineConfig  # noqa: E402
 from mimo_pipes.data import bad_rows  # noqa: E402
 from mimo_pipes.data.embedded.builtin_processor import default_processor_path  # noqa: E402
 from mimo_pipes.data.processing.processor import load_processor  # noqa: E402
-from mimo_pipes.data.sources import open_source  # noqa: E402
+from mimo_pipes.data.sources.open_source import open_source  # noqa: E402
 from mimo_pipes.errors import ConfigError  # noqa: E402
 from mimo_pipes_recipes.vlm_sft import prepare  # noqa: E402
 
