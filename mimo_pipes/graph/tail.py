@@ -60,7 +60,7 @@ def balanced_tail(
         masking = Masking(stand_in, layout.agreement_group) if stand_in is not None else None
         node = RowProcessor(node, settings=settings, process=process_rows, masking=masking)
     node = MicroBatchAssembler(node, settings=settings)
-    if settings.pack_sequences and settings.fields.tokens:
+    if settings.pack_sequences and settings.fields.packs:
         # One THD row per micro-batch, after the exchange: packing never changes which samples a rank holds.
         node = SequencePacker(node, settings=settings)
     return node
