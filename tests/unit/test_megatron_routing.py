@@ -92,3 +92,30 @@ def test_a_batch_first_output_is_cut_into_consecutive_samples() -> None:
     samples = torch.arange(8, dtype=torch.float32)[:, None, None].repeat(1, 2, 3)
     pieces = BridgeCommunicator._split_tensor_at_batch_dim(bridge, samples, 4)
     assert [piece[:, 0, 0].tolist() for piece in pieces] == [[float(i) for i in group] for group in peer_sample_ranges(8, 4)]
+
+
+def test_an_encoder_ranks_mimo_batch_holds_what_megatron_core_splits_by() -> None:
+    """An images rank's micro-batch of the built-in processor (packing on, as the language ranks pack theirs)
+    reaches MimoModel.forward with one input_ids row per sample whose placeholders are each sample's image
+    tokens, beside the encoder inputs; the token fields the language model trains on stay home."""
+    from mimo_pipes.config import PipelineConfig
+    from mimo_pipes.exchange import RankLayout
+    from mimo_pipes.megatron import MimoBatchSettings, mimo_batch
+    from mimo_pipes_recipes import vlm_sft
+
+    config = PipelineConfig(components=("language=dp=1", "images=dp=1,rank_offset=1"), micro_batch_size=4, seq_length=2048,
+                            embedded_samples=16, num_workers=1, pack_sequences_in_batch=True)
+    vlm_sft.prepare(config, log=lambda line: None)
+    processor = vlm_sft.open_processor(config)
+    settings = MimoBatchSettings.for_processor(processor, mrope=False)
+    loader = vlm_sft.build(config, RankLayout(0, 1, 1, module="images"))
+    try:
+        batch = next(iter(loader))
+    finally:
+        loader.close()
+    kwargs = mimo_batch(batch, settings)
+    counts = (kwargs["input_ids"] == processor.image_token_id).sum(dim=1).tolist()
+    assert kwargs["input_ids"].shape[0] == len(batch["sample_ids"]) == 4 and kwargs["packing_kwargs"] is None
+    assert counts == [int(tokens) for tokens in batch["image_tokens"]]
+    assert kwargs["modality_inputs"] is not None and all(kwargs[key] is None for key in ("labels", "loss_mask", "attention_mask"))
+    assert peer_row_counts(counts, sum(counts), 2) == [sum(counts[:2]), sum(counts[2:])]
