@@ -25,7 +25,7 @@ from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange.context import RankLayout
 from mimo_pipes.exchange.process_groups import build_rank_groups
 from mimo_pipes.parallel.pairing import pairing_problem
-from mimo_pipes.parallel.topology import LANGUAGE_MODULE, ModuleSpec, Topology, build_topology, canonical_slot_count
+from mimo_pipes.parallel.topology import DEFAULT_ORDER, LANGUAGE_MODULE, ModuleSpec, Topology, build_topology, canonical_slot_count
 
 GRID_MAP = "module_to_grid_map"
 # The dimensions a module's grid may name, fastest varying first as the pipeline lays ranks out (ep: expert
@@ -75,13 +75,18 @@ def module_spec(name: str, grid: Any) -> ModuleSpec:
         raise GridMapError(f"{name}: every size must be >= 1, got shape {shape}")
     if sizes.get("ep", 1) > 1:
         raise GridMapError(f"{name}: ep={sizes['ep']} in the base grid; expert parallelism belongs in a registered view")
-    placed = [dim for dim in dims if sizes[dim] > 1]
-    if placed != [dim for dim in PLACEMENT if dim in placed]:
-        raise GridMapError(
-            f"{name}: dim_names {dims} place ranks in the order {'-'.join(placed)}; the pipeline places a module's ranks "
-            f"{'-'.join(PLACEMENT)} (fastest first): list the dimensions of size > 1 in that order"
-        )
-    return ModuleSpec(name, tp=sizes.get("tp", 1), cp=sizes.get("cp", 1), pp=sizes.get("pp", 1), dp=sizes["dp"], rank_offset=offset)
+    return ModuleSpec(name, tp=sizes.get("tp", 1), cp=sizes.get("cp", 1), pp=sizes.get("pp", 1), dp=sizes["dp"], rank_offset=offset,
+                      order=placement_order(dims, sizes))
+
+
+def placement_order(dims: list[str], sizes: dict[str, int]) -> str:
+    """The module's placement order (fastest first) as a grid of these ``dim_names`` places its ranks: only the
+    dimensions of size > 1 decide it, so an order equivalent to the pipeline's default is written as the default."""
+    default = DEFAULT_ORDER.split("-")
+    placed = [dim for dim in dims if sizes[dim] > 1 and dim in default]
+    if placed == [dim for dim in default if dim in placed]:
+        return DEFAULT_ORDER
+    return "-".join(placed + [dim for dim in default if dim not in placed])
 
 
 def grid_layout(module_to_grid_map: Mapping[str, Any], *, micro_batch_size: int | None = None) -> GridLayout:

@@ -20,6 +20,8 @@ LAYOUTS = {
     "img1-lang-tp2-dp2": ({"images": {"offset": 0, "dp": 1}, "language": {"offset": 1, "tp": 2, "dp": 2}}, 8),
     "img1-lang-pp2-dp2": ({"images": {"offset": 0, "dp": 1}, "language": {"offset": 1, "pp": 2, "dp": 2}}, 4),
 }
+# megatron-core's default dimension order (dp inside pp): the pipeline places the language ranks as the grid does
+MEGATRON_ORDER = {"images": {"offset": 0, "dp": 1}, "language": {"offset": 1, "pp": 2, "dp": 2, "dims": ("tp", "cp", "dp", "pp")}}
 STREAMS = {
     "reorder": {"window_size": 1},
     "window-across": {"window_size": 2, "across": True},
@@ -34,6 +36,7 @@ def check_fan_out(results: list[dict], where: str, packed: bool = False) -> int:
     language = [r for r in results if r["module"] == "language"]
     encoders = [r for r in results if r["module"] != "language"]
     assert encoders and language, where
+    assert all(r["dp_rank"] == r["grid_dp_rank"] for r in results), f"{where}: a DP rank differs from its grid's"
     replicas: dict[tuple[int, int], dict] = {}
     for result in language:
         for record in result["records"]:
@@ -65,6 +68,14 @@ def test_each_language_peer_receives_the_rows_of_its_own_samples(gloo_pool, layo
     assert check_fan_out(results, f"{layout}, {stream}", packed=STREAMS[stream].get("pack", False)) == 4 * modules["images"]["dp"]
     uneven = {tuple(record["counts"]) for r in results if r["module"] == "images" for record in r["records"]}
     assert any(len(set(counts)) > 1 for counts in uneven), "the data must hold samples of different image sizes"
+
+
+def test_a_language_grid_in_megatrons_default_order_routes_alike(gloo_pool):
+    results = [r for r in gloo_pool.run(grid_micro_batches, MEGATRON_ORDER, steps=4, micro_batch_size=4, seed=11, window_size=2, across=True)
+               if r is not None]
+    assert check_fan_out(results, "img1-lang-pp2-dp2, dims tp-cp-dp-pp") == 4
+    replicas = {(r["dp_rank"], r["pp_rank"]) for r in results if r["module"] == "language"}
+    assert replicas == {(0, 0), (1, 0), (0, 1), (1, 1)}
 
 
 def test_after_an_elastic_resume_the_routing_holds(gloo_pool):

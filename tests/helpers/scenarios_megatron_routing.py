@@ -23,11 +23,15 @@ HIDDEN = 3
 
 
 def make_grids(modules: dict[str, dict]) -> dict:
-    """``{name: HyperCommGrid}`` from ``{name: {"offset": o, "tp": .., "pp": .., "dp": ..}}`` (dims tp, cp, pp, dp)."""
+    """``{name: HyperCommGrid}`` from ``{name: {"offset": o, "tp": .., "pp": .., "dp": .., "dims": (...)}}`` (dims
+    default tp, cp, pp, dp)."""
     from megatron.core.hyper_comm_grid import HyperCommGrid
 
-    return {name: HyperCommGrid([spec.get(dim, 1) for dim in GRID_DIMS], list(GRID_DIMS), rank_offset=spec["offset"])
-            for name, spec in modules.items()}
+    grids = {}
+    for name, spec in modules.items():
+        dims = list(spec.get("dims", GRID_DIMS))
+        grids[name] = HyperCommGrid([spec.get(dim, 1) for dim in dims], dims, rank_offset=spec["offset"])
+    return grids
 
 
 def placeholder_counts(batch: dict) -> list[int]:
@@ -56,10 +60,13 @@ def _loader(modules: dict[str, dict], *, micro_batch_size: int, window_size: int
 
 
 def _place(modules: dict[str, dict]) -> dict:
+    """This rank's place as the pipeline lays it out, and its DP rank as its grid enumerates it."""
     rank = dist.get_rank()
-    position = grid_layout(make_grids(modules)).topology.position(rank)
+    grids = make_grids(modules)
+    position = grid_layout(grids).topology.position(rank)
+    grid_dp = next(group.index(rank) for group in grids[position.module.name].get_rank_enum(["dp"]) if rank in group)
     return {"module": position.module.name, "dp_rank": position.dp_rank, "dp_size": position.dp_size,
-            "tp_rank": position.tp_rank, "pp_rank": position.pp_rank}
+            "tp_rank": position.tp_rank, "pp_rank": position.pp_rank, "grid_dp_rank": grid_dp}
 
 
 def _records(loader, steps: int) -> list[dict]:

@@ -43,21 +43,23 @@ def grid_map(world_size: int, **modules: dict) -> dict:
         return {name: grid(**spec) for name, spec in modules.items()}
 
 
-layouts = st.tuples(st.integers(1, 2), st.integers(1, 3), st.integers(1, 2), st.integers(1, 2), st.booleans())
+layouts = st.tuples(st.integers(1, 2), st.integers(1, 3), st.integers(1, 2), st.integers(1, 2), st.booleans(),
+                    st.sampled_from([("tp", "cp", "pp", "dp"), ("tp", "cp", "dp", "pp"), ("dp", "tp", "pp", "cp"), ("pp", "dp", "tp", "cp")]))
 
 
 @settings(max_examples=40, deadline=None)
 @given(layouts)
 def test_every_rank_is_placed_as_the_grids_enumerate_it(layout) -> None:
-    """Images dp e (tp 1 or 2) then language of tp, pp and dp k*e: each module's DP groups, and every rank's DP,
-    TP and PP coordinates, are the grids' own enumerations; the specs written out give the same topology."""
-    encoder_dp, k, tp, pp, language_first = layout
+    """Images dp e (tp 1 or 2) then language of tp, pp and dp k*e, the language grid's dims in any order: each
+    module's DP groups, and every rank's DP, TP and PP coordinates, are the grids' own enumerations; the specs
+    written out give the same topology."""
+    encoder_dp, k, tp, pp, language_first, dims = layout
     encoder_tp = 2 if language_first else 1
     encoder_size, language_size = encoder_tp * encoder_dp, tp * pp * encoder_dp * k
     offsets = (language_size, 0) if language_first else (0, encoder_size)
     grids = grid_map(encoder_size + language_size,
                      images={"offset": offsets[0], "tp": encoder_tp, "dp": encoder_dp},
-                     language={"offset": offsets[1], "tp": tp, "pp": pp, "dp": encoder_dp * k})
+                     language={"offset": offsets[1], "tp": tp, "pp": pp, "dp": encoder_dp * k, "dims": dims})
     layout_ = grid_layout(grids, micro_batch_size=4 * encoder_dp * k)
     topology = layout_.topology
     assert not layout_.colocated and topology.world_size == encoder_size + language_size
@@ -73,12 +75,17 @@ def test_every_rank_is_placed_as_the_grids_enumerate_it(layout) -> None:
 
 
 def test_grids_in_megatrons_own_dimension_orders_are_read_alike() -> None:
-    """dim_names in megatron-core's default order (tp, cp, dp, pp) with pp 1, or without the size-1 dimensions."""
+    """dim_names in megatron-core's default order (tp, cp, dp, pp) with pp 1, or without the size-1 dimensions,
+    are the pipeline's default placement; with pp and dp both > 1 that order is written into the spec."""
     grids = grid_map(6, images={"offset": 0, "dims": ("tp", "cp", "dp", "pp"), "dp": 2},
                      language={"offset": 2, "dims": ("tp", "dp"), "tp": 2, "dp": 2})
     topology = grid_layout(grids).topology
     assert [m.spec for m in topology.modules] == ["images=tp=1,cp=1,pp=1,dp=2,etp=1,rank_offset=0",
                                                   "language=tp=2,cp=1,pp=1,dp=2,etp=1,rank_offset=2"]
+    grids = grid_map(5, images={"offset": 0}, language={"offset": 1, "dims": ("tp", "cp", "dp", "pp"), "pp": 2, "dp": 2})
+    language = grid_layout(grids).topology.module("language")
+    assert language.spec == "language=tp=1,cp=1,pp=2,dp=2,etp=1,rank_offset=1,order=dp-pp-tp-cp"
+    assert [grid_layout(grids).topology.position(rank).pp_rank for rank in range(1, 5)] == [0, 0, 1, 1]
 
 
 def test_colocated_grids_are_one_module_holding_every_field() -> None:
@@ -99,8 +106,6 @@ REFUSED = {
     "gap": ({"images": {"offset": 0, "dp": 1}, "language": {"offset": 2, "dp": 2}}, 4, "rank 1 belongs to no module"),
     "encoder pp": ({"images": {"offset": 0, "pp": 2}, "language": {"offset": 2, "dp": 2}}, 4, "images: encoder pipeline parallelism"),
     "context parallel": ({"images": {"offset": 0}, "language": {"offset": 1, "cp": 2}}, 3, "language cp=2: megatron-core's BridgeCommunicator"),
-    "dp inside pp": ({"images": {"offset": 0}, "language": {"offset": 1, "dims": ("tp", "cp", "dp", "pp"), "pp": 2, "dp": 2}}, 5,
-                     "language: dim_names ['tp', 'cp', 'dp', 'pp'] place ranks in the order dp-pp"),
     "no dp": ({"images": {"offset": 0, "dims": ("tp",)}, "language": {"offset": 1}}, 2, "images: the grid has no 'dp' dimension"),
     "unknown dimension": ({"images": {"offset": 0, "dims": ("tp", "xp", "dp")}, "language": {"offset": 1}}, 2, "images: dimension 'xp'"),
 }
