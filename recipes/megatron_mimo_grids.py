@@ -289,7 +289,9 @@ def train_run(args: argparse.Namespace, place: Place, reorder: str) -> list[dict
         vlm_sft.prepare(config, log=lambda line: print(line, flush=True))
     dist.barrier()
     processor = vlm_sft.open_processor(config)
-    settings = MimoBatchSettings.for_processor(processor, modality=colocated.MODALITY, encoder_key=colocated.ENCODER_KEY, stage=place.stage)
+    # An encoder rank's MimoModel reads input_ids (to split its output per sample) and the encoder inputs, never positions.
+    settings = MimoBatchSettings.for_processor(processor, modality=colocated.MODALITY, encoder_key=colocated.ENCODER_KEY, stage=place.stage,
+                                               mrope=place.is_language)
     model, language, optimizer = build_model(args, place, len(processor.tokenizer), processor.image_token_id)
     totals: dict[str, float] = {}
     language.finalize_model_grads_func = finalize_grads(place, model, totals)
