@@ -1,30 +1,29 @@
-"""Recipe: megatron-core's ``MimoModel`` non-colocated, vision and language on their own GPUs.
+"""Recipe: megatron-core's ``MimoModel`` non-colocated, trained through megatron-core's own machinery.
 
-The model of :mod:`mimo_pipes_recipes.megatron_mimo_train`, laid out through
-``MimoModelConfig.module_to_grid_map``: one ``HyperCommGrid`` per module, the vision module on ranks
-``[0, d)`` and the language module on ranks ``[d, 2d)`` (``--dp d`` each, tp = cp = pp = 1). Each rank
-builds only its module (``MimoModel`` reads its role from the grids), wraps it in megatron-core's
-``DistributedDataParallel`` over its grid's data-parallel group, and the two modules share one
-``MimoOptimizer`` (``get_mimo_optimizer``). Each rank reads its module's micro-batches from the pipeline
-(the graph of :mod:`mimo_pipes_recipes.vlm_sft` for its place in the topology ``images=dp=d`` +
-``language=dp=d``): vision rank i and language rank i hold the same samples in the same order, which the
-bridge below checks by sample id. Every micro-batch reaches ``MimoModel.forward`` through
-:func:`mimo_pipes.megatron.mimo_batch` alone: on vision ranks its ``modality_inputs``, on language ranks
-its token fields.
+The model of :mod:`mimo_pipes_recipes.megatron_mimo_train`, laid out through ``MimoModelConfig.module_to_grid_map``:
+one ``HyperCommGrid`` per module, the vision module on ranks ``[0, E)`` (``--images-dp E``, tp = pp = 1) and the
+language model on the ranks after them (``--language-tp``, ``--language-pp``, ``--language-dp``; the language
+DP size a multiple of the vision one: megatron-core's bridge fans out, never in). The same grids lay the pipeline
+out (:func:`mimo_pipes.megatron.grids.rank_layout`): each rank reads its module's micro-batches, and each vision
+rank's micro-batch is its language peers' concatenated in order, holding ``input_ids`` so that ``MimoModel``
+splits its output per sample and the bridge hands each language replica the rows of its own samples
+(:mod:`mimo_pipes.megatron.routing`).
 
-The bridge between the modules is point-to-point, vision rank i to language rank i (equal DP sizes: the
-flat ``[image tokens, hidden]`` output goes whole to one peer): the vision rank sends its embeddings, the
-language rank hands them to ``MimoModel.set_input_tensor``, and sends their gradient back after its
-backward. The loss is per token over the iteration on every language rank (summed over the language DP
-group); the gradients of both modules are divided by that count before the optimizer step.
+Per module: megatron-core's ``DistributedDataParallel`` over the grid's groups; one ``MimoOptimizer``
+(``get_mimo_optimizer``) for both. Activations and gradients cross the modules through megatron-core's
+``MultiModulePipelineCommunicator`` (a ``BridgeCommunicator`` on the vision -> language edge, point-to-point
+inside the language pipeline) under its 1F1B schedule (``forward_backward_pipelining_without_interleaving``).
+The loss is per token over the iteration: the loss tokens of the language model's last stage, summed over its
+DP replicas, divide both modules' gradients. Every micro-batch reaches ``MimoModel.forward`` through
+:func:`mimo_pipes.megatron.mimo_batch` alone, with the keys its pipeline stage takes.
 
-Run with one process per GPU, 2d GPUs (``--reorder off,on`` runs both from the same weights and prints
-whether their losses agree)::
+Run with one process per GPU, E + tp * pp * dp GPUs (``--reorder off,on`` runs both from the same weights)::
 
-    torchrun --nproc-per-node 2 -m mimo_pipes_recipes.megatron_mimo_grids --iterations 20 --reorder off,on
-    torchrun --nproc-per-node 4 -m mimo_pipes_recipes.megatron_mimo_grids --dp 2 --iterations 20 --reorder off,on
+    torchrun --nproc-per-node 3 -m mimo_pipes_recipes.megatron_mimo_grids --images-dp 1 --language-dp 2 --reorder off,on
+    torchrun --nproc-per-node 6 -m mimo_pipes_recipes.megatron_mimo_grids --images-dp 2 --language-dp 4
 
-``--backend gloo`` runs the same on one GPU shared by the processes (a smoke test of the wiring).
+Needs CUDA GPUs and megatron-core 0.19 or later (``module_to_grid_map``, ``get_mimo_optimizer``, the bridge's
+per-sample split sizes); without either it says so in one line and exits with status 2 before building anything.
 """
 
 from __future__ import annotations
@@ -34,7 +33,8 @@ import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -42,246 +42,330 @@ import torch
 import torch.distributed as dist
 
 from mimo_pipes.config import PipelineConfig
-from mimo_pipes.megatron import MimoBatchSettings, mimo_batch, require_mrope_and_packing
+from mimo_pipes.errors import ConfigError
+from mimo_pipes.megatron import MimoBatchSettings, mimo_batch, require_mrope_and_packing, stage_of
+from mimo_pipes.megatron.grids import grid_layout, rank_layout
 from mimo_pipes_recipes import megatron_mimo_train as colocated
 from mimo_pipes_recipes import vlm_sft
 
+NAME = "megatron_mimo_grids"
 LANGUAGE = "language"  # megatron-core's fixed key of the language module in module_to_grid_map
-GRID_DIMS = ["tp", "cp", "dp", "pp"]
+MINIMUM_MEGATRON_CORE = (0, 19)
+GRID_DIMS = ["tp", "cp", "pp", "dp"]  # fastest first: the order the pipeline places a module's ranks in
+EXPERT_DIMS = ["expt_tp", "ep", "pp", "expt_dp"]  # the view get_mimo_optimizer reads its expert groups from
+DENSE_GROUPS = ("tp", "cp", "dp", "pp", ["dp", "cp"], ["tp", "pp"], ["tp", "cp"], ["tp", "cp", "dp", "pp"], ["tp", "dp", "cp"])
+EXPERT_GROUPS = (["expt_tp", "ep", "pp"], "expt_dp", "ep", "expt_tp")
+
+
+# ---------------------------------------------------------------------------------------------- settings
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """The colocated recipe's settings plus ``--dp`` (each module's data-parallel size) and ``--backend``
-    (``nccl``; ``gloo`` lets two processes share one GPU for a smoke test, the bridge going through host
-    memory)."""
+    """The colocated recipe's settings plus each module's parallel sizes (and ``--backend``, which must be
+    ``nccl``: megatron-core's communicators make NCCL groups)."""
     own = argparse.ArgumentParser(add_help=False)
-    own.add_argument("--dp", type=int, default=1)
+    for flag, default in (("--images-dp", 1), ("--language-dp", 2), ("--language-tp", 1), ("--language-pp", 1)):
+        own.add_argument(flag, type=int, default=default)
     own.add_argument("--backend", choices=("nccl", "gloo"), default="nccl")
     known, rest = own.parse_known_args(list(sys.argv[1:] if argv is None else argv))
-    if known.dp < 1:
-        own.error(f"--dp: must be >= 1, got {known.dp}")
+    for name in ("images_dp", "language_dp", "language_tp", "language_pp"):
+        if getattr(known, name) < 1:
+            own.error(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(known, name)}")
     args = colocated.parse_args(rest)
-    args.dp, args.backend = known.dp, known.backend
+    for name in ("images_dp", "language_dp", "language_tp", "language_pp", "backend"):
+        setattr(args, name, getattr(known, name))
     return args
 
 
-def components(dp: int) -> tuple[str, ...]:
-    return (f"{colocated.MODALITY}=tp=1,dp={dp},rank_offset=0", f"{LANGUAGE}=tp=1,pp=1,dp={dp},rank_offset={dp}")
+def megatron_core_problem(installed: str | None = None) -> str | None:
+    """Why the installed megatron-core cannot run this recipe (None: it can)."""
+    if installed is None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            installed = version("megatron-core")
+        except PackageNotFoundError:
+            return "needs megatron-core 0.19 or later; it is not installed"
+    try:
+        major_minor = tuple(int(part) for part in installed.split(".")[:2])
+    except ValueError:
+        return f"cannot read the megatron-core version {installed!r}; needs 0.19 or later"
+    if major_minor < MINIMUM_MEGATRON_CORE:
+        return (f"needs megatron-core 0.19 or later (MimoModel's module_to_grid_map, get_mimo_optimizer, the bridge's "
+                f"per-sample split sizes); installed {installed} (0.18 and later need Python >= 3.12)")
+    return None
 
 
-def pipeline_config(args: argparse.Namespace, reorder: str) -> PipelineConfig:
+def world_problem(args: argparse.Namespace, world_size: int) -> str | None:
+    needed = args.images_dp + args.language_tp * args.language_pp * args.language_dp
+    if world_size != needed:
+        return (f"--images-dp {args.images_dp} + --language-tp {args.language_tp} x --language-pp {args.language_pp} x "
+                f"--language-dp {args.language_dp} needs {needed} processes, got {world_size}")
+    return None
+
+
+def module_grids(args: argparse.Namespace, *, create_groups: bool = True) -> dict[str, Any]:
+    """``module_to_grid_map``: the vision grid on the first ranks, the language grid after it. With
+    ``create_groups`` every group DDP, the optimizer and the communicator ask for is made (a collective)."""
+    from megatron.core.hyper_comm_grid import HyperCommGrid
+
+    sizes = {colocated.MODALITY: (1, 1, args.images_dp, 0),
+             LANGUAGE: (args.language_tp, args.language_pp, args.language_dp, args.images_dp)}
+    grids = {}
+    for name, (tp, pp, dp, offset) in sizes.items():
+        grid = HyperCommGrid([tp, 1, pp, dp], list(GRID_DIMS), rank_offset=offset)
+        if create_groups:
+            grid.register_view("expert", [tp, 1, pp, dp], list(EXPERT_DIMS), shared_dims=["pp"])
+            for dims in DENSE_GROUPS:
+                grid.create_pg(dims)
+            for dims in EXPERT_GROUPS:
+                grid.create_pg(dims, view="expert")
+        grids[name] = grid
+    return grids
+
+
+def pipeline_config(args: argparse.Namespace, reorder: str, components: Sequence[str]) -> PipelineConfig:
     config = colocated.pipeline_config(args, reorder)
-    config.components = components(args.dp)
+    config.components = tuple(components)
     return config
 
 
-def module_grid(dp: int, rank_offset: int, backend: str = "nccl") -> Any:
-    """One module's ``HyperCommGrid`` (tp = cp = pp = 1) with the groups DDP and the MIMO optimizer ask for;
-    every rank of the world creates every grid's groups (a collective)."""
-    from megatron.core.hyper_comm_grid import HyperCommGrid
-
-    grid = HyperCommGrid([1, 1, dp, 1], GRID_DIMS, rank_offset=rank_offset, backend=backend)
-    grid.register_view("expert", [1, 1, dp, 1], ["expt_tp", "ep", "expt_dp", "pp"], shared_dims=["pp"])
-    for dims in ("tp", "cp", "dp", "pp", ["dp", "cp"], ["tp", "pp"], ["tp", "cp"], ["tp", "cp", "dp", "pp"], ["tp", "dp", "cp"]):
-        grid.create_pg(dims)
-    for dims in (["expt_tp", "ep", "pp"], "expt_dp", "ep", "expt_tp"):
-        grid.create_pg(dims, view="expert")
-    return grid
+# ------------------------------------------------------------------------------------------------ model
 
 
 def pg_collection(grid: Any) -> Any:
+    """One module's process groups, from its grid (the groups ``module_grids`` made)."""
     from megatron.core.process_groups_config import ProcessGroupCollection
 
     pgs = ProcessGroupCollection()
     pgs.tp, pgs.cp, pgs.dp, pgs.pp = grid.get_pg("tp"), grid.get_pg("cp"), grid.get_pg("dp"), grid.get_pg("pp")
-    pgs.dp_cp = grid.get_pg(["dp", "cp"])
-    pgs.mp = grid.get_pg(["tp", "pp"])
-    pgs.tp_cp = grid.get_pg(["tp", "cp"])
+    pgs.dp_cp, pgs.mp, pgs.tp_cp = grid.get_pg(["dp", "cp"]), grid.get_pg(["tp", "pp"]), grid.get_pg(["tp", "cp"])
     pgs.tp_dp_cp = grid.get_pg(["tp", "dp", "cp"])
-    pgs.expt_dp = grid.get_pg("expt_dp", view="expert")
-    pgs.ep = grid.get_pg("ep", view="expert")
-    pgs.expt_tp = grid.get_pg("expt_tp", view="expert")
-    pgs.tp_ep_pp = grid.get_pg(["expt_tp", "ep", "pp"], view="expert")
     pgs.intra_dist_opt = grid.get_pg(["tp", "cp", "dp", "pp"])
+    pgs.expt_dp, pgs.ep = grid.get_pg("expt_dp", view="expert"), grid.get_pg("ep", view="expert")
+    pgs.expt_tp, pgs.tp_ep_pp = grid.get_pg("expt_tp", view="expert"), grid.get_pg(["expt_tp", "ep", "pp"], view="expert")
+    pgs.embd = pgs.pos_embd = None  # input and output embeddings are not shared (share_embeddings_and_output_weights False)
     return pgs
 
 
-class GridRank:
-    """This rank's module, peer and groups."""
+class Place:
+    """This rank's module, its groups and its language pipeline stage."""
 
-    def __init__(self, dp: int, backend: str = "nccl") -> None:
-        self.rank, world = dist.get_rank(), dist.get_world_size()
-        if world != 2 * dp:
-            raise SystemExit(f"megatron_mimo_grids: --dp {dp} needs {2 * dp} processes, got {world}")
-        self.grids = {colocated.MODALITY: module_grid(dp, 0, backend), LANGUAGE: module_grid(dp, dp, backend)}
-        self.host_bridge = backend == "gloo"  # Gloo sends host tensors
-        self.is_vision = self.rank < dp
-        self.module = colocated.MODALITY if self.is_vision else LANGUAGE
-        self.peer = self.rank + dp if self.is_vision else self.rank - dp
-        self.grid = self.grids[self.module]
-        self.pgs = pg_collection(self.grid)
+    def __init__(self, grids: dict[str, Any]) -> None:
+        self.rank = dist.get_rank()
+        self.grids = grids
+        self.module = next(name for name, grid in grids.items() if grid.is_current_rank_in_grid())
+        self.is_language = self.module == LANGUAGE
+        self.pgs = pg_collection(grids[self.module])
+        self.stage = stage_of(self.pgs.pp.rank(), self.pgs.pp.size())
+        self.counts_tokens = self.is_language and self.stage in ("only", "last") and self.pgs.tp.rank() == 0
 
 
-def build_model(args: argparse.Namespace, place: GridRank, vocab_size: int, image_token_id: int) -> tuple[Any, Any, Any]:
-    """(``MimoModel`` holding only this rank's module, that module wrapped in DDP, the ``MimoOptimizer``)."""
+def build_model(args: argparse.Namespace, place: Place, vocab_size: int, image_token_id: int) -> tuple[Any, Any, Any]:
+    """(``MimoModel`` holding this rank's module, that module in megatron-core's DDP, the ``MimoOptimizer``)."""
     from megatron.core import tensor_parallel
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.models.mimo import MimoModel, get_mimo_optimizer
 
     torch.manual_seed(args.seed)
-    tensor_parallel.model_parallel_cuda_manual_seed(args.seed)
+    tensor_parallel.model_parallel_cuda_manual_seed(args.seed, tp_rank=place.pgs.tp.rank())
     config = colocated.mimo_model_config(args, vocab_size, image_token_id, module_to_grid_map=place.grids)
-    language = config.language_model_spec.params["config"]
-    language.calculate_per_token_loss = True  # DDP sums gradients; they are divided by the loss tokens below
-    language.variable_seq_lengths = True
+    params = config.language_model_spec.params
+    language = params["config"]
+    language.tensor_model_parallel_size, language.pipeline_model_parallel_size = args.language_tp, args.language_pp
+    language.calculate_per_token_loss = True  # the schedule counts loss tokens; the gradients are divided below
+    language.variable_seq_lengths = True  # megatron-core's multi-module schedule requires it
+    language.pipeline_dtype = torch.float32
+    if place.is_language:
+        params.update(pg_collection=place.pgs, pre_process=place.stage in ("only", "first"),
+                      post_process=place.stage in ("only", "last"))
     model = MimoModel(config).cuda()
     ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=False)
-    inner = model.modality_submodules[colocated.MODALITY] if place.is_vision else model.language_model
-    wrapped = DistributedDataParallel(language, ddp_config, inner, pg_collection=place.pgs)
-    if place.is_vision:
-        model.modality_submodules[colocated.MODALITY] = wrapped
+    if place.is_language:
+        model.language_model = DistributedDataParallel(language, ddp_config, model.language_model, pg_collection=place.pgs)
     else:
-        model.language_model = wrapped
-    return model, wrapped, get_mimo_optimizer(model, colocated.optimizer_config(args))
+        inner = model.modality_submodules[colocated.MODALITY]
+        model.modality_submodules[colocated.MODALITY] = DistributedDataParallel(language, ddp_config, inner, pg_collection=place.pgs)
+    model.config = language  # the schedule reads its settings and callbacks here
+    return model, language, get_mimo_optimizer(model, colocated.optimizer_config(args))
 
 
-def send_tensor(tensor: torch.Tensor, place: GridRank) -> None:
-    dist.send(tensor.detach().cpu() if place.host_bridge else tensor.detach().contiguous(), dst=place.peer)
+def finalize_grads(place: Place, model: Any, totals: dict[str, float]):
+    """The schedule's ``finalize_model_grads_func``: the loss tokens of the iteration (the language model's last
+    stage, summed over its DP replicas) reach every rank; each module's DDP reduces its gradients over its DP
+    group, divided by those tokens."""
+    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+
+    def finalize(_models, num_tokens, pg_collection=None, force_all_reduce=False, **_ignored):
+        tokens = torch.zeros(1, dtype=torch.float64, device="cuda")
+        if place.counts_tokens and num_tokens is not None:
+            tokens += num_tokens.double().sum()
+            dist.all_reduce(tokens, group=place.pgs.dp_cp)
+            if place.pgs.dp.rank() != 0:
+                tokens.zero_()
+        dist.all_reduce(tokens, op=dist.ReduceOp.MAX)  # every rank, both modules: the same count
+        totals["tokens"] = float(tokens)
+        module = model.language_model if place.is_language else model.modality_submodules[colocated.MODALITY]
+        finalize_model_grads([module], num_tokens=None, pg_collection=place.pgs, force_all_reduce=force_all_reduce)
+        module.scale_gradients(1.0 / max(totals["tokens"], 1.0))
+
+    return finalize
 
 
-def recv_tensor(like: torch.Tensor, place: GridRank) -> torch.Tensor:
-    buffer = torch.empty_like(like, device="cpu") if place.host_bridge else like
-    dist.recv(buffer, src=place.peer)
-    return buffer.to(like.device)
+# --------------------------------------------------------------------------------------------- training
 
 
-def send_object(value: Any, peer: int) -> None:
-    dist.send_object_list([value], dst=peer)
-
-
-def recv_object(peer: int) -> Any:
-    box = [None]
-    dist.recv_object_list(box, src=peer)
-    return box[0]
-
-
-def vision_microbatch(model: Any, batch: dict[str, Any], settings: MimoBatchSettings, place: GridRank, device: torch.device) -> None:
-    """Encode, send the embeddings to the language peer, and backpropagate the gradient it returns."""
-    kwargs = colocated.to_device(mimo_batch(batch, settings), device)
-    outputs, _ = model(**kwargs)
-    embeddings = outputs[colocated.MODALITY]
-    send_object((list(batch["sample_ids"]), tuple(embeddings.shape), embeddings.dtype), place.peer)
-    if embeddings.numel():
-        send_tensor(embeddings, place)
-        embeddings.backward(recv_tensor(torch.empty_like(embeddings), place))
-
-
-def language_microbatch(model: Any, batch: dict[str, Any], settings: MimoBatchSettings, place: GridRank, device: torch.device) -> tuple[torch.Tensor, float]:
-    """Receive the peer's embeddings, forward and backward of the summed per-token loss, send the
-    embeddings' gradient back; returns the loss sum and the loss tokens."""
-    sample_ids, shape, dtype = recv_object(place.peer)
-    if sample_ids != list(batch["sample_ids"]):
-        raise RuntimeError(f"micro-batch {batch['step']}: the vision peer encoded samples {sample_ids}, this rank holds {batch['sample_ids']}")
-    embeddings = torch.empty(shape, dtype=dtype, device=device)
-    if embeddings.numel():
-        embeddings = recv_tensor(embeddings, place)
-    embeddings.requires_grad_(True)
-    model.set_input_tensor({colocated.MODALITY: embeddings})
-    kwargs = colocated.to_device(mimo_batch(batch, settings), device)
-    output, loss_mask = model(**kwargs)
+def loss_func(loss_mask: torch.Tensor, output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """Summed per-token loss, its token count, and both for the log (megatron-core's per-token-loss contract)."""
     token_loss = (output.float() * loss_mask.float()).sum()
-    token_loss.backward()
-    if embeddings.numel():
-        send_tensor(embeddings.grad, place)
-    return token_loss.detach().double(), float(kwargs["loss_mask"].sum())
+    tokens = loss_mask.float().sum().to(torch.int)
+    return token_loss, tokens, {"lm loss": torch.stack((token_loss.detach(), tokens.detach().float()))}
 
 
-def train_run(args: argparse.Namespace, place: GridRank, reorder: str) -> list[dict[str, Any]]:
-    from mimo_pipes.cli.rank.setup import set_up_rank
+def forward_step(data_iterator: Iterator[dict[str, Any]], model: Any) -> tuple[Any, Any]:
+    output, loss_mask = model(**next(data_iterator))
+    return output, partial(loss_func, loss_mask)
 
+
+def forward_inputs(loader: Iterator[dict], settings: MimoBatchSettings) -> Iterator[dict[str, Any]]:
+    """Each micro-batch as ``MimoModel.forward``'s keyword arguments for this rank's stage, on its GPU."""
     device = colocated.training_device()
-    config = pipeline_config(args, reorder)
+    for batch in loader:
+        yield colocated.to_device(mimo_batch(batch, settings), device)
+
+
+def communicator(model: Any, place: Place) -> tuple[Any, Any]:
+    """megatron-core's multi-module communicator (vision -> language; the vision output is flat, 2-D) and the
+    schedule's process groups for this rank."""
+    from megatron.core.pipeline_parallel.multimodule_communicator import MultiModulePipelineCommunicator
+    from megatron.core.process_groups_config import MultiModuleProcessGroupCollection
+
+    links = {colocated.MODALITY: [LANGUAGE], LANGUAGE: []}
+    comm = MultiModulePipelineCommunicator(place.grids, links, model.config, dim_mapping={"s": 0, "b": 1, "h": 2},
+                                           module_output_ndim={colocated.MODALITY: 2})
+    groups = MultiModuleProcessGroupCollection(module_pgs={place.module: place.pgs},
+                                               language_model_module_name=LANGUAGE if place.is_language else None)
+    return comm, groups
+
+
+def iteration(args: argparse.Namespace, model: Any, optimizer: Any, inputs: Iterator[dict], comm: Any, groups: Any,
+              totals: dict[str, float]) -> dict[str, Any]:
+    """One iteration: ``--microbatches`` micro-batches through megatron-core's 1F1B schedule, then the step."""
+    from megatron.core.pipeline_parallel.schedules import forward_backward_pipelining_without_interleaving
+
+    torch.cuda.synchronize()
+    began = time.perf_counter()
+    model.zero_grad_buffer()
+    optimizer.zero_grad()
+    losses = forward_backward_pipelining_without_interleaving(
+        forward_step_func=forward_step, data_iterator=inputs, model=[model], num_microbatches=args.microbatches,
+        seq_length=args.seq_length, micro_batch_size=args.micro_batch_size // args.language_dp, forward_only=False,
+        p2p_communicator=comm, pg_collection=groups,
+    )
+    updated, grad_norm, _ = optimizer.step()
+    torch.cuda.synchronize()
+    loss_sum = torch.zeros(1, dtype=torch.float64, device="cuda")
+    for item in losses or []:
+        loss_sum += item["lm loss"][0].double()
+    return {"loss_sum": loss_sum, "tokens": totals.get("tokens", 0.0), "updated": bool(updated),
+            "grad_norm": None if grad_norm is None else float(grad_norm), "ms": (time.perf_counter() - began) * 1e3}
+
+
+def everywhere(loss_sum: torch.Tensor, place: Place) -> torch.Tensor:
+    """The iteration's summed loss (the language model's last stage, over its DP replicas) on every rank."""
+    if place.counts_tokens:
+        dist.all_reduce(loss_sum, group=place.pgs.dp_cp)
+    if not place.counts_tokens or place.pgs.dp.rank() != 0:
+        loss_sum.zero_()
+    dist.all_reduce(loss_sum)
+    return loss_sum
+
+
+def train_run(args: argparse.Namespace, place: Place, reorder: str) -> list[dict[str, Any]]:
+    components = grid_layout(place.grids, micro_batch_size=args.micro_batch_size).components
+    config = pipeline_config(args, reorder, components)
     config.validate(dist.get_world_size())
     if place.rank == 0:
         vlm_sft.prepare(config, log=lambda line: print(line, flush=True))
     dist.barrier()
     processor = vlm_sft.open_processor(config)
-    settings = MimoBatchSettings.for_processor(processor, modality=colocated.MODALITY, encoder_key=colocated.ENCODER_KEY)
-    model, wrapped, optimizer = build_model(args, place, len(processor.tokenizer), processor.image_token_id)
-    dp_group = place.pgs.dp
-    setup = set_up_rank(config)  # the pipeline's own groups and this rank's layout in its module (collective)
-    if setup is None or setup.position.module.name != place.module:
-        raise RuntimeError(f"rank {place.rank}: the pipeline's topology places it in another module than the grids ({place.module})")
-    loader = vlm_sft.build(config, setup.layout)
+    # An encoder rank's MimoModel reads input_ids (to split its output per sample) and the encoder inputs, never positions.
+    settings = MimoBatchSettings.for_processor(processor, modality=colocated.MODALITY, encoder_key=colocated.ENCODER_KEY, stage=place.stage,
+                                               mrope=place.is_language)
+    model, language, optimizer = build_model(args, place, len(processor.tokenizer), processor.image_token_id)
+    totals: dict[str, float] = {}
+    language.finalize_model_grads_func = finalize_grads(place, model, totals)
+    language.no_sync_func = model.no_sync
+    comm, groups = communicator(model, place)
+    loader = vlm_sft.build(config, rank_layout(place.grids, micro_batch_size=args.micro_batch_size))
     records = []
     try:
-        for iteration in range(1, args.iterations + 1):
-            torch.cuda.synchronize()
-            began = time.perf_counter()
-            wrapped.zero_grad_buffer()
-            optimizer.zero_grad()
-            loss_sum = torch.zeros((), device=device, dtype=torch.float64)
-            tokens = 0.0
-            for _ in range(args.microbatches):
-                batch = next(loader)
-                if place.is_vision:
-                    vision_microbatch(model, batch, settings, place, device)
-                else:
-                    token_loss, count = language_microbatch(model, batch, settings, place, device)
-                    loss_sum += token_loss
-                    tokens += count
-            totals = torch.tensor([float(loss_sum), tokens], device=device, dtype=torch.float64)
-            if not place.is_vision:
-                dist.all_reduce(totals, group=dp_group)
-                send_object(totals.tolist(), place.peer)
-            else:
-                totals = torch.tensor(recv_object(place.peer), device=device, dtype=torch.float64)
-            if args.dp > 1 or not place.host_bridge:  # Gloo reduces no CUDA buffers; over one rank it is the identity
-                wrapped.finish_grad_sync()
-            wrapped.scale_gradients(1.0 / max(float(totals[1]), 1.0))
-            updated, grad_norm, _ = optimizer.step()
-            torch.cuda.synchronize()
-            records.append({"iteration": iteration, "loss": float(totals[0]) / max(float(totals[1]), 1.0), "updated": bool(updated),
-                            "grad_norm": grad_norm, "ms": (time.perf_counter() - began) * 1e3})
-            if place.rank == 0 and (iteration == 1 or iteration % 10 == 0):
-                print(f"reorder {reorder} iteration {iteration}: loss {records[-1]['loss']:.4f} ({records[-1]['ms']:.0f} ms)", flush=True)
+        inputs = forward_inputs(loader, settings)
+        for number in range(1, args.iterations + 1):
+            record = iteration(args, model, optimizer, inputs, comm, groups, totals)
+            loss = float(everywhere(record.pop("loss_sum"), place)) / max(record["tokens"], 1.0)
+            records.append({"iteration": number, "loss": loss, **record})
+            if place.rank == 0 and (number == 1 or number % 10 == 0):
+                print(f"reorder {reorder} iteration {number}: loss {loss:.4f} ({record['ms']:.0f} ms)", flush=True)
     finally:
         loader.close()
         model.destroy()
     return records
 
 
+def write_log(args: argparse.Namespace, argv: Sequence[str] | None, runs: dict[str, list]) -> None:
+    log_dir = Path(args.log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    (log_dir / f"{NAME}.json").write_text(json.dumps({
+        "command": " ".join(["torchrun", f"--nproc-per-node {dist.get_world_size()}", f"-m mimo_pipes_recipes.{NAME}",
+                             *(argv if argv is not None else sys.argv[1:])]),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "settings": {key: value for key, value in vars(args).items() if key != "reorder_modes"},
+        "environment": colocated.environment(),
+        "runs": runs,
+    }, indent=1))
+
+
+def refusal(args: argparse.Namespace) -> str | None:
+    """Why this machine or these settings cannot run the recipe, checked before anything is built (None: they
+    can): megatron-core's version, CUDA, the processes, and the layout the grids make for the pipeline."""
+    problem = megatron_core_problem()
+    if problem is not None:
+        return problem
+    if not torch.cuda.is_available():
+        return "needs CUDA GPUs (megatron-core's bridge and pipeline communicators allocate on CUDA and talk over NCCL); none found"
+    if args.backend != "nccl":
+        return f"--backend {args.backend}: megatron-core's BridgeCommunicator makes its groups with NCCL; this recipe runs on NCCL only"
+    problem = world_problem(args, int(os.environ.get("WORLD_SIZE", 1)))
+    if problem is not None:
+        return problem
+    try:  # the grids' attributes alone: WORLD_SIZE is set, no process group is made
+        grid_layout(module_grids(args, create_groups=False), micro_batch_size=args.micro_batch_size)
+    except ConfigError as error:
+        return str(error)
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    require_mrope_and_packing("megatron_mimo_grids")  # the release and MimoModel.forward's signature, before anything is built
+    problem = refusal(args)
+    if problem is not None:
+        print(f"{NAME}: {problem}", file=sys.stderr)
+        return 2
+    require_mrope_and_packing(NAME)  # and MimoModel.forward's signature, before anything is built
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    rank = int(os.environ.get("RANK", 0))
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
-    dist.init_process_group(args.backend, rank=rank, world_size=world)
+    dist.init_process_group("nccl")
     from megatron.core import parallel_state
 
-    # The optimizer's fallbacks read the global model-parallel state; the modules use their grids.
+    # The optimizer's fallbacks read the global model-parallel state; the modules use their grids' groups.
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
     torch.backends.cuda.matmul.allow_tf32 = True
-    place = GridRank(args.dp, args.backend)
-    runs = {}
-    for reorder in args.reorder_modes:
-        runs[reorder] = train_run(args, place, reorder)
+    place = Place(module_grids(args))
+    runs = {reorder: train_run(args, place, reorder) for reorder in args.reorder_modes}
     if place.rank == 0:
-        log_dir = Path(args.log_dir)
-        log_dir.mkdir(parents=True, exist_ok=True)
-        (log_dir / "megatron_mimo_grids.json").write_text(json.dumps({
-            "command": " ".join(["torchrun", f"--nproc-per-node {dist.get_world_size()}", "-m mimo_pipes_recipes.megatron_mimo_grids",
-                                 *(argv if argv is not None else sys.argv[1:])]),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "settings": {k: v for k, v in vars(args).items() if k != "reorder_modes"},
-            "environment": colocated.environment(),
-            "runs": runs,
-        }, indent=1))
-        if len(runs) == 2:
-            first, second = runs.values()
-            largest = max(abs(a["loss"] - b["loss"]) for a, b in zip(first, second))
-            print(f"reorder {' vs '.join(runs)}: largest loss difference over {len(first)} iterations {largest:.2e}", flush=True)
+        write_log(args, argv, runs)
     dist.destroy_process_group()
     return 0
 

@@ -17,6 +17,7 @@ from mimo_pipes.config.counts import as_count
 from mimo_pipes.config.flags import flag
 from mimo_pipes.config.planner import planner_settings, two_level_groups
 from mimo_pipes.errors import ConfigError
+from mimo_pipes.parallel.pairing import pairing_problem
 from mimo_pipes.parallel.topology import COMPONENT_FLAG, Topology, build_topology
 from mimo_pipes.samples.cost_range import check_cost_range
 from mimo_pipes.time_model.model import TimeModel, TimeModelError, load_time_model
@@ -289,22 +290,10 @@ class PipelineConfig:
         )
 
     def _validate_modules(self, topology: Topology) -> None:
-        language = topology.language
         for encoder in topology.encoders:
-            if encoder.pp > 1:
-                raise ConfigError(COMPONENT_FLAG, f"{encoder.name}: encoder pipeline parallelism (pp={encoder.pp}) > 1 is not supported")
-            if encoder.dp > language.dp:
-                raise ConfigError(
-                    COMPONENT_FLAG,
-                    f"{encoder.name} dp={encoder.dp} exceeds language dp={language.dp}: the bridge fan-in with "
-                    "variable image-token counts is not implemented in megatron-core",
-                )
-            if language.dp % encoder.dp:
-                raise ConfigError(
-                    COMPONENT_FLAG,
-                    f"language dp={language.dp} is not a multiple of {encoder.name} dp={encoder.dp}: each encoder "
-                    "replica must feed a contiguous block of language replicas",
-                )
+            problem = pairing_problem(encoder, topology.language)
+            if problem is not None:
+                raise ConfigError(COMPONENT_FLAG, problem)
 
     def _validate_batching(self, topology: Topology) -> None:
         batch = self.micro_batch_size

@@ -63,7 +63,7 @@ def balanced_tail(
         node = RowProcessor(node, settings=settings, process=process_rows, masking=masking,
                             report=exchange.report if exchange is not None else None)
     node = MicroBatchAssembler(node, settings=settings)
-    if settings.pack_sequences and settings.fields.tokens:
+    if settings.pack_sequences and settings.fields.packs:
         # One THD row per micro-batch, after the exchange: packing never changes which samples a rank holds.
         node = SequencePacker(node, settings=settings)
     return node

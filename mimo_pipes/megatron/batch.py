@@ -17,7 +17,8 @@ key                 value                                        where from
 ==================  ===========================================  ===================================
 
 What each field must be is checked first (:mod:`mimo_pipes.megatron.inputs`). A key the micro-batch lacks
-is None (an encoder module's micro-batches have no token fields, a language module's no pixels). Every other key is dropped: the metadata lists (``sample_ids``,
+is None (an encoder module's micro-batches hold no token field but ``input_ids``, a language module's no
+pixels). Every other key is dropped: the metadata lists (``sample_ids``,
 ``read_steps``, ``slots``, ``image_tokens``, ``real_tokens``, ``costs``), ``step``, ``vision_rows``,
 the packing fields once they are ``packing_kwargs``, and keys rows pass through.
 """

@@ -2,7 +2,9 @@
 
 A module is a rank group with its own parallelism, written as ``name=tp=1,cp=1,pp=1,dp=2,rank_offset=0``.
 Inside a module ranks are laid out as megatron-core's HyperCommGrid lays them out for the dimension
-order ``tp, cp, ep, pp, dp`` (tp varies fastest), which is how Megatron MIMO builds one grid per module.
+order ``tp, cp, ep, pp, dp`` (tp varies fastest), which is how Megatron MIMO builds one grid per module;
+``order=tp-cp-dp-pp`` (or any order of tp, cp, pp, dp, fastest first) lays them out in another order, as a
+grid with those ``dim_names`` does (megatron-core's default order puts dp inside pp).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from mimo_pipes.errors import ConfigError
 LANGUAGE_MODULE = "language"
 COMPONENT_FLAG = "--component"
 SPEC_KEYS = ("tp", "cp", "pp", "dp", "etp", "rank_offset")
+ORDER_KEY = "order"
+DEFAULT_ORDER = "tp-cp-pp-dp"  # the placement dimensions, fastest first
 # Order of the grid dimensions, fastest varying first (megatron-core's dim_names for a MIMO module).
 GRID_DIMS = ("tp", "cp", "ep", "pp", "dp")
 
@@ -32,8 +36,11 @@ class ModuleSpec:
     dp: int = 1
     etp: int = 1
     rank_offset: int = 0
+    order: str = DEFAULT_ORDER  # how the module's ranks are placed, fastest dimension first
 
     def __post_init__(self) -> None:
+        if sorted(self.order.split("-")) != sorted(DEFAULT_ORDER.split("-")):
+            raise ConfigError(COMPONENT_FLAG, f"{self.name}: order={self.order!r} must list tp, cp, pp and dp once each, fastest first")
         # Expert tensor parallelism re-splits ranks that tp/cp/dp already place: it adds none to the grid,
         # and scalable data parallelism does not support it (checked here, before any rank arithmetic).
         if self.etp != 1:
@@ -61,7 +68,22 @@ class ModuleSpec:
     def spec(self) -> str:
         """The spec with every key written out: one string per meaning (``language=dp=2`` and
         ``language=tp=1,pp=1,dp=2,rank_offset=0`` are one layout)."""
-        return f"{self.name}=" + ",".join(f"{key}={getattr(self, key)}" for key in SPEC_KEYS)
+        order = "" if self.order == DEFAULT_ORDER else f",{ORDER_KEY}={self.order}"
+        return f"{self.name}=" + ",".join(f"{key}={getattr(self, key)}" for key in SPEC_KEYS) + order
+
+    @property
+    def dp_stride(self) -> int:
+        """Global-rank distance between consecutive DP ranks of one DP group."""
+        dims = self.order.split("-")
+        return math.prod(getattr(self, dim) for dim in dims[: dims.index("dp")])
+
+    def coordinates(self, local_rank: int) -> dict[str, int]:
+        """A rank's coordinate on each placement dimension, from its rank inside the module."""
+        out = {}
+        for dim in self.order.split("-"):
+            size = getattr(self, dim)
+            out[dim], local_rank = local_rank % size, local_rank // size
+        return out
 
 
 @dataclass(frozen=True)
@@ -86,14 +108,17 @@ def parse_component(spec: str) -> ModuleSpec:
     name = name.strip()
     if not sep or not name:
         raise ConfigError(COMPONENT_FLAG, f"{spec!r} must look like 'language=tp=1,pp=1,dp=2,rank_offset=0'")
-    values: dict[str, int] = {}
+    values: dict[str, int | str] = {}
     for item in filter(None, (part.strip() for part in body.split(","))):
         key, eq, raw = item.partition("=")
         key = key.strip()
-        if not eq or key not in SPEC_KEYS:
-            raise ConfigError(COMPONENT_FLAG, f"{spec!r}: unknown entry {item!r}; keys are {', '.join(SPEC_KEYS)}")
+        if not eq or key not in (*SPEC_KEYS, ORDER_KEY):
+            raise ConfigError(COMPONENT_FLAG, f"{spec!r}: unknown entry {item!r}; keys are {', '.join((*SPEC_KEYS, ORDER_KEY))}")
         if key in values:
             raise ConfigError(COMPONENT_FLAG, f"{spec!r}: {key} given twice")
+        if key == ORDER_KEY:
+            values[key] = raw.strip()
+            continue
         try:
             value = int(raw)
         except ValueError:
@@ -102,7 +127,7 @@ def parse_component(spec: str) -> ModuleSpec:
         if value < minimum:
             raise ConfigError(COMPONENT_FLAG, f"{spec!r}: {key} must be >= {minimum}, got {value}")
         values[key] = value
-    return ModuleSpec(name=name, **values)
+    return ModuleSpec(name=name, **values)  # type: ignore[arg-type]
 
 
 def canonical_slot_count(dp_sizes: Iterable[int]) -> int:
@@ -167,11 +192,8 @@ class Topology:
     def position(self, global_rank: int) -> RankPosition:
         for module in self.modules:
             if global_rank in module.ranks:
-                local = global_rank - module.rank_offset
-                tp_rank, local = local % module.tp, local // module.tp
-                cp_rank, local = local % module.cp, local // module.cp
-                pp_rank, dp_rank = local % module.pp, local // module.pp
-                return RankPosition(module, global_rank, tp_rank, cp_rank, pp_rank, dp_rank)
+                at = module.coordinates(global_rank - module.rank_offset)
+                return RankPosition(module, global_rank, at["tp"], at["cp"], at["pp"], at["dp"])
         raise ValueError(f"rank {global_rank} belongs to no module (world size {self.world_size})")
 
     def dp_groups(self, module: ModuleSpec) -> list[list[int]]:
@@ -182,10 +204,9 @@ class Topology:
     def dp_group_ranks(self, global_rank: int) -> list[int]:
         """Global ranks of ``global_rank``'s DP group, ordered by DP rank."""
         position = self.position(global_rank)
-        module = position.module
-        stride = module.tp * module.cp * module.pp
+        stride = position.module.dp_stride
         first = global_rank - position.dp_rank * stride
-        return [first + dp_rank * stride for dp_rank in range(module.dp)]
+        return [first + dp_rank * stride for dp_rank in range(position.module.dp)]
 
 
 def build_topology(specs: Sequence[str | ModuleSpec], world_size: int | None = None) -> Topology:

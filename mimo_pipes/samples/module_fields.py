@@ -8,7 +8,7 @@ role         model fields its micro-batches carry
 ===========  =====================================================================================
 language     token fields (``input_ids``, ``attention_mask``, ``labels``, ``loss_mask``,
              ``position_ids``) and layout fields
-encoder      pixel fields (``pixel_values``, ``pixel_values_videos``) and layout fields
+encoder      pixel fields (``pixel_values``, ``pixel_values_videos``), ``input_ids`` and layout fields
 all          every field (a graph built without a module name: ``RankLayout.module`` None)
 ===========  =====================================================================================
 
@@ -17,6 +17,11 @@ Every module also carries the layout fields (``image_grid_thw``, ``video_grid_th
 positions and the bridge for its pairing checks), the metadata lists (``sample_ids``, ``image_tokens``,
 ...) and every key a row passes through unchanged. The costs are computed before any field is dropped,
 from values identical on every module.
+
+An encoder keeps ``input_ids`` (one row per sample, never packed): on an encoder rank megatron-core's
+``MimoModel`` counts each sample's placeholders in them to split its flat output per sample, and its bridge
+sends each language peer the rows of that peer's samples (:mod:`mimo_pipes.megatron.routing`). Without them
+it would split by equal row counts, and embeddings of images of different sizes would reach the wrong rank.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ ALL = "all"
 ROLES = (LANGUAGE, ENCODER, ALL)
 
 TOKEN_FIELDS: tuple[str, ...] = SEQUENCE_FIELDS
+# The token fields an encoder keeps: what MimoModel reads on an encoder rank to split its output per sample.
+ENCODER_TOKEN_FIELDS: tuple[str, ...] = ("input_ids",)
 PIXEL_FIELDS: tuple[str, ...] = ("pixel_values", "pixel_values_videos")
 LAYOUT_FIELDS: tuple[str, ...] = tuple(name for name in CONCAT_FIELDS if name not in PIXEL_FIELDS)
 
@@ -49,11 +56,13 @@ class ModuleFields:
     @property
     def dropped(self) -> tuple[str, ...]:
         """The model fields this module never carries."""
-        return {LANGUAGE: PIXEL_FIELDS, ENCODER: TOKEN_FIELDS, ALL: ()}[self.role]
+        encoder = tuple(name for name in TOKEN_FIELDS if name not in ENCODER_TOKEN_FIELDS)
+        return {LANGUAGE: PIXEL_FIELDS, ENCODER: encoder, ALL: ()}[self.role]
 
     @property
-    def tokens(self) -> bool:
-        """Whether the micro-batches carry token fields (what sequence packing packs)."""
+    def packs(self) -> bool:
+        """Whether sequence packing packs the micro-batches: the language model's do; an encoder's ``input_ids``
+        stay one row per sample, the rows megatron-core splits its output by."""
         return self.role != ENCODER
 
     @property

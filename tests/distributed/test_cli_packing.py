@@ -1,5 +1,5 @@
 """`mimo-pipes run --pack-sequences-in-batch` (its per-rank body on the pool's Gloo ranks): the packing
-summary per language rank (the encoder module carries no token fields to pack)."""
+summary per language rank (an encoder module's input_ids stay one row per sample: it never packs)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def test_run_with_packing_prints_padding_before_and_after_per_rank(gloo_pool, tm
     stdout = outcome["stdout"]
     assert "sequence packing on (THD, pad multiple 4)" in stdout
     rows = re.findall(r"^(language|images)\s+(\d)\s+([\d.]+)%\s+([\d.]+)%\s+([\d.]+)$", stdout, re.M)
-    # Only the language module carries token fields (mimo_pipes/samples/module_fields.py): only it packs.
+    # Only the language module packs (mimo_pipes/samples/module_fields.py: ModuleFields.packs).
     assert sorted((module, int(rank)) for module, rank, *_ in rows) == [("language", 0), ("language", 1)]
     dumps = read_dumps(tmp_path)
     for _, rank, before, after, per_row in rows:

@@ -64,12 +64,58 @@ def test_both_reorder_modes_are_valid_one_rank_jobs_over_the_same_batches() -> N
     assert on.reorder.intra_microbatch_reorder and on.reorder.reorder_across_microbatches and not off.reorder.intra_microbatch_reorder
 
 
-def test_the_grids_recipe_places_vision_and_language_on_their_own_ranks() -> None:
-    args = grids.parse_args(["--dp", "2", "--reorder", "off,on"])
-    topology = grids.pipeline_config(args, "on").validate(4)
-    assert [(m.name, m.dp, m.rank_offset) for m in topology.modules] == [("images", 2, 0), ("language", 2, 2)]
+def test_the_grids_recipe_lays_the_pipeline_out_from_its_own_grids(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recipe's module_to_grid_map (vision first, then a language grid of tp x pp x dp) gives the pipeline's
+    topology: one layout for the model and the pipeline."""
+    from mimo_pipes.megatron.grids import grid_layout
+
+    args = grids.parse_args(["--images-dp", "2", "--language-dp", "4", "--language-tp", "2", "--micro-batch-size", "8"])
+    monkeypatch.setenv("WORLD_SIZE", "10")
+    layout = grid_layout(grids.module_grids(args, create_groups=False), micro_batch_size=args.micro_batch_size)
+    topology = grids.pipeline_config(args, "on", layout.components).validate(10)
+    assert [(m.name, m.tp, m.dp, m.rank_offset) for m in topology.modules] == [("images", 1, 2, 0), ("language", 2, 4, 2)]
     with pytest.raises(SystemExit):
-        grids.parse_args(["--dp", "zero"])
+        grids.parse_args(["--images-dp", "0"])
+
+
+@pytest.mark.parametrize(("installed", "refused"), [("0.16.1", True), ("0.18.0", True), ("0.19.2", False), ("0.20.0rc1", False), ("x.y", True)])
+def test_the_grids_recipe_needs_megatron_core_0_19(installed: str, refused: bool) -> None:
+    problem = grids.megatron_core_problem(installed)
+    assert (problem is not None) == refused
+    if refused:
+        assert "0.19" in problem and "\n" not in problem
+
+
+def test_without_cuda_the_grids_recipe_says_so_in_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before anything is built: the installed megatron-core (0.16 here: its version), then CUDA; status 2."""
+    for argv in ([], ["--backend", "gloo"]):
+        assert grids.main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("megatron_mimo_grids: ") and "\n" not in err
+    monkeypatch.setattr(grids, "megatron_core_problem", lambda installed=None: None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert grids.main(["--backend", "gloo"]) == 2
+    assert capsys.readouterr().err.strip() == ("megatron_mimo_grids: needs CUDA GPUs (megatron-core's bridge and pipeline "
+                                               "communicators allocate on CUDA and talk over NCCL); none found")
+
+
+@pytest.mark.parametrize(("argv", "world", "words"), [
+    (["--images-dp", "2", "--language-dp", "1"], 3, "images dp=2 exceeds language dp=1: fan-in"),
+    (["--images-dp", "2", "--language-dp", "3", "--micro-batch-size", "6"], 5, "language dp=3 is not a multiple of images dp=2"),
+    (["--images-dp", "1", "--language-dp", "4", "--micro-batch-size", "6"], 5, "not a multiple of 4, the lcm of the DP sizes"),
+    (["--images-dp", "1", "--language-dp", "2"], 4, "needs 3 processes, got 4"),
+    (["--backend", "gloo"], 3, "--backend gloo: megatron-core's BridgeCommunicator makes its groups with NCCL"),
+])
+def test_a_layout_megatron_core_or_the_pipeline_cannot_serve_is_refused_before_anything_is_built(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], argv: list[str], world: int, words: str
+) -> None:
+    monkeypatch.setattr(grids, "megatron_core_problem", lambda installed=None: None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    monkeypatch.setattr(grids.dist, "init_process_group", lambda *a, **k: pytest.fail("built something"))
+    assert grids.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("megatron_mimo_grids: ") and words in err and "\n" not in err
 
 
 @pytest.fixture(scope="module")

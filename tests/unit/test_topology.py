@@ -93,3 +93,15 @@ def test_tiling_names_the_missing_and_the_doubled_rank():
         build_topology(["language=dp=2", "images=dp=2,rank_offset=2"], world_size=5)
     topology = build_topology(["language=tp=2,dp=2", "images=dp=2,rank_offset=4"])
     assert topology.world_size == 6 and topology.grid_size == 2
+
+
+def test_a_module_placed_in_another_order_round_trips_and_bad_orders_are_refused():
+    spec = parse_component("language=pp=2,dp=2,rank_offset=1,order=tp-cp-dp-pp")
+    assert parse_component(spec.spec) == spec and spec.spec.endswith(",order=tp-cp-dp-pp")
+    topology = build_topology(["images=dp=1", spec])
+    assert [(topology.position(r).dp_rank, topology.position(r).pp_rank) for r in range(1, 5)] == [(0, 0), (1, 0), (0, 1), (1, 1)]
+    assert topology.dp_groups(spec) == [[1, 2], [3, 4]]
+    assert parse_component("language=dp=2,order=tp-cp-pp-dp").spec == "language=tp=1,cp=1,pp=1,dp=2,etp=1,rank_offset=0"
+    for bad in ("language=dp=2,order=tp-dp", "language=dp=2,order=tp-cp-pp-dp-dp", "language=dp=2,order=tp-cp-ep-dp"):
+        with pytest.raises(ConfigError, match="must list tp, cp, pp and dp once each"):
+            parse_component(bad)
