@@ -78,16 +78,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def megatron_core_problem(installed: str | None = None) -> str | None:
-    """Why the installed megatron-core cannot run this recipe (None: it can)."""
-    if installed is None:
-        from importlib.metadata import PackageNotFoundError, version
+    """Why the installed megatron-core cannot run this recipe (None: it can): the version rule of
+    :mod:`mimo_pipes.megatron.forward`, with this recipe's floor (the communicator's per-sample split sizes)."""
+    from mimo_pipes.megatron.forward import installed_version, release
 
-        try:
-            installed = version("megatron-core")
-        except PackageNotFoundError:
-            return "needs megatron-core 0.19 or later; it is not installed"
+    installed = installed_version() if installed is None else installed
+    if installed is None:
+        return "needs megatron-core 0.19 or later; it is not installed"
     try:
-        major_minor = tuple(int(part) for part in installed.split(".")[:2])
+        major_minor = release(installed)
     except ValueError:
         return f"cannot read the megatron-core version {installed!r}; needs 0.19 or later"
     if major_minor < MINIMUM_MEGATRON_CORE:
@@ -348,11 +347,11 @@ def refusal(args: argparse.Namespace) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    problem = refusal(args)
+    problem = refusal(args)  # the release first, then CUDA, the processes and the grids: before anything is built
     if problem is not None:
         print(f"{NAME}: {problem}", file=sys.stderr)
         return 2
-    require_mrope_and_packing(NAME)  # and MimoModel.forward's signature, before anything is built
+    require_mrope_and_packing(NAME)  # MimoModel.forward's signature, by the one rule
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     rank = int(os.environ.get("RANK", 0))
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())

@@ -262,19 +262,7 @@ class PipelineConfig:
                 raise ConfigError(flag(setting), f"{path} does not exist")
         if self.image_folder is not None and not os.path.isdir(os.path.expanduser(self.image_folder)):
             raise ConfigError(flag("image_folder"), f"{self.image_folder} is not a folder")
-        self._validate_energon()
         return topology
-
-    def _validate_energon(self) -> None:
-        """--split-part names a split of an Energon source; --image-folder does not apply to one."""
-        from mimo_pipes.data.sources.energon_source import check_split, is_energon
-
-        if not isinstance(self.split_part, str) or not self.split_part.strip():
-            raise ConfigError(flag("split_part"), f"must name a split part (train, val, test), got {self.split_part!r}")
-        check_split(self.dataset, self.split_part)
-        if self.image_folder is not None and self.dataset is not None and is_energon(self.dataset):
-            raise ConfigError(flag("image_folder"), f"does not apply to an Energon --dataset ({self.dataset}): its images are read "
-                                                    "from its shards; leave --image-folder out")
 
     def check_cost_range(self, topology: Topology, window_microbatches: int | None = None) -> None:
         """Every cost a sample of --seq-length tokens can have fits the planners' int64 sums over a window

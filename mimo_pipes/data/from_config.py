@@ -50,3 +50,16 @@ def check_time_model(config: PipelineConfig, processor: Any) -> None:
         )
     except TimeModelError as error:
         raise ConfigError(flag("reorder_cost_model"), str(error)) from None
+
+
+def check_data_settings(config: PipelineConfig) -> None:
+    """What the config's data settings must be beside its source, checked before any rank starts (after
+    ``config.validate()``): --split-part names a split of an Energon source; --image-folder does not apply to one."""
+    from mimo_pipes.data.sources.energon_source import check_split, is_energon
+
+    if not isinstance(config.split_part, str) or not config.split_part.strip():
+        raise ConfigError(flag("split_part"), f"must name a split part (train, val, test), got {config.split_part!r}")
+    check_split(config.dataset, config.split_part)
+    if config.image_folder is not None and config.dataset is not None and is_energon(config.dataset):
+        raise ConfigError(flag("image_folder"), f"does not apply to an Energon --dataset ({config.dataset}): its images are read "
+                                                "from its shards; leave --image-folder out")

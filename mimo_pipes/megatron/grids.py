@@ -19,7 +19,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange.context import RankLayout
@@ -118,7 +117,7 @@ def rank_layout(
     micro_batch_size: int | None = None,
     exchange_backend: str = "gloo",
     exchange_device: torch.device | None = None,
-    agreement_group: dist.ProcessGroup | None = None,
+    agreement_group: Any = None,  # a torch.distributed ProcessGroup
 ) -> RankLayout | None:
     """This rank's :class:`~mimo_pipes.exchange.RankLayout` from the grid map: its module's DP rank and size, the
     canonical grid, the pipeline's own exchange group (made here: a collective over the whole world, every rank

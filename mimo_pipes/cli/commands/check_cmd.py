@@ -56,7 +56,7 @@ def _cores() -> int:
 def run(args: argparse.Namespace) -> int:
     from mimo_pipes.config import PipelineConfig
     from mimo_pipes.data.bad_rows.row_check import RowChecker
-    from mimo_pipes.data.from_config import image_folder, open_processor
+    from mimo_pipes.data.from_config import check_data_settings, image_folder, open_processor
     from mimo_pipes.data.sources.energon_source import is_energon
     from mimo_pipes.data.sources.open_source import check_source
     from mimo_pipes.data.sources.source_rows import open_rows
@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         config = PipelineConfig(dataset=args.dataset, processor=args.processor, image_folder=args.image_folder, seq_length=args.seq_length,
                                 split_part=args.split_part)
         config.validate()
+        check_data_settings(config)
         check_source(args.dataset, args.split_part)  # a wrong path is said before the processor loads
         processor = open_processor(config)
         source = open_rows(args.dataset, args.split_part)

@@ -10,6 +10,7 @@ from typing import Any
 from mimo_pipes.cli.job.launcher import report_phase
 from mimo_pipes.config import PipelineConfig
 from mimo_pipes.config.transport import resolve_exchange_transport
+from mimo_pipes.data.from_config import check_data_settings
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.exchange.process_groups import RankGroups, build_rank_groups
 from mimo_pipes.exchange.world import agreement_group, control_group, current_backend, job_group, world_size
@@ -36,6 +37,7 @@ def set_up_rank(config: PipelineConfig, *, exchange_transport: str | None = None
     None on a rank beyond the job's (it only took part in making the groups). ``exchange_transport``
     None: resolved from the config and the world's backend."""
     topology = config.validate()
+    check_data_settings(config)
     if topology.world_size > world_size():
         config.validate(world_size=world_size())  # names the first rank missing
     transport = exchange_transport or resolve_exchange_transport(
