@@ -10,7 +10,6 @@ from mimo_pipes.cli.job.options import JobOptions
 from mimo_pipes.cli.job.output_paths import check_output_folder
 from mimo_pipes.config import PipelineConfig
 from mimo_pipes.config.transport import resolve_exchange_transport
-from mimo_pipes.data.from_config import check_data_settings
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.parallel.topology import Topology
 
@@ -27,6 +26,8 @@ def validate_job(config: PipelineConfig, options: JobOptions, announce: Callable
 def check_job(config: PipelineConfig, options: JobOptions, announce: Callable[[Topology, int], None] | None = None) -> tuple[Topology, int]:
     """:func:`validate_job`'s checks, returning the topology and the micro-batches already consumed (``analyze``
     applies every check of ``run``, those of the flags it ignores included, so both accept the same lines)."""
+    from mimo_pipes.data.from_config import check_data_settings  # here: the parsers import no torch
+
     topology = config.validate()
     check_data_settings(config)
     consumed = validate_consumption(config, options, topology.world_size)
