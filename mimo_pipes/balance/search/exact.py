@@ -27,9 +27,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from mimo_pipes.balance.budget import BudgetSpent, runs_to_the_end
 from mimo_pipes.balance.canonical import slots_in_canonical_order, sort_order
 from mimo_pipes.balance.quality import sorted_lower_bound
+from mimo_pipes.balance.search.budget import BudgetSpent, filled_in_order, runs_to_the_end
 from mimo_pipes.balance.validate import check_costs
 
 DEFAULT_NODE_LIMIT = 20_000
@@ -97,24 +97,14 @@ def search_slots(
 
     def place(rank: int) -> bool:
         """Returns True when the lower bound has been reached (stop everything)."""
-        if rank == size:
+        if rank == size or costs[rank] == 0:
+            # Only zero costs remain (or none): any completion keeps today's loads.
             top = max(loads)
             if top < state["best"]:
                 state["best"] = top
-                state["found"] = list(slot_of)
+                state["found"] = filled_in_order(slot_of, rank, fill, per_slot)
             return state["best"] <= lower
         cost = costs[rank]
-        if cost == 0:
-            # Only zero costs remain: any completion keeps today's loads.
-            top = max(loads)
-            if top < state["best"]:
-                state["best"] = top
-                found = list(slot_of)
-                free = [s for s in range(num_slots) for _ in range(per_slot - fill[s])]
-                for r, s in zip(range(rank, size), free):
-                    found[r] = s
-                state["found"] = found
-            return state["best"] <= lower
         best = state["best"]
         limit = best - 1
         # Slack wasted by full slots must leave room for everything still to place.
@@ -168,7 +158,7 @@ def exact_assignment(
     With a node limit too small to finish, the best assignment found so far is returned (or, if none
     was found, equal-count LPT) and ``proven`` is False.
     """
-    from mimo_pipes.balance.lpt import lpt_members
+    from mimo_pipes.balance.heuristics.lpt import lpt_members
 
     array = check_costs(costs, num_slots)
     order = sort_order(array)
