@@ -53,11 +53,11 @@ def _bound(tables: tuple, nxt: int) -> int:
     """Lower bound on the path of any completion, samples ``nxt`` onwards still to place. ``tables``: the
     search's bin loads and fills (as they stand), prefix totals and shape (see ``search_bins``)."""
     load, fill, tails, heads, total, per_bin, num_slots, floor, count = tables
-    lows = sorted((load[b] + tails[per_bin - fill[b]] for b in range(len(load))), reverse=True)
-    tops = [max(floor, lows[j * num_slots]) for j in range(count)]
+    lows = sorted([amount + tails[per_bin - filled] for amount, filled in zip(load, fill)], reverse=True)
+    tops = [top if top > floor else floor for top in lows[::num_slots]]  # one a micro-batch
     value = sum(tops)
     held = sorted(load, reverse=True)
-    missing = sorted((per_bin - f for f in fill), reverse=True)
+    missing = sorted([per_bin - filled for filled in fill], reverse=True)
     start = heads[nxt]
     left = total - start  # cost of the samples still to place
     taken = 0  # the jG heaviest loads

@@ -156,8 +156,8 @@ class _CountSearch:
                 return known[0]
             if known[0] >= budget:
                 return known[0]
-        self.work -= STATE_WORK
-        if self.work < 0:
+        work = self.work = self.work - STATE_WORK
+        if work < 0:
             raise BudgetSpent
         value = self.bound(t, rem, present, placed)
         if known is not None and known[0] > value:
@@ -223,7 +223,7 @@ class _CountSearch:
                     heaviest = values[v]
         if heaviest + (per_bin - 1) * lightest > cap or total > left * cap or present & ~self.supports[t]:
             return _INFEASIBLE
-        if self.companions_missing(cap, rem):
+        if 2 * heaviest > cap and self.companions_missing(cap, rem):  # (none above cap/2: none missing)
             return _INFEASIBLE
         conflicts = self.conflicts(cap, rem, left)
         if conflicts is None:

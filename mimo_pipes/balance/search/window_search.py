@@ -34,17 +34,30 @@ class WindowSearch(NamedTuple):
     nodes: int  # samples placed
 
 
-def _room_of(tables: tuple, m: int, top: int, most: list[int]) -> int:
-    """What micro-batch m's open bins can still absorb under level ``top`` (``most[n]``: the heaviest n
-    samples left)."""
-    load, fill, per_bin, num_slots = tables[3], tables[4], tables[8], tables[9]
+def _room_of(load: list[int], fill: list[int], per_bin: int, first: int, last: int, top: int, most: list[int]) -> int:
+    """What the open bins ``first`` .. ``last - 1`` (a micro-batch's) can still absorb under level ``top``
+    (``most[n]``: the heaviest n samples left)."""
     room = 0
-    for b in range(m * num_slots, (m + 1) * num_slots):
+    for b in range(first, last):
         need = per_bin - fill[b]
         if need:
             under = top - load[b]
             room += under if under < most[need] else most[need]
     return room
+
+
+def _rooms(load: list[int], fill: list[int], level: list[int], per_bin: int, num_slots: int, most: list[int]) -> list[int]:
+    """:func:`_room_of` of every micro-batch under its level, in one pass over the bins."""
+    rooms = []
+    for m, top in enumerate(level):
+        room = 0
+        for b in range(m * num_slots, (m + 1) * num_slots):
+            need = per_bin - fill[b]
+            if need:
+                under = top - load[b]
+                room += under if under < most[need] else most[need]
+        rooms.append(room)
+    return rooms
 
 
 def _children(tables: tuple, i: int, path: int, after: int, best: int, used: int) -> list[tuple[int, ...]]:
@@ -84,7 +97,7 @@ def _children(tables: tuple, i: int, path: int, after: int, best: int, used: int
             if new_path >= best:
                 continue
             if not rooms:
-                rooms = [_room_of(tables, mm, level[mm], most) for mm in range(count)]
+                rooms = _rooms(load, fill, level, per_bin, num_slots, most)
                 room = sum(rooms)
             if new_top == top:
                 # Only bin b's share of the room changes.
@@ -96,7 +109,7 @@ def _children(tables: tuple, i: int, path: int, after: int, best: int, used: int
                     new_room += under if under < most[need - 1] else most[need - 1]
             else:
                 load[b], fill[b] = new_load, filled + 1
-                new_room = room - rooms[m] + _room_of(tables, m, new_top, most)
+                new_room = room - rooms[m] + _room_of(load, fill, per_bin, first, first + num_slots, new_top, most)
                 load[b], fill[b] = held, filled
             excess = after - new_room
             bound = new_path + (-(-excess // widest) if excess > 0 else 0)
