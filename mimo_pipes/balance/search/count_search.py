@@ -187,14 +187,16 @@ class _CountSearch:
             after = code - codes[u]
             if after & guards != guards:
                 continue
-            left = rem[:]
             kept = present
-            for v, c in parts[u]:
-                left[v] -= c
-                if not left[v]:
+            part = parts[u]
+            for v, c in part:
+                if rem[v] == c:
                     kept &= ~(1 << v)  # the bin takes the last of them
             if loads[u] + closest <= limit and self.swaps_up(u, kept, limit):  # (the check swaps_up starts with)
                 continue
+            left = rem[:]
+            for v, c in part:
+                left[v] -= c
             taken.append(u)
             below = self.search(u, after, placed + 1, budget - cost, left, kept) + cost
             taken.pop()
