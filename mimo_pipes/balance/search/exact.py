@@ -89,7 +89,7 @@ def search_slots(
     tails = [0]
     for c in reversed(costs):
         tails.append(tails[-1] + c)
-
+    costs = [*costs, 0]  # a zero past the end: having placed every sample is a leaf like any zero cost left
     loads = [0] * num_slots
     fill = [0] * num_slots
     slot_of = [0] * size
@@ -97,14 +97,14 @@ def search_slots(
 
     def place(rank: int) -> bool:
         """Returns True when the lower bound has been reached (stop everything)."""
-        if rank == size or costs[rank] == 0:
+        cost = costs[rank]
+        if cost == 0:
             # Only zero costs remain (or none): any completion keeps today's loads.
             top = max(loads)
             if top < state["best"]:
                 state["best"] = top
                 state["found"] = filled_in_order(slot_of, rank, fill, per_slot)
             return state["best"] <= lower
-        cost = costs[rank]
         best = state["best"]
         limit = best - 1
         # Slack wasted by full slots must leave room for everything still to place.
