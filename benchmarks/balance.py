@@ -22,6 +22,7 @@ import platform
 import statistics
 import sys
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -33,13 +34,13 @@ import _dist  # noqa: E402  (benchmarks/_dist.py)
 
 from mimo_pipes.balance import balance_microbatch, balance_window, lpt_assignment, window_lower_bound  # noqa: E402
 from mimo_pipes.balance.canonical import loads_of, sort_order  # noqa: E402
-from mimo_pipes.balance.exact import exact_members, search_slots  # noqa: E402
-from mimo_pipes.balance.karmarkar_karp import kk_members  # noqa: E402
-from mimo_pipes.balance.lpt import lpt_members  # noqa: E402
+from mimo_pipes.balance.heuristics.karmarkar_karp import kk_members  # noqa: E402
+from mimo_pipes.balance.heuristics.lpt import lpt_members  # noqa: E402
+from mimo_pipes.balance.heuristics.refine import refine_members  # noqa: E402
 from mimo_pipes.balance.microbatch import plan_indices  # noqa: E402
 from mimo_pipes.balance.quality import sorted_lower_bound, window_path_bound  # noqa: E402
-from mimo_pipes.balance.refine import refine_members  # noqa: E402
-from mimo_pipes.balance.window_search import search_window  # noqa: E402
+from mimo_pipes.balance.search.exact import exact_members, search_slots  # noqa: E402
+from mimo_pipes.balance.search.window_search import search_window  # noqa: E402
 
 DOCS = os.path.join(ROOT, "docs", "benchmarks.md")
 SECTION = "## Balancing"
@@ -417,19 +418,14 @@ def lpt_window_path(costs, num_slots, floor):
 
 def long_planner_path(costs, num_slots, floor):
     """The planner with 50x its budgets and every size gate open (a search of the same family)."""
-    import mimo_pipes.balance.window_planner as window_module
+    from mimo_pipes.balance.window.tuning import TUNING
 
-    names = ("MAX_MOVES", "MAX_WORK", "FILL_MAX_SAMPLES", "NEAR_BOUND", "SEARCH_MAX_SAMPLES")
-    saved = {name: getattr(window_module, name) for name in (*names, "EXACT_MAX_SAMPLES")}
-    for name in names:
-        setattr(window_module, name, saved[name] * 50)
-    window_module.EXACT_MAX_SAMPLES = 0  # the reference's own branch and bound runs separately
-    try:
-        flat = [c for row in costs for c in row]
-        return _floored_path(flat, balance_window(costs, num_slots, True, floor=floor), floor)
-    finally:
-        for name, value in saved.items():
-            setattr(window_module, name, value)
+    names = ("max_moves", "max_work", "fill_max_samples", "near_bound", "search_max_samples")
+    longer = {name: getattr(TUNING, name) * 50 for name in names}
+    # The reference's own branch and bound runs separately.
+    tuning = replace(TUNING, **longer, exact_max_samples=0)
+    flat = [c for row in costs for c in row]
+    return _floored_path(flat, balance_window(costs, num_slots, True, floor=floor, tuning=tuning), floor)
 
 
 def window_reference(costs, num_slots, floor, known):

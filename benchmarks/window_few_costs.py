@@ -19,16 +19,18 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import replace
 
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from mimo_pipes.balance import balance_window, window_planner  # noqa: E402
-from mimo_pipes.balance.bin_search import search_bins  # noqa: E402
+from mimo_pipes.balance import balance_window  # noqa: E402
 from mimo_pipes.balance.quality import window_path_bound  # noqa: E402
-from mimo_pipes.balance.window_search import search_window  # noqa: E402
+from mimo_pipes.balance.search.bin_search import search_bins  # noqa: E402
+from mimo_pipes.balance.search.window_search import search_window  # noqa: E402
+from mimo_pipes.balance.window.tuning import TUNING  # noqa: E402
 
 REFERENCE_NODES = 50_000
 COUNT_REFERENCE_WORK = 10**9
@@ -84,7 +86,7 @@ def reference(costs: list[list[int]], slots: int, floor: int, known: int) -> tup
     flat = sorted((c for row in costs for c in row), reverse=True)
     lower = window_path_bound(np.asarray(flat, dtype=np.int64), count, slots, floor)
     try:
-        from mimo_pipes.balance.count_search import search_counts
+        from mimo_pipes.balance.search.count_search import search_counts
     except ImportError:  # a checkout from before the count search
         search_counts = None
     best = known
@@ -101,16 +103,10 @@ def reference(costs: list[list[int]], slots: int, floor: int, known: int) -> tup
 def planned(costs: list[list[int]], slots: int, floor: int, count_work: int | None) -> tuple[int, float]:
     """(critical path, CPU ms) of the planner, with the count search's budget set to ``count_work`` (0: off,
     the planner as it was before it; None: as shipped)."""
-    saved = getattr(window_planner, "COUNT_WORK", None)
-    if count_work is not None:
-        window_planner.COUNT_WORK = count_work
-    try:
-        start = time.process_time()
-        plan = balance_window(costs, slots, across_microbatches=True, floor=floor)
-        elapsed = (time.process_time() - start) * 1e3
-    finally:
-        if count_work is not None:
-            window_planner.COUNT_WORK = saved
+    tuning = TUNING if count_work is None else replace(TUNING, count_work=count_work)
+    start = time.process_time()
+    plan = balance_window(costs, slots, across_microbatches=True, floor=floor, tuning=tuning)
+    elapsed = (time.process_time() - start) * 1e3
     return path_of([c for row in costs for c in row], plan, floor), elapsed
 
 

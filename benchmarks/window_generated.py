@@ -20,6 +20,7 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -29,9 +30,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 from mimo_pipes.balance import balance_window  # noqa: E402
-from mimo_pipes.balance.bin_search import search_bins  # noqa: E402
 from mimo_pipes.balance.quality import window_path_bound  # noqa: E402
-from mimo_pipes.balance.window_search import search_window  # noqa: E402
+from mimo_pipes.balance.search.bin_search import search_bins  # noqa: E402
+from mimo_pipes.balance.search.window_search import search_window  # noqa: E402
+from mimo_pipes.balance.window.tuning import TUNING, WindowTuning  # noqa: E402
 
 REFERENCE_NODES = 50_000  # per search over samples
 COUNT_REFERENCE_WORK = 200_000_000  # the search over counts (about 20 s at most)
@@ -75,7 +77,7 @@ def reference(costs: list[list[int]], slots: int, floor: int, known: int) -> tup
     if known <= lower or len(flat) // (count * slots) < 2:
         return known, known <= lower or len(flat) == count * slots
     if len(set(flat)) <= 8:
-        from mimo_pipes.balance.count_search import search_counts
+        from mimo_pipes.balance.search.count_search import search_counts
 
         counted = search_counts(flat, count, slots, floor, known, lower, COUNT_REFERENCE_WORK)
         if counted.proven:
@@ -86,14 +88,14 @@ def reference(costs: list[list[int]], slots: int, floor: int, known: int) -> tup
     return min(first.best, second.best), first.proven or second.proven
 
 
-def evaluate(windows: int, seed: int, progress=None) -> dict:
+def evaluate(windows: int, seed: int, progress=None, tuning: WindowTuning = TUNING) -> dict:
     rng = np.random.default_rng(seed)
     gaps, ms, proven, rows = [], [], 0, []
     for number in range(windows):
         costs, slots, floor, info = draw_window(rng)
         flat = [c for row in costs for c in row]
         started = time.process_time_ns()
-        plan = balance_window(costs, slots, True, floor=floor)
+        plan = balance_window(costs, slots, True, floor=floor, tuning=tuning)
         ms.append((time.process_time_ns() - started) / 1e6)
         path = path_of(flat, plan, floor)
         best, exact = reference(costs, slots, floor, path)
@@ -128,11 +130,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--count-work", type=int, help="the planner's budget for its search over counts (0: off)")
     args = parser.parse_args()
-    if args.count_work is not None:
-        from mimo_pipes.balance import window_planner
-
-        window_planner.COUNT_WORK = args.count_work
-    result = evaluate(args.windows, args.seed, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    tuning = TUNING if args.count_work is None else replace(TUNING, count_work=args.count_work)
+    result = evaluate(args.windows, args.seed, progress=lambda m: print(m, file=sys.stderr, flush=True), tuning=tuning)
     print("\n".join(render(result, args.seed)))
     worst = sorted(zip(result["gaps"], result["rows"]), key=lambda item: -item[0])[:5]
     for gap, row in worst:

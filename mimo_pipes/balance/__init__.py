@@ -7,11 +7,9 @@ See docs/balancing.md for the algorithms and measured quality.
 """
 
 from mimo_pipes.balance.assign import assign_window, composition_of
-from mimo_pipes.balance.composition import balance_composition, balance_composition_two_level
-from mimo_pipes.balance.contiguous import contiguous_assignment
-from mimo_pipes.balance.exact import exact_assignment
-from mimo_pipes.balance.karmarkar_karp import karmarkar_karp_assignment
-from mimo_pipes.balance.lpt import lpt_assignment
+from mimo_pipes.balance.heuristics.contiguous import contiguous_assignment
+from mimo_pipes.balance.heuristics.karmarkar_karp import karmarkar_karp_assignment
+from mimo_pipes.balance.heuristics.lpt import lpt_assignment
 from mimo_pipes.balance.microbatch import balance_microbatch
 from mimo_pipes.balance.quality import (
     critical_path,
@@ -23,9 +21,11 @@ from mimo_pipes.balance.quality import (
     spread,
     window_lower_bound,
 )
+from mimo_pipes.balance.search.exact import exact_assignment
 from mimo_pipes.balance.settings import PlannerSettings
-from mimo_pipes.balance.two_level import balance_two_level
-from mimo_pipes.balance.window_planner import balance_window
+from mimo_pipes.balance.window.given_composition import balance_composition, balance_composition_two_level
+from mimo_pipes.balance.window.planner import balance_window
+from mimo_pipes.balance.window.two_level import balance_two_level
 
 __all__ = [
     "PlannerSettings",

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mimo_pipes.balance.composition import balance_composition, balance_composition_two_level
 from mimo_pipes.balance.settings import PlannerSettings
-from mimo_pipes.balance.two_level import balance_two_level
-from mimo_pipes.balance.window_planner import balance_window
+from mimo_pipes.balance.window.given_composition import balance_composition, balance_composition_two_level
+from mimo_pipes.balance.window.planner import balance_window
+from mimo_pipes.balance.window.two_level import balance_two_level
 
 Assignment = list[list[list[int]]]  # [micro-batch][slot] -> flat window indices
 

@@ -23,14 +23,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from mimo_pipes.balance.best_fit import best_fit_members
 from mimo_pipes.balance.canonical import loads_of, score, slots_in_canonical_order, sort_order
-from mimo_pipes.balance.exact import enumerate_members, exact_members, partition_count
-from mimo_pipes.balance.karmarkar_karp import kk_members
-from mimo_pipes.balance.lpt import lpt_members
+from mimo_pipes.balance.heuristics.best_fit import best_fit_members
+from mimo_pipes.balance.heuristics.karmarkar_karp import kk_members
+from mimo_pipes.balance.heuristics.lpt import lpt_members
+from mimo_pipes.balance.heuristics.refine import refine_members
+from mimo_pipes.balance.heuristics.repartition import repartition_search
 from mimo_pipes.balance.quality import sorted_lower_bound
-from mimo_pipes.balance.refine import refine_members
-from mimo_pipes.balance.repartition import repartition_search
+from mimo_pipes.balance.search.exact import enumerate_members, exact_members, partition_count
 from mimo_pipes.balance.validate import check_costs, check_floor
 
 # Work after refinement, only while the heaviest slot is above the cheap lower bound:

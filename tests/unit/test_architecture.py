@@ -100,7 +100,7 @@ def test_pure_packages_import_nothing_that_moves_bytes() -> None:
     """The pure rooms (planners, time model, layout arithmetic, samples, observation) and the tail's settings never
     reach into the exchange package."""
     rooms = ("balance", "time_model", "parallel", "samples", "observe")
-    pure = [*(path for room in rooms for path in sorted((PACKAGE / room).glob("*.py"))), PACKAGE / "config" / "tail_settings.py"]
+    pure = [*(path for room in rooms for path in sorted((PACKAGE / room).rglob("*.py"))), PACKAGE / "config" / "tail_settings.py"]
     assert len(pure) > 30
     for path in pure:
         assert not any(name.startswith("mimo_pipes.exchange") for name in _imports(path)), path.name

@@ -4,15 +4,17 @@ never worse than without it."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 from balance_oracles import every_path, path_of_bins
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mimo_pipes.balance import balance_window
-from mimo_pipes.balance import window_planner as window_module
-from mimo_pipes.balance.count_search import bin_types, count_types, search_counts
-from mimo_pipes.balance.window_search import search_window
+from mimo_pipes.balance.search.count_search import bin_types, count_types, search_counts
+from mimo_pipes.balance.search.window_search import search_window
+from mimo_pipes.balance.window.tuning import TUNING
 
 SETTINGS = settings(deadline=None, max_examples=80, suppress_health_check=[HealthCheck.too_slow])
 VALUES = (0, 1, 3, 64, 256, 576, 1024, 1600, 4096)
@@ -91,8 +93,8 @@ def test_bin_types_are_every_multiset_heaviest_first():
     assert count_types(8, 4) == 330 and count_types(1, 5) == 1
 
 
-def _plan_path(rows: list[list[int]], num_slots: int, floor: int) -> int:
-    plan = balance_window(rows, num_slots, across_microbatches=True, floor=floor)
+def _plan_path(rows: list[list[int]], num_slots: int, floor: int, tuning=TUNING) -> int:
+    plan = balance_window(rows, num_slots, across_microbatches=True, floor=floor, tuning=tuning)
     flat = [c for row in rows for c in row]
     size = len(rows[0])
     assert sorted(i for slots in plan for slot in slots for i in slot) == list(range(len(flat)))
@@ -107,10 +109,5 @@ def test_planner_is_never_worse_with_the_count_search(case, shuffle):
     shuffle.shuffle(costs)  # the planner sorts
     rows = np.asarray(costs).reshape(count, -1).tolist()
     with_count = _plan_path(rows, num_slots, floor)
-    saved = window_module.COUNT_WORK
-    window_module.COUNT_WORK = 0  # the planner as it was before the count search
-    try:
-        without = _plan_path(rows, num_slots, floor)
-    finally:
-        window_module.COUNT_WORK = saved
+    without = _plan_path(rows, num_slots, floor, replace(TUNING, count_work=0))  # the planner before the count search
     assert with_count <= without

@@ -14,7 +14,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mimo_pipes.balance import balance_microbatch, balance_window, refine
+from mimo_pipes.balance import balance_microbatch, balance_window
+from mimo_pipes.balance.heuristics import refine
 
 GIB = 1 << 30
 
@@ -175,11 +176,11 @@ def test_one_large_microbatch_over_few_slots_stays_small():
 def test_window_planning_work_is_linear_in_the_samples(monkeypatch):
     # The compositions scored grow at most logarithmically with B/G and W: a window of many samples per slot
     # (B/G = 12,500 filler counts before the bound) scores a few hundred at most.
-    from mimo_pipes.balance import window_planner
+    from mimo_pipes.balance.window import planner as window_planner
 
     scored = []
-    original = window_planner._estimate
-    monkeypatch.setattr(window_planner, "_estimate", lambda *args: scored.append(1) or original(*args))
+    original = window_planner.estimate
+    monkeypatch.setattr(window_planner, "estimate", lambda *args: scored.append(1) or original(*args))
     rng = random.Random(4)
     for count, size, num_slots, floor in [(2, 50_000, 4, 0), (400, 64, 4, 10**5)]:
         scored.clear()
@@ -192,9 +193,11 @@ def test_window_planning_work_is_linear_in_the_samples(monkeypatch):
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(1, 10**7), unique=True, max_size=3000).map(sorted))
 def test_thinned_compositions_keep_the_dense_start_and_the_end(values):
-    from mimo_pipes.balance.window_planner import COMPOSITIONS_DENSE, COMPOSITIONS_GROWTH, _thinned
+    from mimo_pipes.balance.window.compositions import thinned
+    from mimo_pipes.balance.window.tuning import TUNING
 
-    kept = _thinned(list(values))
+    COMPOSITIONS_DENSE, COMPOSITIONS_GROWTH = TUNING.compositions_dense, TUNING.compositions_growth
+    kept = thinned(list(values), TUNING)
     assert set(kept) <= set(values) and kept == sorted(kept)
     if len(values) <= COMPOSITIONS_DENSE:
         assert kept == values

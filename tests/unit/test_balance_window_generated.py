@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mimo_pipes.balance import balance_window
-from mimo_pipes.balance.count_search import search_counts
-from mimo_pipes.balance.lpt import lpt_members
+from mimo_pipes.balance.heuristics.lpt import lpt_members
 from mimo_pipes.balance.quality import window_path_bound
+from mimo_pipes.balance.search.count_search import search_counts
 
 RESOLUTIONS = (64, 144, 256, 576, 1024, 1600, 2304, 4096)
 

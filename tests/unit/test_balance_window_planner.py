@@ -3,17 +3,22 @@ pair-filling start, the engine's floor and heaviest-only modes, and floor-aware 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mimo_pipes.balance import balance_window, critical_path, window_lower_bound
-from mimo_pipes.balance import window_planner as window_module
 from mimo_pipes.balance.canonical import loads_of, score, sort_order
-from mimo_pipes.balance.lpt import lpt_members
+from mimo_pipes.balance.heuristics.lpt import lpt_members
+from mimo_pipes.balance.heuristics.refine import refine_members
 from mimo_pipes.balance.microbatch import plan_members
 from mimo_pipes.balance.quality import rows_lower_bound, sorted_lower_bound
-from mimo_pipes.balance.refine import refine_members
+from mimo_pipes.balance.window.compositions import compositions as window_compositions
+from mimo_pipes.balance.window.compositions import filler_counts
+from mimo_pipes.balance.window.starts import fill_to_level, pairs_to_level
+from mimo_pipes.balance.window.tuning import TUNING
 
 SETTINGS = settings(deadline=None, max_examples=80, suppress_health_check=[HealthCheck.too_slow])
 
@@ -58,11 +63,11 @@ def test_compositions_partition_the_window_into_sorted_rows(case):
     order = sort_order(flat)
     rank = np.empty_like(order)
     rank[order] = np.arange(order.size)
-    compositions = list(window_module._compositions(order, count, num_slots, floor))
+    compositions = list(window_compositions(order, count, num_slots, floor, TUNING))
     size = flat.size // count
     hybrids = max(count - 2, 0) if floor and size > num_slots else 0
     fillers = {1 << i for i in range(size.bit_length()) if 1 << i < size} | set(range(num_slots, size, num_slots))
-    assert window_module._filler_counts(size, num_slots) == sorted(fillers)
+    assert filler_counts(size, num_slots, TUNING) == sorted(fillers)
     assert len(compositions) == 2 + hybrids + (len(fillers) if count > 1 and size > num_slots else 0)
     for rows in compositions:
         assert rows.shape == (count, flat.size // count)
@@ -89,7 +94,7 @@ def test_compositions_partition_the_window_into_sorted_rows(case):
 def test_fill_to_level_opens_the_heaviest_microbatch_with_its_heads(case):
     flat, count, num_slots, floor = case
     window = flat.reshape(count, -1)
-    plans = window_module._fill_to_level(window, num_slots, floor, opened=1)
+    plans = fill_to_level(window, num_slots, floor, opened=1)
     per_slot = window.shape[1] // num_slots
     assert [plan.shape for plan in plans] == [(num_slots, per_slot)] * count
     assert sorted(np.concatenate(plans).reshape(-1).tolist()) == list(range(flat.size))
@@ -104,7 +109,7 @@ def test_pairs_to_level_fill_each_microbatch_up_to_its_level(case):
     flat, count, num_slots, floor = case
     flat = np.concatenate((flat, flat[::-1] // 3))  # two samples per slot
     order = sort_order(flat)
-    plans = window_module._pairs_to_level(flat, order, count, num_slots, floor)
+    plans = pairs_to_level(flat, order, count, num_slots, floor)
     assert [plan.shape for plan in plans] == [(num_slots, 2)] * count
     assert sorted(np.concatenate(plans).reshape(-1).tolist()) == list(range(flat.size))
     left = order.tolist()  # samples not placed yet, heaviest first
@@ -173,7 +178,7 @@ def test_two_samples_per_slot_pack_each_microbatch_up_to_its_top():
     rows = (rng.pareto(1.5, size=(8, 32)) * 100).astype(np.int64).tolist()
     flat = np.asarray(rows).reshape(-1)
     order = sort_order(flat)
-    pairs = window_module._pairs_to_level(flat, order, 8, 16, 0)
+    pairs = pairs_to_level(flat, order, 8, 16, 0)
     runs = [order[m * 32 : (m + 1) * 32] for m in range(8)]
     runs_path = sum(
         int(max(flat[run[i]] + flat[run[31 - i]] for i in range(16))) for run in runs
@@ -188,8 +193,8 @@ def _floored_path(costs, plan, floor):
     return sum(max(floor, max(sum(flat[i] for i in slot) for slot in slots)) for slots in plan)
 
 
-def test_a_window_too_large_to_search_gets_fill_to_level_when_its_bound_cannot_certify_it(monkeypatch):
-    # 8 x 512 samples over 64 slots (above SEARCH_MAX_SAMPLES): heavy-tailed images, 40% text-only, a floor.
+def test_a_window_too_large_to_search_gets_fill_to_level_when_its_bound_cannot_certify_it():
+    # 8 x 512 samples over 64 slots (above ``search_max_samples``): heavy-tailed images, 40% text-only, a floor.
     # The swap search skips such windows; where the path bound leaves more than 3% room, fill to level is
     # tried, and keeps the plan valid and never worse (on these windows 2-5% lower).
     from mimo_pipes.balance.quality import window_path_bound
@@ -205,11 +210,9 @@ def test_a_window_too_large_to_search_gets_fill_to_level_when_its_bound_cannot_c
         plan = balance_window(costs, 64, True, floor=floor)
         assert sorted(i for slots in plan for slot in slots for i in slot) == list(range(8 * 512))
         assert all(len(slots) == 64 and all(len(slot) == 8 for slot in slots) for slots in plan)
-        monkeypatch.setattr(window_module, "CERTIFY_MAX_SAMPLES", 0)
-        without = balance_window(costs, 64, True, floor=floor)
-        monkeypatch.undo()
+        without = balance_window(costs, 64, True, floor=floor, tuning=replace(TUNING, certify_max_samples=0))
         path, before = _floored_path(costs, plan, floor), _floored_path(costs, without, floor)
         flat = np.sort(np.asarray([c for row in costs for c in row], dtype=np.int64))[::-1]
         bound = window_path_bound(flat, 8, 64, floor)
-        assert (before - bound) * window_module.CERTIFY_GAP > bound  # the case the extra start is for
+        assert (before - bound) * TUNING.certify_gap > bound  # the case the extra start is for
         assert bound <= path < before

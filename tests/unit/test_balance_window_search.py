@@ -4,6 +4,7 @@ stops at, and what the window planner makes of them; the LPT anchor against a pl
 from __future__ import annotations
 
 import heapq
+from dataclasses import replace
 
 import numpy as np
 from balance_oracles import every_path, path_of_bins
@@ -11,10 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mimo_pipes.balance import balance_window, critical_path
-from mimo_pipes.balance import window_planner as window_module
-from mimo_pipes.balance.lpt import lpt_members
+from mimo_pipes.balance.heuristics.lpt import lpt_members
 from mimo_pipes.balance.quality import window_path_bound
-from mimo_pipes.balance.window_search import search_window
+from mimo_pipes.balance.search.window_search import search_window
+from mimo_pipes.balance.window.tuning import TUNING
 
 SETTINGS = settings(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
 
@@ -72,12 +73,8 @@ def test_planner_reaches_the_optimum_of_small_windows_with_room_to_search(case):
     costs, count, num_slots, floor = case
     per_bin = len(costs) // (count * num_slots)
     rows = np.asarray(costs).reshape(count, -1)[:, ::-1].tolist()  # not sorted: the planner sorts
-    saved = window_module.EXACT_NODES, window_module.NEAR_BOUND
-    window_module.EXACT_NODES, window_module.NEAR_BOUND = 10**6, 10**12
-    try:
-        plan = balance_window(rows, num_slots, across_microbatches=True, floor=floor)
-    finally:
-        window_module.EXACT_NODES, window_module.NEAR_BOUND = saved
+    tuning = replace(TUNING, exact_nodes=10**6, near_bound=10**12)
+    plan = balance_window(rows, num_slots, across_microbatches=True, floor=floor, tuning=tuning)
     assert sorted(i for slots in plan for slot in slots for i in slot) == list(range(len(costs)))
     assert all(len(slot) == per_bin for slots in plan for slot in slots)
     flat = [c for row in rows for c in row]

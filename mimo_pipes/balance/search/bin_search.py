@@ -30,8 +30,8 @@ then the labelled one, on one budget.
 
 from __future__ import annotations
 
-from mimo_pipes.balance.budget import BudgetSpent, prefix_totals, runs_to_the_end
-from mimo_pipes.balance.window_search import WindowSearch
+from mimo_pipes.balance.search.budget import BudgetSpent, filled_in_order, prefix_totals, runs_to_the_end
+from mimo_pipes.balance.search.window_search import WindowSearch
 
 
 def _grouped_path(loads: list[int], num_slots: int, floor: int) -> int:
@@ -49,6 +49,35 @@ def _micro_batch_bins(bin_of: list[int], loads: list[int], num_slots: int) -> li
     return [rename[b] for b in bin_of]
 
 
+def _bound(tables: tuple, nxt: int) -> int:
+    """Lower bound on the path of any completion, samples ``nxt`` onwards still to place. ``tables``: the
+    search's bin loads and fills (as they stand), prefix totals and shape (see ``search_bins``)."""
+    load, fill, tails, heads, total, per_bin, num_slots, floor, count = tables
+    lows = sorted([amount + tails[per_bin - filled] for amount, filled in zip(load, fill)], reverse=True)
+    tops = [top if top > floor else floor for top in lows[::num_slots]]  # one a micro-batch
+    value = sum(tops)
+    held = sorted(load, reverse=True)
+    missing = sorted([per_bin - filled for filled in fill], reverse=True)
+    start = heads[nxt]
+    left = total - start  # cost of the samples still to place
+    taken = 0  # the jG heaviest loads
+    places = 0  # the jG largest numbers of missing places
+    head = 0  # sum of the first j tops
+    for j in range(1, count):
+        for b in range((j - 1) * num_slots, j * num_slots):
+            taken += held[b]
+            places += missing[b]
+        head += tops[j - 1]
+        absorbed = heads[nxt + places] - start
+        if absorbed > left:
+            absorbed = left
+        rest = total - taken - absorbed  # at least what the lightest (W-j)G bins hold
+        tail = -(-rest // num_slots)
+        if tail > value - head:
+            value = head + tail
+    return max(value, -(-total // num_slots))
+
+
 def search_bins(
     costs: list[int], count: int, num_slots: int, floor: int, incumbent: int, lower: int, node_limit: int
 ) -> WindowSearch:
@@ -64,45 +93,18 @@ def search_bins(
     tails, heads = prefix_totals(costs, size + 1)  # the n lightest samples' total; the i heaviest's
     load = [0] * bins
     fill = [0] * bins
+    tables = (load, fill, tails, heads, total, per_bin, num_slots, floor, count)
     bin_of = [0] * size
     best = incumbent
     found: list[int] | None = None
     nodes = node_limit
-    groups = range(1, count)
-
-    def bound(nxt: int) -> int:
-        """Lower bound on the path of any completion, samples ``nxt`` onwards still to place."""
-        lows = sorted((load[b] + tails[per_bin - fill[b]] for b in range(bins)), reverse=True)
-        tops = [max(floor, lows[j * num_slots]) for j in range(count)]
-        value = sum(tops)
-        held = sorted(load, reverse=True)
-        missing = sorted((per_bin - f for f in fill), reverse=True)
-        start = heads[nxt]
-        left = total - start  # cost of the samples still to place
-        taken = 0  # the jG heaviest loads
-        places = 0  # the jG largest numbers of missing places
-        head = 0  # sum of the first j tops
-        for j in groups:
-            for b in range((j - 1) * num_slots, j * num_slots):
-                taken += held[b]
-                places += missing[b]
-            head += tops[j - 1]
-            absorbed = heads[nxt + places] - start
-            if absorbed > left:
-                absorbed = left
-            rest = total - taken - absorbed  # at least what the lightest (W-j)G bins hold
-            tail = -(-rest // num_slots)
-            if tail > value - head:
-                value = head + tail
-        return max(value, -(-total // num_slots))
 
     def place(i: int) -> bool:
         nonlocal best, found, nodes
         if i == size or costs[i] == 0:
             path = _grouped_path(load, num_slots, floor)
             if path < best:
-                done = bin_of[:i] + [b for b in range(bins) for _ in range(per_bin - fill[b])]
-                found = _micro_batch_bins(done, load, num_slots)
+                found = _micro_batch_bins(filled_in_order(bin_of, i, fill, per_bin), load, num_slots)
                 best = path
             return best <= lower
         cost = costs[i]
@@ -119,7 +121,7 @@ def search_bins(
             seen.add(key)
             load[b] += cost
             fill[b] = filled + 1
-            value = bound(i + 1)
+            value = _bound(tables, i + 1)
             load[b] -= cost
             fill[b] = filled
             if value < best:

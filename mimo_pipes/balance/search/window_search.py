@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from mimo_pipes.balance.budget import BudgetSpent, prefix_totals, runs_to_the_end
+from mimo_pipes.balance.search.budget import BudgetSpent, filled_in_order, prefix_totals, runs_to_the_end
 
 
 class WindowSearch(NamedTuple):
@@ -32,6 +32,91 @@ class WindowSearch(NamedTuple):
     best: int  # critical path of ``bins`` (``incumbent`` if nothing better was found)
     proven: bool  # no plan has a lower critical path than ``best``
     nodes: int  # samples placed
+
+
+def _room_of(load: list[int], fill: list[int], per_bin: int, first: int, last: int, top: int, most: list[int]) -> int:
+    """What the open bins ``first`` .. ``last - 1`` (a micro-batch's) can still absorb under level ``top``
+    (``most[n]``: the heaviest n samples left)."""
+    room = 0
+    for b in range(first, last):
+        need = per_bin - fill[b]
+        if need:
+            under = top - load[b]
+            room += under if under < most[need] else most[need]
+    return room
+
+
+def _rooms(load: list[int], fill: list[int], level: list[int], per_bin: int, num_slots: int, most: list[int]) -> list[int]:
+    """:func:`_room_of` of every micro-batch under its level, in one pass over the bins."""
+    rooms = []
+    for m, top in enumerate(level):
+        room = 0
+        for b in range(m * num_slots, (m + 1) * num_slots):
+            need = per_bin - fill[b]
+            if need:
+                under = top - load[b]
+                room += under if under < most[need] else most[need]
+        rooms.append(room)
+    return rooms
+
+
+def _children(tables: tuple, i: int, path: int, after: int, best: int, used: int) -> list[tuple[int, ...]]:
+    """The bins sample i may go into, each as (bound, room left in its bin, bin, micro-batch, new level, new
+    path), those whose bound is below ``best``, in the order they are tried. ``tables``: the search's costs,
+    prefix totals, bins and micro-batches as they stand, and shape; ``after``: the cost left once i is placed;
+    ``used``: the micro-batches opened so far."""
+    costs, tails, heads, load, fill, level, opened, bin_of, per_bin, num_slots, count = tables
+    cost = costs[i]
+    width = per_bin + 1  # bin states (load, fill) as one int: load * width + fill
+    # The heaviest n samples left once this one is placed (n up to a bin's size).
+    start = heads[i + 1]
+    most = [heads[i + 1 + n] - start for n in range(per_bin + 1)]
+    rooms: list[int] = []  # filled when a child first needs them
+    room = 0
+    widest = max(opened)
+    previous = bin_of[i - 1] if i and costs[i - 1] == cost else 0
+    children = []
+    for m in range(previous // num_slots, used + 1 if used < count else count):
+        top = level[m]
+        seen = set()
+        first = m * num_slots
+        for b in range(previous if previous > first else first, first + num_slots):
+            filled = fill[b]
+            if filled == per_bin:
+                continue
+            held = load[b]
+            key = held * width + filled
+            if key in seen:
+                continue
+            seen.add(key)
+            new_load = held + cost
+            new_top = new_load + tails[per_bin - filled - 1]
+            if new_top < top:
+                new_top = top
+            new_path = path - top + new_top
+            if new_path >= best:
+                continue
+            if not rooms:
+                rooms = _rooms(load, fill, level, per_bin, num_slots, most)
+                room = sum(rooms)
+            if new_top == top:
+                # Only bin b's share of the room changes.
+                need = per_bin - filled
+                under = top - held
+                new_room = room - (under if under < most[need] else most[need])
+                if need > 1:
+                    under -= cost
+                    new_room += under if under < most[need - 1] else most[need - 1]
+            else:
+                load[b], fill[b] = new_load, filled + 1
+                new_room = room - rooms[m] + _room_of(load, fill, per_bin, first, first + num_slots, new_top, most)
+                load[b], fill[b] = held, filled
+            excess = after - new_room
+            bound = new_path + (-(-excess // widest) if excess > 0 else 0)
+            if bound < best:
+                children.append((bound, new_top - new_load, b, m, new_top, new_path))
+    children.sort()
+    return children
 
 
 def search_window(
@@ -55,18 +140,7 @@ def search_window(
     found: list[int] | None = None
     nodes = node_limit
     used = 0  # micro-batches opened so far (always a prefix)
-    width = per_bin + 1  # bin states (load, fill) as one int: load * width + fill
-
-    def room_of(m: int, top: int, most: list[int]) -> int:
-        """What micro-batch m's open bins can still absorb under level ``top`` (``most[n]``: the
-        heaviest n samples left)."""
-        room = 0
-        for b in range(m * num_slots, (m + 1) * num_slots):
-            need = per_bin - fill[b]
-            if need:
-                under = top - load[b]
-                room += under if under < most[need] else most[need]
-        return room
+    tables = (costs, tails, heads, load, fill, level, opened, bin_of, per_bin, num_slots, count)
 
     def place(i: int, path: int, rest: int) -> bool:
         """Place sample i and the ones after it; True once the lower bound is reached (stop)."""
@@ -74,59 +148,12 @@ def search_window(
         if i == size or costs[i] == 0:
             # Nothing left but zero costs: any completion keeps the loads, and the levels are the tops.
             if path < best:
-                found = bin_of[:i] + [b for b in range(bins) for _ in range(per_bin - fill[b])]
+                found = filled_in_order(bin_of, i, fill, per_bin)
                 best = path
             return best <= lower
         cost = costs[i]
         after = rest - cost
-        # The heaviest n samples left once this one is placed (n up to a bin's size).
-        start = heads[i + 1]
-        most = [heads[i + 1 + n] - start for n in range(per_bin + 1)]
-        rooms: list[int] = []  # filled when a child first needs them
-        room = 0
-        widest = max(opened)
-        previous = bin_of[i - 1] if i and costs[i - 1] == cost else 0
-        children = []
-        for m in range(previous // num_slots, used + 1 if used < count else count):
-            top = level[m]
-            seen = set()
-            first = m * num_slots
-            for b in range(previous if previous > first else first, first + num_slots):
-                filled = fill[b]
-                if filled == per_bin:
-                    continue
-                held = load[b]
-                key = held * width + filled
-                if key in seen:
-                    continue
-                seen.add(key)
-                new_load = held + cost
-                new_top = new_load + tails[per_bin - filled - 1]
-                if new_top < top:
-                    new_top = top
-                new_path = path - top + new_top
-                if new_path >= best:
-                    continue
-                if not rooms:
-                    rooms = [room_of(mm, level[mm], most) for mm in range(count)]
-                    room = sum(rooms)
-                if new_top == top:
-                    # Only bin b's share of the room changes.
-                    need = per_bin - filled
-                    under = top - held
-                    new_room = room - (under if under < most[need] else most[need])
-                    if need > 1:
-                        under -= cost
-                        new_room += under if under < most[need - 1] else most[need - 1]
-                else:
-                    load[b], fill[b] = new_load, filled + 1
-                    new_room = room - rooms[m] + room_of(m, new_top, most)
-                    load[b], fill[b] = held, filled
-                excess = after - new_room
-                bound = new_path + (-(-excess // widest) if excess > 0 else 0)
-                if bound < best:
-                    children.append((bound, new_top - new_load, b, m, new_top, new_path))
-        children.sort()
+        children = _children(tables, i, path, after, best, used)
         for bound, _, b, m, new_top, new_path in children:
             if bound >= best:
                 break

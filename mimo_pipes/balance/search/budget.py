@@ -1,4 +1,5 @@
-"""Counted budgets of the exact searches: a search stops where its budget ends, the same on every process."""
+"""Counted budgets of the exact searches (a search stops where its budget ends, the same on every process), and
+the tables and completions they share."""
 
 from __future__ import annotations
 
@@ -30,3 +31,9 @@ def prefix_totals(costs: list[int], past_the_end: int) -> tuple[list[int], list[
         heads.append(heads[-1] + cost)
     heads += heads[-1:] * past_the_end
     return tails, heads
+
+
+def filled_in_order(bin_of: list[int], placed: int, fill: list[int], per_bin: int) -> list[int]:
+    """The bin of each sample once the samples from ``placed`` on (zero costs, or none) fill the places left,
+    bin by bin in bin order: ``bin_of`` for the first ``placed``, ``fill[b]`` of bin b's ``per_bin`` taken."""
+    return bin_of[:placed] + [b for b in range(len(fill)) for _ in range(per_bin - fill[b])]

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from mimo_pipes.balance.microbatch import balance_microbatch
 from mimo_pipes.balance.validate import check_num_slots, check_window
-from mimo_pipes.balance.window_planner import balance_window
+from mimo_pipes.balance.window.planner import balance_window
 
 
 def balance_two_level(

@@ -27,9 +27,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from mimo_pipes.balance.budget import BudgetSpent, runs_to_the_end
 from mimo_pipes.balance.canonical import slots_in_canonical_order, sort_order
 from mimo_pipes.balance.quality import sorted_lower_bound
+from mimo_pipes.balance.search.budget import BudgetSpent, filled_in_order, runs_to_the_end
 from mimo_pipes.balance.validate import check_costs
 
 DEFAULT_NODE_LIMIT = 20_000
@@ -89,7 +89,7 @@ def search_slots(
     tails = [0]
     for c in reversed(costs):
         tails.append(tails[-1] + c)
-
+    costs = [*costs, 0]  # a zero past the end: having placed every sample is a leaf like any zero cost left
     loads = [0] * num_slots
     fill = [0] * num_slots
     slot_of = [0] * size
@@ -97,23 +97,13 @@ def search_slots(
 
     def place(rank: int) -> bool:
         """Returns True when the lower bound has been reached (stop everything)."""
-        if rank == size:
-            top = max(loads)
-            if top < state["best"]:
-                state["best"] = top
-                state["found"] = list(slot_of)
-            return state["best"] <= lower
         cost = costs[rank]
         if cost == 0:
-            # Only zero costs remain: any completion keeps today's loads.
+            # Only zero costs remain (or none): any completion keeps today's loads.
             top = max(loads)
             if top < state["best"]:
                 state["best"] = top
-                found = list(slot_of)
-                free = [s for s in range(num_slots) for _ in range(per_slot - fill[s])]
-                for r, s in zip(range(rank, size), free):
-                    found[r] = s
-                state["found"] = found
+                state["found"] = filled_in_order(slot_of, rank, fill, per_slot)
             return state["best"] <= lower
         best = state["best"]
         limit = best - 1
@@ -168,7 +158,7 @@ def exact_assignment(
     With a node limit too small to finish, the best assignment found so far is returned (or, if none
     was found, equal-count LPT) and ``proven`` is False.
     """
-    from mimo_pipes.balance.lpt import lpt_members
+    from mimo_pipes.balance.heuristics.lpt import lpt_members
 
     array = check_costs(costs, num_slots)
     order = sort_order(array)

@@ -16,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from mimo_pipes.balance.canonical import loads_of, score
-from mimo_pipes.balance.exact import search_slots
-from mimo_pipes.balance.refine import refine_members
+from mimo_pipes.balance.heuristics.refine import refine_members
+from mimo_pipes.balance.search.exact import search_slots
 
 GROUP = 3
 NODES_PER_TRY = 400
