@@ -41,6 +41,7 @@ from mimo_pipes.balance.microbatch import plan_indices, plan_members
 from mimo_pipes.balance.quality import rows_lower_bound, window_lower_bound, window_path_bound
 from mimo_pipes.balance.refine import refine_members
 from mimo_pipes.balance.validate import check_floor, check_window
+from mimo_pipes.balance.window_pairs import pairs_replanned
 from mimo_pipes.balance.window_search import WindowSearch, search_window
 
 # Budgets of the search across micro-batches (counts, so the result never depends on the machine):
@@ -510,6 +511,8 @@ def balance_window(
             value = _plan_path(flat, level, floor)
             if value < path:
                 plans, path = level, value
+    if search:
+        plans, path = pairs_replanned(flat, order, plans, path, num_slots, floor, candidates)
     if search and flat.shape[0] <= max(EXACT_MAX_SAMPLES, COUNT_MAX_SAMPLES):
         plans, path = _searched(window, order, plans, path, num_slots, floor)
     # Nothing moves if the window as it stands (contiguous slots) is at least as good.
