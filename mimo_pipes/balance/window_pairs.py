@@ -1,4 +1,4 @@
-"""Pairs of micro-batches re-planned together: a local search over a window's compositions.
+"""Pairs (and triples) of micro-batches re-planned together: a local search over a window's compositions.
 
 The planner's searches across micro-batches move one sample at a time (swaps) or search the whole
 window (branch and bounds up to 64 samples). A mixed window (many text-only samples, which cost 0, and
@@ -7,8 +7,9 @@ change micro-batch at once, and the window is too large for the whole search to 
 at a time are small enough: their 2B samples are pooled and ``window_search`` (the branch and bound over
 samples, with zero costs as free fillers) looks for a plan of the two whose sum of tops is lower, from
 their current sum as incumbent, stopping at ``window_path_bound`` of the pool. A pair that gains replaces
-its two micro-batches and the sweep starts again, heaviest pairs first; the search ends when a sweep gains
-nothing or the budget (samples placed, a count) is spent, so the plan is the same on every machine.
+its two micro-batches and the sweep starts again, heaviest pairs first; when no pair gains, triples are
+searched the same way. The search ends when a sweep gains nothing or the budget (samples placed, a count)
+is spent, so the plan is the same on every machine.
 Every change lowers the critical path, so the result is never worse than its start.
 """
 
