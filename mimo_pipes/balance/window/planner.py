@@ -38,6 +38,7 @@ from mimo_pipes.balance.validate import check_floor, check_window
 from mimo_pipes.balance.window.compositions import compositions, estimate
 from mimo_pipes.balance.window.exact_searches import searched
 from mimo_pipes.balance.window.improve import improve
+from mimo_pipes.balance.window.pairs import pairs_replanned
 from mimo_pipes.balance.window.plans import canonical_microbatch, loads_path, plan_path
 from mimo_pipes.balance.window.starts import balanced, fill_to_level, independent, pairs_to_level
 from mimo_pipes.balance.window.tuning import TUNING, WindowTuning
@@ -106,6 +107,8 @@ def _across(window: np.ndarray, num_slots: int, floor: int, tuning: WindowTuning
         plans, path = _against_the_anchor(window, still_rows, plans, path, num_slots, floor, search)
     if not search and size // num_slots > 1 and flat.shape[0] <= tuning.certify_max_samples:
         plans, path = _certified(window, order, plans, path, num_slots, floor, tuning)
+    if search:
+        plans, path = pairs_replanned(flat, order, plans, path, num_slots, floor, candidates)
     if search and flat.shape[0] <= max(tuning.exact_max_samples, tuning.count_max_samples):
         plans, path = searched(window, order, plans, path, num_slots, floor, tuning)
     # Nothing moves if the window as it stands (contiguous slots) is at least as good.

@@ -1,0 +1,96 @@
+"""The across-micro-batch planner on mixed text-and-image windows (``mixed_windows``: 30-45% text-only
+samples at cost 0, image costs of ~60-1300 with repeats, W 2-6, G 4-16, 1-3 samples per slot, with and
+without a floor): every plan is a permutation with exact slot sizes and the same in every call; small
+windows are planned optimally (proved by a branch and bound run to the end); windows of the generator's seeds below are within 3% of
+the optimum scipy's MILP (HiGHS) proved for them (stored: scipy is no dependency of the project)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from mixed_windows import draw_window, path_of, reported_window
+
+from mimo_pipes.balance import balance_window
+from mimo_pipes.balance.quality import window_path_bound
+from mimo_pipes.balance.window_search import search_window
+
+
+@st.composite
+def mixed(draw):
+    """A mixed window of any shape of the class, from a drawn generator seed."""
+    seed = draw(st.integers(0, 2**32 - 1))
+    costs, num_slots, floor, _ = draw_window(np.random.default_rng(seed))
+    return costs, num_slots, floor
+
+
+@settings(deadline=None, max_examples=12, suppress_health_check=[HealthCheck.too_slow])
+@given(mixed())
+def test_every_sample_once_slot_sizes_exact_and_the_same_plan_twice(case):
+    costs, num_slots, floor = case
+    count, size = len(costs), len(costs[0])
+    plan = balance_window(costs, num_slots, across_microbatches=True, floor=floor)
+    assert len(plan) == count
+    assert all(len(slots) == num_slots and all(len(slot) == size // num_slots for slot in slots) for slots in plan)
+    assert sorted(i for slots in plan for slot in slots for i in slot) == list(range(count * size))
+    flat = [c for row in costs for c in row]
+    ordered = np.sort(np.asarray(flat, dtype=np.int64))[::-1]
+    assert path_of(flat, plan, floor) >= window_path_bound(ordered, count, num_slots, floor)
+    assert balance_window(costs, num_slots, across_microbatches=True, floor=floor) == plan
+
+
+def _optimum(costs: list[list[int]], num_slots: int, floor: int, known: int) -> int:
+    """The least critical path, proved by the branch and bound over samples on a budget far beyond the
+    planner's (at most ``known``, a path some plan has)."""
+    ordered = sorted((c for row in costs for c in row), reverse=True)
+    lower = window_path_bound(np.asarray(ordered, dtype=np.int64), len(costs), num_slots, floor)
+    exact = search_window(ordered, len(costs), num_slots, floor, known + 1, lower, 10**8)
+    assert exact.proven
+    return exact.best
+
+
+@pytest.mark.parametrize("shape", [(2, 4, 2), (3, 4, 2), (2, 5, 2), (2, 4, 3)], ids=str)
+def test_small_mixed_windows_are_planned_optimally(shape):
+    rng = np.random.default_rng((39, *shape))
+    for _ in range(6):
+        costs, num_slots, floor, info = draw_window(rng, shape)
+        flat = [c for row in costs for c in row]
+        path = path_of(flat, balance_window(costs, num_slots, across_microbatches=True, floor=floor), floor)
+        assert path == _optimum(costs, num_slots, floor, path), info
+
+
+# (generator, seed, best path scipy's MILP found, proved optimal): ``reported_window`` or ``draw_window`` on
+# np.random.default_rng(seed), each value found by scipy.optimize.milp (HiGHS) over slot patterns in 12 s
+# (benchmarks/window_mixed.py's ``milp_path``; its plan is a valid plan, so no planner may need to be more
+# than 3% above it). Seeds no constant was tuned on. The planner before its pair searches was 3.5-6.8% above
+# the MILP's plan on 3905, 3913, 3915, 3916 and 3920.
+KNOWN = (
+    ("reported", 3905, 3442, False),
+    ("reported", 3913, 3401, False),
+    ("reported", 3914, 3345, False),
+    ("reported", 3915, 2503, False),
+    ("reported", 3916, 3174, False),
+    ("reported", 3918, 2590, True),
+    ("reported", 3919, 3588, False),
+    ("reported", 3920, 2672, False),
+    ("drawn", 3951, 4696, True),
+    ("drawn", 3953, 3763, True),
+    ("drawn", 3955, 2764, True),
+    ("drawn", 3958, 4720, True),
+    ("drawn", 3962, 4243, True),
+    ("drawn", 3967, 10790, False),
+    ("drawn", 3968, 5872, True),
+    ("drawn", 3971, 2810, True),
+)
+
+
+@pytest.mark.parametrize("generator, seed, known, proven", KNOWN, ids=lambda value: str(value))
+def test_mixed_windows_are_within_3_percent_of_the_milp_plan(generator, seed, known, proven):
+    draw = reported_window if generator == "reported" else draw_window
+    costs, num_slots, floor, info = draw(np.random.default_rng(seed))
+    flat = [c for row in costs for c in row]
+    path = path_of(flat, balance_window(costs, num_slots, across_microbatches=True, floor=floor), floor)
+    if proven:
+        assert path >= known  # the stored optimum is one
+    assert path * 100 <= known * 103, (info, path, known)
