@@ -14,7 +14,7 @@ from mixed_windows import draw_window, path_of, reported_window
 
 from mimo_pipes.balance import balance_window
 from mimo_pipes.balance.quality import window_path_bound
-from mimo_pipes.balance.window_search import search_window
+from mimo_pipes.balance.search.window_search import search_window
 
 
 @st.composite
