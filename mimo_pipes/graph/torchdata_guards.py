@@ -15,17 +15,18 @@ from torchdata.nodes.map import _ParallelMapperImpl, _ParallelMapperIter, _Singl
 _THREADED = (_ParallelMapperImpl, Prefetcher, PinMemory)
 
 _exiting = False
-_open_loaders: dict[int, Any] = {}
-"""Loaders started and not closed yet, by id: each is closed at the interpreter's exit if it still is open."""
+_open_loaders: dict[int, type] = {}
+"""Loaders started and not closed yet: their ids and types, no reference (a loader dropped unclosed is still
+collected, and torchdata stops its threads then); one still alive at the interpreter's exit is closed."""
 _quieted: set[type] = set()
 
 
 def close_at_exit(loader: Any) -> None:
-    """Close ``loader`` (its ``close()``) when the interpreter exits, if it is still open then: a loader that an
-    exception kept from being closed would otherwise still run its threads while the interpreter tears down
-    (torch's threads then abort the process now and then: "terminate called without an active exception").
+    """Close ``loader`` (its ``close()``) when the interpreter exits, if it is still alive and open then: a loader
+    that an exception kept from being closed would otherwise still run its threads while the interpreter tears
+    down (torch's threads then abort the process now and then: "terminate called without an active exception").
     The loader's ``close()`` calls :func:`forget_at_exit`."""
-    _open_loaders[id(loader)] = loader
+    _open_loaders[id(loader)] = type(loader)
 
 
 def forget_at_exit(loader: Any) -> None:
@@ -35,11 +36,15 @@ def forget_at_exit(loader: Any) -> None:
 
 def _at_exit() -> None:
     global _exiting
-    for loader in list(_open_loaders.values()):
-        try:
-            loader.close()
-        except Exception:  # noqa: BLE001 - a graph that failed may not close cleanly; the process ends anyway
-            pass
+    if _open_loaders:  # only then: the collector's objects are looked through once, for the loaders still alive
+        import gc
+
+        alive = [obj for obj in gc.get_objects() if _open_loaders.get(id(obj)) is type(obj)]
+        for loader in alive:
+            try:
+                loader.close()
+            except Exception:  # noqa: BLE001 - a graph that failed may not close cleanly; the process ends anyway
+                pass
     _exiting = True
 
 
