@@ -108,7 +108,7 @@ def _across(window: np.ndarray, num_slots: int, floor: int, tuning: WindowTuning
     if not search and size // num_slots > 1 and flat.shape[0] <= tuning.certify_max_samples:
         plans, path = _certified(window, order, plans, path, num_slots, floor, tuning)
     if search:
-        plans, path = pairs_replanned(flat, order, plans, path, num_slots, floor, candidates)
+        plans, path = pairs_replanned(flat, order, plans, path, num_slots, floor, candidates, tuning)
     if search and flat.shape[0] <= max(tuning.exact_max_samples, tuning.count_max_samples):
         plans, path = searched(window, order, plans, path, num_slots, floor, tuning)
     # Nothing moves if the window as it stands (contiguous slots) is at least as good.
