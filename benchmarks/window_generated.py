@@ -10,7 +10,7 @@ and the branch and bounds of ``bin_search`` and ``window_search``, each with a l
 planner's plan), else the best plan those searches found. ``--count-work 0`` runs the planner without its
 search over counts (as it was before it), on the same windows and references.
 
-    python benchmarks/window_generated.py [--windows 160] [--seed 7] [--count-work N]
+    python benchmarks/window_generated.py [--windows 160] [--seed 7] [--count-work N] [--tuning FIELD=INT ...]
 """
 
 from __future__ import annotations
@@ -129,8 +129,14 @@ def main() -> int:
     parser.add_argument("--windows", type=int, default=160)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--count-work", type=int, help="the planner's budget for its search over counts (0: off)")
+    parser.add_argument("--tuning", action="append", default=[], metavar="FIELD=INT",
+                        help="another value of a WindowTuning field, e.g. pairs_after_exact=0 (repeatable)")
     args = parser.parse_args()
     tuning = TUNING if args.count_work is None else replace(TUNING, count_work=args.count_work)
+    for setting in args.tuning:
+        field, _, value = setting.partition("=")
+        kind = type(getattr(TUNING, field))
+        tuning = replace(tuning, **{field: kind(int(value))})
     result = evaluate(args.windows, args.seed, progress=lambda m: print(m, file=sys.stderr, flush=True), tuning=tuning)
     print("\n".join(render(result, args.seed)))
     worst = sorted(zip(result["gaps"], result["rows"]), key=lambda item: -item[0])[:5]

@@ -12,7 +12,7 @@ Without scipy the windows of at most 16 samples are solved by enumeration and th
 
     python benchmarks/window_mixed.py [--windows 40] [--reported 30] [--seed 202] [--time-limit 10]
 
-"Without pair searches" is the planner with ``balance.window.pairs.PAIRS_MAX_SAMPLES`` 0 (as it was before them).
+"Without pair searches" is the planner with ``WindowTuning.pairs_max_samples`` 0 (as it was before them).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -33,6 +34,7 @@ from mixed_windows import draw_window, path_of, reported_window  # noqa: E402
 
 from mimo_pipes.balance import balance_window  # noqa: E402
 from mimo_pipes.balance.quality import window_path_bound  # noqa: E402
+from mimo_pipes.balance.window.tuning import TUNING  # noqa: E402
 
 MAX_PATTERNS = 150_000  # windows whose slot contents come in more kinds are not given to the MILP
 
@@ -113,16 +115,10 @@ def milp_path(costs: list[list[int]], num_slots: int, floor: int, time_limit: fl
 
 def _planned(costs: list[list[int]], slots: int, floor: int, pairs: bool) -> tuple[int, float]:
     """(critical path, CPU ms) of the planner, with or without its pair searches."""
-    from mimo_pipes.balance.window import pairs as window_pairs
-
-    kept = window_pairs.PAIRS_MAX_SAMPLES
-    window_pairs.PAIRS_MAX_SAMPLES = kept if pairs else 0
-    try:
-        started = time.process_time_ns()
-        plan = balance_window(costs, slots, True, floor=floor)
-        ms = (time.process_time_ns() - started) / 1e6
-    finally:
-        window_pairs.PAIRS_MAX_SAMPLES = kept
+    tuning = TUNING if pairs else replace(TUNING, pairs_max_samples=0)
+    started = time.process_time_ns()
+    plan = balance_window(costs, slots, True, floor=floor, tuning=tuning)
+    ms = (time.process_time_ns() - started) / 1e6
     return path_of([c for row in costs for c in row], plan, floor), ms
 
 

@@ -6,6 +6,8 @@ the optimum scipy's MILP (HiGHS) proved for them (stored: scipy is no dependency
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -15,6 +17,7 @@ from mixed_windows import draw_window, path_of, reported_window
 from mimo_pipes.balance import balance_window
 from mimo_pipes.balance.quality import window_path_bound
 from mimo_pipes.balance.search.window_search import search_window
+from mimo_pipes.balance.window.tuning import TUNING
 
 
 @st.composite
@@ -94,3 +97,28 @@ def test_mixed_windows_are_within_3_percent_of_the_milp_plan(generator, seed, kn
     if proven:
         assert path >= known  # the stored optimum is one
     assert path * 100 <= known * 103, (info, path, known)
+
+
+def test_a_window_the_exact_searches_settle_is_not_searched_pair_by_pair(monkeypatch):
+    """Images on a few resolutions (5 distinct costs): the search over counts proves its plan optimal, so the
+    pair searches (which could only spend time there) are not run; run first, as ``pairs_after_exact=False``
+    asks, they are, and the plan's path is the same."""
+    from mimo_pipes.balance.window import planner
+
+    rng = np.random.default_rng(3939)
+    flat = rng.choice([64, 256, 576, 1024], size=64)
+    flat[rng.permutation(64)[:26]] = 0
+    costs = flat.reshape(4, 16).tolist()
+    calls = []
+    original = planner.pairs_replanned
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(planner, "pairs_replanned", counted)
+    path = path_of(flat.tolist(), balance_window(costs, 8, across_microbatches=True), 0)
+    assert calls == []
+    first = balance_window(costs, 8, across_microbatches=True, tuning=replace(TUNING, pairs_after_exact=False))
+    assert calls == [1]
+    assert path_of(flat.tolist(), first, 0) == path == _optimum(costs, 8, 0, path)

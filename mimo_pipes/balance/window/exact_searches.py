@@ -48,8 +48,9 @@ def searched(
     num_slots: int,
     floor: int,
     tuning: WindowTuning,
-) -> tuple[list[np.ndarray], int]:
-    """The plan (and its critical path) after the exact searches that try to beat ``path``: over counts
+) -> tuple[list[np.ndarray], int, bool]:
+    """The plan, its critical path and whether it is proved optimal, after the exact searches that try to
+    beat ``path``: over counts
     (windows of a few distinct costs, up to ``count_max_samples`` samples), then, unless that proved its plan
     optimal, over samples (up to ``exact_max_samples``). They stop early at a lower bound of the window, so a
     plan on it is not searched at all."""
@@ -66,18 +67,18 @@ def searched(
         and count_types(distinct, size // num_slots) <= tuning.count_max_types
     )
     if not counted and len(values) > tuning.exact_max_samples:
-        return plans, path
+        return plans, path, False
     lower = window_path_bound(costs, count, num_slots, floor)
     if (path - lower) * tuning.near_bound <= lower:
-        return plans, path  # within 0.1% of the bound: the search cannot gain enough to pay for itself
+        return plans, path, path <= lower  # within 0.1% of the bound: the search cannot gain enough to pay for itself
     result = WindowSearch(None, path, False, 0)
     if counted:
         result = search_counts(values, count, num_slots, floor, path, lower, tuning.count_work)
     if not result.proven and len(values) <= tuning.exact_max_samples:
         result = branch_and_bound(values, count, num_slots, floor, result, lower, tuning)
     if result.bins is None:
-        return plans, path
+        return plans, path, result.proven
     bins = np.asarray(result.bins, dtype=np.int64)
     # Samples in sorted order, grouped by bin (a stable sort keeps each bin's samples in rank order).
     members = order[np.argsort(bins, kind="stable")].reshape(count, num_slots, -1)
-    return list(members), result.best
+    return list(members), result.best, result.proven

@@ -22,12 +22,7 @@ import numpy as np
 from mimo_pipes.balance.canonical import sort_order
 from mimo_pipes.balance.quality import window_path_bound
 from mimo_pipes.balance.search.window_search import search_window
-
-# Samples placed by one pair's search, and by all of them in one window.
-PAIR_NODES = 1_000
-START_NODES = 10_000
-# Groups of up to this many micro-batches are re-planned together (pairs first).
-MAX_WIDTH = 3
+from mimo_pipes.balance.window.tuning import TUNING, WindowTuning
 
 
 def _top(flat: np.ndarray, plan: np.ndarray, floor: int) -> int:
@@ -52,7 +47,8 @@ def _replan(
 
 
 def _sweep(
-    flat: np.ndarray, plans: list[np.ndarray], num_slots: int, floor: int, width: int, budget: int, tried: set
+    flat: np.ndarray, plans: list[np.ndarray], num_slots: int, floor: int, width: int, budget: int, tried: set,
+    pair_nodes: int,
 ) -> tuple[bool, int]:
     """One sweep over the groups of ``width`` micro-batches, heaviest tops first (ties by position): the
     first group that gains replaces its micro-batches in ``plans``. Returns (gained, samples placed)."""
@@ -63,7 +59,7 @@ def _sweep(
         key = tuple(np.sort(plans[m].reshape(-1)).tobytes() for m in group)
         if key in tried:
             continue
-        nodes = min(PAIR_NODES * (width - 1), budget - spent)
+        nodes = min(pair_nodes * (width - 1), budget - spent)
         if nodes <= 0:
             break
         better, used = _replan(flat, [plans[m] for m in group], num_slots, floor, nodes)
@@ -81,35 +77,31 @@ def improve_pairs(
     plans: list[np.ndarray],
     num_slots: int,
     floor: int,
-    budget: int = START_NODES,
     tried: set[tuple[bytes, ...]] | None = None,
+    tuning: WindowTuning = TUNING,
 ) -> list[np.ndarray]:
     """``plans`` (per micro-batch (G, k) flat indices) after re-planning pairs of micro-batches while one
-    gains, then (when no pair does) triples, back to pairs after a triple gains: groups in order of their
-    tops (heaviest first, ties by position), a pair searched on PAIR_NODES samples placed (a triple on
-    twice that), all on ``budget``. ``tried`` holds the groups (by their samples) searched without a gain,
-    which are not searched again (only looked up, never iterated: the result does not depend on its order)."""
+    gains, then (when no pair does) triples (up to ``tuning.pairs_max_width`` micro-batches), back to pairs
+    after a triple gains: groups in order of their tops (heaviest first, ties by position), a pair searched
+    on ``tuning.pair_nodes`` samples placed (a triple on twice that), all on ``tuning.pairs_start_nodes``.
+    ``tried`` holds the groups (by their samples) searched without a gain, which are not searched again
+    (only looked up, never iterated: the result does not depend on its order)."""
     plans = [np.asarray(plan, dtype=np.int64) for plan in plans]
     if len(plans) < 2 or plans[0].shape[1] < 2:
         return plans
     tried = set() if tried is None else tried
-    widths = range(2, min(len(plans), MAX_WIDTH) + 1)
+    widths = range(2, min(len(plans), tuning.pairs_max_width) + 1)
+    budget = tuning.pairs_start_nodes
     spent = 0
     while spent < budget:
         for width in widths:
-            gained, used = _sweep(flat, plans, num_slots, floor, width, budget - spent, tried)
+            gained, used = _sweep(flat, plans, num_slots, floor, width, budget - spent, tried, tuning.pair_nodes)
             spent += used
             if gained:
                 break
         else:
             break
     return plans
-
-
-# Windows of at most this many samples (two or more per slot) are searched pair by pair, when their plan
-# is more than 1/NEAR_BOUND above the window's path bound.
-PAIRS_MAX_SAMPLES = 512
-NEAR_BOUND = 1000
 
 
 def pairs_replanned(
@@ -120,21 +112,23 @@ def pairs_replanned(
     num_slots: int,
     floor: int,
     starts: list[list[np.ndarray]] = (),
+    tuning: WindowTuning = TUNING,
 ) -> tuple[list[np.ndarray], int]:
     """The planner's step between its starts and its exact searches: the plan (per micro-batch (G, k)
     flat indices) and its critical path after :func:`improve_pairs` from ``plans`` and from each of
     ``starts`` (the planner's other starts: pair searches from different plans end in different local
-    optima), each on START_NODES, for windows it applies to. The lowest path wins, ``plans`` on ties."""
+    optima), each on ``tuning.pairs_start_nodes``, for windows of at most ``tuning.pairs_max_samples`` samples
+    (two or more per slot) whose plan is more than 1/``tuning.pairs_near_bound`` above the path bound. The lowest path wins, ``plans`` on ties."""
     count = len(plans)
     size = flat.shape[0]
-    if count < 2 or size > PAIRS_MAX_SAMPLES or size < 2 * count * num_slots:
+    if count < 2 or size > tuning.pairs_max_samples or size < 2 * count * num_slots:
         return plans, path
     lower = window_path_bound(flat[order], count, num_slots, floor)
     tried: set[tuple[bytes, bytes]] = set()
-    for start in [plans, *starts]:
-        if (path - lower) * NEAR_BOUND <= lower:
+    for start in [plans, *starts][: tuning.pairs_starts]:
+        if (path - lower) * tuning.pairs_near_bound <= lower:
             break
-        improved = improve_pairs(flat, start, num_slots, floor, START_NODES, tried)
+        improved = improve_pairs(flat, start, num_slots, floor, tried, tuning)
         value = sum(_top(flat, plan, floor) for plan in improved)
         if value < path:
             plans, path = improved, value

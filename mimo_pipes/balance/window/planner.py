@@ -108,13 +108,39 @@ def _across(window: np.ndarray, num_slots: int, floor: int, tuning: WindowTuning
     if not search and size // num_slots > 1 and flat.shape[0] <= tuning.certify_max_samples:
         plans, path = _certified(window, order, plans, path, num_slots, floor, tuning)
     if search:
-        plans, path = pairs_replanned(flat, order, plans, path, num_slots, floor, candidates)
-    if search and flat.shape[0] <= max(tuning.exact_max_samples, tuning.count_max_samples):
-        plans, path = searched(window, order, plans, path, num_slots, floor, tuning)
+        plans, path = _exact_and_pairs(window, order, plans, path, num_slots, floor, candidates, tuning)
     # Nothing moves if the window as it stands (contiguous slots) is at least as good.
     if loads_path(window.reshape(count, num_slots, -1).sum(axis=2), floor) <= path:
         plans = [rows.reshape(num_slots, -1) for rows in still]
     return plans
+
+
+def _exact_and_pairs(
+    window: np.ndarray,
+    order: np.ndarray,
+    plans: list[np.ndarray],
+    path: int,
+    num_slots: int,
+    floor: int,
+    starts: list[list[np.ndarray]],
+    tuning: WindowTuning,
+) -> tuple[list[np.ndarray], int]:
+    """Step 4's searches: the pair searches (from ``plans`` and the other ``starts``), then the exact ones;
+    with ``tuning.pairs_after_exact`` the exact searches first and the pair searches only when those did not
+    prove their plan optimal (a window of a few distinct costs is then never searched pair by pair)."""
+    flat = window.reshape(-1)
+    exact = flat.shape[0] <= max(tuning.exact_max_samples, tuning.count_max_samples)
+    if tuning.pairs_after_exact:
+        proven = False
+        if exact:
+            plans, path, proven = searched(window, order, plans, path, num_slots, floor, tuning)
+        if not proven:
+            plans, path = pairs_replanned(flat, order, plans, path, num_slots, floor, starts, tuning)
+        return plans, path
+    plans, path = pairs_replanned(flat, order, plans, path, num_slots, floor, starts, tuning)
+    if exact:
+        plans, path, _ = searched(window, order, plans, path, num_slots, floor, tuning)
+    return plans, path
 
 
 def _chosen_composition(

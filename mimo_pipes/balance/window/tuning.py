@@ -60,6 +60,22 @@ class WindowTuning:
     # so large windows stay linear in their samples. More members find better compositions, slower.
     compositions_dense: int = 32
     compositions_growth: int = 16
+    # Pairs (then triples, up to ``pairs_max_width``) of micro-batches re-planned together by the branch and
+    # bound over samples (``pairs``): windows of at most ``pairs_max_samples`` samples (two or more per slot)
+    # whose plan is more than 1/``pairs_near_bound`` above the path bound; a pair's search places at most
+    # ``pair_nodes`` samples (a triple's twice that), all of one start's at most ``pairs_start_nodes``; the best
+    # plan and then up to ``pairs_starts`` - 1 of the planner's other starts are searched (fewer: faster, the
+    # plan higher on mixed windows). 0 samples turns the step off. ``pairs_after_exact``: the exact searches
+    # (step 4) run first and the pair searches only when those did not prove their plan optimal (windows of a
+    # few distinct costs, which the search over counts settles, then pay nothing for them); False runs the
+    # pair searches first and the exact searches from their plan.
+    pairs_max_samples: int = 512
+    pairs_near_bound: int = 1000
+    pair_nodes: int = 1_000
+    pairs_start_nodes: int = 10_000
+    pairs_max_width: int = 3
+    pairs_starts: int = 6
+    pairs_after_exact: bool = True
 
 
 TUNING = WindowTuning()
