@@ -1,7 +1,7 @@
 """`mimo-pipes run` end to end: the real processor, dumps, save and resume, through the per-rank body every
 rank of `run` calls (in the warm Gloo pool); and, marked `launch`, a run under torchrun giving the very same
-stream (spawned ranks are launched, and their stream and summary compared with the pool's, by
-tests/launch/test_signals.py's SIGTERM test)."""
+stream (spawned ranks are launched, and their stream compared with the pool's, by tests/launch/test_signals.py's
+SIGTERM test; a spawned run to its end and its summary by the wheel check, scripts/check_wheel.sh)."""
 
 from __future__ import annotations
 

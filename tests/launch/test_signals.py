@@ -3,9 +3,9 @@ behind, one line says so (exit 143 / 130); with --save-state, SIGTERM first save
 next micro-batch boundary, and resuming from it gives exactly the uninterrupted stream.
 
 Each launch proves several promises at once, since starting ranks is most of what this tier costs: the spawned
-SIGTERM launch is also the launcher's proof that spawned ranks consume the pool's stream (its resume is a real
-launch too, whose summary must equal the pool's), and the torchrun launch is torchrun's (its resume runs in the
-pool: the per-rank body is the same, and the stream before the signal came from torchrun's ranks)."""
+SIGTERM launch is also the launcher's proof that spawned ranks consume the pool's stream, and the torchrun launch
+is torchrun's (the resumes run in the pool: the per-rank body is the same, and the stream before the signal came
+from the launched ranks). A spawned run to its end, with its summary, is the wheel check's (scripts/check_wheel.sh)."""
 
 from __future__ import annotations
 
@@ -97,10 +97,6 @@ def uninterrupted(steps: int) -> list[dict]:
     return read_dumps(directory)
 
 
-def summary(stdout: str) -> list[str]:
-    return [line for line in stdout.splitlines() if line.split()[:1] in (["language"], ["images"])]
-
-
 @pytest.mark.parametrize("torchrun", [False, True], ids=["spawned", "torchrun"])
 def test_sigterm_saves_a_complete_state_and_the_resume_is_exact(tmp_path, torchrun):
     dumps, state = tmp_path / "dumps", tmp_path / "state"
@@ -113,9 +109,7 @@ def test_sigterm_saves_a_complete_state_and_the_resume_is_exact(tmp_path, torchr
     saved = {len(lines) for lines in (p.read_text().splitlines() for p in dumps.glob("rank*.jsonl"))}
     assert len(saved) == 1, saved  # every rank stopped at the same boundary
     consumed = saved.pop()
-    if torchrun:
-        assert "language dp=2 + images dp=2" in stdout, stdout  # the ranks torchrun gave, laid out as run lays them
-    else:
+    if not torchrun:
         assert process.returncode == 143, stderr
         assert stderr.strip().splitlines()[-1] == (
             f"mimo-pipes run: stopped by SIGTERM; saved a complete state after {consumed} micro-batches to {state}")
@@ -123,14 +117,6 @@ def test_sigterm_saves_a_complete_state_and_the_resume_is_exact(tmp_path, torchr
 
     assert open_generation(state).consumed == consumed
     steps = consumed + 3
-    resume = [*FLAGS, "--steps", str(steps), "--resume", str(state), "--dump-assignments", str(dumps)]
+    run_in_pool(shared_pool(), [*FLAGS, "--steps", str(steps), "--resume", str(state), "--dump-assignments", str(dumps)])
     full = uninterrupted(steps)
-    if torchrun:
-        run_in_pool(shared_pool(), resume)
-    else:  # a real launch resumes, and its summary is the pool's for the same micro-batches
-        resumed = subprocess.run([sys.executable, "-m", "mimo_pipes.cli.main", "run", *resume], capture_output=True, text=True, timeout=300)
-        assert resumed.returncode == 0, resumed.stderr
-        expected = tmp_path / "expected"
-        pool_resume = run_in_pool(shared_pool(), [*FLAGS, "--steps", str(steps), "--resume", str(state), "--dump-assignments", str(expected)])
-        assert summary(resumed.stdout) == summary(pool_resume["stdout"]) and summary(resumed.stdout), resumed.stdout
     assert read_dumps(dumps) == full  # the launched ranks' micro-batches, then the resumed ones: the uninterrupted stream

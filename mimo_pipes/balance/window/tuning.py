@@ -74,7 +74,7 @@ class WindowTuning:
     pair_nodes: int = 1_000
     pairs_start_nodes: int = 10_000
     pairs_max_width: int = 3
-    pairs_starts: int = 6
+    pairs_starts: int = 1
     pairs_after_exact: bool = True
 
 
