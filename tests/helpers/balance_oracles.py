@@ -37,3 +37,11 @@ def path_of_bins(costs: list[int], bins: list[int], count: int, num_slots: int, 
     for cost, b in zip(costs, bins):
         loads[b] += cost
     return sum(max(floor, max(loads[m * num_slots : (m + 1) * num_slots])) for m in range(count))
+
+
+def assert_window_plan(plan: list[list[list[int]]], count: int, size: int, num_slots: int) -> None:
+    """A window plan of ``count`` micro-batches of ``size`` samples over ``num_slots`` slots: every micro-batch
+    has every slot, each slot holds ``size / num_slots`` samples, and every flat index appears once."""
+    assert len(plan) == count
+    assert all(len(slots) == num_slots and all(len(slot) == size // num_slots for slot in slots) for slots in plan)
+    assert sorted(i for slots in plan for slot in slots for i in slot) == list(range(count * size))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from balance_oracles import assert_window_plan
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -60,9 +61,7 @@ def test_plans_are_permutations_and_never_worse_than_lpt(case):
     costs, num_slots, floor = case
     count, size = len(costs), len(costs[0])
     plan = balance_window(costs, num_slots, across_microbatches=True, floor=floor)
-    assert len(plan) == count
-    assert all(len(slots) == num_slots and all(len(slot) == size // num_slots for slot in slots) for slots in plan)
-    assert sorted(i for slots in plan for slot in slots for i in slot) == list(range(count * size))
+    assert_window_plan(plan, count, size, num_slots)
     flat = [c for row in costs for c in row]
     assert _path(flat, plan, floor) <= _lpt_path(costs, num_slots, floor)
     assert plan == balance_window(costs, num_slots, across_microbatches=True, floor=floor)  # deterministic

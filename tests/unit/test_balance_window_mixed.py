@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from balance_oracles import assert_window_plan
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mixed_windows import draw_window, path_of, reported_window
@@ -34,9 +35,7 @@ def test_every_sample_once_slot_sizes_exact_and_the_same_plan_twice(case):
     costs, num_slots, floor = case
     count, size = len(costs), len(costs[0])
     plan = balance_window(costs, num_slots, across_microbatches=True, floor=floor)
-    assert len(plan) == count
-    assert all(len(slots) == num_slots and all(len(slot) == size // num_slots for slot in slots) for slots in plan)
-    assert sorted(i for slots in plan for slot in slots for i in slot) == list(range(count * size))
+    assert_window_plan(plan, count, size, num_slots)
     flat = [c for row in costs for c in row]
     ordered = np.sort(np.asarray(flat, dtype=np.int64))[::-1]
     assert path_of(flat, plan, floor) >= window_path_bound(ordered, count, num_slots, floor)
