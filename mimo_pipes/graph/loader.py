@@ -22,7 +22,6 @@ derives the :class:`~mimo_pipes.checkpoint.resume.ResumePoint` and tells every n
 from __future__ import annotations
 
 import copy
-import operator
 from collections.abc import Iterator
 from typing import Any
 
@@ -37,7 +36,7 @@ from mimo_pipes.checkpoint.validity import (
     on_other_layout,
 )
 from mimo_pipes.config.counts import as_count
-from mimo_pipes.errors import StateMismatchError
+from mimo_pipes.errors import ConfigError, StateMismatchError
 from mimo_pipes.graph.torchdata_guards import close_at_exit, forget_at_exit, stop_torchdata_threads
 from mimo_pipes.graph.traversal import (
     check_restartable,
@@ -204,11 +203,9 @@ def consumed_in(state_dict: Any) -> int:
     """The consumed micro-batches a loader's saved state holds (under the older key too); StateMismatchError
     naming the field when it holds none, or no count."""
     held = state_dict.get(GraphLoader.CONSUMED_KEY, state_dict.get(GraphLoader.OLDER_CONSUMED_KEY)) if isinstance(state_dict, dict) else None
-    try:
-        if isinstance(held, bool):
-            raise TypeError
-        count = operator.index(held)
-    except TypeError:
+    try:  # the one count check (numpy and torch integers are counts; bools, floats and strings are not)
+        count = as_count(held, GraphLoader.CONSUMED_KEY, minimum=None)
+    except ConfigError:
         raise StateMismatchError("GraphLoader", GraphLoader.CONSUMED_KEY, f"the saved state's {GraphLoader.CONSUMED_KEY} is "
                                  f"missing or not a count (got {held!r}): it is not a GraphLoader's state") from None
     if count < 0:
