@@ -39,7 +39,7 @@ CONTRACT_KEYS = {"dp_size", "steps", "spread_before", "spread_after", "critical_
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Every setting once through `run` (the per-rank body on the pool's Gloo ranks, dumps) and once through `analyze`."""
-    return run_and_analyze(shared_pool(), tmp_path_factory.mktemp("analyze"), SETTINGS, [*COMMON, *REORDER])
+    return run_and_analyze(shared_pool(), tmp_path_factory.mktemp("analyze"), SETTINGS, [*COMMON, *REORDER], plots=("window4",))
 
 
 def _loads_from_dumps(records: list[dict], module: str) -> dict[int, dict[int, int]]:

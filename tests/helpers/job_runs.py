@@ -24,13 +24,14 @@ def train_in_pool(pool: DistPool, argv: list[str], timeout: float = 600) -> list
     return pool.run(train_job, list(argv), timeout=timeout)
 
 
-def analyze_here(argv: list[str]) -> tuple[int, str, str]:
-    """``mimo-pipes analyze ARGV`` in this process: (exit status, stdout, stderr)."""
+def analyze_here(argv: list[str], plots: bool = False) -> tuple[int, str, str]:
+    """``mimo-pipes analyze ARGV`` in this process: (exit status, stdout, stderr). Without ``plots`` it adds
+    ``--no-plots``: drawing the PNGs is most of a small analysis's time, and the tests that look at them ask."""
     from mimo_pipes.cli.main import main
 
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        status = main(["analyze", *argv])
+        status = main(["analyze", *argv, *(() if plots else ("--no-plots",))])
     return status, stdout.getvalue(), stderr.getvalue()
 
 
@@ -44,12 +45,14 @@ def summary_lines(stdout: str) -> dict[str, list[str]]:
     return {line.split()[0]: line.split() for line in stdout.splitlines() if line.split()[:1] in (["language"], ["images"])}
 
 
-def run_and_analyze(pool: DistPool, root: Path, settings: dict[str, list[str]], common: list[str]) -> dict[str, dict[str, Any]]:
-    """Every setting once through ``run`` (dumps) and once through ``analyze``."""
+def run_and_analyze(pool: DistPool, root: Path, settings: dict[str, list[str]], common: list[str],
+                    plots: tuple[str, ...] = ()) -> dict[str, dict[str, Any]]:
+    """Every setting once through ``run`` (dumps) and once through ``analyze`` (with its PNGs for the settings
+    named in ``plots``)."""
     out = {}
     for name, flags in settings.items():
         outcome = run_in_pool(pool, [*common, *flags, "--dump-assignments", str(root / name / "dumps")])
-        status, analyze_stdout, stderr = analyze_here([*common, *flags, "--out", str(root / name / "analysis")])
+        status, analyze_stdout, stderr = analyze_here([*common, *flags, "--out", str(root / name / "analysis")], plots=name in plots)
         assert status == 0, stderr
         out[name] = {
             "summary": summary_lines(outcome["stdout"]),

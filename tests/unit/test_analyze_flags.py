@@ -33,7 +33,7 @@ def test_every_flag_of_run_is_honoured_ignored_or_refused_by_analyze():
     kinds = [set(HONOURED), set(IGNORED), set(REFUSED)]
     assert sum(map(len, kinds)) == len(set().union(*kinds)), "a flag is of two kinds"
     assert set(run) == set().union(*kinds), f"unclassified: {sorted(set(run) - set().union(*kinds))}"
-    assert set(analyze) == set(run) | {"--out", "--compare-window-sizes"}
+    assert set(analyze) == set(run) | {"--out", "--compare-window-sizes", "--no-plots"}
     for flag in IGNORED:
         assert analyze[flag].help.startswith("analyze: accepted and ignored (") and IGNORED[flag] in analyze[flag].help
     for flag in (*HONOURED, *REFUSED):
@@ -202,3 +202,15 @@ def test_what_ifs_a_run_would_refuse_are_left_out_and_said(tmp_path):
     analysis = json.loads((tmp_path / "analysis.json").read_text())
     for module in analysis.values():
         assert set(module["what_if"]) == {"no_reorder", "per_microbatch", "across_window_1", "across_window_3"}
+
+
+def test_no_plots_writes_the_same_json_and_no_png(tmp_path):
+    status, plotted, stderr = analyze_here([*SMALL, "--out", str(tmp_path / "plots")], plots=True)
+    assert status == 0, stderr
+    status, plain, stderr = analyze_here([*SMALL, "--out", str(tmp_path / "json")], plots=False)
+    assert status == 0, stderr
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["analysis.json", "images.png", "language.png"]
+    assert sorted(p.name for p in (tmp_path / "json").iterdir()) == ["analysis.json"]
+    assert (tmp_path / "json" / "analysis.json").read_text() == (tmp_path / "plots" / "analysis.json").read_text()
+    assert plain.splitlines()[-1] == f"wrote {tmp_path / 'json' / 'analysis.json'}"
+    assert plotted.splitlines()[-1].endswith("images.png")

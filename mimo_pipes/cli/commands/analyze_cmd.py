@@ -76,6 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=path, required=True, metavar="DIR", help="folder for analysis.json and the PNG plots")
     parser.add_argument("--compare-window-sizes", type=positive_ints, default=(2, 4, 8), metavar="W,W,...",
                         help="across-micro-batch window sizes to report besides the given settings (default: 2,4,8)")
+    parser.add_argument("--no-plots", dest="plots", action="store_false",
+                        help="write DIR/analysis.json and the tables only, no PNG (drawing them takes a second or more; "
+                             "for scripts that read the JSON)")
 
 
 def _progress_factory(enabled: bool):
@@ -185,7 +188,9 @@ def run(args: argparse.Namespace) -> int:
     (out / RESULT_FILE).write_text(json.dumps(result.figures, indent=1) + "\n")
     end = int(result.replay.steps[-1]) + 1 if len(result.replay.steps) else start
     mode = analysis_mode(config, model is not None)
-    plots = write_plots(out, result, topology, f"micro-batch {config.micro_batch_size}, micro-batches {start}..{end - 1}, {mode}")
+    plots = []
+    if args.plots:
+        plots = write_plots(out, result, topology, f"micro-batch {config.micro_batch_size}, micro-batches {start}..{end - 1}, {mode}")
     print(headline(config, topology, start, end, command="mimo-pipes analyze", mode=mode))
     if end < stop:  # as the run says it
         print(f"the data ended after {end} micro-batches, before the {stop} asked for "
@@ -206,5 +211,5 @@ def run(args: argparse.Namespace) -> int:
         from mimo_pipes.data.processing.module_processor import cost_line
 
         print(cost_line(processed, len(image_tokens), counts.processed_reasons))
-    print(f"wrote {out / RESULT_FILE}, {', '.join(map(str, plots))}")
+    print(f"wrote {', '.join(map(str, [out / RESULT_FILE, *plots]))}")
     return 0
