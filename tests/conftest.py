@@ -35,6 +35,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.launch)
         elif tier == "distributed" or "gloo_pool" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.dist)
+        if _uses_the_pool(item) and item.get_closest_marker("launch") is not None:
+            # Launches that also run jobs in the pool share one worker under `-n 2 --dist loadgroup`, so only one
+            # pool of GLOO_WORLD ranks is started for the launch tier (each start imports torch in every rank).
+            item.add_marker(pytest.mark.xdist_group("gloo-pool"))
+
+
+def _uses_the_pool(item: pytest.Item) -> bool:
+    module = getattr(item, "module", None)
+    return "gloo_pool" in getattr(item, "fixturenames", ()) or getattr(module, "shared_pool", None) is shared_pool
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
