@@ -108,24 +108,28 @@ class PeerError(RuntimeError):
         super().__init__(f"{where} failed: {message}")
 
 
-class PositionMismatchError(PeerError):
-    """Ranks restored different positions (states of different saves, or of different steps): raised on
-    every rank that compared them, naming each rank's position. ``positions``: global rank -> micro-batch."""
+class ConsumedMismatchError(PeerError):
+    """Ranks restored different consumed micro-batches (states of different saves, or of different steps):
+    raised on every rank that compared them, naming each rank's. ``consumed``: global rank -> consumed micro-batches."""
 
-    def __init__(self, positions: dict[int, int]) -> None:
+    def __init__(self, consumed: dict[int, int]) -> None:
         self.rank = None
-        self.positions = dict(positions)
-        by_position: dict[int, list[int]] = {}
-        for rank, position in sorted(self.positions.items()):
-            by_position.setdefault(position, []).append(rank)
+        self.consumed = dict(consumed)
+        by_count: dict[int, list[int]] = {}
+        for rank, count in sorted(self.consumed.items()):
+            by_count.setdefault(count, []).append(rank)
         where = "; ".join(
-            f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} at micro-batch {position}"
-            for position, ranks in sorted(by_position.items(), key=lambda item: item[1][0])
+            f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} at micro-batch {count}"
+            for count, ranks in sorted(by_count.items(), key=lambda item: item[1][0])
         )
         RuntimeError.__init__(
-            self, f"ranks restored different positions: {where}; their states come from different saves, and every rank "
-                  "must restore the same one (the modules would pair the wrong samples)",
+            self, f"ranks restored different consumed micro-batches: {where}; their states come from different saves, and "
+                  "every rank must restore the same one (the modules would pair the wrong samples)",
         )
+
+
+PositionMismatchError = ConsumedMismatchError
+"""The name :class:`ConsumedMismatchError` had before 0.2.0, kept for code that catches it."""
 
 
 def json_error_text(error: ValueError, *, line: bool = True) -> str:

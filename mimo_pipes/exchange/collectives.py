@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from mimo_pipes.balance.assign import assign_window, composition_of
 from mimo_pipes.balance.settings import PlannerSettings
-from mimo_pipes.errors import PeerError, PositionMismatchError
+from mimo_pipes.errors import ConsumedMismatchError, PeerError
 from mimo_pipes.exchange.buffers import ExchangeBuffers, new_buffer
 from mimo_pipes.exchange.context import ExchangeContext
 from mimo_pipes.exchange.plan import ExchangePlan, permute_local, plan_exchange
@@ -29,7 +29,7 @@ STATUS_OK, STATUS_FAILED, STATUS_END = 0, 1, 2
 # status, number of micro-batches, first step, window sequence number, and the micro-batch the rank's loader
 # started or restored at (-1: not known), so ranks restored from different saves are refused at once
 HEADER = 5
-POSITION_AT = 4
+CONSUMED_AT = 4
 # Gathered per sample, at these offsets: the planners' costs (cost; encoder cost and real tokens for two
 # levels), packed bytes (plans the all_to_all), image tokens (metrics only: carried in the same row so that
 # metrics cost no collective of their own).
@@ -71,12 +71,12 @@ def _agree(
     consumed_microbatches: int = -1,
 ) -> torch.Tensor:
     """All-gather status, window shape, start position and per-sample values (see ``PER_SAMPLE``); raise on
-    every rank if any failed, or if the ranks started from different positions."""
+    every rank if any failed, or if the ranks started from different consumed micro-batches."""
     width = HEADER + PER_SAMPLE * ctx.window_size * ctx.samples_per_rank
     local = torch.full((width,), -1, dtype=torch.int64)
     local[0] = status
     local[3] = sequence
-    local[POSITION_AT] = consumed_microbatches
+    local[CONSUMED_AT] = consumed_microbatches
     if window is not None:
         local[1] = len(window.microbatches)
         local[2] = window.first_step
@@ -94,10 +94,10 @@ def _agree(
     if len(set(statuses)) > 1:
         ended = [rank for rank, value in enumerate(statuses) if value == STATUS_END]
         raise PeerError(_global_rank(ctx, ended[0]), "its data ended while other ranks of the module still had data")
-    positions = gathered[:, POSITION_AT].tolist()
-    if len({value for value in positions if value >= 0}) > 1:
-        raise PositionMismatchError({_global_rank(ctx, rank): value for rank, value in enumerate(positions)})
-    shapes = gathered[:, 1:POSITION_AT]  # micro-batches, first step, sequence: identical on every rank
+    consumed = gathered[:, CONSUMED_AT].tolist()
+    if len({value for value in consumed if value >= 0}) > 1:
+        raise ConsumedMismatchError({_global_rank(ctx, rank): value for rank, value in enumerate(consumed)})
+    shapes = gathered[:, 1:CONSUMED_AT]  # micro-batches, first step, sequence: identical on every rank
     if (shapes != shapes[0]).any():
         raise PeerError(None, f"ranks are out of step (micro-batches, first step, sequence per rank: {shapes.tolist()})")
     return gathered
@@ -169,7 +169,7 @@ def exchange_window(
     bad sample fails on every rank at once. With ``record`` (see
     :mod:`mimo_pipes.observe.observer`) the exchange fills in what it did: the window's gathered figures, its
     assignment, phase times and bytes moved. ``consumed_microbatches``: where this rank's loader started or
-    restored (see :data:`POSITION_AT`; -1: not known). ``composition``: which samples form each output
+    restored (see :data:`CONSUMED_AT`; -1: not known). ``composition``: which samples form each output
     micro-batch (flat indices per micro-batch, as :class:`~mimo_pipes.samples.sample.Window` records them) of a
     window restored inside, whose first micro-batches were consumed under it (perhaps on another layout):
     the planner's plan when it forms those micro-batches, else each of them balanced over the slots where

@@ -94,14 +94,14 @@ def barrier(group: dist.ProcessGroup | None = None) -> None:
     dist.barrier(group=group)
 
 
-def check_same_position(position: int, group: dist.ProcessGroup | None = None) -> None:
-    """Every rank of ``group`` (None: the world) stands at the same micro-batch ``position`` (what its loader
-    restored, ``loader.consumed_microbatches``); else :class:`~mimo_pipes.errors.PositionMismatchError` on every rank,
-    naming each rank's position. One small all-gather: call it on every rank once after a restore, so that
+def check_same_consumed(consumed_microbatches: int, group: dist.ProcessGroup | None = None) -> None:
+    """Every rank of ``group`` (None: the world) restored the same ``consumed_microbatches`` (its loader's,
+    ``loader.consumed_microbatches``); else :class:`~mimo_pipes.errors.ConsumedMismatchError` on every rank,
+    naming each rank's. One small all-gather: call it on every rank once after a restore, so that
     modules whose states come from different saves never pair the wrong samples."""
-    from mimo_pipes.errors import PositionMismatchError
+    from mimo_pipes.errors import ConsumedMismatchError
 
-    positions = gather_from_every_rank(int(position), group)
-    if len(set(positions)) > 1:
-        ranks = [dist.get_global_rank(group, index) if group is not None else index for index in range(len(positions))]
-        raise PositionMismatchError(dict(zip(ranks, positions)))
+    counts = gather_from_every_rank(int(consumed_microbatches), group)
+    if len(set(counts)) > 1:
+        ranks = [dist.get_global_rank(group, index) if group is not None else index for index in range(len(counts))]
+        raise ConsumedMismatchError(dict(zip(ranks, counts)))

@@ -58,7 +58,7 @@ class GraphLoader(Loader[dict]):
     and, as a property, the micro-batches handed out since the start of training (continues across restores).
     ``load_state_dict`` also takes a state saved by a rank of another layout of the same run (other DP sizes,
     canonical grid, TP, PP): when everything that shapes the global stream is unchanged, the graph starts at
-    the saved global position instead of restoring node by node (see :meth:`load_state_dict`)."""
+    the saved consumed micro-batches instead of restoring node by node (see :meth:`load_state_dict`)."""
 
     ROOT_KEY = "root"
     CONSUMED_KEY = "consumed_microbatches"
@@ -87,7 +87,7 @@ class GraphLoader(Loader[dict]):
         return self._point(consumed_microbatches)
 
     def __iter__(self) -> Iterator[dict]:
-        """Start at the restored position (or ``consumed_microbatches``); once started, continue where the loader
+        """Start at the restored consumed micro-batches (or ``consumed_microbatches``); once started, continue where the loader
         stands: ``it = iter(loader)`` then ``for batch in loader``, or a loop broken and run again, must neither
         repeat nor skip a micro-batch. A stream that ended starts a new pass."""
         if self._started and not self._ended:
@@ -141,11 +141,11 @@ class GraphLoader(Loader[dict]):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore on the next ``iter`` or ``next`` (an iterator taken before keeps working, from the restored
-        position on); raises StateMismatchError now if a node's settings differ.
+        point on); raises StateMismatchError now if a node's settings differ.
 
         A state saved by a rank of another layout (another DP rank, DP size or canonical grid: TP and PP
         peers hold the same state) is taken when every other setting of every node is the same, the
-        dataset included: the graph then starts at the saved global position (the consumed micro-batches;
+        dataset included: the graph then starts at the saved consumed micro-batches (
         inside a window, at its start, skipping what was consumed, with the micro-batches the saved run
         gave it when samples moved between them), the exchange's windows-delivered count and its module's
         metric totals continue. Pass a state saved by a rank of the same module. Every source of the graph
@@ -185,7 +185,7 @@ class GraphLoader(Loader[dict]):
 
     def close(self) -> None:
         """Stop every background thread of the graph (the exchange's prefetcher, row processing's workers,
-        torchdata's mapper workers); safe to call twice. The position is kept: iterating again resumes exactly
+        torchdata's mapper workers); safe to call twice. The consumed micro-batches are kept: iterating again resumes exactly
         there (windows that were prefetched are exchanged again)."""
         if self._started:
             self._pending_state = self.state_dict()

@@ -24,7 +24,7 @@ def test_a_save_failing_on_two_of_four_ranks_keeps_the_previous_state_on_every_r
 def test_modules_restored_from_different_saves_refuse_at_start(gloo_pool):
     results = [r for r in gloo_pool.run(restore_mixed_positions, LAYOUT, mixed="modules") if r is not None]
     assert len(results) == 4
-    expected = ("ranks restored different positions: ranks 0, 1 at micro-batch 5; ranks 2, 3 at micro-batch 3; their states "
+    expected = ("ranks restored different consumed micro-batches: ranks 0, 1 at micro-batch 5; ranks 2, 3 at micro-batch 3; their states "
                 "come from different saves")
     assert all(r["raised"] is not None and r["raised"].startswith(expected) for r in results), results
 
@@ -34,4 +34,4 @@ def test_ranks_of_a_module_restored_from_different_saves_refuse_in_the_first_exc
     language = [r for r in results if r["module"] == "language"]
     assert [r["raised"] for r in results if r["module"] == "images"] == [None, None]
     assert len(language) == 2 and all(
-        r["raised"].startswith("ranks restored different positions: rank 0 at micro-batch 5; rank 1 at micro-batch 3") for r in language)
+        r["raised"].startswith("ranks restored different consumed micro-batches: rank 0 at micro-batch 5; rank 1 at micro-batch 3") for r in language)

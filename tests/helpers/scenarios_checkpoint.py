@@ -10,8 +10,8 @@ from scenarios_exchange import PAD_VALUES, join_layout, make_config
 from mimo_pipes.checkpoint import open_generation, read_rank_state
 from mimo_pipes.cli.rank.setup import set_up_rank
 from mimo_pipes.cli.rank.state_save import save_state
-from mimo_pipes.errors import ConfigError, PositionMismatchError
-from mimo_pipes.exchange.world import check_same_position, control_group, world_rank
+from mimo_pipes.errors import ConfigError, ConsumedMismatchError
+from mimo_pipes.exchange.world import check_same_consumed, control_group, world_rank
 from mimo_pipes.parallel.topology import build_topology
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
 from mimo_pipes_recipes.vlm_sft import pipeline
@@ -68,10 +68,10 @@ def restore_mixed_positions(components, *, mixed: str) -> dict | None:
     outcome: dict = {"module": position.module.name, "dp_rank": position.dp_rank, "raised": None}
     try:
         if mixed == "modules":
-            check_same_position(restored.consumed_microbatches, control)
+            check_same_consumed(restored.consumed_microbatches, control)
         else:
             next(restored)
-    except PositionMismatchError as error:
+    except ConsumedMismatchError as error:
         outcome["raised"] = str(error)
     restored.close()
     return outcome

@@ -25,7 +25,7 @@ from mimo_pipes.cli.rank.state_save import save_state
 from mimo_pipes.cli.rank.stop_boundary import StopAtBoundary, stop_job
 from mimo_pipes.cli.rank.stop_signal import StopRequested, signal_name
 from mimo_pipes.config import PipelineConfig
-from mimo_pipes.exchange.world import check_same_position, gather_from_every_rank, join_world, leave_world, world_rank
+from mimo_pipes.exchange.world import check_same_consumed, gather_from_every_rank, join_world, leave_world, world_rank
 from mimo_pipes.graph.traversal import graph_nodes
 from mimo_pipes.nodes import SequencePacker
 from mimo_pipes.observe.bad_rows_report import bad_row_fields, format_mask_report, format_skip_report, masked_rows, skipped_rows
@@ -102,7 +102,7 @@ def _run_and_report(setup: RankSetup, config: PipelineConfig, options: JobOption
     if options.resume:
         loader.load_state_dict(read_rank_state(options.resume, rank, setup.topology))  # on another layout: its module's
     start = loader.consumed_microbatches
-    check_same_position(start, setup.control)  # every module restored the same micro-batch
+    check_same_consumed(start, setup.control)  # every module restored the same micro-batch
     packer = next((node for node in graph_nodes(loader.root) if isinstance(node, SequencePacker)), None)
     stop = options.stop_after if options.stop_after is not None else options.steps
     metrics_log = attach_metrics(loader, position, options, periodic=rank == 0)

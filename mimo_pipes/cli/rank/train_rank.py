@@ -20,7 +20,7 @@ from mimo_pipes.cli.rank.setup import RankSetup, set_up_rank
 from mimo_pipes.cli.rank.state_save import save_state
 from mimo_pipes.cli.rank.stop_boundary import StopAtBoundary, stop_job
 from mimo_pipes.config import PipelineConfig
-from mimo_pipes.exchange.world import check_same_position, gather_from_every_rank, join_world, leave_world, world_rank
+from mimo_pipes.exchange.world import check_same_consumed, gather_from_every_rank, join_world, leave_world, world_rank
 from mimo_pipes.observe.bad_rows_report import format_mask_report, format_skip_report, masked_rows, skipped_rows
 from mimo_pipes.observe.summary import ModuleSummary, format_summary, summarize
 from mimo_pipes.observe.warning_tally import WarningCount, WarningTally, collected, merge
@@ -67,7 +67,7 @@ def _train(setup: RankSetup, config: PipelineConfig, options: TrainOptions, tall
     trainer = recipe.Trainer(config, options, setup.groups, setup.topology, recipe.build(config, setup.layout))
     if options.resume:
         trainer.load_state_dict(read_trainer_state(options.resume, rank, setup.topology))  # on another layout: its module's
-    check_same_position(trainer.loader.consumed_microbatches, setup.control)  # every module restored the same micro-batch
+    check_same_consumed(trainer.loader.consumed_microbatches, setup.control)  # every module restored the same micro-batch
     per_iteration = config.microbatches_per_global_batch
     start = trainer.iteration
     stop = (options.stop_after if options.stop_after is not None else options.steps) // per_iteration
