@@ -103,6 +103,15 @@ def world_problem(args: argparse.Namespace, world_size: int) -> str | None:
     return None
 
 
+def gpus_problem(processes_here: int, gpus: int) -> str | None:
+    """NCCL takes one GPU per rank: a node that starts more processes than it has GPUs is refused (NCCL would stop
+    every rank at the first collective with "Duplicate GPU detected")."""
+    if processes_here > gpus:
+        return (f"{processes_here} processes on this node but {gpus} GPU{'s' * (gpus != 1)}: NCCL takes one GPU per rank; "
+                f"start at most {gpus} per node (torchrun --nproc-per-node), on more nodes if the layout needs more")
+    return None
+
+
 def module_grids(args: argparse.Namespace, *, create_groups: bool = True) -> dict[str, Any]:
     """``module_to_grid_map``: the vision grid on the first ranks, the language grid after it. With
     ``create_groups`` every group DDP, the optimizer and the communicator ask for is made (a collective)."""
@@ -327,7 +336,7 @@ def write_log(args: argparse.Namespace, argv: Sequence[str] | None, runs: dict[s
 
 def refusal(args: argparse.Namespace) -> str | None:
     """Why this machine or these settings cannot run the recipe, checked before anything is built (None: they
-    can): megatron-core's version, CUDA, the processes, and the layout the grids make for the pipeline."""
+    can): megatron-core's version, CUDA, the processes (and a GPU for each), and the layout the grids make for the pipeline."""
     problem = megatron_core_problem()
     if problem is not None:
         return problem
@@ -342,7 +351,7 @@ def refusal(args: argparse.Namespace) -> str | None:
         grid_layout(module_grids(args, create_groups=False), micro_batch_size=args.micro_batch_size)
     except ConfigError as error:
         return str(error)
-    return None
+    return gpus_problem(int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", 1))), torch.cuda.device_count())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

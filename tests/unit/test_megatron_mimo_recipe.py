@@ -105,12 +105,14 @@ def test_without_cuda_the_grids_recipe_says_so_in_one_line(monkeypatch: pytest.M
     (["--images-dp", "1", "--language-dp", "4", "--micro-batch-size", "6"], 5, "not a multiple of 4, the lcm of the DP sizes"),
     (["--images-dp", "1", "--language-dp", "2"], 4, "needs 3 processes, got 4"),
     (["--backend", "gloo"], 3, "--backend gloo: megatron-core's BridgeCommunicator makes its groups with NCCL"),
+    (["--images-dp", "1", "--language-dp", "4", "--micro-batch-size", "8"], 5, "5 processes on this node but 4 GPUs: NCCL takes one GPU per rank"),
 ])
 def test_a_layout_megatron_core_or_the_pipeline_cannot_serve_is_refused_before_anything_is_built(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], argv: list[str], world: int, words: str
 ) -> None:
     monkeypatch.setattr(grids, "megatron_core_problem", lambda installed=None: None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     monkeypatch.setenv("WORLD_SIZE", str(world))
     monkeypatch.setattr(grids.dist, "init_process_group", lambda *a, **k: pytest.fail("built something"))
     assert grids.main(argv) == 2
