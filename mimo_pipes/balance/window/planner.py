@@ -38,6 +38,7 @@ from mimo_pipes.balance.validate import check_floor, check_window
 from mimo_pipes.balance.window.compositions import compositions, estimate
 from mimo_pipes.balance.window.exact_searches import searched
 from mimo_pipes.balance.window.improve import improve
+from mimo_pipes.balance.window.levels import levels_replanned
 from mimo_pipes.balance.window.pairs import pairs_replanned
 from mimo_pipes.balance.window.plans import canonical_microbatch, loads_path, plan_path
 from mimo_pipes.balance.window.starts import balanced, fill_to_level, independent, pairs_to_level
@@ -135,12 +136,25 @@ def _exact_and_pairs(
         if exact:
             plans, path, proven = searched(window, order, plans, path, num_slots, floor, tuning)
         if not proven:
+            plans, path = _levels(flat, order, plans, path, num_slots, floor, tuning)
             plans, path = pairs_replanned(flat, order, plans, path, num_slots, floor, starts, tuning)
         return plans, path
+    plans, path = _levels(flat, order, plans, path, num_slots, floor, tuning)
     plans, path = pairs_replanned(flat, order, plans, path, num_slots, floor, starts, tuning)
     if exact:
         plans, path, _ = searched(window, order, plans, path, num_slots, floor, tuning)
     return plans, path
+
+
+def _levels(
+    flat: np.ndarray, order: np.ndarray, plans: list[np.ndarray], path: int, num_slots: int, floor: int,
+    tuning: WindowTuning,
+) -> tuple[list[np.ndarray], int]:
+    """The search over levels, unless the plan is within 1/``tuning.near_bound`` of the path bound."""
+    bound = window_path_bound(flat[order], len(plans), num_slots, floor)
+    if (path - bound) * tuning.near_bound <= bound:
+        return plans, path
+    return levels_replanned(flat, plans, path, num_slots, floor, tuning)
 
 
 def _chosen_composition(

@@ -76,6 +76,18 @@ class WindowTuning:
     pairs_max_width: int = 3
     pairs_starts: int = 1
     pairs_after_exact: bool = True
+    # The search over levels (``levels``, after the exact searches when they did not prove their plan): windows
+    # of at most ``levels_max_samples`` samples (two or more per slot; 0 turns it off). A repair toward caps
+    # takes at most ``levels_repair_swaps`` swaps and stops after ``levels_stall`` swaps without a new least
+    # excess; a swapped sample stays put for ``levels_tabu`` swaps. Each descent looks at
+    # ``levels_descent_work`` candidate swaps, the whole search at ``levels_work``.
+    levels_max_samples: int = 512
+    levels_repair_swaps: int = 400
+    levels_stall: int = 10
+    levels_tabu: int = 7
+    levels_precision: int = 1 << 30
+    levels_descent_work: int = 300_000
+    levels_work: int = 30_000_000
 
 
 TUNING = WindowTuning()
