@@ -73,7 +73,7 @@ def _bisected(
             fixed = sum(level for level in levels if level is not None) + sum(bottom)
             low = max(low, -(-(total - num_slots * fixed) // (num_slots * rest)))
         best = None
-        while low <= high and (best is None or (high - low + 1) * tuning.levels_precision > best):
+        while low <= high:
             mid = (low + high) // 2
             target = [level if level is not None else (free if i < m else mid) for i, level in enumerate(levels)]
             target[m] = mid
@@ -152,10 +152,15 @@ def levels_replanned(
     count = len(plans)
     if count < 2 or flat.shape[0] > tuning.levels_max_samples or plans[0].shape[1] < 2:
         return plans, path
+    if np.unique(flat).shape[0] * 100 > flat.shape[0] * tuning.levels_distinct_percent:
+        return plans, path
     members = np.concatenate(plans)
     passed = Passed(path, members)
     tried: dict[bytes, np.ndarray | None] = {}
-    for light in range(count):
+    light_limit = max(floor, int(flat.sum()) // (count * num_slots * tuning.levels_light_share))
+    for light in range(min(count, tuning.levels_max_light + 1)):
+        if light and light_levels(flat, light, num_slots, plans[0].shape[1], floor)[0] > light_limit:
+            break  # light micro-batches no cheaper than half the mean slot load: nothing to gain
         for top_last in (False, True):
             reached = _bisected(flat, passed.members, count, num_slots, floor, light, top_last, passed, tried, tuning)
             if reached is not None:

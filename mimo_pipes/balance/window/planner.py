@@ -136,11 +136,11 @@ def _exact_and_pairs(
         if exact:
             plans, path, proven = searched(window, order, plans, path, num_slots, floor, tuning)
         if not proven:
-            plans, path = _levels(flat, order, plans, path, num_slots, floor, tuning)
             plans, path = pairs_replanned(flat, order, plans, path, num_slots, floor, starts, tuning)
+            plans, path = _levels(flat, order, plans, path, num_slots, floor, tuning)
         return plans, path
-    plans, path = _levels(flat, order, plans, path, num_slots, floor, tuning)
     plans, path = pairs_replanned(flat, order, plans, path, num_slots, floor, starts, tuning)
+    plans, path = _levels(flat, order, plans, path, num_slots, floor, tuning)
     if exact:
         plans, path, _ = searched(window, order, plans, path, num_slots, floor, tuning)
     return plans, path
@@ -150,9 +150,9 @@ def _levels(
     flat: np.ndarray, order: np.ndarray, plans: list[np.ndarray], path: int, num_slots: int, floor: int,
     tuning: WindowTuning,
 ) -> tuple[list[np.ndarray], int]:
-    """The search over levels, unless the plan is within 1/``tuning.near_bound`` of the path bound."""
+    """The search over levels, unless the plan is within 1/``tuning.levels_near_bound`` of the path bound."""
     bound = window_path_bound(flat[order], len(plans), num_slots, floor)
-    if (path - bound) * tuning.near_bound <= bound:
+    if (path - bound) * tuning.levels_near_bound <= bound:
         return plans, path
     return levels_replanned(flat, plans, path, num_slots, floor, tuning)
 

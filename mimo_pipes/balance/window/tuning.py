@@ -85,9 +85,12 @@ class WindowTuning:
     levels_repair_swaps: int = 400
     levels_stall: int = 10
     levels_tabu: int = 7
-    levels_precision: int = 1 << 30
+    levels_distinct_percent: int = 50
+    levels_max_light: int = 2
+    levels_near_bound: int = 100
+    levels_light_share: int = 2
     levels_descent_work: int = 300_000
-    levels_work: int = 30_000_000
+    levels_work: int = 5_000_000
 
 
 TUNING = WindowTuning()
