@@ -7,9 +7,10 @@ moves, each from the plan it has:
 1. Levels one at a time, each as low as the repair reaches (a bisection on the level, the levels not yet
    chosen above it free, those below it capped by it), in two orders: from the top down, and with the top
    level left free and chosen last (a heavy top micro-batch that takes the heaviest pairs and frees the
-   others). The lowest z levels (z from 0 to W-1) are first fixed at what the z*G*k lightest samples
-   reach, G*k at a time, dealt heaviest first to the lightest slot: micro-batches of text-only samples
-   (cost 0) or of the lightest images, which cost only the floor or little above it.
+   others). The lowest z levels (z from 0 to ``levels_max_light``, while the z-th is no heavier than half
+   the mean slot load or the floor) are first fixed at what the z*G*k lightest samples reach, G*k at a
+   time, dealt heaviest first to the lightest slot: micro-batches of text-only samples (cost 0) or of the
+   lightest images, which cost only the floor or little above it.
 2. After each, a descent: a level lowered by one, or a trade (a level lowered by half its gap to another
    and that other raised by half of that), the first target the repair reaches taken, until none is.
 3. Every plan the repairs pass through counts: the least critical path seen is the result.
@@ -147,8 +148,10 @@ def levels_replanned(
     flat: np.ndarray, plans: list[np.ndarray], path: int, num_slots: int, floor: int, tuning: WindowTuning
 ) -> tuple[list[np.ndarray], int]:
     """The plan (per micro-batch (G, k) flat indices) and its critical path after the level search from
-    ``plans`` (whose path is ``path``), for windows of two or more micro-batches and samples per slot and at
-    most ``tuning.levels_max_samples`` samples; ``plans`` when it finds nothing better."""
+    ``plans`` (whose path is ``path``), for windows of two or more micro-batches and samples per slot, at
+    most ``tuning.levels_max_samples`` samples and at most ``tuning.levels_distinct_percent`` distinct costs
+    per 100 samples (repeated costs: text-only zeros, images of a few sizes); ``plans`` when it finds
+    nothing better."""
     count = len(plans)
     if count < 2 or flat.shape[0] > tuning.levels_max_samples or plans[0].shape[1] < 2:
         return plans, path

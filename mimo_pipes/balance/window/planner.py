@@ -16,7 +16,9 @@ micro-batches of max(floor, heaviest slot). The planner:
    over counts of each cost (``count_search``: bins as multisets of costs, plans as multisets of bins),
    which is optimal when it finishes within its budget; windows of at most 64 samples that it did not
    settle go on to the branch and bounds over samples (``bin_search``, then ``window_search``), each from
-   the best plan so far.
+   the best plan so far. Windows the exact searches did not settle are searched pair by pair
+   (``pairs``), then, when their costs repeat, over levels (``levels``: the W micro-batch tops chosen at
+   once), each never returning a worse plan.
 5. Last, the window as it stands (contiguous slots, nothing moves) wins if it is no worse.
 
 docs/balancing.md has the details.
