@@ -148,12 +148,12 @@ def levels_replanned(
     flat: np.ndarray, plans: list[np.ndarray], path: int, num_slots: int, floor: int, tuning: WindowTuning
 ) -> tuple[list[np.ndarray], int]:
     """The plan (per micro-batch (G, k) flat indices) and its critical path after the level search from
-    ``plans`` (whose path is ``path``), for windows of two or more micro-batches and samples per slot, at
-    most ``tuning.levels_max_samples`` samples and at most ``tuning.levels_distinct_percent`` distinct costs
+    ``plans`` (whose path is ``path``), for windows of two or more micro-batches, 2 to
+    ``tuning.levels_max_per_slot`` samples per slot, at most ``tuning.levels_max_samples`` samples and at most ``tuning.levels_distinct_percent`` distinct costs
     per 100 samples (repeated costs: text-only zeros, images of a few sizes); ``plans`` when it finds
     nothing better."""
     count = len(plans)
-    if count < 2 or flat.shape[0] > tuning.levels_max_samples or plans[0].shape[1] < 2:
+    if count < 2 or flat.shape[0] > tuning.levels_max_samples or not 2 <= plans[0].shape[1] <= tuning.levels_max_per_slot:
         return plans, path
     if np.unique(flat).shape[0] * 100 > flat.shape[0] * tuning.levels_distinct_percent:
         return plans, path
