@@ -76,7 +76,7 @@ class WindowTuning:
     pairs_max_width: int = 3
     pairs_starts: int = 1
     pairs_after_exact: bool = True
-    # The search over levels (``levels``, after the exact searches when they did not prove their plan): windows
+    # The search over levels (``levels``, after the pair searches, where the exact searches did not prove): windows
     # of at most ``levels_max_samples`` samples (0 turns it off) and 2 to ``levels_max_per_slot`` per slot (with
     # more, one swap at a time reaches the caps less often: balance.py's windows of 4 a slot gained little for
     # tens of ms), at most ``levels_distinct_percent`` distinct costs per 100 samples, more than
