@@ -98,6 +98,46 @@ def test_mixed_windows_are_within_3_percent_of_the_milp_plan(generator, seed, kn
     assert path * 100 <= known * 103, (info, path, known)
 
 
+# Windows the search over levels settles: (generator, seed, best path scipy's MILP found in 20 s, proved
+# optimal), as above. Before that search the planner was 5.1-6.4% above the MILP's plan on every one (the
+# pair searches could not move the samples of all four micro-batches at once); the planner now comes within
+# 1% of it (on 3998 it is below the MILP's plan, which was not proved).
+SETTLED_BY_LEVELS = (
+    ("reported", 4001, 2935, False),
+    ("reported", 4004, 3224, True),
+    ("reported", 4025, 3840, True),
+    ("reported", 4040, 2067, True),
+    ("reported", 4044, 3180, True),
+    ("drawn", 3998, 4602, False),
+)
+
+
+@pytest.mark.parametrize("generator, seed, known, proven", SETTLED_BY_LEVELS, ids=lambda value: str(value))
+def test_windows_whose_better_plans_move_samples_among_every_micro_batch_are_within_1_percent(
+    generator, seed, known, proven
+):
+    draw = reported_window if generator == "reported" else draw_window
+    costs, num_slots, floor, info = draw(np.random.default_rng(seed))
+    flat = [c for row in costs for c in row]
+    path = path_of(flat, balance_window(costs, num_slots, across_microbatches=True, floor=floor), floor)
+    if proven:
+        assert path >= known
+    assert path * 100 <= known * 101, (info, path, known)
+
+
+@settings(deadline=None, max_examples=8, suppress_health_check=[HealthCheck.too_slow])
+@given(mixed())
+def test_the_search_over_levels_never_leaves_a_plan_worse_than_without_it(case):
+    costs, num_slots, floor = case
+    flat = [c for row in costs for c in row]
+    plan = balance_window(costs, num_slots, across_microbatches=True, floor=floor)
+    assert_window_plan(plan, len(costs), len(costs[0]), num_slots)
+    without = balance_window(
+        costs, num_slots, across_microbatches=True, floor=floor, tuning=replace(TUNING, levels_max_samples=0)
+    )
+    assert path_of(flat, plan, floor) <= path_of(flat, without, floor)
+
+
 def test_a_window_the_exact_searches_settle_is_not_searched_pair_by_pair(monkeypatch):
     """Images on a few resolutions (5 distinct costs): the search over counts proves its plan optimal, so the
     pair searches (which could only spend time there) are not run; run first, as ``pairs_after_exact=False``

@@ -16,7 +16,9 @@ micro-batches of max(floor, heaviest slot). The planner:
    over counts of each cost (``count_search``: bins as multisets of costs, plans as multisets of bins),
    which is optimal when it finishes within its budget; windows of at most 64 samples that it did not
    settle go on to the branch and bounds over samples (``bin_search``, then ``window_search``), each from
-   the best plan so far.
+   the best plan so far. Windows the exact searches did not settle are searched pair by pair
+   (``pairs``), then, when their costs repeat, over levels (``levels``: the W micro-batch tops chosen at
+   once), each never returning a worse plan.
 5. Last, the window as it stands (contiguous slots, nothing moves) wins if it is no worse.
 
 docs/balancing.md has the details.
@@ -38,6 +40,7 @@ from mimo_pipes.balance.validate import check_floor, check_window
 from mimo_pipes.balance.window.compositions import compositions, estimate
 from mimo_pipes.balance.window.exact_searches import searched
 from mimo_pipes.balance.window.improve import improve
+from mimo_pipes.balance.window.levels import levels_replanned
 from mimo_pipes.balance.window.pairs import pairs_replanned
 from mimo_pipes.balance.window.plans import canonical_microbatch, loads_path, plan_path
 from mimo_pipes.balance.window.starts import balanced, fill_to_level, independent, pairs_to_level
@@ -136,11 +139,24 @@ def _exact_and_pairs(
             plans, path, proven = searched(window, order, plans, path, num_slots, floor, tuning)
         if not proven:
             plans, path = pairs_replanned(flat, order, plans, path, num_slots, floor, starts, tuning)
+            plans, path = _levels(flat, order, plans, path, num_slots, floor, tuning)
         return plans, path
     plans, path = pairs_replanned(flat, order, plans, path, num_slots, floor, starts, tuning)
+    plans, path = _levels(flat, order, plans, path, num_slots, floor, tuning)
     if exact:
         plans, path, _ = searched(window, order, plans, path, num_slots, floor, tuning)
     return plans, path
+
+
+def _levels(
+    flat: np.ndarray, order: np.ndarray, plans: list[np.ndarray], path: int, num_slots: int, floor: int,
+    tuning: WindowTuning,
+) -> tuple[list[np.ndarray], int]:
+    """The search over levels, unless the plan is within 1/``tuning.levels_near_bound`` of the path bound."""
+    bound = window_path_bound(flat[order], len(plans), num_slots, floor)
+    if (path - bound) * tuning.levels_near_bound <= bound:
+        return plans, path
+    return levels_replanned(flat, plans, path, num_slots, floor, tuning)
 
 
 def _chosen_composition(

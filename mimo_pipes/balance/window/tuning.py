@@ -76,6 +76,26 @@ class WindowTuning:
     pairs_max_width: int = 3
     pairs_starts: int = 1
     pairs_after_exact: bool = True
+    # The search over levels (``levels``, after the pair searches, where the exact searches did not prove): windows
+    # of at most ``levels_max_samples`` samples (0 turns it off) and 2 to ``levels_max_per_slot`` per slot (with
+    # more, one swap at a time reaches the caps less often: balance.py's windows of 4 a slot gained little for
+    # tens of ms), at most ``levels_distinct_percent`` distinct costs per 100 samples, more than
+    # 1/``levels_near_bound`` above the path bound; at most ``levels_max_light`` light micro-batches, each no
+    # heavier than the floor or 1/``levels_light_share`` of the mean slot load. A repair toward caps
+    # takes at most ``levels_repair_swaps`` swaps and stops after ``levels_stall`` swaps without a new least
+    # excess; a swapped sample stays put for ``levels_tabu`` swaps. Each descent looks at
+    # ``levels_descent_work`` candidate swaps, the whole search at ``levels_work``.
+    levels_max_samples: int = 512
+    levels_max_per_slot: int = 3
+    levels_repair_swaps: int = 400
+    levels_stall: int = 10
+    levels_tabu: int = 7
+    levels_distinct_percent: int = 50
+    levels_max_light: int = 2
+    levels_near_bound: int = 100
+    levels_light_share: int = 2
+    levels_descent_work: int = 300_000
+    levels_work: int = 5_000_000
 
 
 TUNING = WindowTuning()
