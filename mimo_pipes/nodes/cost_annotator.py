@@ -9,7 +9,7 @@ from torchdata.nodes import BaseNode
 from mimo_pipes.config.tail_settings import TailSettings
 from mimo_pipes.errors import SampleError
 from mimo_pipes.nodes.base import GraphNode
-from mimo_pipes.samples.collate import check_sample
+from mimo_pipes.samples.checks import check_sample
 from mimo_pipes.samples.cost import image_token_count, real_token_count
 from mimo_pipes.samples.cost_range import window_budget
 from mimo_pipes.samples.sample import COST, ENCODER_COST, IMAGE_TOKENS, PLACEHOLDER_RUNS, REAL_TOKENS, SAMPLE_ID, Sample

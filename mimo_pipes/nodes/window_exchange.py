@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, NamedTuple
 
 from mimo_pipes.exchange import ExchangeBuffers, ExchangeContext, agree_after_exchange, exchange_window
 from mimo_pipes.observe.metrics import window_metrics
 from mimo_pipes.observe.observer import ExchangeObserver, ExchangeRecord
+from mimo_pipes.samples.checks import check_collatable
 from mimo_pipes.samples.collate import Collator
 from mimo_pipes.samples.sample import Window, held_bytes
 
@@ -75,7 +77,8 @@ class WindowExchange:
                                      composition=composition, copy=self.copy_received)
         else:
             # What collation needs is checked before the exchange; what still fails is agreed on after it.
-            result = exchange_window(self.ctx, window, sequence, self.buffers, validate=self.collator.check, record=record,
+            validate = functools.partial(check_collatable, pad_length=self.collator.pad_length, vision_fields=self.collator.vision_fields)
+            result = exchange_window(self.ctx, window, sequence, self.buffers, validate=validate, record=record,
                                      consumed_microbatches=consumed, composition=composition)
             collating = time.perf_counter()
             error: Exception | None = None
