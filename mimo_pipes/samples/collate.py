@@ -1,7 +1,8 @@
 """Collation of one rank's micro-batch: pad sequence fields to one length, concatenate ragged vision fields.
 
-Only collation lives here; what is checked of samples before they are exchanged, so that a bad sample fails on the rank that read it, is
-:mod:`mimo_pipes.samples.checks`, whose per-field checks collation repeats on what it is given.
+Only collation lives here, and one node calls it (:class:`~mimo_pipes.nodes.window_collator.WindowCollator`);
+what is checked of samples before they are exchanged, so that a bad sample fails on the rank that read it,
+is :mod:`mimo_pipes.samples.checks`, whose per-field checks collation repeats on what it is given.
 
 Fields are the union over the micro-batch: a sample without a vision field (a text-only sample under a
 real processor) contributes zero rows of it, and a vision field that no sample of the micro-batch holds
