@@ -42,7 +42,9 @@ class BalanceExchange(GraphNode[Window]):
     ``layout.exchange_group``, which must be a group used for nothing else; :meth:`shutdown` stops it, as does
     collecting the node. DP size 1 permutes locally on the calling thread. It only exchanges: received samples
     are unpacked as copies (its byte buffers are reused), and the windows it hands on are collated after it
-    (:class:`~mimo_pipes.nodes.window_collator.WindowCollator`). With ``collatable`` (default; not for rows,
+    (:class:`~mimo_pipes.nodes.window_collator.WindowCollator`); with ``views_until_next`` and no overlap (the
+    node after it copies each window out before it asks for the next: a collator in place) they stay views
+    of the receive buffer, which saves the copy on the training thread. With ``collatable`` (default; not for rows,
     which are processed first) this rank's samples are checked for that collation before the exchange
     (:func:`~mimo_pipes.samples.checks.check_collatable`), so a bad sample fails on the rank that read it.
     Every exchange carries where the loader started (:meth:`start_at`), so ranks of a module that start from
@@ -80,6 +82,7 @@ class BalanceExchange(GraphNode[Window]):
         collect_metrics: bool = True,
         observers: Sequence[ExchangeObserver] = (),
         report_on_delivery: bool = True,
+        views_until_next: bool = False,
     ) -> None:
         super().__init__(source if isinstance(source, BaseNode) else IterableWrapper(source))
         self.ctx = ctx = ExchangeContext.for_rank(layout, settings)
@@ -87,6 +90,9 @@ class BalanceExchange(GraphNode[Window]):
         self.overlap = settings.plan.overlap and ctx.dp_size > 1
         self.report = ExchangeReport(list(observers), collect_metrics)
         self.report_on_delivery = report_on_delivery
+        # Received samples stay views of the reused receive buffer only where the node after it is done with each
+        # window before it asks for the next (a collator in place) and no thread exchanges ahead; else copies.
+        self.copy_received = not views_until_next or self.overlap
         self._accumulator = MetricsAccumulator()
         self._sync_exchange: WindowExchange | None = None  # built at reset, with the start
         self._prefetcher: ExchangePrefetchThread | None = None
@@ -147,7 +153,7 @@ class BalanceExchange(GraphNode[Window]):
         collator = self.collator
         check = None if collator is None else functools.partial(
             check_collatable, pad_length=collator.pad_length, vision_fields=collator.vision_fields)
-        return WindowExchange(self.ctx, check, self.report, self.start)
+        return WindowExchange(self.ctx, check, self.report, self.start, copy=self.copy_received)
 
     def add_observer(self, observer: ExchangeObserver) -> None:
         """Call ``observer`` with the record of every window delivered from now on."""

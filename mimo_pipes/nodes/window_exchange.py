@@ -45,16 +45,18 @@ class ExchangeReport:
 
 
 class WindowExchange:
-    """One exchanging thread's step: the exchange of one window, with its own buffers. Received samples are
-    unpacked as copies, so the buffers are reused while the windows made from them wait to be collated
-    (by :class:`~mimo_pipes.nodes.window_collator.WindowCollator`, after the exchange). ``check`` (if any) runs on
+    """One exchanging thread's step: the exchange of one window, with its own buffers, reused. With ``copy``
+    received samples are unpacked as copies, so the windows made from them may wait to be collated (by
+    :class:`~mimo_pipes.nodes.window_collator.WindowCollator`, after the exchange) while the next is received;
+    without, they are views of the receive buffer, valid until the next exchange. ``check`` (if any) runs on
     this rank's samples before anything is sent, so a sample that cannot be collated fails on the rank that read
     it. Records what it did when the report collects metrics or has observers (the window's metrics are computed
     here, on the exchanging thread, off the training thread when overlapped)."""
 
     def __init__(self, ctx: ExchangeContext, check: Callable[[list[Sample]], None] | None, report: ExchangeReport,
-                 start: ExchangeStart) -> None:
+                 start: ExchangeStart, copy: bool = True) -> None:
         self.ctx = ctx
+        self.copy = copy
         self.start = start
         self.check = check
         self.report = report
@@ -71,7 +73,7 @@ class WindowExchange:
         composition = pinned[1] if pinned is not None and pinned[0] == window.first_step else None
         started = time.perf_counter()
         result = exchange_window(self.ctx, window, sequence, self.buffers, validate=self.check, record=record,
-                                 consumed_microbatches=consumed, composition=composition, copy=True)
+                                 consumed_microbatches=consumed, composition=composition, copy=self.copy)
         if record is not None:
             record.started_at = started
             record.exchange_seconds = time.perf_counter() - started
