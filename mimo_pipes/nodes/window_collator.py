@@ -40,9 +40,9 @@ class WindowCollator(GraphNode[Window]):
     handed on, with the collation's time as its ``seconds["collate"]``, so observers and metrics follow the
     consumer, not the read-ahead.
 
-    A window that cannot be collated raises here, on the consumer's thread, naming the sample and the field
-    (:class:`~mimo_pipes.errors.SampleError`); the loader then tells the nodes before it, and the exchange
-    announces it to the module's other ranks in place of its next exchange.
+    A window that cannot be collated raises here, on the consumer's thread (a sample at fault is named with
+    its field: :class:`~mimo_pipes.errors.SampleError`); the loader then tells the nodes before it, and the
+    exchange announces it to the module's other ranks in place of its next exchange.
 
     The state is the source's state after the last window handed on; a window collated ahead is dropped on a
     restore and read again. It has no setting of its own to be valid for: the collation it makes is what the
