@@ -47,7 +47,7 @@ class CachedDataset:
 
 @dataclass(frozen=True)
 class TimedCollator(Collator):
-    """A Collator that adds up its time (used as the assembler's collator when nothing is exchanged)."""
+    """A Collator that adds up its time (put in the graph's WindowCollator)."""
 
     spent: list[float] = field(default_factory=lambda: [0.0])
 
@@ -144,20 +144,25 @@ def training_run(env: dict, opts: dict, loader: Any, window: int, *, observe: bo
     """``steps`` micro-batches of next() + simulated compute + a one-number all-reduce over the DP group.
 
     Per timed micro-batch: next() time, step time, and (``observe``) the training thread's wait for the
-    exchange and its collation, from the exchange's records (or the assembler's timed collator when
-    nothing is exchanged). ``during`` runs once before the first next() (a sampler's start)."""
+    exchange, from the exchange's records, and its collation, from the window collator's timed collator
+    (none when the collator works ahead on its own thread). ``during`` runs once before the first next()
+    (a sampler's start)."""
     import torch
     import torch.distributed as dist
 
     groups = env["groups"]
+    from mimo_pipes.graph.traversal import graph_nodes
+    from mimo_pipes.nodes import WindowCollator
+
     node = loader.exchange_node()
     records: list[Any] = []
     timed = None
     if observe and node is not None:
         node.add_observer(records.append)
-    elif observe:
-        timed = TimedCollator(loader.root.collator.pad_length, loader.root.collator.pad_values)
-        loader.root.collator = timed  # the assembler's own collator, timed
+    collating = next(n for n in graph_nodes(loader.root) if isinstance(n, WindowCollator))
+    if observe and not collating.ahead:  # collation on the training thread: timed there
+        timed = TimedCollator(collating.collator.pad_length, collating.collator.pad_values, collating.collator.vision_fields)
+        collating.collator = timed
     steps = -(-opts["steps"] // window) * window
     warmup = -(-opts["warmup"] // window) * window
     # The simulated trainer's all-reduce runs where a trainer's would: on the GPU under NCCL.
@@ -176,12 +181,8 @@ def training_run(env: dict, opts: dict, loader: Any, window: int, *, observe: bo
             start = time.perf_counter()
             next(iterator)
             got = time.perf_counter()
-            wait = collate = 0.0
-            for record in records[seen:]:  # the window delivered in this call, if any
-                own = record.seconds.get("collate", 0.0) if record.on_training_thread else 0.0
-                wait, collate = wait + record.wait_seconds - own, collate + own
-            if timed is not None:
-                collate = timed.spent[0] - collated
+            wait = sum(record.wait_seconds for record in records[seen:])  # the window handed on in this call, if any
+            collate = timed.spent[0] - collated if timed is not None else 0.0
             compute(opts["compute_ms"] / 1000.0, opts["compute"])
             dist.all_reduce(one, group=groups.dp_group)
             if step >= warmup:
@@ -200,7 +201,7 @@ def training_run(env: dict, opts: dict, loader: Any, window: int, *, observe: bo
         "collate_s": collates,
         # Did a background exchange run during the call?
         "concurrent": [any(b < got and e > start for b, e in background) for start, got in calls],
-        "exchange_s": [r.exchange_seconds - r.seconds.get("collate", 0.0) for r in records],
+        "exchange_s": [r.exchange_seconds for r in records],
         "exchange_on_main_thread": sum(1 for r in records if r.on_training_thread),
         "sent_bytes": [r.bytes_sent for r in records],
         "received_bytes": [r.bytes_received for r in records],

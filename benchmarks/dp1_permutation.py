@@ -109,7 +109,7 @@ def main() -> int:
         settings, layout = settings_for(samples), RankLayout(dp_rank=0, dp_size=1, grid_size=args.slots)
 
         def exchange(windows: list, metrics: bool = True, settings=settings, layout=layout) -> BalanceExchange:
-            return BalanceExchange(iter(windows), settings=settings, layout=layout, collate=False, collect_metrics=metrics)
+            return BalanceExchange(iter(windows), settings=settings, layout=layout, collatable=False, collect_metrics=metrics)
 
         permute = time_next(lambda stream=stream: exchange(stream), args.iterations, args.warmup)
         bare = time_next(lambda stream=stream: exchange(stream, metrics=False), args.iterations, args.warmup)

@@ -5,8 +5,9 @@ then simulates compute for ``--compute-ms`` (sleep: the thread waits as it would
 number over its DP group (the gradient all-reduce that keeps ranks in step). Modes, interleaved round by
 round: reordering with overlap, without overlap, and no reordering (and, with ``--prefetch-delay-ms``, overlap
 with each background exchange held until that long after the consumer took the previous window). The share
-of the exchange that overlap hides is 1 - (on - none) / (off - none) of mean next() times. The waits and
-collation times come from the exchange's records (mimo_pipes.observe.observer).
+of the exchange that overlap hides is 1 - (on - none) / (off - none) of mean next() times. The waits come
+from the exchange's records (mimo_pipes.observe.observer), the training thread's collation times from the
+window collator's collator, timed (none when it collates ahead on its own thread).
 
     python benchmarks/exchange_overlap.py [--ranks 2|4] [--compute-ms 150] [--rounds 4] [--out DIR]
     torchrun --nproc-per-node 2 benchmarks/exchange_overlap.py --backend nccl --out DIR   # or spawned: without torchrun
@@ -154,7 +155,7 @@ def render(summary: dict, opts: dict, info: dict, command: str, seconds: float) 
                           f"timed. Whole run: {seconds:.0f} s."),
         *_dist.provenance_lines(command, info),
         "**Training-thread time in `next()` per micro-batch** (all ranks, all rounds; exchange = the exchange's "
-        "own time less collation, on whichever thread ran it, from its records):",
+        "own time (collation is the window collator's), on whichever thread ran it, from its records):",
         "",
         "| W | mode | next() mean ms | median ms | p90 ms | median over windows, ms per micro-batch | of which waiting for the exchange, mean ms | of which collating, mean ms | step mean ms | exchange ms per micro-batch |",
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",

@@ -183,6 +183,7 @@ def rank_main(rank: int, world_size: int, case: dict[str, Any]) -> dict[str, Any
     from mimo_pipes.cli.rank.setup import set_up_rank
     from mimo_pipes.config import PipelineConfig, ReorderConfig
     from mimo_pipes.data.processing.module_processor import ModuleProcessor
+    from mimo_pipes.data.processing.row_counter import RowCounter
     from mimo_pipes.data.sources.open_source import open_source
     from mimo_pipes.nodes import RowProcessor
     from mimo_pipes.observe.observer import ExchangeRecord
@@ -201,8 +202,8 @@ def rank_main(rank: int, world_size: int, case: dict[str, Any]) -> dict[str, Any
     processor = vlm_sft.open_processor(config)
     dataset = open_source(config.dataset)
     if case["payload"] == "rows":
-        module = ModuleProcessor(processor, module_fields(layout.module))
-        map_fn, process_rows = Timed(module.count), Timed(module)
+        fields = module_fields(layout.module)
+        map_fn, process_rows = Timed(RowCounter(processor, fields).count), Timed(ModuleProcessor(processor, fields))
     else:
         map_fn, process_rows = Timed(processor), None
     loader = vlm_sft.pipeline(dataset, config, layout, map_fn=map_fn, image_token_id=processor.placeholder_ids,

@@ -22,6 +22,7 @@ from mimo_pipes.data.bad_rows.skipping import SkipBadRows
 from mimo_pipes.data.from_config import dataset_path, open_processor, processor_path
 from mimo_pipes.data.processing.module_processor import ModuleProcessor
 from mimo_pipes.data.processing.processor import check_processor_path
+from mimo_pipes.data.processing.row_counter import RowCounter
 from mimo_pipes.data.sources.open_source import check_source, open_source, report_problems
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange import RankLayout
@@ -125,9 +126,9 @@ def build(
         # Under --skip-bad-samples every module also refuses image files that are not whole, before the exchange:
         # a row that would fail only where it is decoded is replaced alike on every module (data/bad_rows/complete_files.py);
         # one that fails there all the same (its compressed data corrupt) is masked on every module (samples/masking.py).
-        rows = ModuleProcessor(processor, module_fields(layout.module), image_paths=config.exchange_image_paths,
-                               whole_files=config.skip_bad_samples)
-        map_fn = rows.count
+        fields = module_fields(layout.module)
+        map_fn = RowCounter(processor, fields, image_paths=config.exchange_image_paths, whole_files=config.skip_bad_samples).count
+        rows = ModuleProcessor(processor, fields)
     if config.skip_bad_samples:
         map_fn = SkipBadRows(map_fn, dataset, micro_batch_size=config.micro_batch_size, seed=config.seed,
                              dataloader_type=config.dataloader_type)
@@ -176,11 +177,13 @@ def failed_after_exchange(config: PipelineConfig, rows: Iterable[int], progress:
     dataset = open_source(dataset_path(config), config.split_part)
     # The encoder module's path of a row, as build() makes it: counted (files read as the exchange moves them),
     # then processed; a row that fails there is masked on every module.
-    encoder = ModuleProcessor(open_processor(config), ModuleFields(ENCODER), image_paths=config.exchange_image_paths, whole_files=True)
+    processor, fields = open_processor(config), ModuleFields(ENCODER)
+    counter = RowCounter(processor, fields, image_paths=config.exchange_image_paths, whole_files=True)
+    encoder = ModuleProcessor(processor, fields)
     failed: dict[int, str] = {}
     for row in rows:
         try:
-            encoder(encoder.count({**dataset[row], SAMPLE_ID: row}))
+            encoder(counter.count({**dataset[row], SAMPLE_ID: row}))
         except SampleError as error:
             failed[row] = row_reason(error)
         if progress is not None:

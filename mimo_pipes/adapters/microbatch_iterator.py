@@ -2,7 +2,8 @@
 
 ``balance_iterator`` composes existing nodes: the source (IterableWrapper) -> Uncollate -> the tail every
 entry point shares (:func:`~mimo_pipes.graph.tail.balanced_tail`: CostAnnotator -> Windower -> BalanceExchange
--> MicroBatchAssembler (-> SequencePacker)), under an :class:`IteratorLoader`. Only the wiring lives here.
+-> WindowCollator -> MicroBatchAssembler (-> SequencePacker)), under an :class:`IteratorLoader`. Only the wiring
+lives here.
 
 Resuming: a plain iterator cannot be rewound, so the state only records counters (micro-batches taken
 from the source up to the start of the current window, and how many of that window were handed out).

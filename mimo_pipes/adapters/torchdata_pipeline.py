@@ -1,7 +1,7 @@
 """The balance exchange behind a torchdata.nodes pipeline you already have: your reader and mappers, then the tail.
 
 your reader -> your mappers (Mapper / ParallelMapper) -> CostAnnotator -> Windower -> BalanceExchange
--> MicroBatchAssembler -> GraphLoader.
+-> WindowCollator -> MicroBatchAssembler -> GraphLoader.
 
 Your part must yield this rank's B/d samples of every global micro-batch, in canonical order (DP rank r
 of d holds positions r*B/d .. (r+1)*B/d - 1), each a dict of unpadded tensors with ``sample_id`` and

@@ -1,7 +1,7 @@
 """Per-sample (image tokens, real tokens, placeholder runs) of a whole dataset, cheaply, and cached.
 
 With a :class:`~mimo_pipes.data.processing.processor.SampleProcessor` (every family), rows are counted as the graph
-counts them before its exchange (:meth:`~mimo_pipes.data.processing.module_processor.ModuleProcessor.counts`): image
+counts them before its exchange (:meth:`~mimo_pipes.data.processing.row_counter.RowCounter.counts`): image
 and video headers through the family's resize rule, the text through the tokenizer, far cheaper than
 decoding and patchifying every image. Every image form is counted so (bytes, paths, ``{"bytes", "path"}``
 values of ``datasets.Image`` columns, which are read undecoded whatever the features say, PIL images,
@@ -25,8 +25,8 @@ import numpy as np
 from mimo_pipes.data.bad_rows import placed
 from mimo_pipes.data.bad_rows.complete_files import check_row_images
 from mimo_pipes.data.cache import cache_root
-from mimo_pipes.data.processing.module_processor import ModuleProcessor, RowCount
 from mimo_pipes.data.processing.processor import SampleProcessor
+from mimo_pipes.data.processing.row_counter import RowCount, RowCounter
 from mimo_pipes.data.sources.open_source import read_rows
 from mimo_pipes.errors import SampleError, row_reason
 from mimo_pipes.samples.cost import image_token_count, placeholder_runs, real_token_count
@@ -41,8 +41,8 @@ UNCOUNTED = -1  # real tokens of a row when they were not asked for
 TokenCounts = tuple[np.ndarray, np.ndarray]
 """(image_tokens, real_tokens): int64 arrays indexed by dataset row."""
 
-RowCounter = Callable[[Mapping[str, Any]], tuple[int, int]]
-"""One dataset row -> (image tokens, real tokens)."""
+CustomCounter = Callable[[Mapping[str, Any]], tuple[int, int]]
+"""A caller's own way to count one dataset row -> (image tokens, real tokens)."""
 
 
 
@@ -82,7 +82,7 @@ def _processed_count(processor: Callable[[Mapping[str, Any]], Mapping[str, Any]]
     return count
 
 
-def processed_counter(processor: Callable[[Mapping[str, Any]], Mapping[str, Any]], image_token_id: int | Sequence[int]) -> RowCounter:
+def processed_counter(processor: Callable[[Mapping[str, Any]], Mapping[str, Any]], image_token_id: int | Sequence[int]) -> CustomCounter:
     """Counts from a fully processed row: exactly what the graph's CostAnnotator counts."""
     count = _processed_count(processor, image_token_id)
     return lambda row: count(row)[:2]
@@ -126,7 +126,7 @@ def count_tokens(
     dataset: Any,
     processor: Any,
     *,
-    row_counter: RowCounter | None = None,
+    row_counter: CustomCounter | None = None,
     real_tokens: bool = True,
     use_cache: bool = True,
     progress: Callable[[int], None] | None = None,
@@ -141,7 +141,7 @@ def count_rows(
     dataset: Any,
     processor: Any,
     *,
-    row_counter: RowCounter | None = None,
+    row_counter: CustomCounter | None = None,
     real_tokens: bool = True,
     runs: bool = False,
     use_cache: bool = True,
@@ -193,18 +193,18 @@ class _SizeCounter:
     """Counts a row from its sizes, as the graph counts it before moving it (the built-in processor class)."""
 
     def __init__(self, processor: SampleProcessor, runs: bool, whole_files: bool = False) -> None:
-        self.sized = ModuleProcessor(processor)
+        self.sized = RowCounter(processor)
         self.runs = runs
         self.whole_files = whole_files
 
     def __call__(self, row: Mapping[str, Any]) -> RowCount:
         row = dict(row)
-        if self.whole_files:  # checked before counting, as ModuleProcessor.count checks it
+        if self.whole_files:  # checked before counting, as RowCounter.count checks it
             check_row_images(row, self.sized.processor.image_folder, row.get(SAMPLE_ID, row.get("id")))
         return self.sized.counts(row, runs=self.runs)
 
 
-def _row_counter(processor: Any, row_counter: RowCounter | None, runs: bool, decode: bool = False,
+def _row_counter(processor: Any, row_counter: CustomCounter | None, runs: bool, decode: bool = False,
                  whole_files: bool = False) -> Callable[[Mapping[str, Any]], RowCount]:
     if row_counter is not None:
         return _without_runs(row_counter)
@@ -213,12 +213,12 @@ def _row_counter(processor: Any, row_counter: RowCounter | None, runs: bool, dec
     return _processed_count(processor, getattr(processor, "placeholder_ids", processor.image_token_id), runs)
 
 
-def _without_runs(row_counter: RowCounter) -> Callable[[Mapping[str, Any]], RowCount]:
+def _without_runs(row_counter: CustomCounter) -> Callable[[Mapping[str, Any]], RowCount]:
     """A custom counter gives no placeholder runs: an empty list each (dropped from the result)."""
     return lambda row: (*row_counter(row), [])
 
 
-def _count_all(dataset: Any, processor: Any, row_counter: RowCounter | None, real: bool, runs: bool,
+def _count_all(dataset: Any, processor: Any, row_counter: CustomCounter | None, real: bool, runs: bool,
                progress: Callable[[int], None] | None, skip_bad: bool = False, decode: bool = False, whole_files: bool = False) -> RowCounts:
     size = len(dataset)
     image_tokens = np.zeros(size, dtype=np.int64)

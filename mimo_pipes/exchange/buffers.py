@@ -8,9 +8,9 @@ import torch
 class ExchangeBuffers:
     """Byte buffers kept from one window to the next by one exchanging thread.
 
-    Reusing them spares touching fresh memory every window (page faults cost more than the copy). Only
-    for callers that copy the received samples out (collate them) before their next exchange: received
-    tensors are views of the receive buffer. Costs one window's sent and received bytes of memory.
+    Reusing them spares touching fresh memory every window (page faults cost more than a copy). Only
+    for callers that unpack the received samples as copies, or copy them out before their next exchange:
+    received tensors are otherwise views of the receive buffer. Costs one window's sent and received bytes of memory.
     """
 
     def __init__(self) -> None:

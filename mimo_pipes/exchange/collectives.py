@@ -26,6 +26,8 @@ from mimo_pipes.observe.observer import ExchangeRecord
 from mimo_pipes.samples.sample import COST, ENCODER_COST, IMAGE_TOKENS, REAL_TOKENS, Sample, Window
 
 STATUS_OK, STATUS_FAILED, STATUS_END = 0, 1, 2
+# Where a failure happened, as the failing rank's peers are told it.
+DURING_EXCHANGE, AFTER_EXCHANGE = "during the balance exchange", "after the balance exchange"
 # status, number of micro-batches, first step, window sequence number, and the micro-batch the rank's loader
 # started or restored at (-1: not known), so ranks restored from different saves are refused at once
 HEADER = 5
@@ -67,11 +69,12 @@ def _agree(
     window: Window | None,
     error: BaseException | None,
     costs_sizes: list[int],
-    stage: str = "during the balance exchange",
+    stage: str = DURING_EXCHANGE,
     consumed_microbatches: int = -1,
 ) -> torch.Tensor:
     """All-gather status, window shape, start position and per-sample values (see ``PER_SAMPLE``); raise on
-    every rank if any failed, or if the ranks started from different consumed micro-batches."""
+    every rank if any failed (naming the failing rank, its cause and where it failed: its ``stage``), or if
+    the ranks started from different consumed micro-batches."""
     width = HEADER + PER_SAMPLE * ctx.window_size * ctx.samples_per_rank
     local = torch.full((width,), -1, dtype=torch.int64)
     local[0] = status
@@ -84,13 +87,15 @@ def _agree(
     gathered = _gather_header(ctx, local)
     statuses = gathered[:, 0].tolist()
     if STATUS_FAILED in statuses:
-        messages: list[str | None] = [None] * ctx.dp_size
+        messages: list[tuple[str, str] | None] = [None] * ctx.dp_size
         with _collective("all-gather of error messages"):
-            dist.all_gather_object(messages, None if error is None else _describe(error), group=ctx.group)
+            dist.all_gather_object(messages, None if error is None else (_describe(error), stage), group=ctx.group)
         failed = statuses.index(STATUS_FAILED)
         if error is not None:
             raise error
-        raise PeerError(_global_rank(ctx, failed), f"{messages[failed]} ({stage})")
+        said = messages[failed]
+        description, where = said if said is not None else ("failed", stage)
+        raise PeerError(_global_rank(ctx, failed), f"{description} ({where})")
     if len(set(statuses)) > 1:
         ended = [rank for rank, value in enumerate(statuses) if value == STATUS_END]
         raise PeerError(_global_rank(ctx, ended[0]), "its data ended while other ranks of the module still had data")
@@ -115,22 +120,13 @@ def announce_end(ctx: ExchangeContext, sequence: int) -> None:
         _agree(ctx, STATUS_END, sequence, None, None, [])
 
 
-def announce_failure(ctx: ExchangeContext, sequence: int, error: BaseException) -> NoReturn:
-    """Make a local failure (bad sample, source error) an exception on every rank of the module."""
+def announce_failure(ctx: ExchangeContext, sequence: int, error: BaseException, stage: str = DURING_EXCHANGE) -> NoReturn:
+    """Make a local failure an exception on every rank of the module, in place of exchange ``sequence``: a bad
+    sample or a source error (``stage`` :data:`DURING_EXCHANGE`), or a failure after the exchange, in
+    collation or processing (:data:`AFTER_EXCHANGE`), which the peers' message names."""
     if ctx.dp_size > 1:
-        _agree(ctx, STATUS_FAILED, sequence, None, error, [])
+        _agree(ctx, STATUS_FAILED, sequence, None, error, [], stage=stage)
     raise error
-
-
-def agree_after_exchange(ctx: ExchangeContext, sequence: int, error: BaseException | None) -> None:
-    """After local work on an exchanged window (collation): one small all-gather of every rank's outcome,
-    so that a failure on any rank raises on every rank of the module, naming that rank and the cause,
-    instead of leaving its peers to wait out the timeout in the next exchange. Raises ``error`` here."""
-    if ctx.dp_size > 1:
-        status = STATUS_OK if error is None else STATUS_FAILED
-        _agree(ctx, status, sequence, None, error, [], stage="after the balance exchange")
-    if error is not None:
-        raise error
 
 
 def local_costs_and_encodings(window: Window, need_layouts: bool) -> tuple[list[int], list[SampleEncoding | None]]:
@@ -163,8 +159,8 @@ def exchange_window(
 ) -> Window:
     """Balance one window over the module's DP ranks and return this rank's samples in canonical order.
 
-    With ``buffers`` the byte buffers are reused: the caller must copy the result out (collate it)
-    before its next exchange, or pass ``copy`` (received samples get storage of their own). ``validate``
+    With ``buffers`` the byte buffers are reused: the caller must copy the result out before its next
+    exchange, or pass ``copy`` (received samples get storage of their own). ``validate``
     checks this rank's samples before anything is sent (what the caller's work on the result needs), so a
     bad sample fails on every rank at once. With ``record`` (see
     :mod:`mimo_pipes.observe.observer`) the exchange fills in what it did: the window's gathered figures, its

@@ -1,5 +1,5 @@
 """The graph's tail, added to any node of samples or counted rows: costs -> windows -> exchange -> (processing
-->) micro-batches (-> THD).
+->) collation -> micro-batches (-> THD).
 
 Every entry point builds its tail here from one :class:`~mimo_pipes.config.tail_settings.TailSettings`, so a
 recipe, ``balance_iterator`` and the DataLoader adapter plan, exchange and collate alike.
@@ -15,7 +15,15 @@ from torchdata.nodes import BaseNode
 from mimo_pipes.config.tail_settings import TailSettings
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange import RankLayout
-from mimo_pipes.nodes import BalanceExchange, CostAnnotator, MicroBatchAssembler, RowProcessor, SequencePacker, Windower
+from mimo_pipes.nodes import (
+    BalanceExchange,
+    CostAnnotator,
+    MicroBatchAssembler,
+    RowProcessor,
+    SequencePacker,
+    WindowCollator,
+    Windower,
+)
 from mimo_pipes.nodes.row_processor import Masking
 from mimo_pipes.samples.module_fields import module_fields
 from mimo_pipes.samples.sample import Sample
@@ -53,15 +61,19 @@ def balanced_tail(
     node = Windower(node, settings=settings)
     exchange = None
     if settings.plan.reorder:
-        # Collates each window right after moving it (on the prefetch thread with overlap), unless it moves rows;
-        # then each window carries its record to the RowProcessor, which reports it when it hands the window on.
-        node = exchange = BalanceExchange(node, settings=settings, layout=layout, collate=not rows, report_on_delivery=not rows)
+        # Only exchanges; each window carries its record to the collator, which reports it when it hands the window on.
+        # Samples may stay views of its buffers where the collator collates each window in place, before the next.
+        node = exchange = BalanceExchange(node, settings=settings, layout=layout, collatable=not rows, report_on_delivery=False,
+                                          views_until_next=not rows)
     if rows:
-        # Rows become this module's samples here, on the rank that trains on them, and are collated.
+        # Rows become this module's samples here, on the rank that trains on them.
         assert process_rows is not None
         masking = Masking(stand_in, layout.agreement_group) if stand_in is not None else None
-        node = RowProcessor(node, settings=settings, process=process_rows, masking=masking,
-                            report=exchange.report if exchange is not None else None)
+        node = RowProcessor(node, settings=settings, process=process_rows, masking=masking)
+    # The one place that collates: one window ahead on a thread of its own where its source already runs on threads
+    # (the overlapped exchange, row processing), so the training thread only hands out micro-batches; else in place.
+    ahead = rows or (exchange is not None and exchange.overlap)
+    node = WindowCollator(node, settings=settings, ahead=ahead, report=exchange.report if exchange is not None else None)
     node = MicroBatchAssembler(node, settings=settings)
     if settings.pack_sequences and settings.fields.packs:
         # One THD row per micro-batch, after the exchange: packing never changes which samples a rank holds.

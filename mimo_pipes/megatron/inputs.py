@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from mimo_pipes.megatron.settings import MimoBatchSettings
-from mimo_pipes.samples.collate import is_integer, wide_integer
+from mimo_pipes.samples.checks import is_integer, wide_integer
 from mimo_pipes.samples.grids import GRIDS, grid_problem, patch_rows_problem, patches_dtype_problem
 from mimo_pipes.samples.mrope_layout import MROPE_ROWS, POSITION_IDS
 from mimo_pipes.samples.thd import CU_SEQLENS, CU_SEQLENS_UNPADDED, MAX_SEQLEN

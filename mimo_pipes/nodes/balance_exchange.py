@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -14,6 +15,7 @@ from mimo_pipes.checkpoint.resume import ResumePoint
 from mimo_pipes.checkpoint.validity import collation_settings
 from mimo_pipes.config.tail_settings import TailSettings
 from mimo_pipes.exchange import (
+    AFTER_EXCHANGE,
     ExchangeContext,
     RankLayout,
     announce_end,
@@ -24,7 +26,11 @@ from mimo_pipes.nodes.exchange_prefetch import ExchangePrefetchThread, Prefetche
 from mimo_pipes.nodes.window_exchange import ExchangeReport, ExchangeStart, WindowExchange
 from mimo_pipes.observe.metrics import MetricsAccumulator
 from mimo_pipes.observe.observer import ExchangeObserver, ExchangeRecord
+from mimo_pipes.samples.checks import check_collatable
 from mimo_pipes.samples.sample import Window
+
+ANNOUNCEMENT_WAIT_S = 5.0
+"""How long stopping after a failure waits for the prefetch thread's announcement of it to end."""
 
 
 class BalanceExchange(GraphNode[Window]):
@@ -34,26 +40,29 @@ class BalanceExchange(GraphNode[Window]):
     module; B/d, W, the planner's settings, overlap and collation come from ``settings``. With overlap the
     next windows are exchanged on a background thread (:class:`ExchangePrefetchThread`) over
     ``layout.exchange_group``, which must be a group used for nothing else; :meth:`shutdown` stops it, as does
-    collecting the node. DP size 1 permutes locally on the calling thread. With ``collate`` (default) each
-    window is also collated right after its exchange, on the same thread, so the training thread only hands
-    micro-batches out (without it, the node after it collates); the samples are checked for it before the
-    exchange, and one small all-gather after collation makes a collation failure on any rank an exception
-    on every rank. Every exchange carries where the loader started (:meth:`start_at`), so ranks of a module
-    that start from different points are refused. A failure after this node (:meth:`abort`, from the loader)
-    is announced in place of the next exchange, so the module's other ranks raise too.
+    collecting the node. DP size 1 permutes locally on the calling thread. It only exchanges: received samples
+    are unpacked as copies (its byte buffers are reused), and the windows it hands on are collated after it
+    (:class:`~mimo_pipes.nodes.window_collator.WindowCollator`); with ``views_until_next`` and no overlap (the
+    node after it copies each window out before it asks for the next: a collator in place) they stay views
+    of the receive buffer, which saves the copy on the training thread. With ``collatable`` (default; not for rows,
+    which are processed first) this rank's samples are checked for that collation before the exchange
+    (:func:`~mimo_pipes.samples.checks.check_collatable`), so a bad sample fails on the rank that read it.
+    Every exchange carries where the loader started (:meth:`start_at`), so ranks of a module that start from
+    different points are refused. A failure after this node (:meth:`abort`, from the loader: a window that
+    cannot be processed or collated) is announced in place of the next exchange, so the module's other ranks
+    raise too, naming the rank, the cause and that it failed after the exchange.
 
     The state is the source's state after the last delivered window: plain counters, never samples, the
     windows delivered and the metrics' running totals (a few counts and sums), so cumulative figures continue
-    across a resume. It is valid for one DP layout, B/d, W, across-micro-batch setting and collation; with
-    overlap or without, the state is the same (but for the metrics' time totals).
+    across a resume. It is valid for one DP layout, B/d, W, across-micro-batch setting and the collation its
+    samples are checked for; with overlap or without, the state is the same (but for the metrics' time totals).
 
     Each delivered window is described by an :class:`~mimo_pipes.observe.observer.ExchangeRecord` handed to
     ``observers`` (on the training thread, in order), and with ``collect_metrics`` (default) its
     :mod:`mimo_pipes.observe.metrics` figures are :meth:`metrics` (cumulative since the start of training).
-    Neither costs a collective. With ``report_on_delivery`` False (under the ``rows`` payload, whose rows it
-    moves unpacked as copies and leaves uncollated) the window carries its record instead (``Window.record``)
-    and the node that processes the rows after it reports it to :attr:`report` when it hands the window on,
-    so figures follow the consumer.
+    Neither costs a collective. With ``report_on_delivery`` False (in the graph's tail, whose window collator
+    reads ahead of the consumer) the window carries its record instead (``Window.record``) and the node that
+    hands it to the consumer reports it to :attr:`report`, so figures follow the consumer.
     """
 
     SEQUENCE_KEY = "windows_delivered"
@@ -69,19 +78,22 @@ class BalanceExchange(GraphNode[Window]):
         *,
         settings: TailSettings,
         layout: RankLayout,
-        collate: bool = True,
+        collatable: bool = True,
         collect_metrics: bool = True,
         observers: Sequence[ExchangeObserver] = (),
         report_on_delivery: bool = True,
+        views_until_next: bool = False,
     ) -> None:
         super().__init__(source if isinstance(source, BaseNode) else IterableWrapper(source))
         self.ctx = ctx = ExchangeContext.for_rank(layout, settings)
-        self.collator = settings.collator if collate else None
+        self.collator = settings.collator if collatable else None
         self.overlap = settings.plan.overlap and ctx.dp_size > 1
         self.report = ExchangeReport(list(observers), collect_metrics)
         self.report_on_delivery = report_on_delivery
+        # Received samples stay views of the reused receive buffer only where the node after it is done with each
+        # window before it asks for the next (a collator in place) and no thread exchanges ahead; else copies.
+        self.copy_received = not views_until_next or self.overlap
         self._accumulator = MetricsAccumulator()
-        self.copy_received = settings.processing.rows
         self._sync_exchange: WindowExchange | None = None  # built at reset, with the start
         self._prefetcher: ExchangePrefetchThread | None = None
         self.start = ExchangeStart()  # see start_at()
@@ -134,7 +146,14 @@ class BalanceExchange(GraphNode[Window]):
         # so does a start on another layout (totals over two layouts' DP ranks would mix figures of different sizes).
         self._accumulator.load_state(None if initial_state is None else initial_state.get(self.METRICS_KEY))
         self.report.last_metrics = None
-        self._sync_exchange = WindowExchange(self.ctx, self.collator, self.report, self.start, self.copy_received)
+        self._sync_exchange = self._window_exchange()
+
+    def _window_exchange(self) -> WindowExchange:
+        """One exchanging thread's step (each thread its own buffers)."""
+        collator = self.collator
+        check = None if collator is None else functools.partial(
+            check_collatable, pad_length=collator.pad_length, vision_fields=collator.vision_fields)
+        return WindowExchange(self.ctx, check, self.report, self.start, copy=self.copy_received)
 
     def add_observer(self, observer: ExchangeObserver) -> None:
         """Call ``observer`` with the record of every window delivered from now on."""
@@ -180,8 +199,7 @@ class BalanceExchange(GraphNode[Window]):
 
     def _next_overlapped(self) -> Window:
         if self._prefetcher is None:
-            exchange = WindowExchange(self.ctx, self.collator, self.report, self.start, self.copy_received)
-            self._prefetcher = ExchangePrefetchThread(self.source, exchange, self._sequence)
+            self._prefetcher = ExchangePrefetchThread(self.source, self._window_exchange(), self._sequence)
         waiting = time.perf_counter()
         kind, value, state_after = self._prefetcher.take()
         waited = time.perf_counter() - waiting
@@ -218,15 +236,18 @@ class BalanceExchange(GraphNode[Window]):
             self._prefetcher.fail(error)
         else:
             with contextlib.suppress(BaseException):  # raises ``error`` itself
-                announce_failure(self.ctx, self._sequence, error)
+                announce_failure(self.ctx, self._sequence, error, AFTER_EXCHANGE)
 
     def shutdown(self, join_timeout: float | None = None) -> None:
         """Stop the prefetch thread after the exchanges peers may depend on; joins it (None: no limit)."""
         prefetcher, self._prefetcher = self._prefetcher, None
         if prefetcher is not None:
-            # After a failure the thread's last collective is the announcement, which ends once the peers
-            # reach it (or the group times out): not waited for.
-            prefetcher.stop(0 if self._failed else join_timeout)
+            # After a failure the thread's last collective is the announcement, which ends once the peers reach
+            # it: at once when their threads exchange ahead, as they do while their trainers run. A peer held
+            # elsewhere (in its trainer's all-reduce with this rank) would keep it to the group's timeout: waited
+            # for a few seconds only, so this rank's own error is never held back longer.
+            wait = ANNOUNCEMENT_WAIT_S if join_timeout is None else min(join_timeout, ANNOUNCEMENT_WAIT_S)
+            prefetcher.stop(wait if self._failed else join_timeout)
 
     def __del__(self) -> None:
         # A node dropped without shutdown(): its thread holds no reference to it, so this runs; stop the thread

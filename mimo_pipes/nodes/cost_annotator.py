@@ -9,7 +9,7 @@ from torchdata.nodes import BaseNode
 from mimo_pipes.config.tail_settings import TailSettings
 from mimo_pipes.errors import SampleError
 from mimo_pipes.nodes.base import GraphNode
-from mimo_pipes.samples.collate import check_sample
+from mimo_pipes.samples.checks import check_sample
 from mimo_pipes.samples.cost import image_token_count, real_token_count
 from mimo_pipes.samples.cost_range import window_budget
 from mimo_pipes.samples.sample import COST, ENCODER_COST, IMAGE_TOKENS, PLACEHOLDER_RUNS, REAL_TOKENS, SAMPLE_ID, Sample
@@ -24,7 +24,7 @@ class CostAnnotator(GraphNode[Sample]):
 
     Under the ``rows`` payload its items are rows counted before the tail (image tokens, real tokens and
     placeholder runs as metadata, from their text and image headers:
-    :meth:`~mimo_pipes.data.processing.module_processor.ModuleProcessor.count`), priced alike. The state is valid for
+    :meth:`~mimo_pipes.data.processing.row_counter.RowCounter.count`), priced alike. The state is valid for
     one cost function.
     """
 
@@ -71,6 +71,6 @@ class CostAnnotator(GraphNode[Sample]):
         missing = next((key for key in (IMAGE_TOKENS, REAL_TOKENS, PLACEHOLDER_RUNS) if key not in row), None)
         if missing is not None:
             raise SampleError(row.get(SAMPLE_ID), "is not counted: under --exchange-payload rows every row is counted "
-                              "before the tail (ModuleProcessor.count)", field=missing)
+                              "before the tail (RowCounter.count)", field=missing)
         image_tokens, real_tokens = int(row[IMAGE_TOKENS]), int(row[REAL_TOKENS])
         return image_tokens, real_tokens, self.cost.encoder_cost_of_runs(row.pop(PLACEHOLDER_RUNS), image_tokens)

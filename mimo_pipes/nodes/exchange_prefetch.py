@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 from torchdata.nodes import BaseNode
 
-from mimo_pipes.exchange import announce_end, announce_failure
+from mimo_pipes.exchange import AFTER_EXCHANGE, announce_end, announce_failure
 from mimo_pipes.samples.sample import Window
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ class ExchangePrefetchThread:
             sequence = self.first_sequence + self.produced
             if failure is not None:
                 with contextlib.suppress(BaseException):  # raises the failure itself, here already known
-                    announce_failure(self.exchange.ctx, sequence, failure)
+                    announce_failure(self.exchange.ctx, sequence, failure, AFTER_EXCHANGE)
                 return
             try:
                 try:

@@ -1,4 +1,4 @@
-"""MicroBatchAssembler: turns windows back into collated, padded micro-batches."""
+"""MicroBatchAssembler: splits collated windows into micro-batches, one per step."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from mimo_pipes.samples.sample import Window
 
 
 class MicroBatchAssembler(GraphNode[dict]):
-    """Yields one collated micro-batch per step of each window, collated by ``settings.collator``. Windows
-    the exchange already collated (on its prefetch thread) pass through.
+    """Yields one micro-batch per step of each collated window (collated before it, by
+    :class:`~mimo_pipes.nodes.window_collator.WindowCollator`; an uncollated window is refused).
 
     Its state is the source's state from before the current window plus how many of the window's
     micro-batches were yielded, so a restore inside a window re-reads that window and skips ahead. A fresh
@@ -26,7 +26,7 @@ class MicroBatchAssembler(GraphNode[dict]):
     whose samples moved between micro-batches, the state also keeps the window's composition (which
     samples each micro-batch holds, as flat window indices: W x B integers at most), so the window is
     re-exchanged with exactly those micro-batches, on this layout or another (see :meth:`start_at`).
-    The state is valid for one collation (pad length and values).
+    The state is valid for the collation of the windows it splits (pad length and values).
     """
 
     YIELDED_KEY = "yielded_in_window"
@@ -36,8 +36,7 @@ class MicroBatchAssembler(GraphNode[dict]):
         super().__init__(source)
         self.skip_first = 0  # micro-batches of the first window already consumed: the loader says (start_at)
         self.start_composition: list[list[int]] | None = None  # the first window's, when started inside it (start_at)
-        self.collator = settings.collator
-        self.describe(collation_settings(self.collator))
+        self.describe(collation_settings(settings.collator))
 
     def start_at(self, point: ResumePoint, saved_state: Any = None) -> None:
         """From the next ``reset(None)`` on, start inside the window at ``point.first_step``: skip its first
@@ -63,10 +62,12 @@ class MicroBatchAssembler(GraphNode[dict]):
                 self._yielded -= len(self._window.microbatches)
             self._window_start_state = copy.deepcopy(self.source.state_dict())
             self._window = next(self.source)
+            if not self._window.collated:
+                raise TypeError(f"MicroBatchAssembler: the window at step {self._window.first_step} is not collated: "
+                                "a WindowCollator goes before the assembler (graph/tail.py builds it so)")
         microbatch = self._window.microbatches[self._yielded]
-        step = self._window.first_step + self._yielded
         self._yielded += 1
-        return microbatch if self._window.collated else self.collator.microbatch(microbatch, step)
+        return microbatch
 
     def _saved(self) -> tuple[Any, int, list[list[int]] | None]:
         """The source's state to save, the micro-batches of its window yielded, and that window's composition."""

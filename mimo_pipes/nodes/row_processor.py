@@ -18,9 +18,7 @@ from mimo_pipes.config.tail_settings import TailSettings
 from mimo_pipes.errors import MAX_REASON, PeerError, SampleError, row_reason
 from mimo_pipes.exchange.failure_agreement import agree_on_failures
 from mimo_pipes.nodes.base import GraphNode
-from mimo_pipes.nodes.window_exchange import ExchangeReport
 from mimo_pipes.observe.observer import ExchangeRecord
-from mimo_pipes.samples.collate import Collator
 from mimo_pipes.samples.masking import mask_failed
 from mimo_pipes.samples.sample import SAMPLE_ID, STEP, Sample, Window
 
@@ -30,7 +28,7 @@ processed samples stays one window above what the consumer holds."""
 
 
 class _Pending(NamedTuple):
-    window: Future[Window]  # the window processed and collated
+    window: Future[Window]  # the window processed (its failures agreed on and masked, with masking)
     rows: list[Future[Sample]]  # its rows' processing, cancelled when the window is dropped
     state_after: Any  # the source's state right after it handed out the window
     record: ExchangeRecord | None  # what the window's exchange did (see Window.record), reported when handed on
@@ -48,43 +46,40 @@ class Masking(NamedTuple):
 
 class RowProcessor(GraphNode[Window]):
     """Turns every window of rows (from the exchange, or the Windower without one) into this module's
-    collated micro-batches: each row goes through ``process`` (its module's fields:
+    samples: each row goes through ``process`` (its module's fields:
     :class:`~mimo_pipes.data.processing.module_processor.ModuleProcessor`) on ``settings.processing.workers``
     threads or worker processes (``method``), on the rank that trains on it, so decoding and resizing are
-    balanced by the exchange's assignment. It reads :data:`AHEAD` windows ahead of the one asked for.
+    balanced by the exchange's assignment. It reads :data:`AHEAD` windows ahead of the one asked for; the
+    windows it hands on are collated after it (:class:`~mimo_pipes.nodes.window_collator.WindowCollator`).
 
-    A failure (a row that cannot be processed, a window that cannot be collated) raises here; the loader then
-    tells the nodes before it (:meth:`~mimo_pipes.nodes.BalanceExchange.abort` announces it to the module's
-    other ranks). Each window from an exchange carries its record, which this node hands to ``report`` (the
-    exchange's :class:`~mimo_pipes.nodes.window_exchange.ExchangeReport`) when it hands the window on, so the
-    figures follow the consumer, not the read-ahead. With ``masking`` (``settings.processing.mask_failed``:
-    ``--skip-bad-samples``) a row whose processing raises its :class:`~mimo_pipes.errors.SampleError` is
-    masked instead: every rank of the job says which of each window's rows failed, in window order on the
-    collating thread (:func:`~mimo_pipes.exchange.failure_agreement.agree_on_failures`), and every module
-    masks those samples before the window is handed out; :attr:`masked` counts them (each module counts
-    every failure of the job). The state is the source's state after the last
-    delivered window; windows processed ahead are dropped on a restore and processed again. It is valid for
-    one module's fields and one collation. :meth:`shutdown` stops its workers (iterating again restarts them).
+    A row that cannot be processed raises here; the loader then tells the nodes before it
+    (:meth:`~mimo_pipes.nodes.BalanceExchange.abort` announces it to the module's other ranks). Each window
+    from an exchange keeps its record (``Window.record``) on the window it hands on. With ``masking``
+    (``settings.processing.mask_failed``: ``--skip-bad-samples``) a row whose processing raises its
+    :class:`~mimo_pipes.errors.SampleError` is masked instead: every rank of the job says which of each
+    window's rows failed, in window order on its rows thread
+    (:func:`~mimo_pipes.exchange.failure_agreement.agree_on_failures`), and every module masks those samples
+    before the window is handed out; :attr:`masked` counts them (each module counts every failure of the
+    job). The state is the source's state after the last delivered window; windows processed ahead are
+    dropped on a restore and processed again. It is valid for one module's fields and the collation its
+    windows are for. :meth:`shutdown` stops its workers (iterating again restarts them).
     """
 
     def __init__(
         self, source: BaseNode[Window], *, settings: TailSettings, process: Callable[[Sample], Sample], masking: Masking | None = None,
-        report: ExchangeReport | None = None,
     ) -> None:
         super().__init__(source)
         if settings.processing.mask_failed and masking is None:
             raise ValueError("settings.processing.mask_failed needs masking: what stands in for a row that fails")
         self.process = process
-        self.report = report
         self.masking = masking if settings.processing.mask_failed else None
         self.masked = 0  # samples masked so far (every failure of the job, as every module masks it)
-        self.collator: Collator = settings.collator
         self.workers = settings.processing.workers
         self.method = settings.processing.method
         self._pool: Executor | None = None
-        self._collating: ThreadPoolExecutor | None = None
+        self._gathering: ThreadPoolExecutor | None = None
         self._pending: collections.deque[_Pending] = collections.deque()
-        self.describe({"module fields": settings.fields.role, **collation_settings(self.collator)})
+        self.describe({"module fields": settings.fields.role, **collation_settings(settings.collator)})
 
     def discard_ahead(self) -> None:
         self._drop_pending()
@@ -110,8 +105,7 @@ class RowProcessor(GraphNode[Window]):
             self._drop_pending()
             raise  # the loader tells the nodes before this one (the exchange announces it to its peers)
         self._state_after_delivered = pending.state_after
-        if self.report is not None:  # the exchange's observers and metrics follow the window handed on, not the read-ahead
-            self.report.publish(pending.record)
+        window.record = pending.record  # reported by the node that hands the window to the consumer
         return window
 
     def processed_ahead(self) -> list[Window]:
@@ -120,19 +114,19 @@ class RowProcessor(GraphNode[Window]):
         return [p.window.result() for p in pending if p.window.done() and not p.window.cancelled() and p.window.exception() is None]
 
     def _submit(self, window: Window, state_after: Any) -> _Pending:
-        pool, collating = self._executors()
+        pool, gathering = self._executors()
         task = self.process if self.method == "thread" else _process_installed
         rows = [[pool.submit(task, row) for row in microbatch] for microbatch in window.microbatches]
         dropped = threading.Event()
         if self.masking is None:
-            collated = collating.submit(_collate, self.collator, window, rows)
+            processed = gathering.submit(_gathered, window, rows)
         else:
-            collated = collating.submit(self._mask_and_collate, window, rows, dropped)
-        return _Pending(collated, [future for microbatch in rows for future in microbatch], state_after, window.record, dropped)
+            processed = gathering.submit(self._masked, window, rows, dropped)
+        return _Pending(processed, [future for microbatch in rows for future in microbatch], state_after, window.record, dropped)
 
-    def _mask_and_collate(self, window: Window, rows: list[list[Future[Sample]]], dropped: threading.Event) -> Window:
-        """On the collating thread, in window order: the window's rows processed, the job's failures agreed on
-        (also for a dropped window: its peers join the same agreement), the failed samples masked, collated."""
+    def _masked(self, window: Window, rows: list[list[Future[Sample]]], dropped: threading.Event) -> Window:
+        """On the rows thread, in window order: the window's rows processed, the job's failures agreed on
+        (also for a dropped window: its peers join the same agreement), the failed samples masked."""
         assert self.masking is not None
         failed: dict[tuple[int, int], str] = {}
         fatal: BaseException | None = None
@@ -167,18 +161,19 @@ class RowProcessor(GraphNode[Window]):
             return window
         reasons = {(step, sid): why for rank in said for step, sid, why in rank.failed}
         self.masked += mask_failed(samples, reasons)
-        return self.collator.window(Window(window.first_step, samples, composition=window.composition))
+        return Window(window.first_step, samples, composition=window.composition)
 
     def _executors(self) -> tuple[Executor, ThreadPoolExecutor]:
-        if self._pool is None or self._collating is None:
+        if self._pool is None or self._gathering is None:
             if self.method == "thread":
                 self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="mimo-pipes-process")
             else:
                 self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
                                                  initializer=_install, initargs=(self.process,))
-            # Collation waits for the window's rows: a thread of its own, so a window never waits behind its rows.
-            self._collating = ThreadPoolExecutor(1, thread_name_prefix="mimo-pipes-collate")
-        return self._pool, self._collating
+            # A window waits for its rows (and, with masking, agrees on their failures) on a thread of its own, so
+            # the pool's workers never wait behind a window.
+            self._gathering = ThreadPoolExecutor(1, thread_name_prefix="mimo-pipes-rows")
+        return self._pool, self._gathering
 
     def _drop_pending(self) -> None:
         for pending in self._pending:
@@ -192,25 +187,25 @@ class RowProcessor(GraphNode[Window]):
     def shutdown(self) -> None:
         """Stop the workers after the rows they are processing; pending windows are dropped."""
         self._drop_pending()
-        pool, collating = self._pool, self._collating
-        self._pool = self._collating = None
-        if pool is not None and collating is not None:
-            _shut_down(pool, collating, self.masking is None)
+        pool, gathering = self._pool, self._gathering
+        self._pool = self._gathering = None
+        if pool is not None and gathering is not None:
+            _shut_down(pool, gathering, self.masking is None)
 
     def source_state(self) -> Any:
         return self._state_after_delivered
 
 
-def _collate(collator: Collator, window: Window, rows: list[list[Future[Sample]]]) -> Window:
-    """The window's processed rows, collated; its composition (who holds which micro-batch) kept."""
+def _gathered(window: Window, rows: list[list[Future[Sample]]]) -> Window:
+    """The window's processed rows; its composition (who holds which micro-batch) kept."""
     processed = [[future.result() for future in microbatch] for microbatch in rows]
-    return collator.window(Window(window.first_step, processed, composition=window.composition))
+    return Window(window.first_step, processed, composition=window.composition)
 
 
-def _shut_down(pool: Executor, collating: ThreadPoolExecutor, cancel_collating: bool) -> None:
+def _shut_down(pool: Executor, gathering: ThreadPoolExecutor, cancel_gathering: bool) -> None:
     pool.shutdown(wait=True, cancel_futures=True)
     # With masking every window read is agreed on, dropped or not: its peers wait for this rank in it.
-    collating.shutdown(wait=True, cancel_futures=cancel_collating)
+    gathering.shutdown(wait=True, cancel_futures=cancel_gathering)
 
 
 def _position(row: Sample) -> tuple[int, int] | None:

@@ -13,19 +13,12 @@ from torchdata.nodes import BaseNode, IterableWrapper
 from mimo_pipes.checkpoint.resume import ResumePoint
 from mimo_pipes.errors import SampleError
 from mimo_pipes.nodes.base import GraphNode
-from mimo_pipes.samples.collate import (
-    CONCAT_FIELDS,
-    GRIDS,
-    INTEGER_FIELDS,
-    METADATA_LIST_NAMES,
-    SEQUENCE_FIELDS,
-    VISION_ROWS,
-    is_integer,
-    wide_integer,
-)
+from mimo_pipes.samples.checks import is_integer, wide_integer
+from mimo_pipes.samples.collate import METADATA_LIST_NAMES, VISION_ROWS
 from mimo_pipes.samples.cost import image_token_count
+from mimo_pipes.samples.grids import GRIDS
 from mimo_pipes.samples.mrope_layout import MROPE_ROWS, POSITION_IDS, to_rows_first
-from mimo_pipes.samples.sample import SAMPLE_ID, STEP, Sample
+from mimo_pipes.samples.sample import CONCAT_FIELDS, INTEGER_FIELDS, SAMPLE_ID, SEQUENCE_FIELDS, STEP, Sample
 
 NUM_IMAGES = "num_images"  # optional per-row image counts in a collated batch
 _METADATA_BY_LIST_NAME = {list_name: key for key, list_name in METADATA_LIST_NAMES.items()}

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from mimo_pipes.exchange import ExchangeBuffers, ExchangeContext, agree_after_exchange, exchange_window
+from mimo_pipes.exchange import ExchangeBuffers, ExchangeContext, exchange_window
 from mimo_pipes.observe.metrics import window_metrics
 from mimo_pipes.observe.observer import ExchangeObserver, ExchangeRecord
-from mimo_pipes.samples.collate import Collator
-from mimo_pipes.samples.sample import Window, held_bytes
+from mimo_pipes.samples.sample import Sample, Window, held_bytes
 
 
 class ExchangeStart(NamedTuple):
@@ -25,9 +25,9 @@ class ExchangeReport:
     """Where a delivered window's :class:`~mimo_pipes.observe.observer.ExchangeRecord` goes: the observers, in
     window order, and the last metrics. The balance exchange makes it and shares it with its exchanging thread
     (read per window: the consumer may switch metric collection or add observers while windows are exchanged)
-    and with the node that hands its windows on when that is another node (row processing, to which each window
-    carries its record). A plain object, not the node: no node calls the node it reads from, and a thread that
-    holds it never keeps the node alive."""
+    and with the node that hands its windows on when that is another node (the window collator, to which each
+    window carries its record). A plain object, not the node: no node calls the node it reads from, and a thread
+    that holds it never keeps the node alive."""
 
     def __init__(self, observers: list[ExchangeObserver], collect_metrics: bool) -> None:
         self.observers = observers
@@ -45,20 +45,22 @@ class ExchangeReport:
 
 
 class WindowExchange:
-    """One exchanging thread's step: the exchange, then (optionally) collation, with its own buffers.
-    Records what it did when the report collects metrics or has observers (the window's metrics are
-    computed here, on the exchanging thread, off the training thread when overlapped)."""
+    """One exchanging thread's step: the exchange of one window, with its own buffers, reused. With ``copy``
+    received samples are unpacked as copies, so the windows made from them may wait to be collated (by
+    :class:`~mimo_pipes.nodes.window_collator.WindowCollator`, after the exchange) while the next is received;
+    without, they are views of the receive buffer, valid until the next exchange. ``check`` (if any) runs on
+    this rank's samples before anything is sent, so a sample that cannot be collated fails on the rank that read
+    it. Records what it did when the report collects metrics or has observers (the window's metrics are computed
+    here, on the exchanging thread, off the training thread when overlapped)."""
 
-    def __init__(self, ctx: ExchangeContext, collator: Collator | None, report: ExchangeReport, start: ExchangeStart,
-                 copy_received: bool = False) -> None:
+    def __init__(self, ctx: ExchangeContext, check: Callable[[list[Sample]], None] | None, report: ExchangeReport,
+                 start: ExchangeStart, copy: bool = True) -> None:
         self.ctx = ctx
+        self.copy = copy
         self.start = start
-        self.collator = collator
-        self.copy_received = copy_received
+        self.check = check
         self.report = report
-        # Buffers can be reused only when nothing received keeps a view of them: collation copies the
-        # samples out right away, or they are unpacked as copies.
-        self.buffers = ExchangeBuffers() if collator is not None or copy_received else None
+        self.buffers = ExchangeBuffers()
 
     def __call__(self, window: Window, sequence: int, on_training_thread: bool) -> tuple[Window, ExchangeRecord | None]:
         collect = self.report.collect_metrics
@@ -70,22 +72,8 @@ class WindowExchange:
         consumed, pinned = self.start.consumed_microbatches, self.start.pinned
         composition = pinned[1] if pinned is not None and pinned[0] == window.first_step else None
         started = time.perf_counter()
-        if self.collator is None:
-            result = exchange_window(self.ctx, window, sequence, self.buffers, record=record, consumed_microbatches=consumed,
-                                     composition=composition, copy=self.copy_received)
-        else:
-            # What collation needs is checked before the exchange; what still fails is agreed on after it.
-            result = exchange_window(self.ctx, window, sequence, self.buffers, validate=self.collator.check, record=record,
-                                     consumed_microbatches=consumed, composition=composition)
-            collating = time.perf_counter()
-            error: Exception | None = None
-            try:
-                result = self.collator.window(result)
-            except Exception as caught:  # noqa: BLE001 - raised on every rank by the agreement
-                error = caught
-            agree_after_exchange(self.ctx, sequence, error)
-            if record is not None:
-                record.seconds["collate"] = time.perf_counter() - collating
+        result = exchange_window(self.ctx, window, sequence, self.buffers, validate=self.check, record=record,
+                                 consumed_microbatches=consumed, composition=composition, copy=self.copy)
         if record is not None:
             record.started_at = started
             record.exchange_seconds = time.perf_counter() - started

@@ -14,9 +14,9 @@ readers placed the samples, i.e. without reordering) or ``after`` (as the exchan
   ``{q}/critical_path_lower_bound``: no assignment of the window over the DP ranks can go below it;
 - ``moved/samples``, ``moved/bytes``: samples that changed DP rank in the module and their packed bytes;
 - ``rank/bytes_sent``, ``rank/bytes_received``, ``rank/samples_sent``, ``rank/samples_received``;
-- ``time/exchange_s`` (the exchanging thread's whole exchange of the window, collation included),
-  ``time/{phase}_s`` per phase of :data:`~mimo_pipes.observe.observer.PHASES`, ``time/wait_s`` (the training
-  thread's wait for the window in ``next()``);
+- ``time/exchange_s`` (the exchanging thread's whole exchange of the window), ``time/{phase}_s`` per phase of
+  :data:`~mimo_pipes.observe.observer.EXCHANGE_PHASES` (collation is not the exchange's: its time is in the
+  record's ``seconds["collate"]``), ``time/wait_s`` (the training thread's wait for the window in ``next()``);
 - ``window``, ``first_step``, ``microbatches``, ``dp_rank``, ``dp_size``;
 - ``cumulative/...``: the same sums, spreads and ratios over every window delivered since
   ``cumulative/since_step`` (``cumulative/windows``, ``cumulative/microbatches``): since the start of
@@ -31,13 +31,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mimo_pipes.balance import window_lower_bound
-from mimo_pipes.observe.observer import PHASES, ExchangeRecord
+from mimo_pipes.observe.observer import EXCHANGE_PHASES, ExchangeRecord
 
 QUANTITIES = ("image_tokens", "cost")
 WHEN = ("before", "after")
 # Sums kept over windows: critical paths, bounds, moves and times add up.
 _SUMMED = ("moved/samples", "moved/bytes", "rank/bytes_sent", "rank/bytes_received", "rank/samples_sent",
-           "rank/samples_received", "time/exchange_s", "time/wait_s", *(f"time/{phase}_s" for phase in PHASES))
+           "rank/samples_received", "time/exchange_s", "time/wait_s", *(f"time/{phase}_s" for phase in EXCHANGE_PHASES))
 
 
 def rank_loads(values: Sequence[Sequence[int]], assignment: Sequence[Sequence[Sequence[int]]] | None,
@@ -117,7 +117,7 @@ def window_metrics(record: ExchangeRecord) -> dict[str, Any]:
     figures["rank/bytes_sent"], figures["rank/bytes_received"] = record.bytes_sent, record.bytes_received
     figures["rank/samples_sent"], figures["rank/samples_received"] = record.samples_sent, record.samples_received
     figures["time/exchange_s"] = record.exchange_seconds
-    for phase in PHASES:
+    for phase in EXCHANGE_PHASES:
         figures[f"time/{phase}_s"] = record.seconds.get(phase, 0.0)
     return figures
 

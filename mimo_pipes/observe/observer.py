@@ -16,8 +16,11 @@ from typing import Any, Protocol
 # encoding: per-sample cost and encoded size (validates that every sample can be encoded); gather: the
 # all-gather of (status, window shape, per-sample cost, encoded size, image tokens); plan: balancing and the
 # exchange plan; encode: the send buffer (and its copy to the GPU under NCCL); all_to_all: the ragged
-# collective; decode: received samples back into canonical order; collate: padding into micro-batches.
+# collective; decode: received samples back into canonical order. Then collate: padding into micro-batches, by
+# the window collator after the exchange (on its own thread, or the training thread), set when it hands the
+# window on.
 PHASES = ("encoding", "gather", "plan", "encode", "all_to_all", "decode", "collate")
+EXCHANGE_PHASES = PHASES[:-1]  # what the exchanging thread does (its metrics' time/{phase}_s)
 
 
 @dataclass
@@ -38,14 +41,14 @@ class ExchangeRecord:
     image_tokens: list[list[int]] = field(default_factory=list)  # [m][j] (0 for a sample without the count)
     encoded_bytes: list[list[int]] = field(default_factory=list)  # [m][j] wire size (0 with DP 1: nothing encoded)
     assignment: list[list[list[int]]] = field(default_factory=list)
-    seconds: dict[str, float] = field(default_factory=dict)  # per PHASES entry that ran, on the exchanging thread
+    seconds: dict[str, float] = field(default_factory=dict)  # per PHASES entry that ran (collate: by the window collator)
     started_at: float = 0.0  # time.perf_counter() when the exchange began, on the exchanging thread
-    exchange_seconds: float = 0.0  # the whole exchange of the window, collation included
+    exchange_seconds: float = 0.0  # the whole exchange of the window (collation is after it)
     bytes_sent: int = 0  # this rank's payload in the all_to_all
     bytes_received: int = 0
     samples_sent: int = 0
     samples_received: int = 0
-    window_bytes: int = 0  # data the delivered window holds (rows, samples or collated micro-batches): what prefetching it costs
+    window_bytes: int = 0  # data the delivered window holds (rows or samples): what prefetching it costs
     on_training_thread: bool = True  # False when a background thread exchanged it (overlap)
     wait_seconds: float = 0.0  # the training thread's wait for this window in next() (set on delivery)
     metrics: dict[str, Any] | None = None  # the node's metrics for this window, when it collects them

@@ -1,5 +1,5 @@
 """What vision grids and patch rows must be, for a Qwen2-VL-style encoder: the rules that the tail's entry
-check (a sample, :func:`~mimo_pipes.samples.collate.check_sample`) and ``mimo_batch`` (a micro-batch) share.
+check (a sample, :func:`~mimo_pipes.samples.checks.check_sample`) and ``mimo_batch`` (a micro-batch) share.
 
 A grid field holds one ``(t, h, w)`` row per image or video, in patches; its patch field holds one row per
 patch, the images' rows one after another (``t * h * w`` rows each, as the processors lay them out). Patch

@@ -28,8 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mimo_pipes.samples.collate import CONCAT_FIELDS, SEQUENCE_FIELDS
-from mimo_pipes.samples.sample import Sample
+from mimo_pipes.samples.sample import CONCAT_FIELDS, SEQUENCE_FIELDS, Sample
 
 LANGUAGE = "language"
 ENCODER = "encoder"

@@ -10,7 +10,10 @@ until they are processed after the exchange.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 Sample = dict[str, Any]
 
@@ -21,11 +24,22 @@ IMAGE_TOKENS = "image_tokens"  # int: image placeholder tokens in input_ids
 REAL_TOKENS = "real_tokens"  # int: attention_mask sum
 ENCODER_COST = "encoder_cost"  # int: image_tokens, or modelled encoder ns with a time model (time_model.py)
 COST = "cost"  # int: w_enc * encoder_cost + w_lang * real_tokens, in fixed point
-# Set on a row counted before it is processed (rows payload, mimo_pipes/data/processing/module_processor.py):
+# Set on a row counted before it is processed (rows payload, mimo_pipes/data/processing/row_counter.py):
 PLACEHOLDER_RUNS = "placeholder_runs"  # list[int]: its placeholder runs, for the cost (dropped once priced)
 TOKEN_LAYOUT = "token_layout"  # dict: its token ids, trained flags and layout fields (the language side's, moved)
 
 METADATA_KEYS = (SAMPLE_ID, STEP, SLOT, IMAGE_TOKENS, REAL_TOKENS, COST, ENCODER_COST, PLACEHOLDER_RUNS, TOKEN_LAYOUT)
+
+# Per-token fields: padded on the right along their last dimension and stacked: [L] -> [b, L], and the
+# three-row M-RoPE position ids [3, L] -> [b, 3, L].
+SEQUENCE_FIELDS = ("input_ids", "attention_mask", "labels", "loss_mask", "position_ids")
+# Ragged vision fields: concatenated along dim 0, as Qwen2-VL-style and tiling encoders take them.
+CONCAT_FIELDS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "image_num_tiles")
+# Token ids, targets and positions index embeddings and vocabularies: int32 or int64 only (a float cast
+# would be truncated silently by the model, or fail far from the sample that carried it).
+INTEGER_FIELDS = ("input_ids", "labels", "position_ids")
+FieldSpec = tuple[tuple[int, ...], "torch.dtype"]
+"""A concatenated field's shape past dim 0 and its dtype: ``((1176,), torch.float32)`` for Qwen2-VL pixels."""
 
 
 @dataclass

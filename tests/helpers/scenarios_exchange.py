@@ -164,7 +164,7 @@ def run_thread_lifecycle(components, *, micro_batch_size=8, window_size=2):
     loader.load_state_dict(loader.state_dict())
     iterator = iter(loader)
     next(iterator)
-    report["threads_after_reset"] = len(exchange_threads())
+    report["threads_after_reset"] = exchange_threads()
     # 3. Deleting the loader stops the thread (peers delete at the same point).
     del iterator, loader
     gc.collect()

@@ -141,6 +141,38 @@ def test_the_exchange_and_analyze_reach_the_planners_through_one_entry() -> None
         assert not any(name.rsplit(".", 1)[-1] in planners for name in names), path.name
 
 
+def _collating_files() -> set[str]:
+    """Files that call a collator's ``window()`` or ``microbatch()`` (a receiver named like ``collator``)."""
+    found = set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("window", "microbatch"):
+                receiver = node.func.value
+                name = receiver.attr if isinstance(receiver, ast.Attribute) else getattr(receiver, "id", "")
+                if "collator" in name.lower():
+                    found.add(path.relative_to(PACKAGE).as_posix())
+    return found
+
+
+def test_collation_has_one_home() -> None:
+    """One node collates, whatever the payload, reordering or packing: the graph's window collator."""
+    assert _collating_files() == {"nodes/window_collator.py"}
+
+
+def test_checking_before_the_exchange_lives_apart_from_collating() -> None:
+    """samples/collate.py only collates: it defines no check, and nothing imports a check from it; what is checked
+    before the exchange comes from samples/checks.py."""
+    tree = ast.parse((PACKAGE / "samples" / "collate.py").read_text())
+    defined = [node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and "check" in node.name]
+    assert defined == []
+    from_collate = [f"{path.relative_to(PACKAGE).as_posix()}: {name}" for path in sorted(PACKAGE.parent.rglob("*.py"))
+                    if ".venv" not in path.parts for name in _imports(path)
+                    if name.startswith("mimo_pipes.samples.collate.") and "check" in name.rsplit(".", 1)[-1]]
+    assert from_collate == []
+    for user in ("nodes/cost_annotator.py", "nodes/balance_exchange.py"):
+        assert any(name.startswith("mimo_pipes.samples.checks.check_") for name in _imports(PACKAGE / user)), user
+
+
 def test_nodes_ask_nothing_of_their_source_behind_the_data() -> None:
     """What a node tells the node before it travels with the data (a window's record) or through the loader:
     no node looks up methods on its source by name, and the loader tells nodes through typed hooks."""

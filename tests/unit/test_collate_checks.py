@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mimo_pipes.errors import SampleError
-from mimo_pipes.samples.collate import check_collatable, collate_microbatch
+from mimo_pipes.samples.checks import check_collatable
+from mimo_pipes.samples.collate import collate_microbatch
 
 
 @st.composite

@@ -318,13 +318,13 @@ def cut_images(tmp_path: Path) -> Path:
 @pytest.mark.parametrize("payload", ["samples", "rows"])
 def test_every_skip_reason_names_shard_and_key(tmp_path, payload):
     from mimo_pipes.data.bad_rows.skipping import REPLACED_REASONS, REPLACED_ROWS, SkipBadRows
-    from mimo_pipes.data.processing.module_processor import ModuleProcessor
+    from mimo_pipes.data.processing.row_counter import RowCounter
     from mimo_pipes.samples.module_fields import module_fields
     from mimo_pipes.samples.sample import SAMPLE_ID, SLOT, STEP
 
     dataset = open_source(str(cut_images(tmp_path)))
     processor = load_processor(default_processor_path(), 512)
-    process = processor if payload == "samples" else ModuleProcessor(processor, module_fields("images"), whole_files=True).count
+    process = processor if payload == "samples" else RowCounter(processor, module_fields("images"), whole_files=True).count
     skip = SkipBadRows(process, dataset, micro_batch_size=12, seed=0, dataloader_type="single")
     reasons = {}
     for row in (2, 5, 9):
@@ -339,6 +339,7 @@ def test_every_skip_reason_names_shard_and_key(tmp_path, payload):
 def test_analyze_and_the_masking_path_name_shard_and_key_too(tmp_path):
     from mimo_pipes.analysis.row_counts import count_rows
     from mimo_pipes.data.processing.module_processor import ModuleProcessor
+    from mimo_pipes.data.processing.row_counter import RowCounter
     from mimo_pipes.errors import SampleError
     from mimo_pipes.samples.module_fields import ENCODER, ModuleFields
 
@@ -349,7 +350,7 @@ def test_analyze_and_the_masking_path_name_shard_and_key_too(tmp_path):
     assert all(why.startswith(f"shard-{row // 4:04d}.tar key q{row:04d}: ") for row, why in counted.bad_rows.items())
     encoder = ModuleProcessor(processor, ModuleFields(ENCODER))
     with pytest.raises(SampleError, match=r"dataset row 5: shard-0001.tar key q0005: image 0 "):  # counted, then processed after the exchange
-        encoder(encoder.count({**dataset[5], "sample_id": 5}))
+        encoder(RowCounter(processor, ModuleFields(ENCODER)).count({**dataset[5], "sample_id": 5}))
 
 
 @pytest.mark.parametrize(("text", "said"), [

@@ -25,7 +25,9 @@ from mimo_pipes.cli.rank.state_save import _os_error
 from mimo_pipes.config import PipelineConfig, ReorderConfig
 from mimo_pipes.errors import ConfigError, SampleError, json_error_text
 from mimo_pipes.nodes.uncollate import Uncollate
-from mimo_pipes.samples.collate import INTEGER_FIELDS, check_collatable, check_sample, collate_microbatch
+from mimo_pipes.samples.checks import check_collatable, check_sample
+from mimo_pipes.samples.collate import collate_microbatch
+from mimo_pipes.samples.sample import INTEGER_FIELDS
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
 
 # --- JSON errors -------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from torchdata.nodes import BaseNode, Loader, Prefetcher
 from mimo_pipes.graph.loader import GraphLoader
 from mimo_pipes.nodes.microbatch_assembler import MicroBatchAssembler
 from mimo_pipes.nodes.snapshot_guard import SnapshotGuard
+from mimo_pipes.nodes.window_collator import WindowCollator
 from mimo_pipes.nodes.windower import Windower
 from mimo_pipes.samples.sample import SAMPLE_ID
 from mimo_pipes.testing import tail_settings
@@ -19,7 +20,7 @@ from mimo_pipes.testing import tail_settings
 
 def graph(window_size: int = 3) -> BaseNode:
     settings = tail_settings(samples_per_rank=2, window_size=window_size)
-    return MicroBatchAssembler(Windower(CountingSource(), settings=settings), settings=settings)
+    return MicroBatchAssembler(WindowCollator(Windower(CountingSource(), settings=settings), settings=settings), settings=settings)
 
 
 def ids(batches) -> list[list[int]]:

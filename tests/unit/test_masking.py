@@ -18,6 +18,7 @@ from PIL import Image
 from mimo_pipes.data.embedded.family_processors import FAMILIES, build_family_processor
 from mimo_pipes.data.processing.module_processor import ModuleProcessor
 from mimo_pipes.data.processing.processor import load_processor
+from mimo_pipes.data.processing.row_counter import RowCounter
 from mimo_pipes.samples.masking import IGNORED_LABEL, MASKED, mask_failed, masked
 from mimo_pipes.samples.module_fields import module_fields
 from mimo_pipes.samples.sample import SAMPLE_ID, STEP
@@ -61,7 +62,7 @@ def test_the_stand_in_has_the_counted_shapes_and_blank_pixels(processor, video):
         pytest.skip("internvl takes no videos")
     row = _row(3, [(61, 90), (150, 45)], video)
     encoder = ModuleProcessor(sample_processor, module_fields("images"))
-    counted = encoder.count(row)
+    counted = RowCounter(sample_processor, module_fields("images")).count(row)
     real, stand_in = encoder(counted), encoder.stand_in(counted)
     assert set(stand_in) == set(real)
     for name, value in real.items():
@@ -76,7 +77,7 @@ def test_the_stand_in_has_the_counted_shapes_and_blank_pixels(processor, video):
     assert torch.equal(pixels, pixels[:1].expand_as(pixels))
     # The language module needs no pixel: its stand-in is the row's own fields.
     language = ModuleProcessor(sample_processor, module_fields("language"))
-    counted = language.count(row)
+    counted = RowCounter(sample_processor, module_fields("language")).count(row)
     own, stand_in = language(counted), language.stand_in(counted)
     assert set(own) == set(stand_in) and all(torch.equal(own[k], stand_in[k]) for k in own if isinstance(own[k], torch.Tensor))
 

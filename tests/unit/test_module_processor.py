@@ -15,8 +15,10 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from mimo_pipes.data.embedded.family_processors import FAMILIES, build_family_processor
-from mimo_pipes.data.processing.module_processor import ModuleProcessor, _expanded, _token_layout
+from mimo_pipes.data.processing.module_processor import ModuleProcessor
 from mimo_pipes.data.processing.processor import load_processor
+from mimo_pipes.data.processing.row_counter import RowCounter
+from mimo_pipes.data.processing.row_layout import compact_layout, expanded
 from mimo_pipes.errors import SampleError
 from mimo_pipes.exchange.wire_format import decode_samples, encode_samples
 from mimo_pipes.samples.cost import image_token_count, placeholder_runs
@@ -81,7 +83,7 @@ def assert_fields_equal(got: dict, want: dict, where: str) -> None:
 
 def test_counts_are_the_processed_placeholder_runs(family):
     name, processor, data = family
-    counter = ModuleProcessor(processor)
+    counter = RowCounter(processor)
     for row in data:
         processed = processor(dict(row))
         counted = counter.count(row)
@@ -95,15 +97,15 @@ def test_counts_are_the_processed_placeholder_runs(family):
 
 def test_each_module_makes_the_processed_fields_it_carries(family):
     name, processor, data = family
-    language = ModuleProcessor(processor, module_fields("language"))
-    encoder = ModuleProcessor(processor, module_fields("images"))
+    language, language_counter = ModuleProcessor(processor, module_fields("language")), RowCounter(processor, module_fields("language"))
+    encoder, encoder_counter = ModuleProcessor(processor, module_fields("images")), RowCounter(processor, module_fields("images"))
     for row in data:
         processed = processor(dict(row))
         where = f"{name}, row {row['sample_id']}"
-        got = language(language.count(row))
+        got = language(language_counter.count(row))
         assert_fields_equal({k: v for k, v in got.items() if k not in (IMAGE_TOKENS, REAL_TOKENS)},
                             {k: v for k, v in processed.items() if k not in PIXEL_FIELDS}, where)
-        got = encoder(encoder.count(row))
+        got = encoder(encoder_counter.count(row))
         assert_fields_equal({k: v for k, v in got.items() if k not in (IMAGE_TOKENS, REAL_TOKENS)},
                             {k: v for k, v in processed.items() if k not in TOKEN_FIELDS or k in ENCODER_TOKEN_FIELDS}, where)
         assert TOKEN_LAYOUT not in got and PLACEHOLDER_RUNS not in got
@@ -114,7 +116,7 @@ def test_each_module_makes_the_processed_fields_it_carries(family):
 def test_the_language_side_decodes_no_pixel(family, monkeypatch):
     _, processor, data = family
     language = ModuleProcessor(processor, module_fields("language"))
-    counted = [language.count(row) for row in data]
+    counted = [RowCounter(processor, module_fields("language")).count(row) for row in data]
     monkeypatch.setattr(Image.Image, "load", lambda self: pytest.fail("an image was decoded"))
     for row in counted + data[:-3]:  # counted rows carry their layout; plain ones are read from headers
         language(row)
@@ -122,7 +124,7 @@ def test_the_language_side_decodes_no_pixel(family, monkeypatch):
 
 def test_counted_rows_cross_the_wire_format_with_their_images_encoded(family):
     _, processor, data = family
-    counted = [ModuleProcessor(processor).count(row) for row in data]
+    counted = [RowCounter(processor).count(row) for row in data]
     back = decode_samples(encode_samples(counted), len(counted), copy=True)
     language = ModuleProcessor(processor, module_fields("language"))
     for row, moved in zip(counted, back):
@@ -134,7 +136,7 @@ def test_counted_rows_cross_the_wire_format_with_their_images_encoded(family):
 
 def test_each_module_moves_only_what_it_needs_of_a_row(family):
     _, processor, data = family
-    language, encoder = ModuleProcessor(processor, module_fields("language")), ModuleProcessor(processor, module_fields("images"))
+    language, encoder = RowCounter(processor, module_fields("language")), RowCounter(processor, module_fields("images"))
     for row in data:
         moved = language.count(row)
         assert not set(moved) & {"images", "image", "videos", "video", "prompt", "response", "messages"}  # layout only
@@ -149,16 +151,16 @@ def test_each_module_moves_only_what_it_needs_of_a_row(family):
 def test_rows_move_image_bytes_or_paths(family):
     _, processor, data = family
     by_path = next(row for row in data if row.get("image") == "page.png")
-    loaded = ModuleProcessor(processor, module_fields("images")).count(by_path)
+    loaded = RowCounter(processor, module_fields("images")).count(by_path)
     assert loaded["image"]["path"] == "page.png" and loaded["image"]["bytes"][:8] == b"\x89PNG\r\n\x1a\n"
-    kept = ModuleProcessor(processor, module_fields("images"), image_paths=True).count(by_path)
+    kept = RowCounter(processor, module_fields("images"), image_paths=True).count(by_path)
     assert kept["image"] == "page.png"
     assert torch.equal(ModuleProcessor(processor, module_fields("images"))(loaded)["pixel_values"], processor(dict(by_path))["pixel_values"])
 
 
 def test_a_row_the_processor_refuses_raises_its_error(family):
     name, processor, data = family
-    counter = ModuleProcessor(processor)
+    counter = RowCounter(processor)
     bad_rows = [{**data[0], "images": [{"bytes": None, "path": "missing.png"}]},  # a missing file
                 {**data[7], "images": data[7]["images"][:1]},  # an image fewer than the chat names
                 {"sample_id": 99, "prompt": "q"}]  # no reply to train on
@@ -177,22 +179,22 @@ def test_sizes_that_no_header_gives_are_processed_for_their_cost_and_counted(fam
     rule = "get_number_of_image_patches" if name == "internvl" else "image_grid"
     target = processor.family.image_processor if name == "internvl" else processor.family
     monkeypatch.setattr(target, rule, lambda *args: (_ for _ in ()).throw(RuntimeError("no rule")), raising=False)
-    language = ModuleProcessor(processor, module_fields("language"))
+    language, counter = ModuleProcessor(processor, module_fields("language")), RowCounter(processor, module_fields("language"))
     with_images = [row for row in data if row.get("images") or row.get("image")]
     for row in with_images:
         processed = processor(dict(row))
-        counted = language.count(row)
+        counted = counter.count(row)
         assert counted[IMAGE_TOKENS] == image_token_count(processed["input_ids"], processor.placeholder_ids)
         assert TOKEN_LAYOUT not in counted  # processed after the exchange too
         assert torch.equal(language(counted)["input_ids"], processed["input_ids"])
-    assert language.processed_for_cost == len(with_images)
+    assert counter.processed_for_cost == len(with_images)
 
 
 def test_it_pickles_for_worker_processes(family):
     _, processor, data = family
-    language = ModuleProcessor(processor, module_fields("language"))
-    again = pickle.loads(pickle.dumps(language))
-    assert torch.equal(again(again.count(data[2]))["labels"], language(language.count(data[2]))["labels"])
+    language, counter = ModuleProcessor(processor, module_fields("language")), RowCounter(processor, module_fields("language"))
+    again, counted_again = pickle.loads(pickle.dumps(language)), pickle.loads(pickle.dumps(counter))
+    assert torch.equal(again(counted_again.count(data[2]))["labels"], language(counter.count(data[2]))["labels"])
 
 
 @settings(max_examples=200, deadline=None)
@@ -201,7 +203,7 @@ def test_a_compact_token_layout_stands_for_exactly_its_tokens(tokens):
     """Placeholder ids 7 and 8: every run of one of them is kept as one token and expanded back exactly,
     trained flags included (a run whose flags change is kept whole)."""
     ids, trained = [t for t, _ in tokens], [f for _, f in tokens]
-    layout = _token_layout(ids, trained, {}, (7, 8))
-    got_ids, got_trained = _expanded(layout)
+    layout = compact_layout(ids, trained, {}, (7, 8))
+    got_ids, got_trained = expanded(layout)
     assert got_ids.tolist() == ids and got_trained.tolist() == trained
     assert layout["input_ids"].dtype == torch.int32 and layout["input_ids"].shape[0] <= len(ids)

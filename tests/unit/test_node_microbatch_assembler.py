@@ -1,5 +1,5 @@
-"""MicroBatchAssembler: windows back to collated micro-batches, restore at every position (mid-window
-included), a start from a consumed count, and what its state is valid for."""
+"""MicroBatchAssembler: collated windows (from a WindowCollator) split into micro-batches, restore at every
+position (mid-window included), a start from a consumed count, and what its state is valid for."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from node_checks import assert_same, check_refused, check_save_load_everywhere, 
 from torchdata.nodes import IterableWrapper
 
 from mimo_pipes.checkpoint.resume import resume_point
-from mimo_pipes.nodes import MicroBatchAssembler, Windower
+from mimo_pipes.nodes import MicroBatchAssembler, WindowCollator, Windower
 from mimo_pipes.samples.collate import Collator, collate_microbatch
 from mimo_pipes.samples.sample import Window
 from mimo_pipes.testing import tail_settings
@@ -28,7 +28,8 @@ def assembler(per_microbatch=3, window_size=3, steps=7, consumed=0, collator=PAD
     """Over the windows a graph that consumed ``consumed`` micro-batches reads (from that window's start)."""
     settings = tail_settings(samples_per_rank=per_microbatch, window_size=window_size, collator=collator)
     point = resume_point(consumed, window_size)  # what the loader tells every node
-    node = MicroBatchAssembler(windower(per_microbatch, window_size, steps, point.first_step), settings=settings)
+    collated = WindowCollator(windower(per_microbatch, window_size, steps, point.first_step), settings=settings)
+    node = MicroBatchAssembler(collated, settings=settings)
     node.start_at(point)
     return node
 
@@ -49,6 +50,12 @@ def test_collated_windows_pass_through():
     batch = collate_microbatch(take(windower(), 1)[0].microbatches[0], pad_length=None)
     node = MicroBatchAssembler(IterableWrapper([Window(0, [batch], collated=True)]), settings=tail_settings(samples_per_rank=3))
     assert next(node) is batch
+
+
+def test_an_uncollated_window_is_refused():
+    node = MicroBatchAssembler(windower(), settings=tail_settings(samples_per_rank=3, window_size=3))
+    with pytest.raises(TypeError, match="the window at step 0 is not collated: a WindowCollator goes before the assembler"):
+        next(node)
 
 
 @settings(max_examples=30, deadline=None)

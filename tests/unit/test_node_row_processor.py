@@ -1,5 +1,5 @@
-"""RowProcessor: windows of rows processed into collated micro-batches on worker threads or processes,
-one window ahead; restore at every position, failures, its workers' lifecycle, what its state is valid for."""
+"""RowProcessor: windows of rows processed into this module's samples on worker threads or processes,
+one window ahead (collated after it, by the WindowCollator); restore at every position, failures, its workers' lifecycle, what its state is valid for."""
 
 from __future__ import annotations
 
@@ -43,13 +43,13 @@ def row_processor(per_microbatch=3, window_size=2, steps=7, fn=process, **kwargs
 def expected(per_microbatch=3, window_size=2, steps=7, collator=PADDED) -> list[Window]:
     settings = settings_for(per_microbatch, window_size, collator)
     windows = take(Windower(tiny_samples(per_microbatch, steps), settings=settings), None)
-    return [collator.window(Window(w.first_step, [[process(row) for row in mb] for mb in w.microbatches])) for w in windows]
+    return [Window(w.first_step, [[process(row) for row in mb] for mb in w.microbatches]) for w in windows]
 
 
-def test_windows_are_the_rows_processed_and_collated():
+def test_windows_are_the_rows_processed_and_left_to_collate():
     got = take(row_processor(), None)
     assert_same(got, expected())
-    assert all(w.collated for w in got) and [w.first_step for w in got] == [0, 2, 4, 6]
+    assert not any(w.collated for w in got) and [w.first_step for w in got] == [0, 2, 4, 6]
 
 
 def test_restores_at_every_position():
@@ -89,7 +89,7 @@ def test_a_row_that_fails_raises_its_error_and_a_restore_starts_over():
 
 def test_shutdown_stops_its_workers_and_iterating_again_restarts_them():
     def workers() -> list[str]:
-        return [t.name for t in threading.enumerate() if t.name.startswith(("mimo-pipes-process", "mimo-pipes-collate"))]
+        return [t.name for t in threading.enumerate() if t.name.startswith(("mimo-pipes-process", "mimo-pipes-rows"))]
 
     node = row_processor()
     first = take(node, 1)

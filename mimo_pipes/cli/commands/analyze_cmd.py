@@ -208,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
         print(count.line())
     processed = getattr(counts, "processed_for_cost", None)  # a recipe's own counts may not say
     if processed is not None:
-        from mimo_pipes.data.processing.module_processor import cost_line
+        from mimo_pipes.data.processing.row_counter import cost_line
 
         print(cost_line(processed, len(image_tokens), counts.processed_reasons))
     print(f"wrote {', '.join(map(str, [out / RESULT_FILE, *plots]))}")

@@ -123,7 +123,7 @@ class Report:
                 self.processed[verdict.processed] += 1
 
     def lines(self, source, seq_length: int) -> list[str]:
-        from mimo_pipes.data.processing.module_processor import MAX_COST_REASONS, cost_line
+        from mimo_pipes.data.processing.row_counter import MAX_COST_REASONS, cost_line
 
         places = source.places([row for row, _, _ in self.bad_rows] + [row for row, _ in self.truncated[:1]])
         entries = [(finding.place, f"{finding.place.text}: {finding.kind}: {finding.reason}") for finding in self.findings]

@@ -1,7 +1,7 @@
 """Whether a dataset row would train: the verdict ``mimo-pipes check`` gives each row, without training.
 
 A row is checked as a run's graph counts it before the exchange
-(:meth:`~mimo_pipes.data.processing.module_processor.ModuleProcessor.layout`): its conversation, every image's and
+(:func:`~mimo_pipes.data.processing.row_layout.header_layout`): its conversation, every image's and
 video's header (paths resolved inside the image folder), the placeholders the processor makes against the
 chat's image markers, and the fit to ``--seq-length``. A row whose sizes no header gives is processed, as
 the run processes it for its cost. With ``decode`` every image and video frame is also decoded in full: a
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from mimo_pipes.data import bad_rows
 from mimo_pipes.data.processing.conversation import row_images, row_videos
 from mimo_pipes.data.processing.media import open_image, open_video
-from mimo_pipes.data.processing.module_processor import ModuleProcessor, cost_reason
 from mimo_pipes.data.processing.processor import SampleProcessor
+from mimo_pipes.data.processing.row_counter import RowCounter, cost_reason
 from mimo_pipes.errors import SampleError, row_reason
 from mimo_pipes.samples.sample import SAMPLE_ID
 
@@ -45,10 +45,10 @@ class RowChecker:
     reasons). Picklable, for worker processes."""
 
     def __init__(self, processor: SampleProcessor, *, decode: bool = False) -> None:
-        self.rows = ModuleProcessor(processor)
+        self.rows = RowCounter(processor)
         unbounded = copy.copy(processor)
         unbounded.seq_length = sys.maxsize  # the same row, nothing cut: how long it was
-        self.unbounded = ModuleProcessor(unbounded)
+        self.unbounded = RowCounter(unbounded)
         self.decode = decode
 
     def __call__(self, row: dict) -> Verdict:
