@@ -18,6 +18,7 @@ from mimo_pipes.config.tail_settings import TailSettings
 from mimo_pipes.errors import MAX_REASON, PeerError, SampleError, row_reason
 from mimo_pipes.exchange.failure_agreement import agree_on_failures
 from mimo_pipes.nodes.base import GraphNode
+from mimo_pipes.nodes.read_ahead import fill_ahead
 from mimo_pipes.observe.observer import ExchangeRecord
 from mimo_pipes.samples.masking import mask_failed
 from mimo_pipes.samples.sample import SAMPLE_ID, STEP, Sample, Window
@@ -89,13 +90,8 @@ class RowProcessor(GraphNode[Window]):
         self._source_ended = False
 
     def next(self) -> Window:
-        while len(self._pending) <= AHEAD and not self._source_ended:
-            try:
-                window = next(self.source)
-            except StopIteration:
-                self._source_ended = True
-                break
-            self._pending.append(self._submit(window, copy.deepcopy(self.source.state_dict())))
+        if not self._source_ended:
+            self._source_ended = not fill_ahead(self.source, self._pending, AHEAD, self._submit)
         if not self._pending:
             raise StopIteration
         pending = self._pending.popleft()

@@ -12,6 +12,7 @@ from torchdata.nodes import BaseNode
 
 from mimo_pipes.config.tail_settings import TailSettings
 from mimo_pipes.nodes.base import GraphNode
+from mimo_pipes.nodes.read_ahead import fill_ahead
 from mimo_pipes.nodes.window_exchange import ExchangeReport
 from mimo_pipes.observe.observer import ExchangeRecord
 from mimo_pipes.samples.collate import Collator
@@ -77,14 +78,8 @@ class WindowCollator(GraphNode[Window]):
             window = next(self.source)
             collated, seconds = _collate(self.collator, window)
             return self._hand_on(collated, seconds, window.record)
-        while len(self._pending) <= AHEAD and not self._source_ended:
-            try:
-                window = next(self.source)
-            except StopIteration:
-                self._source_ended = True
-                break
-            state_after = copy.deepcopy(self.source.state_dict())
-            self._pending.append(_Collating(self._executor().submit(_collate, self.collator, window), state_after, window.record))
+        if not self._source_ended:
+            self._source_ended = not fill_ahead(self.source, self._pending, AHEAD, self._submit)
         if not self._pending:
             self.shutdown()  # a finished stream leaves no thread behind
             raise StopIteration
@@ -96,6 +91,9 @@ class WindowCollator(GraphNode[Window]):
             raise  # the loader tells the nodes before this one (the exchange announces it to its peers)
         self._state_after_delivered = pending.state_after
         return self._hand_on(collated, seconds, pending.record)
+
+    def _submit(self, window: Window, state_after: Any) -> _Collating:
+        return _Collating(self._executor().submit(_collate, self.collator, window), state_after, window.record)
 
     def collated_ahead(self) -> list[Window]:
         """The windows collated and not yet handed out (what this node holds beyond the consumer)."""
