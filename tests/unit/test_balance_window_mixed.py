@@ -87,12 +87,17 @@ KNOWN = (
 )
 
 
-@pytest.mark.parametrize("generator, seed, known, proven", KNOWN, ids=lambda value: str(value))
-def test_mixed_windows_are_within_3_percent_of_the_milp_plan(generator, seed, known, proven):
+def _planned_path(generator: str, seed: int) -> tuple[int, dict]:
+    """The planner's critical path on the window ``generator`` draws from ``seed``, and the window's description."""
     draw = reported_window if generator == "reported" else draw_window
     costs, num_slots, floor, info = draw(np.random.default_rng(seed))
     flat = [c for row in costs for c in row]
-    path = path_of(flat, balance_window(costs, num_slots, across_microbatches=True, floor=floor), floor)
+    return path_of(flat, balance_window(costs, num_slots, across_microbatches=True, floor=floor), floor), info
+
+
+@pytest.mark.parametrize("generator, seed, known, proven", KNOWN, ids=lambda value: str(value))
+def test_mixed_windows_are_within_3_percent_of_the_milp_plan(generator, seed, known, proven):
+    path, info = _planned_path(generator, seed)
     if proven:
         assert path >= known  # the stored optimum is one
     assert path * 100 <= known * 103, (info, path, known)
@@ -116,10 +121,7 @@ SETTLED_BY_LEVELS = (
 def test_windows_whose_better_plans_move_samples_among_every_micro_batch_are_within_1_percent(
     generator, seed, known, proven
 ):
-    draw = reported_window if generator == "reported" else draw_window
-    costs, num_slots, floor, info = draw(np.random.default_rng(seed))
-    flat = [c for row in costs for c in row]
-    path = path_of(flat, balance_window(costs, num_slots, across_microbatches=True, floor=floor), floor)
+    path, info = _planned_path(generator, seed)
     if proven:
         assert path >= known
     assert path * 100 <= known * 101, (info, path, known)
