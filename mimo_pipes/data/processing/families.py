@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from mimo_pipes.data import bad_rows
+from mimo_pipes.data.processing.fast_pixels import probe
 from mimo_pipes.errors import ConfigError, SampleError
 
 Features = tuple[dict[str, np.ndarray], list[list[int]]]
@@ -45,6 +46,7 @@ class PatchFamily:
                     "--processor", f"the image processor from {source!r} ({type(image_processor).__name__}) has no integer {attr}"
                 )
         self.image_processor = image_processor
+        self.pixel_table = probe(image_processor)  # None: this processor's own path for every image
         self.patch_size: int = image_processor.patch_size
         self.temporal_patch_size: int = image_processor.temporal_patch_size
         self.merge_size: int = image_processor.merge_size
@@ -66,12 +68,15 @@ class PatchFamily:
 
     def images(self, images: list, sample: object) -> Features:
         try:
-            feats = self.image_processor(images=images, return_tensors="np")
+            if self.pixel_table is not None and self.pixel_table.handles(images):
+                pixels, grid = self.pixel_table.pixels(images)  # the processor's values, bit for bit (fast_pixels.py)
+            else:
+                feats = self.image_processor(images=images, return_tensors="np")
+                pixels = np.ascontiguousarray(feats["pixel_values"], dtype=np.float32)
+                grid = np.asarray(feats["image_grid_thw"], dtype=np.int64).reshape(-1, 3)
         except Exception as e:  # noqa: BLE001 - any failure is the row's
             raise SampleError(sample, f"dataset row {sample}: the image processor failed: {e}", field="images",
                               kind=bad_rows.REFUSED_MEDIA) from e
-        pixels = np.ascontiguousarray(feats["pixel_values"], dtype=np.float32)
-        grid = np.asarray(feats["image_grid_thw"], dtype=np.int64).reshape(-1, 3)
         return {"pixel_values": pixels, "image_grid_thw": grid}, self._tokens(grid, pixels, self.image_token_id, sample, "images")
 
     def videos(self, videos: list[np.ndarray], sample: object) -> Features:

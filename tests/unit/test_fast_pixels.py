@@ -1,0 +1,105 @@
+"""The pixel table (data/processing/fast_pixels.py) gives the image processor's own pixel values, bit for bit,
+and steps aside wherever it cannot: other image modes, processors that do not work as it assumes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+from mimo_pipes.data.embedded.builtin_dataset import default_dataset_path
+from mimo_pipes.data.embedded.builtin_processor import default_processor_path
+from mimo_pipes.data.processing.conversation import row_images
+from mimo_pipes.data.processing.fast_pixels import PixelTable, probe
+from mimo_pipes.data.processing.media import open_image
+from mimo_pipes.data.processing.processor import load_processor
+from mimo_pipes.data.sources.saved_folder import open_dataset
+
+
+@pytest.fixture(scope="module")
+def family():
+    return load_processor(default_processor_path(), 2048).family
+
+
+def processors_own(family, images: list) -> tuple[np.ndarray, np.ndarray]:
+    feats = family.image_processor(images=images, return_tensors="np")
+    return np.asarray(feats["pixel_values"]), np.asarray(feats["image_grid_thw"])
+
+
+def assert_same(family, images: list) -> None:
+    pixels, grid = family.pixel_table.pixels(images)
+    expected_pixels, expected_grid = processors_own(family, images)
+    assert pixels.dtype == expected_pixels.dtype == np.float32
+    assert pixels.shape == expected_pixels.shape and np.array_equal(grid, expected_grid)
+    assert np.array_equal(pixels, expected_pixels)  # bit for bit: every value the processor's own
+
+
+def test_the_embedded_processor_takes_the_table(family):
+    assert isinstance(family.pixel_table, PixelTable)
+
+
+def test_embedded_samples_get_the_processors_pixels(family):
+    processor = load_processor(default_processor_path(), 2048)
+    dataset = open_dataset(default_dataset_path())
+    checked = 0
+    for index in range(40):
+        images = [open_image(item, processor.image_folder, index, f"image {k}") for k, item in enumerate(row_images(dataset[index]))]
+        if images:
+            assert_same(family, images)
+            checked += 1
+    assert checked >= 20
+
+
+@settings(max_examples=25, deadline=None)
+@given(sizes=st.lists(st.tuples(st.integers(1, 400), st.integers(1, 400)), min_size=1, max_size=3), seed=st.integers(0, 2**16))
+def test_any_rgb_images_get_the_processors_pixels(family, sizes, seed):
+    rng = np.random.default_rng(seed)
+    images = [Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8), "RGB") for height, width in sizes]
+    try:
+        processors_own(family, images)
+    except ValueError as refused:  # an aspect ratio past the processor's limit: refused the same way
+        with pytest.raises(ValueError, match=str(refused)):
+            family.pixel_table.pixels(images)
+        return
+    assert_same(family, images)
+
+
+@pytest.mark.parametrize("mode", ["L", "RGBA", "P", "I;16", "CMYK", "RGB with a transparent colour"])
+def test_other_modes_take_the_processors_own_path(family, mode):
+    rgb = Image.fromarray(np.random.default_rng(1).integers(0, 256, (60, 90, 3), dtype=np.uint8), "RGB")
+    if mode == "I;16":
+        image = Image.fromarray(np.full((60, 90), 40000, dtype=np.uint16))
+    elif mode.startswith("RGB with"):
+        image = rgb.copy()
+        image.info["transparency"] = tuple(int(v) for v in np.asarray(rgb)[0, 0])  # composited onto white by the processor
+    else:
+        image = rgb.convert(mode)
+    assert not family.pixel_table.handles([rgb, image])
+    fields, _ = family.images([rgb, image], sample=7)
+    expected_pixels, expected_grid = processors_own(family, [rgb, image])
+    assert np.array_equal(fields["pixel_values"], expected_pixels) and np.array_equal(fields["image_grid_thw"], expected_grid)
+
+
+def test_a_processor_that_lays_patches_out_otherwise_keeps_its_own_path(family):
+    processor = load_processor(default_processor_path(), 2048).family.image_processor
+    own = processor.patchify
+
+    def reversed_rows(image, **kwargs):
+        patches, grid_h, grid_w = own(image, **kwargs)
+        return patches[::-1], grid_h, grid_w
+
+    processor.patchify = reversed_rows
+    assert probe(processor) is None
+
+
+def test_a_processor_that_normalizes_otherwise_keeps_its_own_path(family):
+    processor = load_processor(default_processor_path(), 2048).family.image_processor
+    processor.image_std = [s * 2 for s in processor.image_std]
+    table = probe(processor)
+    assert table is not None  # its own normalize, with its own settings: still the table's values
+    image = Image.fromarray(np.random.default_rng(2).integers(0, 256, (80, 120, 3), dtype=np.uint8), "RGB")
+    pixels, _ = table.pixels([image])
+    assert np.array_equal(pixels, processor(images=[image], return_tensors="np")["pixel_values"])
+    assert not np.array_equal(pixels, family.pixel_table.pixels([image])[0])
