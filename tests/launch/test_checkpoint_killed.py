@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from dist_pool import shared_pool
 from job_runs import read_dumps, run_in_pool
-from test_signals import FLAGS, LONG, alive, children, start
+from test_signals import FLAGS, LONG, RANKS, alive, children, start
 
 from mimo_pipes.checkpoint import acquire_save_lock, open_generation
 
@@ -28,7 +28,7 @@ def kill_during_the_save(process, state: Path, dumps: Path, victim: str) -> None
     """Once every rank consumed past the saved state, SIGTERM the launcher (the ranks save at their next
     boundary) and kill ``victim`` (``launcher`` or ``rank``) the moment the new generation's folder shows."""
     before, deadline = generations(state), time.monotonic() + 240
-    while not all(len(p.read_text().splitlines()) > 2 for p in dumps.glob("rank*.jsonl")) or len(list(dumps.glob("rank*.jsonl"))) < 4:
+    while not all(len(p.read_text().splitlines()) > 2 for p in dumps.glob("rank*.jsonl")) or len(list(dumps.glob("rank*.jsonl"))) < RANKS:
         assert process.poll() is None, process.communicate()
         assert time.monotonic() < deadline
         time.sleep(0.05)

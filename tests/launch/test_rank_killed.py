@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_signals import FLAGS, alive, children, start
+from test_signals import FLAGS, RANKS, alive, children, start
 
 pytestmark = pytest.mark.launch
 
@@ -46,7 +46,7 @@ def test_a_rank_killed_outright_is_named_by_every_survivor_in_one_line(tmp_path,
     process = start([*FLAGS, "--steps", "100000"], dumps, torchrun=torchrun)
     try:
         deadline = time.monotonic() + 240
-        while not (len(list(dumps.glob("rank*.jsonl"))) == 4 and all(p.stat().st_size for p in dumps.glob("rank*.jsonl"))):
+        while not (len(list(dumps.glob("rank*.jsonl"))) == RANKS and all(p.stat().st_size for p in dumps.glob("rank*.jsonl"))):
             assert process.poll() is None, process.communicate()
             assert time.monotonic() < deadline, "no micro-batch within 240 s"
             time.sleep(0.1)
@@ -63,7 +63,7 @@ def test_a_rank_killed_outright_is_named_by_every_survivor_in_one_line(tmp_path,
     lines = stderr.strip().splitlines()
     ours = [line for line in lines if re.match(r"mimo-pipes run: rank \d+: ", line)]
     said = {int(re.match(r"mimo-pipes run: rank (\d+): ", line).group(1)) for line in ours}
-    assert len(ours) == 3 and said == {0, 1, 2, 3} - {victim}, stderr  # one line per survivor
+    assert len(ours) == RANKS - 1 and said == set(range(RANKS)) - {victim}, stderr  # one line per survivor
     named = f"; rank {victim} died (its process ended without a word: killed or crashed)"
     assert all(line.endswith(named) for line in ours), ours
     assert all(re.search(r": stopped by SIGTERM;|\((connection|timed out|broken pipe)", line) for line in ours), ours

@@ -22,7 +22,11 @@ from job_runs import read_dumps, run_in_pool
 
 pytestmark = pytest.mark.launch
 
-FLAGS = ["--micro-batch-size", "4", "--embedded-samples", "48", "--seed", "4", "--quiet", "--scalable-dp",
+# Three ranks (language dp 2 fed by images dp 1): unequal DP sizes, and a rank fewer to start per launch than the
+# default layout (each rank's start imports torch and the processor's stack, most of what a launch costs here).
+RANKS = 3
+FLAGS = ["--component", "language=dp=2,rank_offset=0", "--component", "images=dp=1,rank_offset=2",
+         "--micro-batch-size", "4", "--embedded-samples", "48", "--seed", "4", "--quiet", "--scalable-dp",
          "--intra-microbatch-reorder", "--reorder-window-size", "2"]
 LONG = ["--steps", "400"]  # far more than is read before the signal
 STOP_WITHIN_S = 5.0
@@ -57,12 +61,12 @@ def alive(pids: set[int]) -> set[int]:
 
 def start(argv: list[str], dumps: Path, torchrun: bool = False) -> subprocess.Popen:
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "-m"] if torchrun else [sys.executable, "-m"]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(RANKS), "-m"] if torchrun else [sys.executable, "-m"]
     return subprocess.Popen([*launcher, "mimo_pipes.cli.main", "run", *argv, "--dump-assignments", str(dumps)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
-def signal_after_first_microbatches(process: subprocess.Popen, dumps: Path, signum: int, ranks: int = 4) -> tuple[float, set[int]]:
+def signal_after_first_microbatches(process: subprocess.Popen, dumps: Path, signum: int, ranks: int = RANKS) -> tuple[float, set[int]]:
     """Wait until every rank consumed a micro-batch, then send ``signum``; (seconds to exit, processes it had)."""
     deadline = time.monotonic() + 240
     while not (len(list(dumps.glob("rank*.jsonl"))) == ranks and all(p.stat().st_size for p in dumps.glob("rank*.jsonl"))):
@@ -83,7 +87,7 @@ def test_sigint_stops_every_rank_quickly_and_leaves_nothing(tmp_path):
     stdout, stderr = process.communicate()
     assert process.returncode == 130, stderr
     assert seconds < STOP_WITHIN_S, seconds
-    assert len(family) >= 4 and not alive(family)  # the ranks (and their workers) are gone
+    assert len(family) >= RANKS and not alive(family)  # the ranks (and their workers) are gone
     assert stderr.strip().splitlines()[-1] == "mimo-pipes run: stopped by SIGINT", stderr
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
 
@@ -104,7 +108,7 @@ def test_sigterm_saves_a_complete_state_and_the_resume_is_exact(tmp_path, torchr
     seconds, family = signal_after_first_microbatches(process, dumps, signal.SIGTERM)
     stdout, stderr = process.communicate()
     assert seconds < STOP_WITHIN_S, seconds
-    assert len(family) >= 4 and not alive(family)
+    assert len(family) >= RANKS and not alive(family)
     assert "Traceback" not in stderr or torchrun, stderr  # torchrun's agent prints its own report
     saved = {len(lines) for lines in (p.read_text().splitlines() for p in dumps.glob("rank*.jsonl"))}
     assert len(saved) == 1, saved  # every rank stopped at the same boundary
