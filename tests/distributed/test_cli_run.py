@@ -129,15 +129,18 @@ def test_summary_says_when_the_data_ended_before_steps(gloo_pool):
 
 
 @pytest.mark.launch
-def test_runs_under_torchrun_with_the_same_stream(uninterrupted, tmp_path):
-    _, full = uninterrupted
-    dumps = tmp_path / "dumps"
+def test_runs_under_torchrun_with_the_same_stream(tmp_path):
+    """Three ranks of unequal DP sizes (one fewer to start than the default layout) under torchrun: the stream
+    the pool's ranks consume for the same flags."""
+    three = ["--component", "language=dp=2,rank_offset=0", "--component", "images=dp=1,rank_offset=2"]
+    expected, dumps = tmp_path / "expected", tmp_path / "dumps"
+    in_pool(shared_pool(), *three, *SMALL, *REORDER, "--dump-assignments", str(expected))
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-         "-m", "mimo_pipes.cli.main", "run", *SMALL, *REORDER, "--dump-assignments", str(dumps)],
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
+         "-m", "mimo_pipes.cli.main", "run", *three, *SMALL, *REORDER, "--dump-assignments", str(dumps)],
         capture_output=True, text=True, timeout=300, env=env,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "language dp=2 + images dp=2" in result.stdout
-    assert read_dumps(dumps) == full
+    assert "language dp=2 + images dp=1" in result.stdout
+    assert read_dumps(dumps) == read_dumps(expected)
