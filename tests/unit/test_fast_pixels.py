@@ -103,3 +103,12 @@ def test_a_processor_that_normalizes_otherwise_keeps_its_own_path(family):
     pixels, _ = table.pixels([image])
     assert np.array_equal(pixels, processor(images=[image], return_tensors="np")["pixel_values"])
     assert not np.array_equal(pixels, family.pixel_table.pixels([image])[0])
+
+
+def test_the_benchmark_checks_both_paths_alike(capsys):
+    import runpy
+    from pathlib import Path
+
+    main = runpy.run_path(str(Path(__file__).resolve().parents[2] / "benchmarks" / "pixel_table.py"))["main"]
+    assert main(["--rows", "8", "--rounds", "1", "--no-docs"]) == 0
+    assert "identical fields: True" in capsys.readouterr().out
