@@ -150,8 +150,8 @@ class ScenarioError(AssertionError):
 
 # Enough ranks for every layout the multi-rank tests use (two modules of up to dp 4 + 2, or tp/pp 2).
 GLOO_WORLD = int(os.environ.get("MIMO_PIPES_TEST_POOL_RANKS", "6"))
-"""Ranks of the shared pool: 6 serve every scenario; the launch tier's jobs need 4 (CI sets this for it, so that
-its pool starts two fewer processes beside the other tier's)."""
+"""Ranks of the shared pool: 6 serve every scenario; the launch tier's jobs need 3 (CI sets this for it, so that
+its pool starts three fewer processes beside the other tier's)."""
 _shared: dict[str, DistPool] = {}
 
 
