@@ -41,9 +41,11 @@ def test_resume_reproduces_the_stream(pool, layout, overlap):
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_resume_with_across_microbatch_windows(pool, layout):
-    points = [0, 5, 8, 21]
-    results = pool.run(resume_points, LAYOUTS[layout], steps=24, points=points, micro_batch_size=8, window_size=4,
-                       across=True, global_batch_size=32, overlap=True, seed=4)
+    # 64 samples: epochs of 8 micro-batches, so step 8 starts both a window and the second epoch. Points: the start,
+    # one into a window, that boundary, two into the first window of the second epoch.
+    points = [0, 5, 8, 10]
+    results = pool.run(resume_points, LAYOUTS[layout], steps=12, points=points, dataset_size=64, micro_batch_size=8,
+                       window_size=4, across=True, global_batch_size=32, overlap=True, seed=4)
     for result in filter(None, results):
         for point in points:
             assert result["points"][point]["full_state"] and result["points"][point]["count_only"], (result, point)
