@@ -2,8 +2,9 @@
 normalize as one lookup table per channel, applied while the 8-bit pixels are laid out as patches.
 
 The processor's PIL path rescales a resized 8-bit image in float64, normalizes it in float32 and lays the
-float32 image out as patches, copying it three or four times; about 0.1 s of CPU for a 1000 x 1000 photo, most
-of a sample's processing. An 8-bit channel has 256 values, so rescale-then-normalize is a table of 256
+float32 image out as patches, copying it three or four times (benchmarks/pixel_table.py: about 10% of a row's
+processing CPU once memory is warm, more where fresh pages are faulted in). An 8-bit channel has 256 values, so
+rescale-then-normalize is a table of 256
 float32 numbers per channel, computed once by the processor's own ``rescale`` and ``normalize``: each output
 value is the one the processor computes, bit for bit, and the patches are laid out from bytes.
 
