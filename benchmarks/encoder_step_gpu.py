@@ -108,6 +108,7 @@ def _loader_rank(rank: int, world: int, port: int, dps: list[int], tasks: Any, b
         loader = vlm_sft.pipeline(rows, config, RankLayout(rank, case.dp, case.dp, groups[case.dp]), map_fn=processor,
                                   image_token_id=processor.image_token_id,
                                   pad_values={"input_ids": processor.pad_token_id, "labels": -100})
+        loader.end_at(steps)  # nothing read past the case's last window
         try:
             for step in range(steps):
                 batch = next(loader)

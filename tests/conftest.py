@@ -10,10 +10,15 @@ the ``launch`` mark themselves.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
 import pytest
+
+# Collecting imports torch, transformers and every test module: some 400,000 long-lived objects that each full pass
+# of the garbage collector would scan again. Paused until collection ends, then they are frozen out of its scans.
+gc.disable()
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # Helpers and the modules of every tier import each other by name (a scenario's function is found by module).
@@ -39,6 +44,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             # Launches that also run jobs in the pool share one worker under `-n 2 --dist loadgroup`, so only one
             # pool of GLOO_WORLD ranks is started for the launch tier (each start imports torch in every rank).
             item.add_marker(pytest.mark.xdist_group("gloo-pool"))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    gc.freeze()
+    gc.enable()
 
 
 def _uses_the_pool(item: pytest.Item) -> bool:

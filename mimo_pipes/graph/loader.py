@@ -16,18 +16,22 @@ same run continues the same global stream.
 The loader alone takes where a run starts: the consumed micro-batches (``consumed_microbatches``, the one
 name, in code and in the saved state; a state saved under the older key ``num_yielded`` loads as well). It
 derives the :class:`~mimo_pipes.checkpoint.resume.ResumePoint` and tells every node before every reset
-(``GraphNode.start_at``); no node takes or derives it otherwise.
+(``GraphNode.start_at``); no node takes or derives it otherwise. It alone also takes where a run ends, when the
+consumer knows (``end_microbatches``, :meth:`GraphLoader.end_at`): the point then tells the reader to stop at the
+end of the window holding the run's last micro-batch, so a short run reads, processes, plans and exchanges no
+window it will not consume (the threads that read ahead would otherwise fill up to three more).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
 from torchdata.nodes import BaseNode, Loader
 
-from mimo_pipes.checkpoint.resume import ResumePoint, resume_point
+from mimo_pipes.checkpoint.resume import ResumePoint, end_step, resume_point
 from mimo_pipes.checkpoint.validity import (
     ON_ANOTHER_LAYOUT,
     VALID_FOR_KEY,
@@ -56,6 +60,8 @@ class GraphLoader(Loader[dict]):
 
     ``consumed_microbatches``: where a fresh start begins (micro-batches consumed before this graph was built),
     and, as a property, the micro-batches handed out since the start of training (continues across restores).
+    ``end_microbatches`` (or :meth:`end_at`): the consumed micro-batches at which the run stops; reading ends with
+    the window that holds the last of them (the stream ends there; None, the default: it goes on).
     ``load_state_dict`` also takes a state saved by a rank of another layout of the same run (other DP sizes,
     canonical grid, TP, PP): when everything that shapes the global stream is unchanged, the graph starts at
     the saved consumed micro-batches instead of restoring node by node (see :meth:`load_state_dict`)."""
@@ -64,9 +70,11 @@ class GraphLoader(Loader[dict]):
     CONSUMED_KEY = "consumed_microbatches"
     OLDER_CONSUMED_KEY = "num_yielded"  # what states saved before the one name held it under; still loaded
 
-    def __init__(self, root: BaseNode[dict], consumed_microbatches: int = 0) -> None:
+    def __init__(self, root: BaseNode[dict], consumed_microbatches: int = 0, end_microbatches: int | None = None) -> None:
         super().__init__(root, restart_on_stop_iteration=False)
         consumed_microbatches = as_count(consumed_microbatches, "consumed_microbatches")
+        self._end: int | None = None
+        self.end_at(end_microbatches)
         self._window_size = window_size(graph_nodes(root))
         # Where a fresh start begins (and a new pass after the stream ended), with each node's state saved under
         # another layout there (a start on another layout); else the last loaded (or closed-at) state.
@@ -76,6 +84,13 @@ class GraphLoader(Loader[dict]):
         self._started = False
         self._ended = False
         self._consumed = self._fresh_start.consumed_microbatches
+
+    def end_at(self, end_microbatches: int | None) -> None:
+        """The run stops once ``end_microbatches`` micro-batches are consumed (counted from the start of training,
+        as ``consumed_microbatches``): from the next start on (``iter``, or ``next`` after a loaded state), the reader
+        ends with the window holding the last of them. None: no end. Call it before iterating; a started loader
+        keeps the end it started with until it starts again."""
+        self._end = None if end_microbatches is None else as_count(end_microbatches, "end_microbatches")
 
     def _point(self, consumed_microbatches: int, composition: list[list[int]] | None = None) -> ResumePoint:
         """Where the graph starts after ``consumed_microbatches``: its reader at the first step of the window
@@ -103,6 +118,7 @@ class GraphLoader(Loader[dict]):
             point, saved = self._fresh_start, self._fresh_states
         else:  # restored inside a window whose samples moved: its micro-batches are kept
             point, saved = self._point(consumed_in(state), saved_composition(self.root, state[self.ROOT_KEY])), {}
+        point = dataclasses.replace(point, end_step=end_step(self._end, self._window_size, point.first_step))
         for node in graph_nodes(self.root):
             if isinstance(node, GraphNode):
                 node.start_at(point, copy.deepcopy(saved.get(id(node))))

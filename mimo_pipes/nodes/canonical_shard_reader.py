@@ -27,8 +27,9 @@ class CanonicalShardReader(GraphNode[Sample]):
     ``single`` reads the dataset once in order; ``cyclic`` reshuffles each epoch from the seed and never
     ends (which rows: :func:`~mimo_pipes.parallel.sharding.global_microbatch_indices`). Each sample gets its
     dataset index, global step and canonical slot. It starts at the first step the loader tells it
-    (:meth:`start_at`); the state is two counters (the next step and the next of its positions in it), so
-    resuming from a consumed micro-batch count is the same as restoring it.
+    (:meth:`start_at`) and ends before the step it says reading ends at, if any. The state is two counters (the
+    next step and the next of its positions in it), so resuming from a consumed micro-batch count is the same as
+    restoring it.
     It is valid for one dataset (length and fingerprint: ``dataset_fingerprint`` if given, else
     :func:`~mimo_pipes.checkpoint.validity.source_fingerprint` of the rows it reads first), B, DP layout, seed and
     dataloader type.
@@ -59,6 +60,7 @@ class CanonicalShardReader(GraphNode[Sample]):
         self.seed = seed
         self.cyclic = dataloader_type == "cyclic"
         self.first_step = 0  # where a fresh start reads from: the loader says (start_at)
+        self.end_step: int | None = None  # where reading ends (None: at the data's end, or never): the loader says
         self.positions = owned_positions(dp_rank, dp_size, micro_batch_size)
         self.samples_per_slot = micro_batch_size // grid_size
         self.per_epoch = microbatches_per_epoch(len(dataset), micro_batch_size)
@@ -99,8 +101,10 @@ class CanonicalShardReader(GraphNode[Sample]):
         return adjusted
 
     def start_at(self, point: ResumePoint, saved_state: Any = None) -> None:
-        """From the next ``reset(None)`` on, read from global micro-batch ``point.first_step``."""
+        """From the next reset on, read from global micro-batch ``point.first_step`` (a fresh start) and end
+        before ``point.end_step``."""
         self.first_step = point.first_step
+        self.end_step = point.end_step
 
     def restore(self, initial_state: dict | None) -> None:
         if initial_state is None:
@@ -111,7 +115,7 @@ class CanonicalShardReader(GraphNode[Sample]):
 
     def next(self) -> Sample:
         step = self._next_step
-        if not self.cyclic and step >= self.per_epoch:
+        if (not self.cyclic and step >= self.per_epoch) or (self.end_step is not None and step >= self.end_step):
             raise StopIteration
         position = self.positions.start + self._next_position
         index = int(self._microbatch(step)[position])

@@ -28,6 +28,9 @@ def free_port() -> int:
 
 
 def _worker(rank: int, world_size: int, port: int, connection: Any, backend: str) -> None:
+    import gc
+
+    gc.disable()  # torch's import: its objects are frozen out of the collector's scans below, as a rank's are
     sys.path[:0] = TEST_DIRS
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import datetime
@@ -45,6 +48,8 @@ def _worker(rank: int, world_size: int, port: int, connection: Any, backend: str
         world_size=world_size,
         timeout=datetime.timedelta(seconds=120),
     )
+    gc.freeze()
+    gc.enable()
     connection.send(("ready", rank))
     while True:
         task = connection.recv()

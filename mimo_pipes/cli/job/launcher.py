@@ -14,6 +14,7 @@ the roll outlives every rank).
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import sys
@@ -43,7 +44,10 @@ def say(message: str, *, bar: bool = False) -> None:
     of its own: on a terminal the bar's line is cleared first (the bar redraws below it), elsewhere (a log
     file, a pipe) the message starts on a new line."""
     start = ("\r\033[K" if sys.stderr.isatty() else "\n") if bar else ""
-    print(f"{start}{message}", file=sys.stderr, flush=True)
+    # One write of the whole line: the ranks of a job share stderr, and print()'s separate write of the newline
+    # let two ranks' lines run together ("...crashed)mimo-pipes run: rank 0: ...").
+    sys.stderr.write(f"{start}{message}\n")
+    sys.stderr.flush()
 
 
 def _bar_shown(options: Any) -> bool:
@@ -67,11 +71,36 @@ def launch(rank_main: RankMain, config: Any, options: Any, world_size: int, comm
         if int(os.environ["WORLD_SIZE"]) != world_size:
             say(f"{command}: error: --component: modules cover {world_size} ranks but torchrun started {os.environ['WORLD_SIZE']}")
             return EXIT_CONFIG
+        pause_rank_start()  # this process is the rank's own: torchrun started it
         status = rank_entry(rank_main, int(os.environ["RANK"]), world_size, None, config, options, command)
         if before_exit is not None:
             before_exit()
         exit_now(status)
     return _spawn(rank_main, config, options, world_size, command)
+
+
+_start_paused = False  # this process is a rank's own, its garbage collector paused since the rank started
+
+
+def pause_rank_start() -> None:
+    """A rank's own process starts: no cyclic garbage collection until :func:`rank_started`. Its start imports
+    torch, transformers and datasets and builds the graph, some 400,000 long-lived objects that every full pass
+    of the collector would scan again (about a fifth of a rank's start; see
+    :func:`~mimo_pipes.observe.third_party.paused_gc`)."""
+    global _start_paused
+    gc.disable()
+    _start_paused = True
+
+
+def rank_started() -> None:
+    """The rank's graph is built (called by the rank's body): what the rank's start imported and built lives
+    as long as its process, so it is frozen out of the collector's scans, and collection resumes. Nothing in a
+    process whose start was not paused (a rank's body run in a caller's process keeps its collector as it is)."""
+    global _start_paused
+    if _start_paused:
+        _start_paused = False
+        gc.freeze()
+        gc.enable()
 
 
 def rank_entry(rank_main: RankMain, rank: int, world_size: int, port: int | None, config: Any, options: Any, command: str) -> int:
@@ -135,12 +164,19 @@ def _die_with_parent() -> None:
         pass
 
 
-def _spawned(rank_main: RankMain, rank: int, world_size: int, port: int, config: Any, options: Any, command: str, reports: Any) -> None:
+def _spawned(arguments: bytes, reports: Any) -> None:
+    """A spawned rank. Its arguments (``rank_main``, rank, world size, port, config, options, command) come
+    pickled: unpickling them imports the rank's modules (torch and the rest), done once the rank's start has
+    paused the garbage collector (:func:`pause_rank_start`)."""
+    import pickle
+
     global _reports
     # Its own process group: a Ctrl-C at the terminal reaches the launcher alone, which passes it on once.
     os.setpgid(0, 0)
     _die_with_parent()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    pause_rank_start()
+    rank_main, rank, world_size, port, config, options, command = pickle.loads(arguments)
     _reports = reports
     status = rank_entry(rank_main, rank, world_size, port, config, options, command)
     reports.close()
@@ -238,6 +274,7 @@ def _stop_resource_tracker(timeout_s: float = 5.0) -> None:
 
 def _spawn(rank_main: RankMain, config: Any, options: Any, world_size: int, command: str) -> int:
     import multiprocessing
+    import pickle
 
     from mimo_pipes.cli.rank.stop_signal import signal_name
     from mimo_pipes.exchange.roll_store import host_store
@@ -249,7 +286,8 @@ def _spawn(rank_main: RankMain, config: Any, options: Any, world_size: int, comm
     say(f"starting {world_size} ranks")
     pipes = [context.Pipe(duplex=False) for _ in range(world_size)]  # (the launcher's end, the rank's end)
     processes = [
-        context.Process(target=_spawned, args=(rank_main, rank, world_size, port, config, options, command, pipes[rank][1]), name=f"rank{rank}")
+        context.Process(target=_spawned, args=(pickle.dumps((rank_main, rank, world_size, port, config, options, command)), pipes[rank][1]),
+                        name=f"rank{rank}")
         for rank in range(world_size)
     ]
     reports = {pipes[rank][0]: rank for rank in range(world_size)}

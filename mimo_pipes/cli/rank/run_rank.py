@@ -12,7 +12,7 @@ from typing import Any
 
 from mimo_pipes.checkpoint import read_rank_state
 from mimo_pipes.cli.job.headline import headline
-from mimo_pipes.cli.job.launcher import report_phase
+from mimo_pipes.cli.job.launcher import rank_started, report_phase
 from mimo_pipes.cli.job.options import JobOptions
 from mimo_pipes.cli.job.recipe import load_recipe
 from mimo_pipes.cli.job.resume_checks import resume_settings
@@ -105,6 +105,8 @@ def _run_and_report(setup: RankSetup, config: PipelineConfig, options: JobOption
     check_same_consumed(start, setup.control)  # every module restored the same micro-batch
     packer = next((node for node in graph_nodes(loader.root) if isinstance(node, SequencePacker)), None)
     stop = options.stop_after if options.stop_after is not None else options.steps
+    loader.end_at(stop)  # nothing past the last window this run consumes is read, processed or exchanged
+    rank_started()
     metrics_log = attach_metrics(loader, position, options, periodic=rank == 0)
     moved = watch_moves(loader)
     dump = AssignmentDump(options, rank)

@@ -9,6 +9,7 @@ from typing import Any
 
 from mimo_pipes.checkpoint import encode_model_state, model_file, read_trainer_state
 from mimo_pipes.cli.job.headline import headline
+from mimo_pipes.cli.job.launcher import rank_started
 from mimo_pipes.cli.job.options import TrainOptions
 from mimo_pipes.cli.job.recipe import load_recipe
 from mimo_pipes.cli.job.resume_checks import resume_settings
@@ -68,9 +69,13 @@ def _train(setup: RankSetup, config: PipelineConfig, options: TrainOptions, tall
     if options.resume:
         trainer.load_state_dict(read_trainer_state(options.resume, rank, setup.topology))  # on another layout: its module's
     check_same_consumed(trainer.loader.consumed_microbatches, setup.control)  # every module restored the same micro-batch
+    rank_started()
     per_iteration = config.microbatches_per_global_batch
     start = trainer.iteration
     stop = (options.stop_after if options.stop_after is not None else options.steps) // per_iteration
+    # A trainer consumes what it trains on and no more (its loader's count is what a save records), so the graph
+    # reads nothing past the last window of the last iteration.
+    trainer.loader.end_at(stop * per_iteration)
     metrics_log = attach_metrics(trainer.loader, setup.position, options, periodic=rank == 0)  # --tensorboard, --log-interval as for run
     moved = watch_moves(trainer.loader)
     dump = AssignmentDump(options, rank)

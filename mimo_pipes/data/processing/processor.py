@@ -34,7 +34,7 @@ from mimo_pipes.data.processing.families import family_for
 from mimo_pipes.data.processing.media import open_image, open_video
 from mimo_pipes.data.processing.truncation import FIRST_PROMPT, FIRST_REPLY, LATER, fit_to_length
 from mimo_pipes.errors import ConfigError, SampleError
-from mimo_pipes.observe.third_party import quiet_transformers
+from mimo_pipes.observe.third_party import paused_gc, quiet_transformers
 from mimo_pipes.observe.warning_tally import WarningKind, warn
 from mimo_pipes.samples.sample import SAMPLE_ID
 
@@ -66,6 +66,11 @@ def load_processor(path: str | Path, seq_length: int, image_folder: str | None =
 
     The folder is read as its parts (``AutoTokenizer``, ``AutoImageProcessor`` with the PIL backend, the
     chat template and ``processor_config.json``), so neither torchvision nor a video backend is needed."""
+    with paused_gc():  # transformers' modules load here (see paused_gc)
+        return _load_processor(path, seq_length, image_folder)
+
+
+def _load_processor(path: str | Path, seq_length: int, image_folder: str | None) -> SampleProcessor:
     from transformers import AutoImageProcessor, AutoTokenizer
 
     if isinstance(seq_length, bool) or not isinstance(seq_length, (int, np.integer)) or seq_length < 1:
