@@ -15,8 +15,11 @@ quiet "$py" -m pip install -q --upgrade pip
 mkdir "$work/src"
 git -C "$root" ls-files -z --cached --others --exclude-standard | (cd "$root" && xargs -0 tar -cf - --ignore-failed-read 2>/dev/null) | tar -xf - -C "$work/src"
 quiet "$py" -m pip wheel -q --no-deps -w "$work/dist" "$work/src"
-quiet "$py" -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
-quiet "$py" -m pip install -q "$work"/dist/mimo_pipes-*.whl
+# As in scripts/setup.sh: modules compiled as they are first imported where Python may write them.
+compile=()
+if [ -z "${PYTHONDONTWRITEBYTECODE:-}" ]; then compile=(--no-compile); fi
+quiet "$py" -m pip install -q ${compile[@]+"${compile[@]}"} "${TORCH_SPEC:-torch==2.13.0}"
+quiet "$py" -m pip install -q ${compile[@]+"${compile[@]}"} "$work"/dist/mimo_pipes-*.whl
 cd "$work"
 "$py" - <<'PY'
 import importlib, pkgutil, sys

@@ -51,13 +51,16 @@ def elastic_resume(save_layout, resume_layouts, *, steps: int, points: list[int]
     resume, on each of ``resume_layouts``, from each saved point. ``two_level``: ``--reorder-two-level``
     (encoder replicas by encoder cost, then their language slots by real tokens)."""
 
-    def new_loader(components, layout):
+    def new_loader(components, layout, end: int | None = steps):
+        """A graph that ends with the window holding micro-batch ``steps`` (``end`` None: one that reads on)."""
         config = make_config(components, micro_batch_size=micro_batch_size, window_size=window, across=across, overlap=overlap,
                              global_batch_size=micro_batch_size * window, seed=seed, reorder_language_cost_weight=1.0 if two_level else 0.0)
         config.reorder.reorder_two_level = two_level
         dataset = SyntheticProcessedDataset(DATASET_SIZE, seed=seed)
         skip = SkipBadRows(FailOn(bad_rows), dataset, micro_batch_size=micro_batch_size, seed=seed, dataloader_type="cyclic")
-        return pipeline(dataset, config, layout, map_fn=skip, image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES)
+        loader = pipeline(dataset, config, layout, map_fn=skip, image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES)
+        loader.end_at(end)
+        return loader
 
     joined = join_layout(save_layout)
     uninterrupted, saved = [], {}
@@ -69,7 +72,7 @@ def elastic_resume(save_layout, resume_layouts, *, steps: int, points: list[int]
         reference.close()
         first = position.dp_rank == position.tp_rank == position.pp_rank == 0
         for point in points:
-            loader = new_loader(save_layout, layout)
+            loader = new_loader(save_layout, layout, end=None)  # reads ahead freely: windows in flight at the save
             _records(loader, point, position)
             time.sleep(settle_s)  # windows in flight on the prefetch thread when the state is taken
             state = json.loads(json.dumps(loader.state_dict()))

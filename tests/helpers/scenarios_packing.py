@@ -51,6 +51,7 @@ def run_packed_graph(components, *, steps, pad_multiple=1, dataset_size=4096, **
     dataset = SyntheticProcessedDataset(dataset_size, seed=config.seed)
     position = groups.position
     loader = pipeline(dataset, config, layout, map_fn=None, image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES)
+    loader.end_at(steps)
     records, metrics = [], []
     try:
         for batch in loader:

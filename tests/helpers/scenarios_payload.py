@@ -41,6 +41,7 @@ def payload_streams(components, *, steps: int, window: int, stop_at: int, micro_
     for payload in ("rows", "samples"):
         config = config_for(components, payload, window=window, micro_batch_size=micro_batch_size)
         loader = vlm_sft.build(config, layout)
+        loader.end_at(steps)
         moved = MovedPerWindow()
         loader.exchange_node().add_observer(moved)
         prints, state = [], None
@@ -51,6 +52,7 @@ def payload_streams(components, *, steps: int, window: int, stop_at: int, micro_
         loader.close()
         restored = vlm_sft.build(config, layout)
         restored.load_state_dict(state)
+        restored.end_at(steps)
         resumed = [fingerprint(next(restored)) for _ in range(steps - stop_at)]
         restored.close()
         out[payload] = {"prints": prints, "moved": moved.totals(steps), "resumed": resumed}
@@ -64,6 +66,7 @@ def consume_rows(components, dataset: str, *, steps: int) -> dict | None:
         return None
     position, layout = joined
     loader = vlm_sft.build(config_for(components, "rows", dataset=dataset, dataloader_type="single"), layout)
+    loader.end_at(steps)
     try:
         ids = [next(loader)["sample_ids"] for _ in range(steps)]
     finally:

@@ -46,10 +46,13 @@ def resume_points(components, *, steps, points, dataset_size=160, settle_s=0.3, 
     if restore_overlap is not None:
         restored_config = make_config(components, **{**config_kwargs, "overlap": restore_overlap})
 
-    def new_loader(consumed: int = 0, config=config):
+    def new_loader(consumed: int = 0, config=config, end: int | None = steps):
+        """A graph that ends with the window holding micro-batch ``steps`` (``end`` None: one that reads on)."""
         dataset = SyntheticProcessedDataset(dataset_size, seed=config.seed)
-        return pipeline(dataset, config, layout, map_fn=mark_processed, image_token_id=IMAGE_TOKEN_ID,
-                           pad_values=PAD_VALUES, consumed_microbatches=consumed)
+        loader = pipeline(dataset, config, layout, map_fn=mark_processed, image_token_id=IMAGE_TOKEN_ID,
+                          pad_values=PAD_VALUES, consumed_microbatches=consumed)
+        loader.end_at(end)
+        return loader
 
     def consume(loader, count):
         out = []
@@ -63,7 +66,7 @@ def resume_points(components, *, steps, points, dataset_size=160, settle_s=0.3, 
     reference_loader.close()
     outcome = {"module": position.module.name, "dp_rank": position.dp_rank, "points": {}}
     for point in points:
-        first = new_loader()
+        first = new_loader(end=None)  # reads ahead freely: windows are in flight when its state is taken
         head = consume(first, point) if point else []
         time.sleep(settle_s)  # let the prefetch thread fill up: windows in flight when the state is taken
         state = json.loads(json.dumps(first.state_dict()))
