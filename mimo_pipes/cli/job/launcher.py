@@ -84,8 +84,8 @@ _start_paused = False  # this process is a rank's own, its garbage collector pau
 
 def pause_rank_start() -> None:
     """A rank's own process starts: no cyclic garbage collection until :func:`rank_started`. Its start imports
-    torch, transformers and datasets and builds the graph, some 400,000 long-lived objects that every full pass
-    of the collector would scan again (about a fifth of a rank's start; see
+    torch, transformers and datasets and builds the graph, some 400,000 long-lived objects that every pass of the
+    collector would scan again (0.8 of a rank's 6 CPU-s for the README's job, measured on a 2-core machine; see
     :func:`~mimo_pipes.observe.third_party.paused_gc`)."""
     global _start_paused
     gc.disable()
