@@ -28,9 +28,9 @@ def free_port() -> int:
 
 
 def _worker(rank: int, world_size: int, port: int, connection: Any, backend: str) -> None:
-    import gc
+    from mimo_pipes.cli.job.launcher import pause_rank_start, rank_started
 
-    gc.disable()  # torch's import: its objects are frozen out of the collector's scans below, as a rank's are
+    pause_rank_start()  # torch's import, as a rank's start: frozen out of the collector's scans once the group is up
     sys.path[:0] = TEST_DIRS
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import datetime
@@ -48,8 +48,7 @@ def _worker(rank: int, world_size: int, port: int, connection: Any, backend: str
         world_size=world_size,
         timeout=datetime.timedelta(seconds=120),
     )
-    gc.freeze()
-    gc.enable()
+    rank_started()
     connection.send(("ready", rank))
     while True:
         task = connection.recv()
