@@ -112,15 +112,25 @@ def _loader_rank(rank: int, world: int, port: int, dps: list[int], tasks: Any, b
         try:
             for step in range(steps):
                 batch = next(loader)
-                batches.put((index, step, rank, {
-                    "pixel_values": to_wire(batch["pixel_values"], args["bf16"]),
-                    "image_grid_thw": batch["image_grid_thw"].numpy(),
-                    "sample_ids": list(batch["sample_ids"]),
-                    "image_tokens": list(batch["image_tokens"]),
-                }))
+                batches.put((index, step, rank, _payload(batch, args["bf16"])))
+        except BaseException as error:
+            # The main process waits on this rank's micro-batches: tell it, or it waits out its timeout.
+            batches.put((index, -1, rank, f"loader rank {rank}, case {index}: {type(error).__name__}: {error}"))
+            raise
         finally:
             loader.close()
     dist.destroy_process_group()
+
+
+def _payload(batch: dict, bf16: bool) -> dict:
+    """One rank's micro-batch as plain arrays; a micro-batch of text-only samples has no pixels (None)."""
+    has_pixels = "pixel_values" in batch
+    return {
+        "pixel_values": to_wire(batch["pixel_values"], bf16) if has_pixels else None,
+        "image_grid_thw": batch["image_grid_thw"].numpy() if has_pixels else None,
+        "sample_ids": list(batch["sample_ids"]),
+        "image_tokens": list(batch["image_tokens"]),
+    }
 
 
 class GeneratedRows:
@@ -256,10 +266,13 @@ def run_case(tower: Any, timer: Timer, device: str, case_index: int, case: Case,
         for rank in range(case.dp):
             payload = payloads[rank]
             dtype = next(tower.parameters()).dtype
-            on_device = {
-                "pixel_values": from_wire(payload["pixel_values"], dtype == torch.bfloat16).to(device, dtype=dtype),
-                "image_grid_thw": torch.from_numpy(payload["image_grid_thw"]),
-            }
+            if payload["pixel_values"] is None:  # text-only samples: nothing for the tower (fwd_bwd skips it)
+                on_device = {"pixel_values": torch.zeros(0, 0), "image_grid_thw": torch.zeros(0, 3, dtype=torch.int64)}
+            else:
+                on_device = {
+                    "pixel_values": from_wire(payload["pixel_values"], dtype == torch.bfloat16).to(device, dtype=dtype),
+                    "image_grid_thw": torch.from_numpy(payload["image_grid_thw"]),
+                }
             begun = timer.start()
             fwd_bwd(tower, on_device, device)
             times.append(timer.stop(begun))
@@ -292,6 +305,8 @@ def _collect(case_index: int, step: int, dp: int, pending: dict, batches: Any) -
     """This step's micro-batch of every rank; items of later steps wait in ``pending``."""
     while sum(1 for r in range(dp) if (case_index, step, r) in pending) < dp:
         index, got_step, rank, payload = batches.get(timeout=600)
+        if got_step < 0:
+            raise RuntimeError(payload)
         pending[(index, got_step, rank)] = payload
     return {r: pending.pop((case_index, step, r)) for r in range(dp)}
 
