@@ -12,7 +12,7 @@ from PIL import Image
 from mimo_pipes.data.embedded.builtin_dataset import default_dataset_path
 from mimo_pipes.data.embedded.builtin_processor import default_processor_path
 from mimo_pipes.data.processing.conversation import row_images
-from mimo_pipes.data.processing.fast_pixels import PixelTable, probe
+from mimo_pipes.data.processing.fast_pixels import PixelTable, preprocess_options, probe
 from mimo_pipes.data.processing.media import open_image
 from mimo_pipes.data.processing.processor import load_processor
 from mimo_pipes.data.sources.saved_folder import open_dataset
@@ -38,6 +38,30 @@ def assert_same(family, images: list) -> None:
 
 def test_the_embedded_processor_takes_the_table(family):
     assert isinstance(family.pixel_table, PixelTable)
+
+
+class _Before518:
+    """The embedded image processor as transformers 5.17 has it: no ``_merge_and_standardize_kwargs``."""
+
+    def __init__(self, image_processor) -> None:
+        self._wrapped = image_processor
+
+    def __call__(self, *args, **kwargs):
+        return self._wrapped(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        if name == "_merge_and_standardize_kwargs":
+            raise AttributeError(name)
+        return getattr(self._wrapped, name)
+
+
+def test_the_options_read_without_the_newer_helper_are_the_same(family):
+    """transformers before 5.18 fills in and standardizes the options inside ``preprocess``; the table reads them
+    from the same two pieces there, and gets what the newer helper gives (and a table that passes the probe)."""
+    newer, older = preprocess_options(family.image_processor), preprocess_options(_Before518(family.image_processor))
+    assert older == newer and older["size"].shortest_edge > 0
+    table = probe(_Before518(family.image_processor))
+    assert isinstance(table, PixelTable) and np.array_equal(table.table, family.pixel_table.table)
 
 
 def test_embedded_samples_get_the_processors_pixels(family):

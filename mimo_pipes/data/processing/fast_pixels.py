@@ -32,7 +32,7 @@ class PixelTable:
 
     def __init__(self, image_processor: Any) -> None:
         self.image_processor = image_processor
-        options = image_processor._merge_and_standardize_kwargs()
+        options = preprocess_options(image_processor)
         self.size = options["size"]
         self.resample = options["resample"]
         self.do_resize = bool(options["do_resize"])
@@ -87,6 +87,16 @@ class PixelTable:
         frames = out.reshape(grid_h // merge, grid_w // merge, merge, merge, CHANNELS, self.temporal_patch_size, patch, patch)
         for frame in range(self.temporal_patch_size):
             frames[:, :, :, :, :, frame] = blocks
+
+
+def preprocess_options(image_processor: Any) -> dict:
+    """The options the processor's ``preprocess`` runs with when given none: its own settings, standardized
+    (``size`` as a ``SizeDict``, ``min_pixels``/``max_pixels`` folded into it). transformers 5.18 and later
+    name this step; 5.17 does it inline in ``preprocess``, from the same two pieces."""
+    if hasattr(image_processor, "_merge_and_standardize_kwargs"):
+        return image_processor._merge_and_standardize_kwargs()
+    names = image_processor._valid_kwargs_names
+    return image_processor._standardize_kwargs(**{name: getattr(image_processor, name, None) for name in names})
 
 
 def probe(image_processor: Any) -> PixelTable | None:
