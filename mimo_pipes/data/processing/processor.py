@@ -65,7 +65,8 @@ def load_processor(path: str | Path, seq_length: int, image_folder: str | None =
     """Load the tokenizer, image processor and chat template saved in ``path`` into a :class:`SampleProcessor`.
 
     The folder is read as its parts (``AutoTokenizer``, ``AutoImageProcessor`` with the PIL backend, the
-    chat template and ``processor_config.json``), so neither torchvision nor a video backend is needed."""
+    chat template and ``processor_config.json``), so neither torchvision nor a video backend is needed (with
+    transformers 5.18 and later: 5.17's ``AutoImageProcessor`` asks for torchvision even for the PIL backend)."""
     with paused_gc():  # transformers' modules load here (see paused_gc)
         return _load_processor(path, seq_length, image_folder)
 
