@@ -90,6 +90,17 @@ def _loader_rank(rank: int, world: int, port: int, dps: list[int], tasks: Any, b
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=3600))
     groups = {dp: dist.new_group(list(range(dp))) for dp in dps}  # collective: every rank, same order
+    try:
+        _serve_cases(rank, groups, tasks, batches, args)
+    except BaseException as error:
+        # The main process waits on this rank's micro-batches: tell it, or it waits out its timeout.
+        batches.put((-1, -1, rank, f"loader rank {rank}: {type(error).__name__}: {error}"))
+        raise
+    dist.destroy_process_group()
+
+
+def _serve_cases(rank: int, groups: dict, tasks: Any, batches: Any, args: dict) -> None:
+    """Build each case's loader (this rank's part of it) and send its micro-batches, until told to stop."""
     from mimo_pipes.data.embedded.builtin_processor import default_processor_path
     from mimo_pipes.data.processing.processor import load_processor
     from mimo_pipes.exchange import RankLayout
@@ -97,29 +108,19 @@ def _loader_rank(rank: int, world: int, port: int, dps: list[int], tasks: Any, b
 
     rows = GeneratedRows(args["embedded_samples"])
     processor = load_processor(default_processor_path(), args["seq_length"])
-    while True:
-        task = tasks.get()
-        if task is None:
-            break
+    while (task := tasks.get()) is not None:
         index, case, steps = task
         if rank >= case.dp:
             continue
-        config = _config(case, args)
-        loader = vlm_sft.pipeline(rows, config, RankLayout(rank, case.dp, case.dp, groups[case.dp]), map_fn=processor,
+        loader = vlm_sft.pipeline(rows, _config(case, args), RankLayout(rank, case.dp, case.dp, groups[case.dp]), map_fn=processor,
                                   image_token_id=processor.image_token_id,
                                   pad_values={"input_ids": processor.pad_token_id, "labels": -100})
-        loader.end_at(steps)  # nothing read past the case's last window
         try:
+            loader.end_at(steps)  # nothing read past the case's last window
             for step in range(steps):
-                batch = next(loader)
-                batches.put((index, step, rank, _payload(batch, args["bf16"])))
-        except BaseException as error:
-            # The main process waits on this rank's micro-batches: tell it, or it waits out its timeout.
-            batches.put((index, -1, rank, f"loader rank {rank}, case {index}: {type(error).__name__}: {error}"))
-            raise
+                batches.put((index, step, rank, _payload(next(loader), args["bf16"])))
         finally:
             loader.close()
-    dist.destroy_process_group()
 
 
 def _payload(batch: dict, bf16: bool) -> dict:

@@ -56,6 +56,6 @@ def test_a_loader_rank_that_fails_is_named_at_once() -> None:
 
     batches: queue.Queue = queue.Queue()
     batches.put((0, 0, 0, {"sample_ids": [1]}))
-    batches.put((0, -1, 1, "loader rank 1, case 0: KeyError: 'pixel_values'"))
-    with pytest.raises(RuntimeError, match="loader rank 1, case 0: KeyError"):
+    batches.put((0, -1, 1, "loader rank 1: KeyError: 'pixel_values'"))
+    with pytest.raises(RuntimeError, match="loader rank 1: KeyError"):
         _benchmark()._collect(0, 0, 2, {}, batches)
