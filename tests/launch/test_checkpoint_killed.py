@@ -42,7 +42,13 @@ def kill_during_the_save(process, state: Path, dumps: Path, victim: str) -> None
     if victim == "launcher":
         process.kill()
     else:
-        os.kill(sorted(ranks)[-1], signal.SIGKILL)
+        # A rank still in the save: one that wrote its part first may have exited already (and been reaped).
+        for pid in sorted(ranks, reverse=True):
+            try:
+                os.kill(pid, signal.SIGKILL)
+                break
+            except ProcessLookupError:
+                continue
     process.wait(timeout=120)
     deadline = time.monotonic() + 30
     while alive(family) and time.monotonic() < deadline:
