@@ -84,9 +84,10 @@ def truncates_video_seconds() -> bool:
     """transformers before 5.18 cut Qwen2.5-VL's seconds per video grid to whole seconds (``int(...)``; a float
     ``tokens_per_second`` then fails in its ``meshgrid``): its positions for fractional seconds are not the model's."""
     import transformers
-    from packaging.version import Version
 
-    return Version(transformers.__version__).release < (5, 18)
+    from mimo_pipes.megatron.forward import release
+
+    return release(transformers.__version__) < (5, 18)
 
 
 @pytest.mark.parametrize("family", ["qwen2-vl", "qwen2.5-vl", "qwen3-vl"])
