@@ -43,6 +43,7 @@ import torch.distributed as dist
 
 from mimo_pipes.config import PipelineConfig
 from mimo_pipes.errors import ConfigError
+from mimo_pipes.graph.loader import GraphLoader
 from mimo_pipes.megatron import MimoBatchSettings, mimo_batch, require_mrope_and_packing, stage_of
 from mimo_pipes.megatron.grids import grid_layout, rank_layout
 from mimo_pipes_recipes import megatron_mimo_train as colocated
@@ -235,11 +236,13 @@ def forward_step(data_iterator: Iterator[dict[str, Any]], model: Any) -> tuple[A
     return output, partial(loss_func, loss_mask)
 
 
-def forward_inputs(loader: Iterator[dict], settings: MimoBatchSettings) -> Iterator[dict[str, Any]]:
-    """Each micro-batch as ``MimoModel.forward``'s keyword arguments for this rank's stage, on its GPU."""
+def forward_inputs(loader: GraphLoader, settings: MimoBatchSettings) -> Iterator[dict[str, Any]]:
+    """Each micro-batch as ``MimoModel.forward``'s keyword arguments for this rank's stage, on its GPU: made on the
+    loader's read-ahead thread (``--prefetch``, the pipeline's read_ahead), only copied to the GPU here."""
     device = colocated.training_device()
-    for batch in loader:
-        yield colocated.to_device(mimo_batch(batch, settings), device)
+    loader.prepare_with(lambda batch: mimo_batch(batch, settings))
+    for kwargs in loader:
+        yield colocated.to_device(kwargs, device)
 
 
 def communicator(model: Any, place: Place) -> tuple[Any, Any]:

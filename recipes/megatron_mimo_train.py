@@ -11,8 +11,9 @@ and every micro-batch reaches ``MimoModel.forward`` through :func:`mimo_pipes.me
 One iteration is one window of ``--microbatches`` micro-batches with gradient accumulation; its loss is
 the sum of the per-token losses over the window divided by the window's loss tokens, so reordering the
 window's samples across its micro-batches leaves it unchanged. Each micro-batch is taken when its
-forward starts, as Megatron's schedule takes it; ``--prefetch N`` (default 2) reads the loader N
-micro-batches ahead on a background thread and runs ``mimo_batch`` there. Per iteration the log records
+forward starts, as Megatron's schedule takes it; ``--prefetch N`` (default 2) is the pipeline's read-ahead
+(``PipelineConfig.read_ahead``): the loader makes N micro-batches ahead on its own thread and runs ``mimo_batch``
+there (``GraphLoader.prepare_with``). Per iteration the log records
 the loss, the time the training thread waited for its next micro-batch, the time :func:`mimo_batch` took,
 and the model's time (the rest of the iteration: to the GPU, forward, backward, optimizer step;
 CUDA-synchronised at its end)::
@@ -63,8 +64,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     data.add_argument("--num-workers", type=int, default=8, help="threads that process the data")
     data.add_argument("--dataset", default=None, help="default: the embedded synthetic VLM data")
     data.add_argument("--embedded-samples", type=int, default=512)
-    data.add_argument("--prefetch", type=int, default=2, help="micro-batches read ahead on a background thread (0: read "
-                      "on the training thread, each when its forward starts)")
+    data.add_argument("--prefetch", type=int, default=2, help="micro-batches the loader reads ahead on its thread (the "
+                      "pipeline's read_ahead; 0: read on the training thread, each when its forward starts)")
     data.add_argument("--reorder", default="off", help="comma-separated runs: off (plain order), on (--scalable-dp --intra-microbatch-reorder "
                       "--reorder-across-microbatches over the window); each run starts from the same weights")
     model = parser.add_argument_group("model")
@@ -112,6 +113,7 @@ def pipeline_config(args: argparse.Namespace, reorder: str) -> PipelineConfig:
         embedded_samples=args.embedded_samples,
         seed=args.seed,
         reorder=balance,
+        read_ahead=args.prefetch,  # the library's read-ahead: no thread of the recipe's own
     )
 
 
@@ -270,72 +272,6 @@ def prepared(batch: dict[str, Any], settings: MimoBatchSettings) -> Prepared:
     return Prepared(batch, kwargs, time.perf_counter() - began)
 
 
-class Prefetcher:
-    """Reads ``loader`` on a background thread up to ``depth`` micro-batches ahead of the trainer, each
-    turned into ``MimoModel.forward``'s keyword arguments there (a DataLoader's workers play this part in
-    Megatron). The loader's ``state_dict()`` then stands ``depth`` micro-batches ahead of the trainer: a
-    trainer that saves it must keep the state that goes with each micro-batch it takes."""
-
-    _END = object()
-
-    def __init__(self, loader: Iterator[dict], settings: MimoBatchSettings, depth: int) -> None:
-        import queue
-        import threading
-
-        self.loader, self.settings = loader, settings
-        self.queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
-        self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="megatron-mimo-prefetch", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            for batch in self.loader:
-                if self.stopping.is_set():
-                    return
-                self.queue.put(prepared(batch, self.settings))
-            self.queue.put(self._END)
-        except BaseException as error:  # noqa: BLE001 - raised on the training thread
-            self.queue.put(error)
-
-    def __iter__(self) -> Prefetcher:
-        return self
-
-    def __next__(self) -> Prepared:
-        item = self.queue.get()
-        if item is self._END:
-            raise StopIteration
-        if isinstance(item, BaseException):
-            raise item
-        return item
-
-    def close(self) -> None:
-        import queue
-
-        self.stopping.set()
-        while self.thread.is_alive():  # unblock a put, then let the thread see the flag
-            try:
-                self.queue.get(timeout=0.1)
-            except queue.Empty:
-                pass
-
-
-class Direct:
-    """The loader read on the training thread, each micro-batch through ``mimo_batch`` there."""
-
-    def __init__(self, loader: Iterator[dict], settings: MimoBatchSettings) -> None:
-        self.loader, self.settings = loader, settings
-
-    def __iter__(self) -> Direct:
-        return self
-
-    def __next__(self) -> Prepared:
-        return prepared(next(self.loader), self.settings)
-
-    def close(self) -> None:
-        pass
-
-
 def to_device(value: Any, device: torch.device) -> Any:
     """Tensors of ``mimo_batch``'s keyword arguments (nested dicts) moved to ``device``; the rest as is."""
     if isinstance(value, torch.Tensor):
@@ -405,18 +341,18 @@ def train_run(args: argparse.Namespace, reorder: str, log: Any = print) -> list[
     log(f"reorder {reorder}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters "
         f"({sum(p.numel() for p in model.module.modality_submodules.parameters()) / 1e6:.1f}M vision)")
     loader = vlm_sft.build(config, RankLayout(dp_rank=0, dp_size=1, grid_size=1))
-    source: Prefetcher | Direct = Prefetcher(loader, settings, args.prefetch) if args.prefetch else Direct(loader, settings)
+    # mimo_batch runs where the micro-batch is made: on the loader's read-ahead thread with --prefetch N > 0.
+    loader.prepare_with(lambda batch: prepared(batch, settings))
     records: list[IterationRecord] = []
     try:
         for iteration in range(1, args.iterations + 1):
-            record, _ = iteration_step(model, optimizer, source, args.microbatches, device, prefetching=bool(args.prefetch))
+            record, _ = iteration_step(model, optimizer, loader, args.microbatches, device, prefetching=bool(args.prefetch))
             record.iteration = iteration
             records.append(record)
             if iteration == 1 or iteration % 10 == 0:
                 log(f"reorder {reorder} iteration {iteration}: loss {record.loss:.4f} model {record.model_ms:.1f} ms "
                     f"wait {record.wait_ms:.1f} ms mimo_batch {record.batch_ms:.1f} ms grad norm {record.grad_norm}")
     finally:
-        source.close()
         loader.close()
     return records
 

@@ -18,6 +18,7 @@ from torchdata.nodes import BaseNode, ParallelMapper
 from mimo_pipes.config import PipelineConfig
 from mimo_pipes.config.counts import as_count
 from mimo_pipes.config.tail_settings import resolve_pipeline_tail
+from mimo_pipes.config.transport import check_read_ahead
 from mimo_pipes.data.bad_rows.skipping import SkipBadRows
 from mimo_pipes.data.from_config import dataset_path, open_processor, processor_path
 from mimo_pipes.data.processing.module_processor import ModuleProcessor
@@ -86,7 +87,9 @@ def pipeline(
         )
     # CostAnnotator -> Windower -> BalanceExchange -> (RowProcessor ->) MicroBatchAssembler (-> SequencePacker).
     tail_node = balanced_tail(node, settings=tail, layout=layout, process_rows=process_rows, stand_in=stand_in)
-    return GraphLoader(tail_node, consumed_microbatches=consumed_microbatches)
+    # Whole micro-batches made ahead of the training thread on the loader's own thread (--read-ahead).
+    read_ahead = check_read_ahead(config.read_ahead, exchange_on_gpu=layout.exchange_device is not None, exchanges=tail.plan.reorder)
+    return GraphLoader(tail_node, consumed_microbatches=consumed_microbatches, read_ahead=read_ahead)
 
 
 def prepare(config: PipelineConfig, log: Callable[[str], None] = print) -> None:

@@ -23,8 +23,9 @@ from torchdata.nodes import BaseNode, IterableWrapper, Stateful
 
 from mimo_pipes.adapters.torchdata_pipeline import layout_tail
 from mimo_pipes.checkpoint.resume import ResumePoint, resume_point
-from mimo_pipes.config import ReorderConfig, flag
+from mimo_pipes.config import DEFAULT_READ_AHEAD, ReorderConfig, flag
 from mimo_pipes.config.counts import as_count
+from mimo_pipes.config.transport import check_read_ahead
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.graph.loader import GraphLoader
@@ -45,19 +46,19 @@ class IteratorLoader(GraphLoader):
     the next micro-batch, as every graph does; a live iterator starts where it stands, its first window short.
     """
 
-    def __init__(self, root, *, consumed_microbatches: int, restorable: bool, window_aligned: bool, mrope_first: bool = False) -> None:
+    def __init__(self, root, *, consumed_microbatches: int, restorable: bool, window_aligned: bool, mrope_first: bool = False,
+                 read_ahead: int = 0) -> None:
         self.window_aligned = window_aligned  # read by _first_point, which the base's __init__ calls
-        super().__init__(root, consumed_microbatches=consumed_microbatches)
+        super().__init__(root, consumed_microbatches=consumed_microbatches, read_ahead=read_ahead)
         self.restorable = restorable
         self._spent = False  # closed over a plain iterator that had been read from
         self.mrope_first = mrope_first
 
-    def __next__(self) -> dict:
-        batch = super().__next__()
-        positions = batch.get(POSITION_IDS)
-        if self.mrope_first and isinstance(positions, torch.Tensor) and positions.dim() == 3:
-            batch[POSITION_IDS] = to_mrope_first(positions)  # back to the [3, rows, L] they came in
-        return batch
+    def _finisher(self) -> Callable[[dict], Any]:
+        then = super()._finisher()
+        if not self.mrope_first:
+            return then
+        return lambda batch: then(_mrope_back(batch))
 
     def _first_point(self, consumed_microbatches: int) -> ResumePoint:
         # A live iterator stands at the next micro-batch: nothing to skip. A restore starts at its window's start.
@@ -90,6 +91,13 @@ class IteratorLoader(GraphLoader):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _mrope_back(batch: dict) -> dict:
+    positions = batch.get(POSITION_IDS)
+    if isinstance(positions, torch.Tensor) and positions.dim() == 3:
+        batch[POSITION_IDS] = to_mrope_first(positions)  # back to the [3, rows, L] they came in
+    return batch
 
 
 class _CountedSource:
@@ -157,6 +165,7 @@ def balance_iterator(
     pack_pad_multiple: int = 1,
     components: Sequence[str] | None = None,
     mrope_first: bool = False,
+    read_ahead: int = DEFAULT_READ_AHEAD,
 ) -> IteratorLoader:
     """Balanced micro-batches from this rank's collated ones, in the same format plus metadata lists.
 
@@ -180,6 +189,9 @@ def balance_iterator(
     Position ids may have three rows (M-RoPE): ``[rows, 3, L]``, or with ``mrope_first`` ``[3, rows, L]``
     (Megatron's layout); each sample keeps its three rows, and they come out in the layout they came in
     (a packed micro-batch's as ``[1, 3, T]``, or ``[3, 1, T]`` with ``mrope_first``).
+
+    ``read_ahead``: micro-batches made ahead of the consumer on the loader's thread (``PipelineConfig.read_ahead``;
+    0: none); the loader's state is the state at the last micro-batch it handed out, whatever it read ahead.
     """
     if (microbatches is None) == (source_factory is None):
         raise TypeError("pass exactly one of microbatches and source_factory")
@@ -189,6 +201,8 @@ def balance_iterator(
     tail = layout_tail(config, layout, micro_batch_size=micro_batch_size, image_token_id=image_token_id,
                        pad_length=seq_length if pad_to_seq_length else None, pad_values=pad_values, components=components,
                        pack_sequences=pack_sequences, pack_pad_multiple=pack_pad_multiple)
+    read_ahead = check_read_ahead(read_ahead, exchange_on_gpu=layout.exchange_device is not None, exchanges=tail.plan.reorder,
+                                  name="read_ahead")
     if source_factory is not None:
         source = IterableWrapper(_CountedSource(source_factory))
         restorable = True
@@ -208,4 +222,4 @@ def balance_iterator(
     )
     root = balanced_tail(node, settings=tail, layout=layout)
     return IteratorLoader(root, consumed_microbatches=consumed_microbatches, restorable=restorable,
-                          window_aligned=source_factory is not None, mrope_first=mrope_first)
+                          window_aligned=source_factory is not None, mrope_first=mrope_first, read_ahead=read_ahead)

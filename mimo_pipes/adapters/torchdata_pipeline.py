@@ -19,9 +19,10 @@ from collections.abc import Mapping, Sequence
 from torchdata.nodes import BaseNode
 
 from mimo_pipes.checkpoint.resume import resume_point
-from mimo_pipes.config import ReorderConfig, reorder_window_size
+from mimo_pipes.config import DEFAULT_READ_AHEAD, ReorderConfig, reorder_window_size
 from mimo_pipes.config.counts import as_count
 from mimo_pipes.config.tail_settings import TailSettings, resolve_tail
+from mimo_pipes.config.transport import check_read_ahead
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.graph.loader import GraphLoader
 from mimo_pipes.graph.tail import balanced_tail
@@ -47,6 +48,7 @@ def balanced_loader(
     pad_to_seq_length: bool = True,
     consumed_microbatches: int = 0,
     components: Sequence[str] | None = None,
+    read_ahead: int = DEFAULT_READ_AHEAD,
 ) -> GraphLoader:
     """This rank's loader of balanced, padded micro-batches over your ``samples`` node.
 
@@ -56,12 +58,17 @@ def balanced_loader(
     that the planner's floor and encoder replicas are the run's. ``layout.module`` decides the fields this
     rank's micro-batches carry and the exchange moves (a language rank: no pixels; see
     mimo_pipes/samples/module_fields.py). Bad settings raise ConfigError naming the flag. The loader's
-    ``state_dict`` holds your nodes' state too, so restoring it restores your reader.
+    ``state_dict`` holds your nodes' state too, so restoring it restores your reader. ``read_ahead``: micro-batches
+    made ahead of the consumer on the loader's thread (``PipelineConfig.read_ahead``; 0: none); the state is the
+    state at the last micro-batch handed out, whatever was read ahead.
     """
     tail = layout_tail(reorder, layout, micro_batch_size=micro_batch_size, image_token_id=image_token_id,
                        pad_length=seq_length if pad_to_seq_length else None, pad_values=pad_values,
                        components=components)
-    return GraphLoader(balanced_tail(samples, settings=tail, layout=layout), consumed_microbatches=consumed_microbatches)
+    read_ahead = check_read_ahead(read_ahead, exchange_on_gpu=layout.exchange_device is not None, exchanges=tail.plan.reorder,
+                                  name="read_ahead")
+    return GraphLoader(balanced_tail(samples, settings=tail, layout=layout), consumed_microbatches=consumed_microbatches,
+                       read_ahead=read_ahead)
 
 
 def layout_tail(

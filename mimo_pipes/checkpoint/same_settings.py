@@ -21,6 +21,7 @@ RESUME_EXEMPT = {
     "exchange_transport": "how the bytes travel, not which",
     "exchange_timeout_s": "how long a rank waits for a silent peer",
     "overlap_intra_microbatch_reorder": "which thread runs the exchange; the state is the same either way",
+    "read_ahead": "how far the loader works ahead; the state is the one at the last micro-batch handed out",
 }
 # Why a setting must match: each shapes the global stream (which samples form every global micro-batch and
 # window) or what the saved state holds; said with the refusal.

@@ -28,6 +28,8 @@ EXCHANGE_PAYLOADS = ("rows", "samples")
 """What the exchange moves: dataset rows (processed after it, on the rank that trains on them) or processed samples."""
 DEFAULT_COMPONENTS = ("language=tp=1,pp=1,dp=2,rank_offset=0", "images=tp=1,dp=2,rank_offset=2")
 LANGUAGE_COSTS = ("tokens", "packed")
+DEFAULT_READ_AHEAD = 2
+"""Micro-batches a pipeline's loader makes ahead of the training thread unless told otherwise (``--read-ahead``)."""
 DEFAULT_ATTENTION_CROSSOVER = 12 * 4096  # causal decoder, hidden size 4096, 4h MLP (see docs/sequence-packing.md)
 
 
@@ -213,8 +215,12 @@ class PipelineConfig:
     # them, or processed samples; rows keep their images' paths only when every rank reads the same files.
     exchange_payload: str = "rows"
     exchange_image_paths: bool = False
+    # Whole micro-batches (collated) the loader makes ahead of the training thread on a thread of its own; 0: none.
+    # Its state is always the state at the last micro-batch handed out (docs/configuration.md).
+    read_ahead: int = DEFAULT_READ_AHEAD
 
-    COUNTS = ("micro_batch_size", "global_batch_size", "seq_length", "seed", "embedded_samples", "num_workers", "pack_pad_multiple")
+    COUNTS = ("micro_batch_size", "global_batch_size", "seq_length", "seed", "embedded_samples", "num_workers", "pack_pad_multiple",
+              "read_ahead")
 
     def __post_init__(self) -> None:
         take_counts(self, self.COUNTS)
@@ -248,6 +254,8 @@ class PipelineConfig:
         self.check_cost_range(topology)
         if self.num_workers < 0:
             raise ConfigError(flag("num_workers"), f"must be >= 0, got {self.num_workers}")
+        if self.read_ahead < 0:
+            raise ConfigError(flag("read_ahead"), f"must be an integer >= 0 (micro-batches made ahead; 0: off), got {self.read_ahead}")
         if self.exchange_transport not in EXCHANGE_TRANSPORTS:
             raise ConfigError(flag("exchange_transport"), f"must be one of {', '.join(EXCHANGE_TRANSPORTS)}")
         check_pack_pad_multiple(self.pack_pad_multiple)

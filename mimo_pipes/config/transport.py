@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 
+from mimo_pipes.config.counts import as_count
 from mimo_pipes.config.flags import flag
 from mimo_pipes.errors import ConfigError
 
@@ -12,6 +14,7 @@ def resolve_exchange_transport(requested: str, world_backend: str, overlap: bool
                                warn: bool = True) -> str:
     """The backend of the exchange group: ``gloo`` (CPU bytes) or ``nccl`` (bytes staged through the GPU).
 
+    ``overlap``: the exchange runs off the training thread (overlapped, or on the loader's read-ahead thread).
     ``auto`` takes NCCL only for an exchange on the training thread of an NCCL run; an overlapped exchange
     goes over Gloo, which cannot contend with the trainer's NCCL kernels (an overlapped NCCL exchange beside
     a trainer's all-reduce hung once on two H200s, before a fix; see docs/benchmarks.md). ``warn`` False:
@@ -28,7 +31,7 @@ def resolve_exchange_transport(requested: str, world_backend: str, overlap: bool
             "nccl with overlap is refused under CUDA_DEVICE_MAX_CONNECTIONS=1: with one hardware queue the "
             "prefetch thread's all_to_all and the trainer's gradient all-reduce run in issue order, which differs "
             "across ranks, and training deadlocks. Use --exchange-transport gloo (overlap kept, CPU bytes) or "
-            "--no-overlap-intra-microbatch-reorder (both collectives on the training thread)",
+            "--no-overlap-intra-microbatch-reorder with --read-ahead 0 (both collectives on the training thread)",
         )
     if requested == "nccl" and overlap and warn:
         logging.getLogger(__name__).warning(
@@ -37,3 +40,21 @@ def resolve_exchange_transport(requested: str, world_backend: str, overlap: bool
             "--exchange-transport gloo keeps the overlap without that risk."
         )
     return requested
+
+
+def check_read_ahead(read_ahead: object, *, exchange_on_gpu: bool, exchanges: bool, name: str = flag("read_ahead"),
+                     device_max_connections: str | None = None) -> int:
+    """``read_ahead`` as a count (ConfigError naming ``name``), refused where its thread would issue NCCL
+    collectives that can deadlock: an exchange over an NCCL group (``exchange_on_gpu``) that ``exchanges`` (reordering
+    over DP > 1) runs on the read-ahead thread, and under ``CUDA_DEVICE_MAX_CONNECTIONS=1`` (one hardware queue) its
+    all_to_all and the trainer's all-reduce run in issue order, which differs across ranks. A Gloo exchange group (the
+    default) is safe beside the trainer's NCCL kernels."""
+    count = as_count(read_ahead, name)
+    if device_max_connections is None:
+        device_max_connections = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")
+    single_queue = device_max_connections is not None and device_max_connections.strip() == "1"
+    if count and exchanges and exchange_on_gpu and single_queue:
+        raise ConfigError(name, f"{count} with an NCCL exchange group is refused under CUDA_DEVICE_MAX_CONNECTIONS=1: the read-ahead "
+                                "thread's all_to_all and the trainer's all-reduce would run in issue order, which differs across "
+                                "ranks; use a Gloo exchange group (--exchange-transport gloo) or read-ahead 0")
+    return count

@@ -20,13 +20,19 @@ derives the :class:`~mimo_pipes.checkpoint.resume.ResumePoint` and tells every n
 consumer knows (``end_microbatches``, :meth:`GraphLoader.end_at`): the point then tells the reader to stop at the
 end of the window holding the run's last micro-batch, so a short run reads, processes, plans and exchanges no
 window it will not consume (the threads that read ahead would otherwise fill up to three more).
+
+With ``read_ahead`` N > 0 the loader makes up to N whole micro-batches (collated, and through the function of
+:meth:`GraphLoader.prepare_with`) ahead of the consumer on a thread of its own
+(:class:`~mimo_pipes.nodes.read_ahead.ReadAhead`), each with the graph's state taken right after it there:
+``state_dict`` is the state at the last micro-batch handed out, whatever was read ahead, so a restored loader
+continues with the next one. An error made there is raised by ``next``, in its turn, with its own message.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from torchdata.nodes import BaseNode, Loader
@@ -53,6 +59,10 @@ from mimo_pipes.graph.traversal import (
 )
 from mimo_pipes.nodes.balance_exchange import BalanceExchange
 from mimo_pipes.nodes.base import GraphNode, Restartable
+from mimo_pipes.nodes.read_ahead import ReadAhead
+
+READ_AHEAD_STOP_S = 60.0
+"""How long ``close`` waits for the read-ahead thread once the graph's nodes were stopped under it."""
 
 
 class GraphLoader(Loader[dict]):
@@ -64,15 +74,22 @@ class GraphLoader(Loader[dict]):
     the window that holds the last of them (the stream ends there; None, the default: it goes on).
     ``load_state_dict`` also takes a state saved by a rank of another layout of the same run (other DP sizes,
     canonical grid, TP, PP): when everything that shapes the global stream is unchanged, the graph starts at
-    the saved consumed micro-batches instead of restoring node by node (see :meth:`load_state_dict`)."""
+    the saved consumed micro-batches instead of restoring node by node (see :meth:`load_state_dict`).
+    ``read_ahead``: micro-batches made ahead of the consumer on a thread of the loader (0, the default here: none;
+    the library's entry points pass ``PipelineConfig.read_ahead``)."""
 
     ROOT_KEY = "root"
     CONSUMED_KEY = "consumed_microbatches"
     OLDER_CONSUMED_KEY = "num_yielded"  # what states saved before the one name held it under; still loaded
 
-    def __init__(self, root: BaseNode[dict], consumed_microbatches: int = 0, end_microbatches: int | None = None) -> None:
+    def __init__(self, root: BaseNode[dict], consumed_microbatches: int = 0, end_microbatches: int | None = None,
+                 read_ahead: int = 0) -> None:
         super().__init__(root, restart_on_stop_iteration=False)
         consumed_microbatches = as_count(consumed_microbatches, "consumed_microbatches")
+        self.read_ahead = as_count(read_ahead, "read_ahead")
+        self._reader: ReadAhead | None = None
+        self._handed_state: Any = None  # with read-ahead: the root's state after the last micro-batch handed out
+        self._prepare: Callable[[dict], Any] | None = None
         self._end: int | None = None
         self.end_at(end_microbatches)
         self._window_size = window_size(graph_nodes(root))
@@ -91,6 +108,17 @@ class GraphLoader(Loader[dict]):
         ends with the window holding the last of them. None: no end. Call it before iterating; a started loader
         keeps the end it started with until it starts again."""
         self._end = None if end_microbatches is None else as_count(end_microbatches, "end_microbatches")
+
+    def prepare_with(self, prepare: Callable[[dict], Any] | None) -> None:
+        """``next`` returns ``prepare(micro_batch)``, made where the micro-batch is made: on the read-ahead thread
+        when the loader reads ahead (a stage's ``MimoModel`` keyword arguments, pinned host memory), so the
+        training thread only takes it. Call it before iterating; None: the micro-batches themselves."""
+        self._prepare = prepare
+
+    def _finisher(self) -> Callable[[dict], Any]:
+        """What every micro-batch goes through after the graph (a subclass's own step first), as a function that
+        holds no reference to the loader (a loader dropped unclosed is still collected, and stops its thread)."""
+        return (lambda batch: batch) if self._prepare is None else self._prepare
 
     def _point(self, consumed_microbatches: int, composition: list[list[int]] | None = None) -> ResumePoint:
         """Where the graph starts after ``consumed_microbatches``: its reader at the first step of the window
@@ -118,6 +146,7 @@ class GraphLoader(Loader[dict]):
             point, saved = self._fresh_start, self._fresh_states
         else:  # restored inside a window whose samples moved: its micro-batches are kept
             point, saved = self._point(consumed_in(state), saved_composition(self.root, state[self.ROOT_KEY])), {}
+        self._stop_reading_ahead()  # its thread reads the graph: stopped before the graph is reset
         point = dataclasses.replace(point, end_step=end_step(self._end, self._window_size, point.first_step))
         for node in graph_nodes(self.root):
             if isinstance(node, GraphNode):
@@ -129,12 +158,24 @@ class GraphLoader(Loader[dict]):
         self.root.reset(None if state is None else copy.deepcopy(state[self.ROOT_KEY]))
         self._consumed = point.consumed_microbatches
         self._started, self._ended = True, False
+        if self.read_ahead:
+            root, finish = self.root, self._finisher()
+            self._handed_state = copy.deepcopy(root.state_dict())
+            self._reader = ReadAhead(lambda: finish(next(root)), root.state_dict, self.read_ahead)
 
-    def __next__(self) -> dict:
+    def _stop_reading_ahead(self, wait_s: float | None = None) -> None:
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.stop(wait_s)
+
+    def __next__(self) -> Any:
         if not self._started:
             self._start()
         try:
-            item = next(self.root)
+            if self._reader is not None:
+                item, self._handed_state = self._reader.take()
+            else:
+                item = self._finisher()(next(self.root))
         except StopIteration:
             self._ended = True
             raise
@@ -187,7 +228,8 @@ class GraphLoader(Loader[dict]):
             return copy.deepcopy(self._pending_state)
         if not self._started:
             self._start()
-        return copy.deepcopy({self.ROOT_KEY: self.root.state_dict(), self.CONSUMED_KEY: self._consumed})
+        root_state = self._handed_state if self._reader is not None else self.root.state_dict()
+        return copy.deepcopy({self.ROOT_KEY: root_state, self.CONSUMED_KEY: self._consumed})
 
     def exchange_node(self) -> BalanceExchange | None:
         """The graph's BalanceExchange (None when the graph does not reorder)."""
@@ -200,19 +242,30 @@ class GraphLoader(Loader[dict]):
         return node.metrics() if node is not None else None
 
     def close(self) -> None:
-        """Stop every background thread of the graph (the exchange's prefetcher, row processing's workers,
-        torchdata's mapper workers); safe to call twice. The consumed micro-batches are kept: iterating again resumes exactly
-        there (windows that were prefetched are exchanged again)."""
+        """Stop every background thread of the graph (the read-ahead thread, the exchange's prefetcher, row
+        processing's workers, torchdata's mapper workers); safe to call twice. The consumed micro-batches are kept:
+        iterating again resumes exactly there (what was read ahead is made again)."""
         if self._started:
             self._pending_state = self.state_dict()
             self._started = False
-        # Consumers first: the exchange's prefetcher finishes the exchanges its peers may be in, reading
-        # from its source, so the threads that feed it stop after it.
+        # Consumers first: the read-ahead thread ends after the micro-batch it is making (if that waits on a peer,
+        # stopping the nodes under it ends it); the exchange's prefetcher finishes the exchanges its peers may be in,
+        # reading from its source, so the threads that feed it stop after it.
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.stop()
         for node in graph_nodes(self.root):
             if isinstance(node, GraphNode):
                 node.shutdown()
             stop_torchdata_threads(node)
+        if reader is not None:
+            reader.join(READ_AHEAD_STOP_S)
         forget_at_exit(self)
+
+    def __del__(self) -> None:
+        reader = getattr(self, "_reader", None)
+        if reader is not None:  # dropped unclosed: its thread holds the graph, not the loader
+            reader.stop(0)
 
 
 def consumed_in(state_dict: Any) -> int:

@@ -70,10 +70,8 @@ def balanced_tail(
         assert process_rows is not None
         masking = Masking(stand_in, layout.agreement_group) if stand_in is not None else None
         node = RowProcessor(node, settings=settings, process=process_rows, masking=masking)
-    # The one place that collates: one window ahead on a thread of its own where its source already runs on threads
-    # (the overlapped exchange, row processing), so the training thread only hands out micro-batches; else in place.
-    ahead = rows or (exchange is not None and exchange.overlap)
-    node = WindowCollator(node, settings=settings, ahead=ahead, report=exchange.report if exchange is not None else None)
+    # The one place that collates, on the thread that asks: the loader's read-ahead thread when it reads ahead.
+    node = WindowCollator(node, settings=settings, report=exchange.report if exchange is not None else None)
     node = MicroBatchAssembler(node, settings=settings)
     if settings.pack_sequences and settings.fields.packs:
         # One THD row per micro-batch, after the exchange: packing never changes which samples a rank holds.

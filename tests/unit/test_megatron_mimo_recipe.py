@@ -1,11 +1,10 @@
 """The MimoModel training recipe's pieces that need no GPU: settings, the vision submodule on a real
 micro-batch through ``mimo_batch``, the keyword arguments against the installed ``MimoModel.forward``,
-the prefetcher and the run summary. (The training itself runs on a GPU: docs/benchmarks.md.)"""
+the read-ahead setting and the run summary. (The training itself runs on a GPU: docs/benchmarks.md.)"""
 
 from __future__ import annotations
 
 import inspect
-import threading
 import warnings
 
 import pytest
@@ -180,43 +179,11 @@ def test_to_device_moves_nested_tensors_and_keeps_the_rest() -> None:
     assert torch.equal(moved["a"], value["a"]) and moved["b"]["d"] is None and moved["e"] == 3
 
 
-class _Failing:
-    def __init__(self, items: list[dict], error: Exception) -> None:
-        self.items, self.error = list(items), error
-
-    def __iter__(self) -> _Failing:
-        return self
-
-    def __next__(self) -> dict:
-        if not self.items:
-            raise self.error
-        return self.items.pop(0)
-
-
-def test_the_prefetcher_yields_what_direct_reading_yields(micro_batches: list[dict]) -> None:
-    direct = [item.kwargs["input_ids"] for item in recipe.Direct(iter(micro_batches), settings())]
-    prefetcher = recipe.Prefetcher(iter(micro_batches), settings(), depth=1)
-    prefetched = [item.kwargs["input_ids"] for item in prefetcher]
-    prefetcher.close()
-    assert len(prefetched) == len(direct) == 2 and all(torch.equal(a, b) for a, b in zip(direct, prefetched))
-
-
-def test_the_prefetcher_raises_the_loaders_error_on_the_training_thread(micro_batches: list[dict]) -> None:
-    prefetcher = recipe.Prefetcher(_Failing(micro_batches[:1], ValueError("bad row 7")), settings(), depth=2)
-    next(prefetcher)
-    with pytest.raises(ValueError, match="bad row 7"):
-        next(prefetcher)
-    prefetcher.close()
-    assert not prefetcher.thread.is_alive()
-
-
-def test_closing_a_full_prefetcher_stops_its_thread(micro_batches: list[dict]) -> None:
-    endless = (micro_batches[i % 2] for i in range(10**6))
-    prefetcher = recipe.Prefetcher(endless, settings(), depth=1)
-    next(prefetcher)
-    prefetcher.close()
-    assert not prefetcher.thread.is_alive()
-    assert "megatron-mimo-prefetch" not in [thread.name for thread in threading.enumerate()]
+@pytest.mark.parametrize("prefetch", ["0", "3"])
+def test_the_recipe_reads_ahead_through_the_pipelines_setting(prefetch: str) -> None:
+    config = recipe.pipeline_config(recipe.parse_args(["--prefetch", prefetch]), "on")
+    assert config.read_ahead == int(prefetch)
+    config.validate(1)
 
 
 def _record(iteration: int, loss: float, model: float, wait: float, batch: float) -> recipe.IterationRecord:

@@ -1,12 +1,11 @@
-"""WindowCollator: the windows of its source collated (in place, or one ahead on its own thread), restore at every
-position and mid-window under the assembler, a failure that names the sample, its thread's lifecycle, the
-exchange's record reported when a window is handed on, and states saved before the node existed."""
+"""WindowCollator: the windows of its source collated on the thread that asks, restore at every position and
+mid-window under the assembler, a failure that names the sample, the exchange's record reported when a window is
+handed to the consumer (also through the loader's read-ahead thread), and states saved before the node existed."""
 
 from __future__ import annotations
 
 import json
 import pathlib
-import threading
 
 import pytest
 import torch
@@ -15,7 +14,6 @@ from node_checks import assert_same, check_save_load_everywhere, saved_after, ta
 from mimo_pipes.errors import SampleError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.nodes import BalanceExchange, MicroBatchAssembler, WindowCollator, Windower
-from mimo_pipes.nodes.window_collator import AHEAD
 from mimo_pipes.samples.collate import Collator
 from mimo_pipes.samples.sample import SAMPLE_ID, Window
 from mimo_pipes.testing import tail_settings
@@ -32,123 +30,82 @@ def windower(per_microbatch=3, window_size=2, steps=7) -> Windower:
     return Windower(tiny_samples(per_microbatch, steps), settings=settings_for(per_microbatch, window_size))
 
 
-def collator_node(ahead: bool, per_microbatch=3, window_size=2, steps=7, collator=PADDED) -> WindowCollator:
+def collator_node(per_microbatch=3, window_size=2, steps=7, collator=PADDED) -> WindowCollator:
     settings = settings_for(per_microbatch, window_size, collator)
-    return WindowCollator(windower(per_microbatch, window_size, steps), settings=settings, ahead=ahead)
+    return WindowCollator(windower(per_microbatch, window_size, steps), settings=settings)
 
 
 def expected(per_microbatch=3, window_size=2, steps=7, collator=PADDED) -> list[Window]:
     return [collator.window(window) for window in take(windower(per_microbatch, window_size, steps), None)]
 
 
-def collating_threads() -> set[threading.Thread]:
-    """The collating threads alive now (other tests' may still be ending: compare with a set taken before)."""
-    return {thread for thread in threading.enumerate() if thread.name.startswith("mimo-pipes-collate")}
-
-
-@pytest.mark.parametrize("ahead", [False, True], ids=["in-place", "ahead"])
-def test_windows_are_their_source_collated(ahead):
-    node = collator_node(ahead)
+def test_windows_are_their_source_collated():
+    node = collator_node()
     got = take(node, None)
     node.shutdown()
     assert_same(got, expected())
     assert all(window.collated for window in got) and [window.first_step for window in got] == [0, 2, 4, 6]
 
 
-@pytest.mark.parametrize("ahead", [False, True], ids=["in-place", "ahead"])
-def test_restores_at_every_position(ahead):
-    check_save_load_everywhere(lambda: collator_node(ahead))
+def test_restores_at_every_position():
+    check_save_load_everywhere(collator_node)
 
 
-@pytest.mark.parametrize("ahead", [False, True], ids=["in-place", "ahead"])
 @pytest.mark.parametrize("window_size", [1, 3])
-def test_restores_inside_a_window_under_the_assembler(ahead, window_size):
+def test_restores_inside_a_window_under_the_assembler(window_size):
     settings = settings_for(2, window_size)
 
     def graph() -> MicroBatchAssembler:
-        return MicroBatchAssembler(WindowCollator(windower(2, window_size, 7), settings=settings, ahead=ahead), settings=settings)
+        return MicroBatchAssembler(WindowCollator(windower(2, window_size, 7), settings=settings), settings=settings)
 
     batches = check_save_load_everywhere(graph)
     assert [batch["step"] for batch in batches] == list(range(7))
 
 
-@pytest.mark.parametrize("window_size", [1, 3])
-def test_reads_one_window_ahead_of_the_one_it_hands_out(window_size):
-    node = collator_node(True, window_size=window_size, steps=9)
-    windows = 9 // window_size
-    for delivered in range(1, windows + 1):
-        take(node, 1)
-        reader = node.source.source
-        assert reader.state_dict()[reader.NEXT_STEP_KEY] // window_size == min(delivered + AHEAD, windows)
-        assert len(node.collated_ahead()) <= AHEAD
-    node.shutdown()
-
-
-def test_in_place_it_reads_no_window_ahead_and_starts_no_thread():
-    before = collating_threads()
-    node = collator_node(False, steps=9)
+def test_it_reads_no_window_ahead_of_the_one_asked_for():
+    node = collator_node(steps=9)
     take(node, 1)
     reader = node.source.source
-    assert reader.state_dict()[reader.NEXT_STEP_KEY] == 2 and node.collated_ahead() == [] and collating_threads() <= before
+    assert reader.state_dict()[reader.NEXT_STEP_KEY] == 2
 
 
-@pytest.mark.parametrize("ahead", [False, True], ids=["in-place", "ahead"])
-def test_a_window_that_cannot_be_collated_names_the_sample_and_a_restore_starts_over(ahead):
+def test_a_window_that_cannot_be_collated_names_the_sample_and_a_restore_starts_over():
     lengths = {w.first_step: max(s["input_ids"].shape[-1] for mb in w.microbatches for s in mb) for w in take(windower(), None)}
     pad = min(lengths.values())  # the windows longer than it cannot be collated
     assert pad < max(lengths.values())
     first_bad = min(step for step, length in lengths.items() if length > pad)
-    before = collating_threads()
-    node = collator_node(ahead, collator=Collator(pad, PADDED.pad_values))
+    node = collator_node(collator=Collator(pad, PADDED.pad_values))
     state = saved_after(node, 0)
     got = []
     with pytest.raises(SampleError, match=rf"^sample \d+, field 'input_ids': has \d+ tokens, more than the pad length {pad}$"):
         while True:
             got.append(next(node))
     assert [window.first_step for window in got] == [step for step in sorted(lengths) if step < first_bad]
-    node.shutdown()
-    assert collating_threads() <= before
-    restored = collator_node(ahead)
+    restored = collator_node()
     restored.reset(state)
     assert_same(take(restored, None), expected())
     restored.shutdown()
 
 
-def test_a_finished_stream_leaves_no_thread_behind():
-    before = collating_threads()
-    node = collator_node(True)
-    assert_same(take(node, None), expected())
-    assert collating_threads() <= before
-
-
-def test_shutdown_stops_its_thread_and_iterating_again_restarts_it():
-    before = collating_threads()
-    node = collator_node(True)
-    first = take(node, 1)
-    assert collating_threads() - before
-    state = node.state_dict()
-    node.shutdown()
-    assert collating_threads() <= before
-    node.reset(state)
-    assert_same(take(node, None), expected()[1:])
-    assert_same(first, expected()[:1])
-    node.shutdown()
-
-
-def test_the_exchange_record_is_reported_when_the_window_is_handed_on_with_its_collation_time():
+@pytest.mark.parametrize("read_ahead", [0, 2])
+def test_the_exchange_record_is_reported_when_the_window_is_handed_to_the_consumer_with_its_collation_time(read_ahead):
     from test_node_balance_exchange import windows  # costed windows of 3 micro-batches of 4, 7 in all
+
+    from mimo_pipes.graph.loader import GraphLoader
 
     settings = tail_settings(samples_per_rank=4, window_size=3, reorder=True, collator=PADDED)
     exchange = BalanceExchange(windows(), settings=settings, layout=RankLayout(0, 1, 2), report_on_delivery=False)
-    node = WindowCollator(exchange, settings=settings, ahead=True, report=exchange.report)
+    loader = GraphLoader(MicroBatchAssembler(WindowCollator(exchange, settings=settings, report=exchange.report), settings=settings),
+                         read_ahead=read_ahead)
     records = []
     exchange.add_observer(records.append)
-    for handed_on in range(1, 4):
-        window = next(node)
-        assert [record.first_step for record in records] == [0, 3, 6][:handed_on]  # not the window read ahead
-        assert records[-1].first_step == window.first_step and records[-1].seconds["collate"] > 0
+    for handed_out in range(7):
+        batch = next(loader)
+        window = handed_out // 3
+        assert [record.first_step for record in records] == [0, 3, 6][:window + 1]  # not the windows read ahead
+        assert records[-1].first_step == batch["step"] - handed_out % 3 and records[-1].seconds["collate"] > 0
         assert exchange.metrics() is records[-1].metrics
-    node.shutdown()
+    loader.close()
 
 
 def _before_the_collator(state: dict) -> dict:
@@ -207,7 +164,7 @@ def test_it_collates_the_rows_a_row_processor_hands_on():
     def process(row: dict) -> dict:
         return {**row, "processed": torch.tensor([row[SAMPLE_ID]])}
 
-    node = WindowCollator(RowProcessor(windower(), settings=settings, process=process), settings=settings, ahead=True)
+    node = WindowCollator(RowProcessor(windower(), settings=settings, process=process), settings=settings)
     got = take(node, None)
     node.shutdown()
     node.source.shutdown()

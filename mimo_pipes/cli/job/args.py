@@ -133,6 +133,9 @@ def _add_reading_arguments(parser: argparse.ArgumentParser, defaults: PipelineCo
                         help="size of the embedded synthetic dataset (without --dataset)")
     parser.add_argument("--num-workers", type=int, default=defaults.num_workers,
                         help="processing threads per rank")
+    parser.add_argument("--read-ahead", type=int, default=defaults.read_ahead, metavar="N",
+                        help="whole micro-batches each rank's loader makes ahead of the training thread on a thread of its "
+                             "own (0: none); a saved state is always at the last micro-batch handed out")
 
 
 def _add_exchange_arguments(parser: argparse.ArgumentParser, defaults: PipelineConfig) -> None:
@@ -202,6 +205,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[PipelineConfig, JobOptio
         processor=args.processor,
         embedded_samples=args.embedded_samples,
         num_workers=args.num_workers,
+        read_ahead=args.read_ahead,
         exchange_transport=args.exchange_transport,
         exchange_timeout_s=args.exchange_timeout,
         reorder=reorder,

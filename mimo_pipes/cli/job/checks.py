@@ -44,7 +44,7 @@ def check_job(config: PipelineConfig, options: JobOptions, announce: Callable[[T
         resolve_exchange_transport(
             config.exchange_transport,
             world_backend(topology.world_size),
-            config.reorder.overlap_intra_microbatch_reorder,
+            config.reorder.overlap_intra_microbatch_reorder or config.read_ahead > 0,  # off the training thread
             os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
             warn=os.environ.get("RANK", "0") == "0",  # under torchrun every rank checks: rank 0 says it
         )

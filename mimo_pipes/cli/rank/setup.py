@@ -43,7 +43,7 @@ def set_up_rank(config: PipelineConfig, *, exchange_transport: str | None = None
     transport = exchange_transport or resolve_exchange_transport(
         config.exchange_transport,
         current_backend(),
-        config.reorder.overlap_intra_microbatch_reorder,
+        config.reorder.overlap_intra_microbatch_reorder or config.read_ahead > 0,  # off the training thread
         os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
         warn=False,  # said once by the job's checks before the ranks started
     )

@@ -1,0 +1,173 @@
+"""The library's read-ahead (GraphLoader's ``read_ahead``, nodes/read_ahead.py): the state saved is the one at the
+last micro-batch handed out, whatever was read ahead; the stream is the same on and off; an error made on the
+thread reaches the consumer in its turn with its own message and the thread has ended; close leaves no thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from node_checks import as_saved, tiny_samples
+from torchdata.nodes import BaseNode
+
+from mimo_pipes.errors import ConfigError
+from mimo_pipes.graph.loader import GraphLoader
+from mimo_pipes.nodes import MicroBatchAssembler, WindowCollator, Windower
+from mimo_pipes.nodes.read_ahead import ReadAhead, on_hand_out
+from mimo_pipes.testing import tail_settings
+
+THREAD = "mimo-pipes-read-ahead"
+
+
+def graph(window_size: int = 2, steps: int = 12, fail_at: int | None = None) -> BaseNode:
+    settings = tail_settings(samples_per_rank=2, window_size=window_size)
+    reader = tiny_samples(2, steps)
+    if fail_at is not None:
+        reader = _FailingAt(reader, fail_at)
+    return MicroBatchAssembler(WindowCollator(Windower(reader, settings=settings), settings=settings), settings=settings)
+
+
+class _FailingAt(BaseNode):
+    """Its source's samples, raising on the one of ``step``."""
+
+    def __init__(self, source: BaseNode, step: int) -> None:
+        super().__init__()
+        self.source, self.step = source, step
+
+    def reset(self, initial_state=None) -> None:
+        super().reset(initial_state)
+        self.source.reset(initial_state)
+
+    def next(self):
+        sample = next(self.source)
+        if int(sample["step"]) == self.step:
+            raise ValueError(f"row {int(sample['sample_id'])} cannot be decoded")
+        return sample
+
+    def get_state(self):
+        return self.source.state_dict()
+
+
+def steps_of(batches) -> list[tuple[int, list[int]]]:
+    return [(int(batch["step"]), [int(i) for i in batch["sample_ids"]]) for batch in batches]
+
+
+def read_ahead_threads() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name == THREAD]
+
+
+def take(loader, count: int) -> list[dict]:
+    return [next(loader) for _ in range(count)]
+
+
+def settle(loader: GraphLoader) -> None:
+    """Wait until the loader's thread has made all it may ahead (or ended)."""
+    reader = loader._reader
+    for _ in range(200):
+        if reader is None or len(reader._made) >= reader.depth or not reader.alive:
+            return
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("window_size", [1, 3])
+@pytest.mark.parametrize("depth", [1, 2, 4])
+def test_the_stream_is_the_same_with_read_ahead_on_and_off(window_size, depth):
+    off = GraphLoader(graph(window_size))
+    on = GraphLoader(graph(window_size), read_ahead=depth)
+    assert steps_of(on) == steps_of(off) and len(steps_of(GraphLoader(graph(window_size)))) == 12
+    on.close()
+
+
+@pytest.mark.parametrize("window_size", [1, 3])
+@pytest.mark.parametrize("taken", [0, 1, 4, 5, 11])
+def test_a_state_saved_with_read_ahead_restores_at_the_next_micro_batch(window_size, taken):
+    reference = steps_of(GraphLoader(graph(window_size)))
+    first = GraphLoader(graph(window_size), read_ahead=3)
+    head = steps_of(take(first, taken))
+    settle(first)  # the thread stands up to three micro-batches ahead when the state is taken
+    state = as_saved(first.state_dict())
+    assert state[GraphLoader.CONSUMED_KEY] == taken
+    first.close()
+    for depth in (0, 3):
+        restored = GraphLoader(graph(window_size), read_ahead=depth)
+        restored.load_state_dict(state)
+        assert head + steps_of(restored) == reference, depth
+        restored.close()
+
+
+@settings(max_examples=15, deadline=None)
+@given(taken=st.integers(0, 12), depth=st.integers(1, 4), window_size=st.sampled_from([1, 2, 4]))
+def test_the_state_is_the_state_off_would_save(taken, depth, window_size):
+    off = GraphLoader(graph(window_size))
+    on = GraphLoader(graph(window_size), read_ahead=depth)
+    take(off, taken)
+    take(on, taken)
+    settle(on)
+    assert as_saved(on.state_dict()) == as_saved(off.state_dict())
+    on.close()
+
+
+def test_an_error_on_the_thread_reaches_the_consumer_in_its_turn_and_the_thread_ends():
+    before = len(read_ahead_threads())
+    loader = GraphLoader(graph(window_size=1, fail_at=4), read_ahead=3)
+    assert [step for step, _ in steps_of(take(loader, 4))] == [0, 1, 2, 3]  # those made before the error first
+    with pytest.raises(ValueError, match=r"^row \d+ cannot be decoded$"):
+        next(loader)
+    assert len(read_ahead_threads()) == before
+    assert loader.state_dict()[GraphLoader.CONSUMED_KEY] == 4
+    loader.close()
+
+
+def test_close_stops_the_thread_and_iterating_again_continues_where_the_consumer_stood():
+    before = len(read_ahead_threads())
+    reference = steps_of(GraphLoader(graph()))
+    loader = GraphLoader(graph(), read_ahead=2)
+    head = steps_of(take(loader, 3))
+    settle(loader)
+    assert len(read_ahead_threads()) == before + 1
+    loader.close()
+    assert len(read_ahead_threads()) == before
+    assert head + steps_of(loader) == reference
+    loader.close()
+    assert len(read_ahead_threads()) == before
+
+
+def test_a_finished_stream_leaves_no_thread():
+    before = len(read_ahead_threads())
+    loader = GraphLoader(graph(), read_ahead=2)
+    assert len(steps_of(loader)) == 12
+    assert len(read_ahead_threads()) == before
+
+
+def test_prepare_runs_on_the_read_ahead_thread():
+    loader = GraphLoader(graph(), read_ahead=2)
+    loader.prepare_with(lambda batch: (threading.current_thread().name, int(batch["step"])))
+    made = [next(loader) for _ in range(3)]
+    loader.close()
+    assert made == [(THREAD, 0), (THREAD, 1), (THREAD, 2)]
+
+
+def test_hand_out_actions_follow_the_consumer():
+    handed: list[int] = []
+    counter = iter(range(100))
+
+    def make() -> int:
+        item = next(counter)
+        on_hand_out(lambda: handed.append(item))
+        return item
+
+    reader = ReadAhead(make, lambda: None, depth=3)
+    for expected in range(5):
+        item, _ = reader.take()
+        assert item == expected and handed == list(range(expected + 1))
+    reader.stop()
+    assert not reader.alive
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, True])
+def test_a_bad_read_ahead_is_refused_naming_it(value):
+    with pytest.raises(ConfigError, match=r"^read_ahead"):
+        GraphLoader(graph(), read_ahead=value)
