@@ -248,8 +248,8 @@ class GraphLoader(Loader[dict]):
         if self._started:
             self._pending_state = self.state_dict()
             self._started = False
-        # Consumers first: the read-ahead thread ends after the micro-batch it is making (if that waits on a peer,
-        # stopping the nodes under it ends it); the exchange's prefetcher finishes the exchanges its peers may be in,
+        # Consumers first: the read-ahead thread makes all it may ahead, as every rank's does, then ends (if it still
+        # waits on a peer, stopping the nodes under it ends it); the exchange's prefetcher finishes the exchanges its peers may be in,
         # reading from its source, so the threads that feed it stop after it.
         reader, self._reader = self._reader, None
         if reader is not None:
@@ -265,7 +265,7 @@ class GraphLoader(Loader[dict]):
     def __del__(self) -> None:
         reader = getattr(self, "_reader", None)
         if reader is not None:  # dropped unclosed: its thread holds the graph, not the loader
-            reader.stop(0)
+            reader.stop(0, fill=False)
 
 
 def consumed_in(state_dict: Any) -> int:

@@ -19,8 +19,8 @@ from mimo_pipes.samples.sample import Window
 T = TypeVar("T")
 
 STOP_WAIT_S = 5.0
-"""How long :meth:`ReadAhead.stop` waits for the item being made before it returns (the caller then stops what
-the thread reads from, which ends that item, and joins it with :meth:`ReadAhead.join`)."""
+"""How long :meth:`ReadAhead.stop` waits for the thread to end before it returns (the caller then stops what the
+thread reads from, which ends an item still being made, and joins it with :meth:`ReadAhead.join`)."""
 
 _hand_out = threading.local()
 
@@ -116,14 +116,22 @@ class ReadAhead(Generic[T]):
             action()
         return made.value, made.state
 
-    def stop(self, wait_s: float | None = STOP_WAIT_S) -> None:
-        """Drop what was made ahead and end the thread after the item it is making; wait up to ``wait_s``
-        seconds for it (None: until it ends)."""
+    def stop(self, wait_s: float | None = STOP_WAIT_S, *, fill: bool = True) -> None:
+        """End the thread and drop what was made ahead. With ``fill`` it first makes all it may (``depth`` items
+        ahead of the consumer, or up to the end or an error): where the items come from collectives (the exchange),
+        every rank of a module that stops at the same consumer position has then made the same items, so no rank's
+        thread is left waiting in an exchange its peers' threads never enter. Waits up to ``wait_s`` seconds for the
+        thread to end (None: until it ends)."""
         with self._condition:
+            while fill and len(self._made) < self.depth and self._thread.is_alive() and not self._ended():
+                self._condition.wait(timeout=1.0)
             self._stopping = True
             self._made.clear()
             self._condition.notify_all()
         self.join(wait_s)
+
+    def _ended(self) -> bool:
+        return bool(self._made) and self._made[-1].kind != "item"
 
     def join(self, wait_s: float | None = None) -> None:
         if self._thread is not threading.current_thread():
