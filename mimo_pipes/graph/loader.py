@@ -264,8 +264,8 @@ class GraphLoader(Loader[dict]):
 
     def __del__(self) -> None:
         reader = getattr(self, "_reader", None)
-        if reader is not None:  # dropped unclosed: its thread holds the graph, not the loader
-            reader.stop(0, fill=False)
+        if reader is not None:  # dropped unclosed (its thread holds the graph, not the loader): stopped as close stops it
+            reader.stop(0)
 
 
 def consumed_in(state_dict: Any) -> int:

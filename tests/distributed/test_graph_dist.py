@@ -90,8 +90,8 @@ def test_prefetch_depth_and_thread_lifecycle(pool):
     results = pool.run(run_thread_lifecycle, ["language=dp=2", "images=dp=2,rank_offset=2"])
     for report in filter(None, results):
         assert 1 <= report["max_held"] <= report["depth"], report  # prefetch happens, and stays bounded
-        # one exchange thread and one collating thread (the window collator's): replaced, not added
-        assert report["threads_after_reset"] == ["mimo-pipes-collate_0", "mimo-pipes-exchange"]
+        # one exchange thread and the loader's read-ahead thread (collation runs on it): replaced, not added
+        assert report["threads_after_reset"] == ["mimo-pipes-exchange", "mimo-pipes-read-ahead"]
         assert report["threads_after_delete"] == []
         assert report["consumed_to_end"] == 10
         assert report["threads_after_end"] == []

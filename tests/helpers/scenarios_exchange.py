@@ -106,6 +106,7 @@ def run_graph(components, *, steps, dataset_size=4096, timeout_s=60.0, exchange_
     reference = SyntheticProcessedDataset(dataset_size, seed=config.seed)
     position = groups.position
     loader = pipeline(dataset, config, layout, map_fn=None, image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES)
+    loader.end_at(steps)  # nothing read beyond the run's last window (the read-ahead would otherwise read on)
     records = []
     try:
         for batch in loader:

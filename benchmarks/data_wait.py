@@ -1,0 +1,143 @@
+"""Data wait of a Megatron-style training loop: the share of each iteration the training thread waits for data.
+
+The loop is the one docs/megatron.md shows a user: ``vlm_sft.build`` on one rank, an iterator over the loader, and a
+``get_batch`` that takes the next micro-batch and turns it into ``MimoModel``'s keyword arguments with ``mimo_batch``;
+the model step is a fixed length (a sleep, as a GPU step leaves the CPU thread waiting; ``--busy``: a busy CPU loop)
+after each micro-batch. Side by side in one run: read-ahead off (``read_ahead=0``), on (the default), and on with
+``mimo_batch`` made on the read-ahead thread too (``loader.prepare_with``), each with 2 and 8 processing workers.
+The data wait is the time ``get_batch`` takes, summed over the iterations after the warm-up, over their wall time.
+
+    python benchmarks/data_wait.py [--iteration-ms 60] [--microbatches 2] [--micro-batch-size 4] [--iterations 40]
+                                   [--workers 2,8] [--short] [--json PATH]
+
+Prints a markdown table (rows: read-ahead; columns: workers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+MODES = ("off", "on", "on + mimo_batch on its thread")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--iteration-ms", type=float, default=60.0, help="model time of one iteration (all its micro-batches)")
+    parser.add_argument("--microbatches", type=int, default=2, help="micro-batches per iteration")
+    parser.add_argument("--micro-batch-size", type=int, default=4)
+    parser.add_argument("--seq-length", type=int, default=2048)
+    parser.add_argument("--iterations", type=int, default=40, help="measured iterations per setting (after the warm-up)")
+    parser.add_argument("--warmup", type=int, default=3, help="iterations left out at the start (the graph's start-up)")
+    parser.add_argument("--workers", default="2,8", help="comma-separated processing workers (num_workers)")
+    parser.add_argument("--read-ahead", type=int, default=None, help="micro-batches read ahead when on (default: the library's)")
+    parser.add_argument("--busy", action="store_true", help="the model step is a busy CPU loop (default: a sleep)")
+    parser.add_argument("--short", action="store_true", help="a quick run: 8 measured iterations, 2 of warm-up")
+    parser.add_argument("--json", default=None, help="also write the figures here")
+    args = parser.parse_args(argv)
+    if args.short:
+        args.iterations, args.warmup = 8, 2
+    args.worker_counts = [int(w) for w in args.workers.split(",") if w.strip()]
+    for name in ("iterations", "microbatches", "micro_batch_size"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
+    if not args.worker_counts or min(args.worker_counts) < 1:
+        parser.error(f"--workers: positive counts, got {args.workers!r}")
+    return args
+
+
+def model_step(seconds: float, busy: bool) -> None:
+    """The model's forward and backward of one micro-batch: a fixed length."""
+    if not busy:
+        time.sleep(seconds)
+        return
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def measure(args: argparse.Namespace, mode: str, workers: int) -> dict[str, Any]:
+    """One setting: the loop of docs/megatron.md over ``warmup + iterations`` iterations."""
+    from mimo_pipes.config import DEFAULT_READ_AHEAD, PipelineConfig
+    from mimo_pipes.exchange import RankLayout
+    from mimo_pipes.megatron import mimo_batch
+    from mimo_pipes_recipes import vlm_sft
+
+    read_ahead = 0 if mode == "off" else (args.read_ahead if args.read_ahead is not None else DEFAULT_READ_AHEAD)
+    total = args.warmup + args.iterations
+    config = PipelineConfig(components=("language=tp=1,pp=1,dp=1,rank_offset=0",), micro_batch_size=args.micro_batch_size,
+                            seq_length=args.seq_length, num_workers=workers, read_ahead=read_ahead,
+                            embedded_samples=max(512, args.micro_batch_size * args.microbatches * total))
+    loader = vlm_sft.build(config, RankLayout(dp_rank=0, dp_size=1, grid_size=1))
+    get_batch: Callable[[Any], Any] = lambda iterator: mimo_batch(next(iterator))  # noqa: E731 - as docs/megatron.md's get_batch
+    if mode == MODES[2]:
+        loader.prepare_with(mimo_batch)  # made on the read-ahead thread: get_batch only takes it
+        get_batch = next
+    step_s = args.iteration_ms / 1e3 / args.microbatches
+    waits, walls = [], []
+    try:
+        data_iterator = iter(loader)
+        for _ in range(total):
+            began, waited = time.perf_counter(), 0.0
+            for _ in range(args.microbatches):
+                asked = time.perf_counter()
+                get_batch(data_iterator)
+                waited += time.perf_counter() - asked
+                model_step(step_s, args.busy)
+            walls.append(time.perf_counter() - began)
+            waits.append(waited)
+    finally:
+        loader.close()
+    waits, walls = waits[args.warmup:], walls[args.warmup:]
+    return {"mode": mode, "workers": workers, "read_ahead": read_ahead, "wait_percent": 100.0 * sum(waits) / sum(walls),
+            "median_wait_ms": statistics.median(waits) * 1e3, "median_iteration_ms": statistics.median(walls) * 1e3}
+
+
+def table(results: list[dict[str, Any]], worker_counts: list[int]) -> str:
+    by = {(r["mode"], r["workers"]): r for r in results}
+    lines = ["| read-ahead | " + " | ".join(f"{w} workers: wait % (median ms / iteration)" for w in worker_counts) + " |",
+             "|---|" + "---:|" * len(worker_counts)]
+    for mode in MODES:
+        cells = [f"{by[mode, w]['wait_percent']:.1f}% ({by[mode, w]['median_wait_ms']:.1f} / {by[mode, w]['median_iteration_ms']:.1f})"
+                 for w in worker_counts]
+        lines.append(f"| {mode} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def machine() -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as info:
+            model = next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{os.cpu_count()} cores ({model}), Python {platform.python_version()}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    results = []
+    for workers in args.worker_counts:
+        for mode in MODES:
+            results.append(measure(args, mode, workers))
+            print(f"  {mode}, {workers} workers: {results[-1]['wait_percent']:.1f}% wait", file=sys.stderr, flush=True)
+    step = "busy CPU loop" if args.busy else "sleep"
+    print(f"Data wait of a Megatron-style loop: {args.microbatches} micro-batches of {args.micro_batch_size} per iteration, "
+          f"model step {args.iteration_ms:.0f} ms per iteration ({step}), {args.iterations} iterations after {args.warmup} of "
+          f"warm-up; {machine()}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
+    print(table(results, args.worker_counts))
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({"settings": {k: v for k, v in vars(args).items()}, "machine": machine(), "results": results}, out, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
