@@ -171,3 +171,30 @@ def test_hand_out_actions_follow_the_consumer():
 def test_a_bad_read_ahead_is_refused_naming_it(value):
     with pytest.raises(ConfigError, match=r"^read_ahead"):
         GraphLoader(graph(), read_ahead=value)
+
+
+def test_the_pipeline_setting_is_checked_and_named():
+    from mimo_pipes.config import PipelineConfig
+
+    with pytest.raises(ConfigError, match=r"^--read-ahead: must be an integer >= 0 \(micro-batches made ahead; 0: off\), got -1$"):
+        PipelineConfig(read_ahead=-1).validate()
+    assert PipelineConfig().read_ahead > 0  # on by default
+
+
+def test_the_run_flag_sets_it():
+    from mimo_pipes.cli.job.args import config_from_args
+    from mimo_pipes.cli.main import build_parser
+
+    config, _ = config_from_args(build_parser().parse_args(["run", "--read-ahead", "0"]))
+    assert config.read_ahead == 0
+
+
+def test_an_nccl_exchange_on_the_read_ahead_thread_is_refused_with_one_hardware_queue():
+    from mimo_pipes.config.transport import check_read_ahead
+
+    with pytest.raises(ConfigError, match=r"^--read-ahead: 2 with an NCCL exchange group is refused under CUDA_DEVICE_MAX_CONNECTIONS=1"):
+        check_read_ahead(2, exchange_on_gpu=True, exchanges=True, device_max_connections="1")
+    assert check_read_ahead(2, exchange_on_gpu=False, exchanges=True, device_max_connections="1") == 2  # Gloo
+    assert check_read_ahead(0, exchange_on_gpu=True, exchanges=True, device_max_connections="1") == 0
+    assert check_read_ahead(2, exchange_on_gpu=True, exchanges=True, device_max_connections=None) == 2
+
