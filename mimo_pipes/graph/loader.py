@@ -61,9 +61,6 @@ from mimo_pipes.nodes.balance_exchange import BalanceExchange
 from mimo_pipes.nodes.base import GraphNode, Restartable
 from mimo_pipes.nodes.read_ahead import ReadAhead
 
-READ_AHEAD_STOP_S = 60.0
-"""How long ``close`` waits for the read-ahead thread once the graph's nodes were stopped under it."""
-
 
 class GraphLoader(Loader[dict]):
     """Iterates a graph's root node; ``state_dict`` / ``load_state_dict`` capture the whole graph.
@@ -248,18 +245,14 @@ class GraphLoader(Loader[dict]):
         if self._started:
             self._pending_state = self.state_dict()
             self._started = False
-        # Consumers first: the read-ahead thread makes all it may ahead, as every rank's does, then ends (if it still
-        # waits on a peer, stopping the nodes under it ends it); the exchange's prefetcher finishes the exchanges its peers may be in,
+        # Consumers first: the read-ahead thread makes all it may ahead, as every rank's does, then ends; the exchange's
+        # prefetcher finishes the exchanges its peers may be in,
         # reading from its source, so the threads that feed it stop after it.
-        reader, self._reader = self._reader, None
-        if reader is not None:
-            reader.stop()
+        self._stop_reading_ahead()
         for node in graph_nodes(self.root):
             if isinstance(node, GraphNode):
                 node.shutdown()
             stop_torchdata_threads(node)
-        if reader is not None:
-            reader.join(READ_AHEAD_STOP_S)
         forget_at_exit(self)
 
     def __del__(self) -> None:

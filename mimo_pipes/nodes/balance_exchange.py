@@ -167,9 +167,7 @@ class BalanceExchange(GraphNode[Window]):
     def prefetched(self) -> Prefetched:
         """Windows the overlapped exchange holds ahead of the consumer now (zeros when not overlapped)."""
         prefetcher = self._prefetcher
-        if prefetcher is None:
-            return Prefetched(0, 0)
-        return Prefetched(len(prefetcher.results), prefetcher.in_flight)
+        return Prefetched(0, 0) if prefetcher is None else prefetcher.prefetched()
 
     def prefetched_windows(self) -> list[Window]:
         """The windows the overlapped exchange holds ahead of the consumer now (exchanged, not delivered)."""
@@ -201,13 +199,13 @@ class BalanceExchange(GraphNode[Window]):
         if self._prefetcher is None:
             self._prefetcher = ExchangePrefetchThread(self.source, self._window_exchange(), self._sequence)
         waiting = time.perf_counter()
-        kind, value, state_after = self._prefetcher.take()
-        waited = time.perf_counter() - waiting
-        if kind != "window":
+        try:
+            (result, record), state_after = self._prefetcher.take()
+        except BaseException:  # the end, or a failure every rank of the module raises
             self.shutdown()
-            raise StopIteration if kind == "end" else value
+            raise
+        waited = time.perf_counter() - waiting
         self._state_after_delivered = state_after
-        result, record = value
         return self._deliver(result, record, waited)
 
     def _next_synchronous(self) -> Window:

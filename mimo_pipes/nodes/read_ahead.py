@@ -5,6 +5,7 @@ thread) and :func:`fill_ahead` (windows handed to a node's own workers ahead of 
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import threading
 from collections.abc import Callable, Iterator
@@ -17,10 +18,6 @@ from torchdata.nodes import BaseNode
 from mimo_pipes.samples.sample import Window
 
 T = TypeVar("T")
-
-STOP_WAIT_S = 5.0
-"""How long :meth:`ReadAhead.stop` waits for the thread to end before it returns (the caller then stops what the
-thread reads from, which ends an item still being made, and joins it with :meth:`ReadAhead.join`)."""
 
 _hand_out = threading.local()
 
@@ -54,34 +51,61 @@ class _Made(NamedTuple):
 
 
 class ReadAhead(Generic[T]):
-    """Makes items with ``make()`` on a thread of its own, up to ``depth`` ahead of the consumer, each with
-    ``snapshot()`` taken right after it on that thread: the state to save once the item is handed out (as
+    """Makes items with ``make()`` on a thread of its own (``name``), up to ``depth`` ahead of the consumer, each
+    with ``snapshot()`` taken right after it on that thread: the state to save once the item is handed out (as
     torchdata's ``Prefetcher`` inside its ``Loader``, whose snapshot travels with the item). :meth:`take` hands
     them out in order on the consumer's thread; an error of ``make`` is raised there, the same exception, once
-    the items made before it are taken, and the thread has ended by then. :meth:`stop` ends the thread after
-    the item it is making (the rest is dropped)."""
+    the items made before it are taken, and the thread has ended by then. ``device``: the CUDA device the thread
+    works on (default: the consumer's, when CUDA is in use; the current device is per thread).
 
-    def __init__(self, make: Callable[[], T], snapshot: Callable[[], Any], depth: int, name: str = "mimo-pipes-read-ahead") -> None:
+    Stopping is cooperative (:meth:`stop`): the thread first makes all it may (``depth`` items beyond those
+    taken, or up to the end or an error), then ends. Where items come from collectives (the exchange), every rank
+    of a module that stops at the same consumer position has then made the same items, so no rank's thread is
+    left waiting in a collective its peers' threads never enter. :meth:`interrupt` ends it with an action run
+    in place of its next item (the exchange announces a failure there)."""
+
+    def __init__(self, make: Callable[[], T], snapshot: Callable[[], Any], depth: int, name: str = "mimo-pipes-read-ahead",
+                 device: Any = None) -> None:
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
         self.make, self.snapshot, self.depth = make, snapshot, depth
         self._condition = threading.Condition()
         self._made: collections.deque[_Made] = collections.deque()
-        self._stopping = False
-        # The current CUDA device is per thread: the thread makes items on the consumer's (an exchange staged on the GPU).
-        self._device = torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        self._produced = self._delivered = 0
+        self._stopping = self._making = False
+        self._interrupt: Callable[[int], None] | None = None
+        if device is None and torch.cuda.is_available() and torch.cuda.is_initialized():
+            device = torch.cuda.current_device()
+        self._device = device
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
+
+    def _next_turn(self) -> Callable[[int], None] | bool:
+        """Waits for room; True: make the next item, False: end, or the interrupting action to run."""
+        with self._condition:
+            while not self._stopping and self._interrupt is None and self._full():
+                self._condition.wait()
+            if self._interrupt is not None:
+                return self._interrupt
+            if self._full():  # stopping, and all is made that any peer may have made
+                return False
+            self._making = True
+            return True
+
+    def _full(self) -> bool:
+        return self._produced >= self._delivered + self.depth
 
     def _run(self) -> None:
         if self._device is not None:
             torch.cuda.set_device(self._device)
         while True:
-            with self._condition:
-                while not self._stopping and len(self._made) >= self.depth:
-                    self._condition.wait()
-                if self._stopping:
-                    return
+            turn = self._next_turn()
+            if turn is False:
+                return
+            if turn is not True:
+                with contextlib.suppress(BaseException):  # the action's own failure is the one already known
+                    turn(self._produced)
+                return
             try:
                 with _deferring() as actions:
                     item = self.make()
@@ -91,9 +115,10 @@ class ReadAhead(Generic[T]):
             except BaseException as error:  # noqa: BLE001 - raised on the consumer's thread
                 made = _Made("error", error, None, [])
             with self._condition:
-                if self._stopping:
-                    return
-                self._made.append(made)
+                self._produced += 1
+                self._making = False
+                if not self._stopping:
+                    self._made.append(made)
                 self._condition.notify_all()
             if made.kind != "item":
                 return
@@ -103,9 +128,11 @@ class ReadAhead(Generic[T]):
         with self._condition:
             while not self._made:
                 if not self._thread.is_alive():
-                    raise RuntimeError("the read-ahead thread ended without an item (it was stopped)")
+                    raise RuntimeError(f"the {self._thread.name} thread ended without an item (it was stopped)")
                 self._condition.wait(timeout=1.0)
             made = self._made.popleft()
+            if made.kind == "item":
+                self._delivered += 1
             self._condition.notify_all()
         if made.kind != "item":
             self._thread.join()  # it ended after publishing: nothing of it runs once the consumer sees the end
@@ -116,22 +143,27 @@ class ReadAhead(Generic[T]):
             action()
         return made.value, made.state
 
-    def stop(self, wait_s: float | None = STOP_WAIT_S, *, fill: bool = True) -> None:
-        """End the thread and drop what was made ahead. With ``fill`` it first makes all it may (``depth`` items
-        ahead of the consumer, or up to the end or an error): where the items come from collectives (the exchange),
-        every rank of a module that stops at the same consumer position has then made the same items, so no rank's
-        thread is left waiting in an exchange its peers' threads never enter. Waits up to ``wait_s`` seconds for the
-        thread to end (None: until it ends)."""
+    def made_ahead(self) -> tuple[list[T], bool]:
+        """The items made and not taken yet, and whether one is being made now."""
         with self._condition:
-            while fill and len(self._made) < self.depth and self._thread.is_alive() and not self._ended():
-                self._condition.wait(timeout=1.0)
+            return [made.value for made in self._made if made.kind == "item"], self._making
+
+    def interrupt(self, action: Callable[[int], None]) -> None:
+        """End the thread with ``action(items made)`` run on it in place of its next item (after the item it is
+        making, at once when it waits for room)."""
+        with self._condition:
+            self._interrupt = action
+            self._condition.notify_all()
+
+    def stop(self, wait_s: float | None = None) -> None:
+        """Drop what was made ahead and let the thread end once it has made all it may (see the class); wait up to
+        ``wait_s`` seconds for it (None: until it ends; 0: not at all)."""
+        with self._condition:
             self._stopping = True
             self._made.clear()
             self._condition.notify_all()
-        self.join(wait_s)
-
-    def _ended(self) -> bool:
-        return bool(self._made) and self._made[-1].kind != "item"
+        if wait_s is None or wait_s > 0:
+            self.join(wait_s)
 
     def join(self, wait_s: float | None = None) -> None:
         if self._thread is not threading.current_thread():

@@ -156,9 +156,7 @@ def run_thread_lifecycle(components, *, micro_batch_size=8, window_size=2):
     for _ in range(12):
         next(iterator)
         time.sleep(0.05)
-        prefetcher = exchange_node(loader)._prefetcher
-        with prefetcher.condition:
-            held.append(prefetcher.produced - prefetcher.delivered)
+        held.append(exchange_node(loader).prefetched().queued)
     report["max_held"] = max(held)
     report["depth"] = PREFETCH_DEPTH
     # 2. A reset (a restore: a later iter() alone continues) replaces the thread rather than adding one.
