@@ -74,6 +74,7 @@ class ReadAhead(Generic[T]):
         self._produced = self._delivered = 0
         self._stopping = self._making = False
         self._interrupt: Callable[[int], None] | None = None
+        self._final: _Made | None = None  # the end or the error, once taken
         if device is None and torch.cuda.is_available() and torch.cuda.is_initialized():
             device = torch.cuda.current_device()
         self._device = device
@@ -125,6 +126,8 @@ class ReadAhead(Generic[T]):
 
     def take(self) -> tuple[T, Any]:
         """The next item and the state after it; raises ``make``'s StopIteration or error in its turn."""
+        if self._final is not None:  # the stream ended or failed: so it stays
+            self._raise(self._final)
         with self._condition:
             while not self._made:
                 if not self._thread.is_alive():
@@ -136,12 +139,17 @@ class ReadAhead(Generic[T]):
             self._condition.notify_all()
         if made.kind != "item":
             self._thread.join()  # it ended after publishing: nothing of it runs once the consumer sees the end
-            if made.kind == "end":
-                raise StopIteration
-            raise made.value
+            self._final = made
+            self._raise(made)
         for action in made.actions:
             action()
         return made.value, made.state
+
+    @staticmethod
+    def _raise(made: _Made) -> None:
+        if made.kind == "end":
+            raise StopIteration
+        raise made.value
 
     def made_ahead(self) -> tuple[list[T], bool]:
         """The items made and not taken yet, and whether one is being made now."""

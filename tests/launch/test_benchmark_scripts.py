@@ -120,3 +120,15 @@ def test_window_few_costs_benchmark_runs_small():
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "| 4 x 16 / 8, 60%, 256/576/1024 (the reported kind) | 2 (2) | " in result.stdout
+
+
+def test_data_wait_benchmark_runs_small(tmp_path):
+    out = tmp_path / "data_wait.json"
+    result = subprocess.run([sys.executable, "benchmarks/data_wait.py", "--iterations", "2", "--warmup", "1", "--workers", "1",
+                             "--iteration-ms", "20", "--micro-batch-size", "2", "--json", str(out)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "| read-ahead | 1 workers: wait % (median ms / iteration) |" in result.stdout
+    figures = json.loads(out.read_text())["results"]
+    assert [(r["mode"], r["read_ahead"] > 0) for r in figures] == [("off", False), ("on", True), ("on + mimo_batch on its thread", True)]
+    assert all(0 <= r["wait_percent"] <= 100 and r["median_iteration_ms"] >= 20 for r in figures)

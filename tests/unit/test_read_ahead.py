@@ -198,3 +198,17 @@ def test_an_nccl_exchange_on_the_read_ahead_thread_is_refused_with_one_hardware_
     assert check_read_ahead(0, exchange_on_gpu=True, exchanges=True, device_max_connections="1") == 0
     assert check_read_ahead(2, exchange_on_gpu=True, exchanges=True, device_max_connections=None) == 2
 
+
+
+def test_after_the_error_the_loader_raises_it_again_and_after_the_end_ends_again():
+    loader = GraphLoader(graph(window_size=1, fail_at=1), read_ahead=2)
+    next(loader)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="cannot be decoded"):
+            next(loader)
+    loader.close()
+    reader = ReadAhead(iter(range(2)).__next__, lambda: None, depth=2)
+    assert [reader.take()[0] for _ in range(2)] == [0, 1]
+    for _ in range(2):
+        with pytest.raises(StopIteration):
+            reader.take()
