@@ -20,6 +20,7 @@ from typing import Any
 from mimo_pipes.data import bad_rows
 from mimo_pipes.data.sources.energon_source import is_energon
 from mimo_pipes.data.sources.open_source import data_files, open_source, read_rows
+from mimo_pipes.data.storage.s3_url import is_s3
 from mimo_pipes.errors import ConfigError, json_error_text
 
 
@@ -108,6 +109,13 @@ def open_rows(spec: str, split: str = "train") -> SourceRows:
         problems, unread = source_problems(dataset)
         findings = [Finding(Place(p.order, p.text), p.kind, f"{p.reason}; its rows are not checked", rows=p.rows) for p in problems]
         return SourceRows(spec, len(dataset), findings, dataset=dataset, unread=unread if problems else None)
+    if is_s3(spec):
+        from mimo_pipes.data.sources.s3_source import is_file_spec, local_copy, s3_files
+
+        if is_file_spec(spec) and s3_files(spec)[0] == "parquet":  # read in place, row group by row group
+            dataset = open_source(spec, split)
+            return SourceRows(spec, len(dataset), dataset=dataset)
+        return open_rows(local_copy(spec)[0], split)  # JSON files, a save_to_disk folder: their local copy, read as on disk
     if Path(spec).expanduser().is_dir():
         dataset = open_source(spec, split)
         return SourceRows(spec, len(dataset), dataset=dataset)
