@@ -62,12 +62,12 @@ def test_run_on_s3_consumes_what_it_consumes_on_the_same_files_on_disk(gloo_pool
 def test_faults_during_a_run_lose_and_repeat_nothing(gloo_pool, data, s3, tmp_path):
     _, sources, _ = data
     run_in_pool(gloo_pool, [*COMMON, "--steps", "5", *sources["llava"]["disk"], "--dump-assignments", str(tmp_path / "disk")])
-    s3.proxy.faults.slow_downs = 6
+    s3.proxy.faults.slow_downs = 5  # fewer than the 6 attempts a request gets, whichever rank draws them
     for k in range(0, SIZE, 3):
         s3.proxy.faults.cuts[f"images/{k:03d}-0.png"] = 1
     run_s3(s3, [*COMMON, "--steps", "5", *sources["llava"]["s3"], "--dump-assignments", str(tmp_path / "s3")])
     assert read_dumps(tmp_path / "s3") == read_dumps(tmp_path / "disk")
-    assert s3.proxy.faults.fired["503"] == 6 and s3.proxy.faults.fired["cut"] >= 1
+    assert s3.proxy.faults.fired["503"] == 5 and s3.proxy.faults.fired["cut"] >= 1
 
 
 RESUMED = [*COMMON, "--reorder-window-size", "4", "--reorder-across-microbatches", "--steps", "12"]
