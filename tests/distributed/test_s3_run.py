@@ -89,3 +89,21 @@ def test_resume_and_elastic_resume_on_s3_are_exact(gloo_pool, data, s3, tmp_path
         assert sorted(got[module]) == list(range(SAVED_AT, 12))
         for step in range(SAVED_AT, 2 * WINDOW):
             assert got[module][step] == full[module][step], (module, step)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "llava"])
+def test_analyze_on_s3_predicts_what_it_predicts_on_disk(data, s3, fmt, tmp_path):
+    import json
+
+    from job_runs import analyze_here
+    from s3_server import s3_environment
+
+    _, sources, _ = data
+    flags = [*COMMON, "--steps", "5"]
+    status, _, stderr = analyze_here([*flags, *sources[fmt]["disk"], "--out", str(tmp_path / "disk")])
+    assert status == 0, stderr
+    with s3_environment(s3.env(MIMO_PIPES_CACHE=str(s3.cache))):
+        status, _, stderr = analyze_here([*flags, *sources[fmt]["s3"], "--out", str(tmp_path / "s3")])
+    assert status == 0, stderr
+    disk, got = (json.loads((tmp_path / side / "analysis.json").read_text()) for side in ("disk", "s3"))
+    assert got == disk and set(got) >= {"language", "images"}

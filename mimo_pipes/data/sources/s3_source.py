@@ -128,14 +128,24 @@ def local_copy(spec: str) -> tuple[str, str]:
 
 
 def _downloader(client: S3Store, names: list[tuple[dict, str]]) -> Callable[[Path], None]:
+    """Copies the objects into a folder, with a progress bar on a terminal (the first process of a node copies them;
+    the others find the copy made)."""
+
     def download(into: Path) -> None:
-        for info, name in names:
-            target = into / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                target.write_bytes(client.read("s3://" + info["name"]))
-            except StorageError as error:
-                raise ConfigError("--dataset", f"{error.url}: {error.reason}") from None
+        import sys
+
+        from tqdm import tqdm
+
+        total = sum(int(info["size"]) for info, _ in names)
+        with tqdm(total=total, unit="B", unit_scale=True, desc="copying from S3", file=sys.stderr, disable=not sys.stderr.isatty()) as bar:
+            for info, name in names:
+                target = into / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    target.write_bytes(client.read("s3://" + info["name"]))
+                except StorageError as error:
+                    raise ConfigError("--dataset", f"{error.url}: {error.reason}") from None
+                bar.update(int(info["size"]))
 
     return download
 
