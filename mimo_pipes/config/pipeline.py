@@ -16,7 +16,6 @@ from fractions import Fraction
 from mimo_pipes.config.counts import as_count
 from mimo_pipes.config.flags import flag
 from mimo_pipes.config.planner import planner_settings, two_level_groups
-from mimo_pipes.data.storage.s3_url import is_s3
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.parallel.pairing import pairing_problem
 from mimo_pipes.parallel.topology import COMPONENT_FLAG, Topology, build_topology
@@ -259,10 +258,10 @@ class PipelineConfig:
             raise ConfigError("--exchange-timeout", f"must be positive, got {self.exchange_timeout_s}")
         for setting in ("dataset", "processor"):
             path = getattr(self, setting)
-            if path is not None and not is_s3(path) and not os.path.exists(os.path.expanduser(path)) and not glob.has_magic(path):
+            if path is not None and not _in_s3(path) and not os.path.exists(os.path.expanduser(path)) and not glob.has_magic(path):
                 raise ConfigError(flag(setting), f"{path} does not exist")
         # s3:// URLs are checked by the data's own checks (a request each), before the ranks start.
-        if self.image_folder is not None and not is_s3(self.image_folder) and not os.path.isdir(os.path.expanduser(self.image_folder)):
+        if self.image_folder is not None and not _in_s3(self.image_folder) and not os.path.isdir(os.path.expanduser(self.image_folder)):
             raise ConfigError(flag("image_folder"), f"{self.image_folder} is not a folder")
         return topology
 
@@ -306,3 +305,8 @@ class PipelineConfig:
                 f"{window} must divide the {self.microbatches_per_global_batch} micro-batches of a global batch "
                 "when samples move across micro-batches (a window never crosses a global batch)",
             )
+
+
+def _in_s3(path: str) -> bool:
+    """An ``s3://`` URL (as ``mimo_pipes.data.storage.s3_url.is_s3`` says; config sits below data and does not import it)."""
+    return path.startswith("s3://")
