@@ -157,3 +157,45 @@ def test_without_s3fs_one_line_says_what_to_install(monkeypatch, tmp_path):
     with pytest.raises(ConfigError, match=r'pip install "mimo-pipes\[s3\]"'):
         check_source("s3://data/parquet/part-*.parquet")
     reset_store()
+
+
+@pytest.fixture(scope="module")
+def energon_url(server, tmp_path_factory):
+    pytest.importorskip("megatron.energon")
+    from energon_data import write_real_rows
+
+    s3, _ = server
+    local = write_real_rows(tmp_path_factory.mktemp("energon") / "ds", SIZE, per_shard=5)
+    return s3.upload(local, "s3://energon/ds"), str(local)
+
+
+def test_an_energon_dataset_in_s3_reads_as_on_disk_through_energons_storage_layer(s3, energon_url):
+    server, _ = s3
+    url, local = energon_url
+    faults = server.proxy.faults
+    check_source(url)
+    remote = open_source(url)
+    assert type(remote).__name__ == "EnergonDataset" and remote.remote == url
+    faults.gets.clear()
+    faults.slow_downs = 3
+    faults.cuts["shard-0001.tar"] = 1
+    assert [remote[i] for i in range(SIZE)] == [open_source(local)[i] for i in range(SIZE)]
+    assert faults.fired["503"] == 3 and faults.fired["cut"] == 1
+    shards = {path: count for path, count in faults.gets.items() if path.endswith(".tar")}
+    assert sum(shards.values()) == SIZE  # one range request a sample, none repeated: the index is local
+    faults.gets.clear()
+    assert remote[7] == open_source(local)[7] and dict(faults.gets) == {"/energon/ds/shard-0001.tar": 1}
+
+
+def test_a_missing_energon_shard_in_s3_is_found_before_the_ranks_start(s3, energon_url):
+    server, _ = s3
+    url, _ = energon_url
+    names = [f".nv-meta/{name}" for name in ("dataset.yaml", "split.yaml", ".info.json", "index.sqlite", "index.uuid")]
+    names += [f"shard-000{k}{suffix}" for k in range(3) for suffix in (".tar", ".tar.idx") if (k, suffix) != (1, ".tar")]
+    for name in names:  # the dataset without its shard 1
+        server.client.copy_object(Bucket="energon", Key=f"cut/{name}", CopySource={"Bucket": "energon", "Key": f"ds/{name}"})
+    from mimo_pipes.data.sources.energon_checks import source_problems
+
+    problems, unread = source_problems(open_source("s3://energon/cut"))
+    assert [p.kind for p in problems] == ["missing shard"] and "shard-0001.tar" in problems[0].text
+    assert [row for row in range(SIZE) if unread(row)] == list(range(5, 10))

@@ -59,12 +59,6 @@ def check_source(spec: str | Path, split: str = "train") -> None:
     or ``--split-part``). An Energon dataset's ``dataset.yaml`` is checked against its first samples."""
     from mimo_pipes.data.sources.saved_folder import check_dataset_path
 
-    if is_s3(spec):
-        from mimo_pipes.data.sources.s3_source import check_s3_source
-
-        check_split(spec, split)
-        check_s3_source(str(spec))
-        return
     if is_energon(spec):
         from mimo_pipes.data.sources.energon_checks import check_samples
 
@@ -73,7 +67,11 @@ def check_source(spec: str | Path, split: str = "train") -> None:
             check_samples(part)
         return
     check_split(spec, split)
-    if Path(spec).expanduser().is_dir():
+    if is_s3(spec):
+        from mimo_pipes.data.sources.s3_source import check_s3_source
+
+        check_s3_source(str(spec))
+    elif Path(spec).expanduser().is_dir():
         check_dataset_path(spec)
     else:
         data_files(str(spec))
@@ -136,7 +134,7 @@ def _check_rows(spec: str | Path, ds):
 
 def open_energon(spec: str | Path, split: str = "train"):
     """An Energon dataset folder or metadataset YAML file as a map-style source of conversation rows."""
-    if Path(spec).expanduser().is_dir():
+    if is_s3(spec) or str(spec).startswith("msc://") or Path(spec).expanduser().is_dir():
         return EnergonDataset(spec, split)
     from mimo_pipes.data.sources.energon_blend import EnergonBlend
 

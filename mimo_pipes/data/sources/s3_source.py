@@ -50,8 +50,8 @@ def saved_folder_kind(spec: str) -> bool:
         names = {posixpath.basename(url) for url in client.glob(base + "/*")}
     except StorageError as error:
         raise ConfigError("--dataset", f"{error.url}: {error.reason}") from None
-    if ".nv-meta" in names:
-        raise ConfigError("--dataset", f"{spec}: Megatron-Energon datasets in S3 are not read yet; copy it to a local folder")
+    if ".nv-meta" in names:  # an Energon dataset is found before (energon_source.is_energon): this one lacks dataset.yaml
+        raise ConfigError("--dataset", f"{spec}: an Energon dataset that was not prepared to the end (its .nv-meta/ has no dataset.yaml)")
     if not names:
         raise ConfigError("--dataset", f"{spec}: no such key or folder; {HINT}")
     return any(set(marker) <= names for marker in SAVED_MARKERS)
