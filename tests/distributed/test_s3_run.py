@@ -1,6 +1,7 @@
 """`mimo-pipes run` with ``--dataset s3://...`` (its per-rank body in the warm Gloo pool) against a real S3 server on
-127.0.0.1: the same micro-batches (``--dump-assignments``) as on the same files on disk, for Parquet read in place
-and a LLaVA list with its images fetched per row; exact resume, on the same layout and on another one; a burst
+127.0.0.1: the same micro-batches (``--dump-assignments``) as on the same files on disk, for Parquet read in place,
+a LLaVA list with its images fetched per row and an Energon dataset read through Energon's storage layer; exact
+resume, on the same layout and on another one; a burst
 of 503s and cut connections during the run lose and repeat nothing."""
 
 from __future__ import annotations
@@ -33,6 +34,13 @@ def data(tmp_path_factory):
             url = s3.upload(root / fmt, f"s3://runs/{fmt}")
             sources[fmt] = {"disk": ["--dataset", spec, "--image-folder", str(images)],
                             "s3": ["--dataset", spec.replace(str(root / fmt), url), "--image-folder", f"{url}/images"]}
+        try:
+            from energon_data import write_real_rows
+
+            energon = write_real_rows(root / "energon", SIZE, per_shard=5)
+            sources["energon"] = {"disk": ["--dataset", str(energon)], "s3": ["--dataset", s3.upload(energon, "s3://runs/energon")]}
+        except ImportError:  # no energon extra
+            pass
         yield s3, sources, root
 
 
@@ -49,9 +57,11 @@ def s3(data, tmp_path):
     return s3
 
 
-@pytest.mark.parametrize("fmt", ["parquet", "llava"])
+@pytest.mark.parametrize("fmt", ["parquet", "llava", "energon"])
 def test_run_on_s3_consumes_what_it_consumes_on_the_same_files_on_disk(gloo_pool, data, s3, fmt, tmp_path):
     _, sources, _ = data
+    if fmt not in sources:
+        pytest.skip("needs the energon extra")
     run_in_pool(gloo_pool, [*COMMON, "--steps", "5", *sources[fmt]["disk"], "--dump-assignments", str(tmp_path / "disk")])
     run_s3(s3, [*COMMON, "--steps", "5", *sources[fmt]["s3"], "--dump-assignments", str(tmp_path / "s3")])
     dumps = read_dumps(tmp_path / "s3")
