@@ -8,7 +8,7 @@ timed as a run builds it: the canonical reader (DP 1) and N processing threads (
 embedded processor; for images by path the threads are the concurrency of the fetches. The disk rate is measured
 at every N too; the goal is S3 at >= 80% of the best disk rate.
 
-    python benchmarks/s3_rows.py --rows 512 --concurrency 1 2 4 8 16 32
+    python benchmarks/s3_rows.py --rows 384 --concurrency 1 4 16 32 64
 """
 
 from __future__ import annotations
@@ -83,8 +83,9 @@ def rate(dataset, processor, workers: int, rows: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=512)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 32, 64])
     parser.add_argument("--delay-ms", type=float, default=20.0)
+    parser.add_argument("--repeats", type=int, default=2, help="measurements of each side at each thread count (the best is kept)")
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -125,21 +126,24 @@ def measure(folder: Path, urls: dict, args: argparse.Namespace) -> None:
     processors = {side: load_processor(default_processor_path(), 1024, image_folder=where)
                   for side, where in (("disk", str(folder / "images")), ("s3", "s3://bench/images"))}
     print(f"{args.rows} rows, {args.delay_ms:g} ms added to every request; {os.cpu_count()} cores, {platform.processor() or platform.machine()}")
-    print("| layout | threads | disk rows/s | S3 rows/s | S3 / best disk | S3 requests |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| layout | threads | disk rows/s | S3 rows/s | S3 / disk | S3 / best disk | S3 requests (last pass) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for layout in ("bytes", "paths"):
         disk = open_source(str(folder / f"{layout}.parquet"))
         results = []
         for workers in args.concurrency:
             os.environ["MIMO_PIPES_S3_CONCURRENCY"] = str(max(16, workers))
             reset_store()
-            on_disk = rate(disk, processors["disk"], workers, args.rows)
-            s3 = open_source(f"s3://bench/{layout}.parquet")
-            on_s3 = rate(s3, processors["s3"], workers, args.rows)
+            on_disk, on_s3 = 0.0, 0.0
+            for _ in range(args.repeats):  # alternating, best of each: the cores are shared, the best is the least disturbed
+                on_disk = max(on_disk, rate(disk, processors["disk"], workers, args.rows))
+                reset_store()  # a cold cache: every row group and image read from the server again
+                s3 = open_source(f"s3://bench/{layout}.parquet")
+                on_s3 = max(on_s3, rate(s3, processors["s3"], workers, args.rows))
             results.append((workers, on_disk, on_s3, store().requests))
         best = max(r[1] for r in results)
         for workers, on_disk, on_s3, requests in results:
-            print(f"| {layout} | {workers} | {on_disk:.0f} | {on_s3:.0f} | {on_s3 / best:.0%} | {requests} |", flush=True)
+            print(f"| {layout} | {workers} | {on_disk:.0f} | {on_s3:.0f} | {on_s3 / on_disk:.0%} | {on_s3 / best:.0%} | {requests} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -85,18 +85,12 @@ class FaultProxy:
                 if fault == "503":
                     self._answer(503, {"Content-Type": "application/xml"}, SLOW_DOWN)
                     return
-                upstream_conn = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
-                try:
-                    headers = {k: v for k, v in self.headers.items() if k.lower() != "content-length"}
-                    upstream_conn.request(self.command, self.path, body=body, headers=headers)
-                    answer = upstream_conn.getresponse()
-                    data = answer.read()
-                    # A HEAD answer's length is the object's, not its (empty) body's.
-                    dropped = ("transfer-encoding", "connection") + (() if self.command == "HEAD" else ("content-length",))
-                    out = {k: v for k, v in answer.getheaders() if k.lower() not in dropped}
-                    status = answer.status
-                finally:
-                    upstream_conn.close()
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "content-length"}
+                answer, data = self._upstream(body, headers)
+                # A HEAD answer's length is the object's, not its (empty) body's.
+                dropped = ("transfer-encoding", "connection") + (() if self.command == "HEAD" else ("content-length",))
+                out = {k: v for k, v in answer.getheaders() if k.lower() not in dropped}
+                status = answer.status
                 if fault == "cut" and len(data) > 1:
                     self._cut(status, out, data)
                     return
@@ -104,6 +98,28 @@ class FaultProxy:
                     with faults.lock:
                         faults.gets[self.path.split("?")[0]] += 1
                 self._answer(status, out, data)
+
+            def _upstream(self, body: bytes | None, headers: dict) -> tuple[http.client.HTTPResponse, bytes]:
+                """The server's answer, on this client connection's own connection to it (opened again once if it was closed)."""
+                for attempt in range(2):
+                    conn = getattr(self, "upstream_conn", None)
+                    if conn is None:
+                        conn = self.upstream_conn = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
+                    try:
+                        conn.request(self.command, self.path, body=body, headers=headers)
+                        answer = conn.getresponse()
+                        return answer, answer.read()
+                    except (http.client.HTTPException, OSError):
+                        conn.close()
+                        self.upstream_conn = None
+                        if attempt:
+                            raise
+                raise AssertionError("unreachable")
+
+            def finish(self) -> None:
+                super().finish()
+                if getattr(self, "upstream_conn", None) is not None:
+                    self.upstream_conn.close()
 
             def _answer(self, status: int, headers: dict, data: bytes) -> None:
                 self.send_response(status)
