@@ -91,20 +91,21 @@ def main() -> None:
     if args.serve:
         serve(args.serve, args.delay_ms, lifetime_s=1800)
         return
-    folder = Path(tempfile.mkdtemp(prefix="s3-rows-"))
-    generate(folder, args.rows)
-    port_file = folder / "server.json"
-    server = subprocess.Popen([sys.executable, __file__, "--serve", str(port_file), "--delay-ms", str(args.delay_ms)])
-    try:
-        for _ in range(600):  # 60 s at most
-            if port_file.exists():
-                break
-            time.sleep(0.1)
-        urls = json.loads(port_file.read_text())
-        measure(folder, urls, args)
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    with tempfile.TemporaryDirectory(prefix="s3-rows-") as tmp:
+        folder = Path(tmp)
+        generate(folder, args.rows)
+        port_file = folder / "server.json"
+        server = subprocess.Popen([sys.executable, __file__, "--serve", str(port_file), "--delay-ms", str(args.delay_ms)])
+        try:
+            for _ in range(600):  # 60 s at most
+                if port_file.exists():
+                    break
+                time.sleep(0.1)
+            urls = json.loads(port_file.read_text())
+            measure(folder, urls, args)
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
 
 
 def measure(folder: Path, urls: dict, args: argparse.Namespace) -> None:

@@ -120,3 +120,14 @@ def test_window_few_costs_benchmark_runs_small():
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "| 4 x 16 / 8, 60%, 256/576/1024 (the reported kind) | 2 (2) | " in result.stdout
+
+
+def test_s3_rows_benchmark_runs_small():
+    pytest.importorskip("moto.server")
+    result = subprocess.run([sys.executable, "benchmarks/s3_rows.py", "--rows", "24", "--concurrency", "2", "--repeats", "1"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [line.split("|") for line in result.stdout.splitlines() if line.startswith(("| bytes |", "| paths |"))]
+    assert [row[1].strip() for row in rows] == ["bytes", "paths"]
+    assert all(float(row[4]) > 0 for row in rows)  # S3 rows per second measured
+    assert int(rows[1][7]) >= 24  # images by path: a request per row at least

@@ -199,3 +199,17 @@ def test_a_missing_energon_shard_in_s3_is_found_before_the_ranks_start(s3, energ
     problems, unread = source_problems(open_source("s3://energon/cut"))
     assert [p.kind for p in problems] == ["missing shard"] and "shard-0001.tar" in problems[0].text
     assert [row for row in range(SIZE) if unread(row)] == list(range(5, 10))
+
+
+@pytest.mark.parametrize("fmt", ["llava", "disk", "parquet"])
+def test_a_sources_fingerprint_is_its_objects_not_where_or_when_it_was_copied(s3, fmt, tmp_path, monkeypatch):
+    """What a saved state checks on resume: equal on every node (another cache, another copy), nothing read for it."""
+    server, specs = s3
+    first = open_source(specs[fmt]["s3"])._fingerprint
+    monkeypatch.setenv("MIMO_PIPES_CACHE", str(tmp_path / "another-cache"))
+    server.proxy.faults.gets.clear()
+    again = open_source(specs[fmt]["s3"])
+    assert again._fingerprint == first and first.startswith("s3:")
+    if fmt == "parquet":  # in place: a listing of the bucket, then each file's footer, one request each
+        objects = {path: count for path, count in server.proxy.faults.gets.items() if path != "/data"}
+        assert objects == {"/data/parquet/part-0.parquet": 1, "/data/parquet/part-1.parquet": 1}
