@@ -213,3 +213,20 @@ def test_a_sources_fingerprint_is_its_objects_not_where_or_when_it_was_copied(s3
     if fmt == "parquet":  # in place: a listing of the bucket, then each file's footer, one request each
         objects = {path: count for path, count in server.proxy.faults.gets.items() if path != "/data"}
         assert objects == {"/data/parquet/part-0.parquet": 1, "/data/parquet/part-1.parquet": 1}
+
+
+def test_check_names_a_bad_line_of_an_s3_file_by_its_url(s3, tmp_path):
+    from mimo_pipes.cli.main import main
+
+    server, specs = s3
+    lines = open(specs["jsonl"]["local"]).read().splitlines()
+    lines[2] = "{not json"
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "rows.jsonl").write_text("\n".join(lines) + "\n")
+    url = server.upload(tmp_path / "bad", "s3://data/bad-jsonl") + "/rows.jsonl"
+    stdout = io.StringIO()
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(stdout):
+        status = main(["check", "--dataset", url, "--image-folder", specs["jsonl"]["s3_images"]])
+    assert status == 1
+    named = [line for line in stdout.getvalue().splitlines() if "line 3" in line]
+    assert named and all(f"{url} line 3" in line for line in named), stdout.getvalue()

@@ -127,6 +127,14 @@ def local_copy(spec: str) -> tuple[str, str]:
     return local, fingerprint
 
 
+def copied_names(spec: str) -> dict[str, str]:
+    """Each local copy of ``spec``'s JSON files (as :func:`local_copy` names them) -> its ``s3://`` URL."""
+    local, _ = local_copy(spec)
+    folder = Path(local).parent
+    _, objects = s3_files(spec)
+    return {str(folder / f"{k:05d}-{posixpath.basename(o['name'])}"): "s3://" + o["name"] for k, o in enumerate(objects)}
+
+
 def _downloader(client: S3Store, names: list[tuple[dict, str]]) -> Callable[[Path], None]:
     """Copies the objects into a folder, with a progress bar on a terminal (the first process of a node copies them;
     the others find the copy made)."""
