@@ -230,3 +230,12 @@ def test_check_names_a_bad_line_of_an_s3_file_by_its_url(s3, tmp_path):
     assert status == 1
     named = [line for line in stdout.getvalue().splitlines() if "line 3" in line]
     assert named and all(f"{url} line 3" in line for line in named), stdout.getvalue()
+
+
+def test_a_parquet_source_in_s3_pickles_for_worker_processes(s3):
+    import pickle
+
+    _, specs = s3
+    dataset = open_source(specs["parquet"]["s3"])
+    copy = pickle.loads(pickle.dumps(dataset))
+    assert len(copy) == len(dataset) and copy[5] == dataset[5] and copy.cache is not dataset.cache

@@ -57,6 +57,19 @@ class S3ParquetRows:
     def __len__(self) -> int:
         return self._starts[-1]
 
+    def __getstate__(self) -> dict:
+        """A copy (worker processes under ``--skip-bad-samples``) takes its process's client and an empty cache."""
+        state = dict(self.__dict__)
+        state["client"], state["cache"] = None, None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        from mimo_pipes.data.storage.s3_store import store
+
+        self.__dict__.update(state)
+        self.client = store()
+        self.cache = ByteBoundedCache(self.client.settings.cache_bytes, lambda v: v[1])
+
     def __getitem__(self, index: int) -> dict[str, Any]:
         if not 0 <= index < len(self):
             raise IndexError(f"row {index} of {self.spec} (it has {len(self)})")
