@@ -26,5 +26,5 @@ if [ -z "${PYTHONDONTWRITEBYTECODE:-}" ]; then compile=(--no-compile); fi
 # torch 2.13.0 is the CPU build this environment keeps on disk; set TORCH_SPEC to choose another.
 step python -m pip install -q ${compile[@]+"${compile[@]}"} "${TORCH_SPEC:-torch==2.13.0}"
 # CI tests the oldest megatron-core the package admits; the GPU machine runs the newest (set MEGATRON_CORE_SPEC).
-step python -m pip install -q ${compile[@]+"${compile[@]}"} -e ".[test,energon]" "${MEGATRON_CORE_SPEC:-megatron-core==0.16.1}"
+step python -m pip install -q ${compile[@]+"${compile[@]}"} -e ".[test,energon,s3]" "${MEGATRON_CORE_SPEC:-megatron-core==0.16.1}"
 python -W ignore -c "import torch, torchdata, megatron.core, megatron.energon, transformers, datasets, mimo_pipes; print('set-up ok: torch', torch.__version__)"

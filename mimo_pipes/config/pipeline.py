@@ -266,9 +266,10 @@ class PipelineConfig:
             raise ConfigError("--exchange-timeout", f"must be positive, got {self.exchange_timeout_s}")
         for setting in ("dataset", "processor"):
             path = getattr(self, setting)
-            if path is not None and not os.path.exists(os.path.expanduser(path)) and not glob.has_magic(path):
+            if path is not None and not _in_s3(path) and not os.path.exists(os.path.expanduser(path)) and not glob.has_magic(path):
                 raise ConfigError(flag(setting), f"{path} does not exist")
-        if self.image_folder is not None and not os.path.isdir(os.path.expanduser(self.image_folder)):
+        # s3:// URLs are checked by the data's own checks (a request each), before the ranks start.
+        if self.image_folder is not None and not _in_s3(self.image_folder) and not os.path.isdir(os.path.expanduser(self.image_folder)):
             raise ConfigError(flag("image_folder"), f"{self.image_folder} is not a folder")
         return topology
 
@@ -312,3 +313,8 @@ class PipelineConfig:
                 f"{window} must divide the {self.microbatches_per_global_batch} micro-batches of a global batch "
                 "when samples move across micro-batches (a window never crosses a global batch)",
             )
+
+
+def _in_s3(path: str) -> bool:
+    """An ``s3://`` URL (as ``mimo_pipes.data.storage.s3_url.is_s3`` says; config sits below data and does not import it)."""
+    return path.startswith("s3://")

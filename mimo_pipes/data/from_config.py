@@ -11,6 +11,7 @@ from mimo_pipes.data.embedded.builtin_dataset import default_dataset_path
 from mimo_pipes.data.embedded.builtin_processor import default_processor_path
 from mimo_pipes.data.processing.processor import SampleProcessor, load_processor
 from mimo_pipes.data.sources.open_source import dataset_folder
+from mimo_pipes.data.storage.s3_url import is_s3
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.time_model import TimeModelError
 
@@ -60,6 +61,10 @@ def check_data_settings(config: PipelineConfig) -> None:
     if not isinstance(config.split_part, str) or not config.split_part.strip():
         raise ConfigError(flag("split_part"), f"must name a split part (train, val, test), got {config.split_part!r}")
     check_split(config.dataset, config.split_part)
+    if is_s3(config.image_folder):
+        from mimo_pipes.data.sources.s3_source import check_s3_folder
+
+        check_s3_folder(str(config.image_folder), flag("image_folder"))
     if config.image_folder is not None and config.dataset is not None and is_energon(config.dataset):
         raise ConfigError(flag("image_folder"), f"does not apply to an Energon --dataset ({config.dataset}): its images are read "
                                                 "from its shards; leave --image-folder out")

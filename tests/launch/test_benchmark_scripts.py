@@ -132,3 +132,14 @@ def test_data_wait_benchmark_runs_small(tmp_path):
     figures = json.loads(out.read_text())["results"]
     assert [(r["mode"], r["read_ahead"] > 0) for r in figures] == [("off", False), ("on", True), ("on + mimo_batch on its thread", True)]
     assert all(0 <= r["wait_percent"] <= 100 and r["median_iteration_ms"] >= 20 for r in figures)
+
+
+def test_s3_rows_benchmark_runs_small():
+    pytest.importorskip("moto.server")
+    result = subprocess.run([sys.executable, "benchmarks/s3_rows.py", "--rows", "24", "--concurrency", "2", "--repeats", "1"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [line.split("|") for line in result.stdout.splitlines() if line.startswith(("| bytes |", "| paths |"))]
+    assert [row[1].strip() for row in rows] == ["bytes", "paths"]
+    assert all(float(row[4]) > 0 for row in rows)  # S3 rows per second measured
+    assert int(rows[1][7]) >= 24  # images by path: a request per row at least

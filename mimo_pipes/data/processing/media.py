@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from mimo_pipes.data import bad_rows
+from mimo_pipes.data.storage.s3_url import is_s3
 from mimo_pipes.errors import SampleError
 
 
@@ -59,12 +60,26 @@ def encoded_source(item: Any, image_folder: str | None, row: object, what: str) 
     if isinstance(item, dict) and item.get("bytes") is not None:
         return io.BytesIO(item["bytes"])
     if isinstance(item, dict) and item.get("path"):
-        return resolve(item["path"], image_folder, row, what)
+        return _file(item["path"], image_folder, row, what)
     if isinstance(item, (bytes, bytearray)):
         return io.BytesIO(bytes(item))
     if isinstance(item, (str, Path)):
-        return resolve(item, image_folder, row, what)
+        return _file(item, image_folder, row, what)
     raise TypeError(f"unsupported image type {type(item).__name__}")
+
+
+def _file(path: str | Path, image_folder: str | None, row: object, what: str) -> io.BytesIO | Path:
+    """The file ``path`` names: resolved on disk, or its bytes fetched from an ``s3://`` image folder."""
+    return io.BytesIO(path_bytes(path, image_folder, row, what)) if is_s3(image_folder) else resolve(path, image_folder, row, what)
+
+
+def path_bytes(path: str | Path, image_folder: str | None, row: object, what: str) -> bytes:
+    """The bytes of the file ``path`` names inside ``image_folder`` (a folder, or an ``s3://`` folder URL)."""
+    if is_s3(image_folder):
+        from mimo_pipes.data.storage.s3_images import image_bytes
+
+        return image_bytes(path, str(image_folder), row, what)
+    return resolve(path, image_folder, row, what).read_bytes()
 
 
 def resolve(path: str | Path, image_folder: str | Path | None, row: object, what: str) -> Path:

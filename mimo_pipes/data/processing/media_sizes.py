@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from mimo_pipes.data.processing.conversation import row_images, row_videos
-from mimo_pipes.data.processing.media import as_list, encoded_source, resolve
+from mimo_pipes.data.processing.media import as_list, encoded_source, path_bytes
 from mimo_pipes.errors import SampleError
 
 ImageSize = tuple[int, int]
@@ -150,7 +150,7 @@ def _encoded(item: Any, image_folder: str | None, sample_id: object, what: str, 
         path = item
     else:
         return item
-    return {"bytes": resolve(path, image_folder, sample_id, what).read_bytes(), "path": str(path)}
+    return {"bytes": path_bytes(path, image_folder, sample_id, what), "path": str(path)}
 
 
 def _png(image: Any, sample_id: object, what: str) -> bytes:

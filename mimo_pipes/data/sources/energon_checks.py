@@ -61,7 +61,12 @@ def shard_problems(dataset: EnergonDataset) -> list[ShardProblem]:
     for shard, name in enumerate(dataset.shards):
         count = dataset.counts[shard]
         path = dataset.path / name
-        why = _unreadable(path, path.with_suffix(ITAR_SUFFIX), count) if count else None
+        if getattr(dataset, "remote", None) and count:
+            from mimo_pipes.data.sources.energon_remote import epath, remote_unreadable
+
+            why = remote_unreadable(epath(dataset.remote) / name, path.with_suffix(ITAR_SUFFIX), count)
+        else:
+            why = _unreadable(path, path.with_suffix(ITAR_SUFFIX), count) if count else None
         if why is not None:
             kind, reason, first = why
             found.append(ShardProblem(shard, name, count, first, count - first, dataset.starts[shard], kind, reason))

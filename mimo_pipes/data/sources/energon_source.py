@@ -53,6 +53,10 @@ def energon():
 
 def is_energon(spec: str | Path) -> bool:
     """Whether ``spec`` names an Energon dataset (a folder with ``.nv-meta/``) or metadataset (a YAML file)."""
+    from mimo_pipes.data.sources.energon_remote import is_remote, is_remote_energon
+
+    if is_remote(spec):
+        return is_remote_energon(str(spec))
     path = Path(spec).expanduser()
     if path.is_dir():
         return (path / META).is_dir()
@@ -85,6 +89,9 @@ class _OpenShard:
     index_fd: int  # the shard's .tar.idx: one native uint64 byte offset per sample, then the shard's end
     size: int
 
+    def read(self, count: int, offset: int) -> bytes:
+        return os.pread(self.fd, count, offset)
+
     def span(self, sample: int) -> tuple[int, int]:
         raw = os.pread(self.index_fd, 16, 8 * sample)
         if len(raw) < 16:
@@ -106,7 +113,11 @@ class EnergonDataset:
 
     def __init__(self, path: str | Path, split: str = "train", *, open_shards: int = OPEN_SHARDS) -> None:
         energon()
-        self.path = Path(path).expanduser()
+        from mimo_pipes.data.sources.energon_remote import is_remote, local_meta
+
+        # In object storage: the metadata and indexes copied locally; the shards read where they are.
+        self.remote = str(path).rstrip("/") if is_remote(path) else None
+        self.path = local_meta(str(path)) if self.remote else Path(path).expanduser()
         self.split = split
         self.open_shards = max(1, open_shards)
         where = f"{str(path)!r}"
@@ -165,7 +176,7 @@ class EnergonDataset:
             except (IndexError, OSError) as error:
                 raise ShardFault(bad_rows.STALE_INDEX, f"its index has no entry for sample {sample} ({error})") from None
             if stop > handle.size:
-                head = os.pread(handle.fd, 512, start) if start < handle.size else b""
+                head = handle.read(512, start) if start < handle.size else b""
                 if head and not is_header(head):  # the index points into other bytes: not a cut, a change
                     raise ShardFault(bad_rows.STALE_INDEX, f"its index points at no tar member (byte {start}) and past the shard's "
                                      f"end ({handle.size} bytes): the shard changed after energon prepare; prepare the dataset again")
@@ -173,7 +184,7 @@ class EnergonDataset:
                                  f"byte {stop}: it is truncated")
             if stop <= start:
                 raise ShardFault(bad_rows.STALE_INDEX, f"its index gives the sample no bytes ({start}..{stop}): prepare the dataset again")
-            data = os.pread(handle.fd, stop - start, start)
+            data = handle.read(stop - start, start)
         if len(data) < stop - start:
             raise ShardFault(bad_rows.TRUNCATED_SHARD, f"read {len(data)} of the sample's {stop - start} bytes: the shard is truncated")
         return members(data, None if every_part else self.kind.parts)
@@ -192,6 +203,8 @@ class EnergonDataset:
     def _opened(self, shard: int) -> _OpenShard:
         from megatron.energon.flavors.webdataset.itar import ITAR_SUFFIX
 
+        if self.remote:
+            return self._opened_remote(shard)
         path = self.path / self.shards[shard]
         try:
             fd = os.open(path, os.O_RDONLY)
@@ -212,6 +225,22 @@ class EnergonDataset:
             raise ShardFault(bad_rows.STALE_INDEX, f"its index holds {entries - 1} samples but .info.json says {self.counts[shard]}: "
                              "prepare the dataset again")
         return _OpenShard(fd, index_fd, os.fstat(fd).st_size)
+
+    def _opened_remote(self, shard: int):
+        from megatron.energon.flavors.webdataset.itar import ITAR_SUFFIX
+
+        from mimo_pipes.data.sources.energon_remote import RemoteShard, epath, remote_size
+
+        path = epath(self.remote) / self.shards[shard]
+        size = remote_size(path)
+        if size is None:
+            raise ShardFault(bad_rows.MISSING_SHARD, f"the shard {path} does not exist")
+        index = (self.path / self.shards[shard]).with_suffix(ITAR_SUFFIX)
+        try:
+            index_fd = os.open(index, os.O_RDONLY)
+        except OSError:
+            raise ShardFault(bad_rows.STALE_INDEX, f"the shard has no index ({index.name}): prepare the dataset again") from None
+        return RemoteShard(path, index_fd, size)
 
     def close(self) -> None:
         with self._lock:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from mimo_pipes.data.cache import cache_root
 from mimo_pipes.data.sources.energon_source import EnergonDataset, check_split, is_energon
+from mimo_pipes.data.storage.s3_url import is_s3
 from mimo_pipes.errors import ConfigError, json_error_text
 from mimo_pipes.observe.third_party import quiet_datasets
 
@@ -37,10 +38,15 @@ def data_files(spec: str) -> tuple[str, list[str]]:
     return builders.pop(), files
 
 
-def dataset_folder(spec: str | Path) -> Path:
+def dataset_folder(spec: str | Path) -> Path | str:
     """The folder that holds ``spec``'s rows: a ``save_to_disk`` folder itself, a file's folder, or the
-    deepest folder of a glob above its first wildcard. Image paths in the rows resolve inside it when no
-    ``--image-folder`` is given."""
+    deepest folder of a glob above its first wildcard (an ``s3://`` URL for data in S3). Image paths in the
+    rows resolve inside it when no ``--image-folder`` is given."""
+    if is_s3(spec):
+        from mimo_pipes.data.sources.s3_source import is_file_spec
+        from mimo_pipes.data.storage.s3_url import parent
+
+        return parent(str(spec)) if is_file_spec(str(spec)) else str(spec).rstrip("/")
     path = Path(spec).expanduser()
     if glob.has_magic(str(path)):
         fixed = [part for part in path.parts[: next(k for k, part in enumerate(path.parts) if glob.has_magic(part))]]
@@ -61,7 +67,11 @@ def check_source(spec: str | Path, split: str = "train") -> None:
             check_samples(part)
         return
     check_split(spec, split)
-    if Path(spec).expanduser().is_dir():
+    if is_s3(spec):
+        from mimo_pipes.data.sources.s3_source import check_s3_source
+
+        check_s3_source(str(spec))
+    elif Path(spec).expanduser().is_dir():
         check_dataset_path(spec)
     else:
         data_files(str(spec))
@@ -89,6 +99,10 @@ def open_source(spec: str | Path, split: str = "train"):
     if is_energon(spec):  # before datasets is imported: an Energon source does without it
         return open_energon(spec, split)
     check_split(spec, split)
+    if is_s3(spec):
+        from mimo_pipes.data.sources.s3_source import open_s3_source
+
+        return _check_rows(spec, open_s3_source(str(spec), open_source))
     import datasets
 
     from mimo_pipes.data.sources.saved_folder import open_dataset
@@ -102,6 +116,11 @@ def open_source(spec: str | Path, split: str = "train"):
                 ds = datasets.load_dataset(builder, data_files=files, split="train", cache_dir=str(cache_root() / "datasets"))
         except Exception as e:  # noqa: BLE001 - any parsing failure is a bad --dataset
             raise ConfigError("--dataset", f"cannot read {str(spec)!r} as {builder}: {why_unreadable(builder, files, e)}") from e
+    return _images_undecoded(_check_rows(spec, ds))
+
+
+def _check_rows(spec: str | Path, ds):
+    """``ds`` when it has a conversation column and rows; ConfigError naming ``spec`` otherwise."""
     columns = set(ds.column_names)
     if not (columns & {"messages", "conversations"} or {"prompt", "response"} <= columns):
         raise ConfigError(
@@ -110,12 +129,12 @@ def open_source(spec: str | Path, split: str = "train"):
         )
     if len(ds) == 0:
         raise ConfigError("--dataset", f"{str(spec)!r} is empty")
-    return _images_undecoded(ds)
+    return ds
 
 
 def open_energon(spec: str | Path, split: str = "train"):
     """An Energon dataset folder or metadataset YAML file as a map-style source of conversation rows."""
-    if Path(spec).expanduser().is_dir():
+    if is_s3(spec) or str(spec).startswith("msc://") or Path(spec).expanduser().is_dir():
         return EnergonDataset(spec, split)
     from mimo_pipes.data.sources.energon_blend import EnergonBlend
 

@@ -20,6 +20,7 @@ from typing import Any
 from mimo_pipes.data import bad_rows
 from mimo_pipes.data.sources.energon_source import is_energon
 from mimo_pipes.data.sources.open_source import data_files, open_source, read_rows
+from mimo_pipes.data.storage.s3_url import is_s3
 from mimo_pipes.errors import ConfigError, json_error_text
 
 
@@ -108,6 +109,14 @@ def open_rows(spec: str, split: str = "train") -> SourceRows:
         problems, unread = source_problems(dataset)
         findings = [Finding(Place(p.order, p.text), p.kind, f"{p.reason}; its rows are not checked", rows=p.rows) for p in problems]
         return SourceRows(spec, len(dataset), findings, dataset=dataset, unread=unread if problems else None)
+    if is_s3(spec):
+        from mimo_pipes.data.sources.s3_source import copied_names, is_file_spec, local_copy, s3_files
+
+        if is_file_spec(spec) and s3_files(spec)[0] == "parquet":  # read in place, row group by row group
+            dataset = open_source(spec, split)
+            return SourceRows(spec, len(dataset), dataset=dataset)
+        rows = open_rows(local_copy(spec)[0], split)  # JSON files, a save_to_disk folder: their local copy, read as on disk
+        return _named_by_urls(rows, copied_names(spec)) if is_file_spec(spec) else rows
     if Path(spec).expanduser().is_dir():
         dataset = open_source(spec, split)
         return SourceRows(spec, len(dataset), dataset=dataset)
@@ -123,6 +132,23 @@ def open_rows(spec: str, split: str = "train") -> SourceRows:
         return SourceRows(spec, total, findings, files=files, builder=builder)
     empty = [_empty_file(index, name) for index, name in enumerate(files) if builder == "json" and not _has_rows(name)]
     return SourceRows(spec, len(dataset), empty, dataset=dataset, files=files, builder=builder)
+
+
+def _named_by_urls(rows: SourceRows, names: dict[str, str]) -> SourceRows:
+    """``rows`` of local copies whose places name the copies' ``s3://`` URLs instead (what the user passed)."""
+
+    def renamed(place: Place) -> Place:
+        text = place.text
+        for local, url in names.items():
+            text = text.replace(local, url)
+        return Place(place.order, text)
+
+    class Renamed(SourceRows):
+        def places(self, wanted: Iterable[int]) -> dict[int, Place]:
+            return {row: renamed(place) for row, place in super().places(wanted).items()}
+
+    findings = [Finding(renamed(f.place), f.kind, f.reason, f.rows) for f in rows.findings]
+    return Renamed(rows.spec, rows.total, findings, rows.dataset, rows.files, rows.builder, rows.unread)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -1,0 +1,130 @@
+"""A prepared Megatron-Energon dataset in object storage, read through Energon's own storage layer (``EPath`` on
+NVIDIA's multi-storage client): ``s3://bucket/path`` (read as MSC's implicit profile ``msc://_s3-bucket/path``,
+with the endpoint, region and credentials of the standard AWS variables) or ``msc://profile/path`` (a profile of
+the user's MSC configuration). Its ``.nv-meta/`` and the shards' ``.tar.idx`` indexes (small) are copied once into
+the local cache; each sample is then one range request for its bytes, found through the local index, so a rank
+reads only the samples it reads."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from mimo_pipes.data import bad_rows
+from mimo_pipes.data.storage.retries import with_retries
+from mimo_pipes.data.storage.s3_settings import settings_from_env
+from mimo_pipes.errors import ConfigError
+
+META = ".nv-meta"
+
+
+def is_remote(spec: object) -> bool:
+    return isinstance(spec, str) and spec.startswith(("s3://", "msc://"))
+
+
+def epath(spec: str) -> Any:
+    """``spec`` as an Energon ``EPath``: an ``s3://`` URL through MSC's implicit S3 profile of its bucket."""
+    from megatron.energon.epathlib import EPath
+
+    if spec.startswith("s3://"):
+        bucket, _, key = spec[len("s3://"):].partition("/")
+        spec = f"msc://_s3-{bucket}/{key}"
+    return EPath(spec.rstrip("/"))
+
+
+@functools.lru_cache(maxsize=64)
+def is_remote_energon(spec: str) -> bool:
+    """Whether the folder URL ``spec`` holds a prepared Energon dataset (its ``.nv-meta/dataset.yaml``; one request)."""
+    import glob as globbing
+
+    if globbing.has_magic(spec) or Path(spec).suffix.lower() in (".parquet", ".json", ".jsonl", ".yaml", ".yml"):
+        return False
+    try:
+        return bool((epath(spec) / META / "dataset.yaml").is_file())
+    except Exception:  # noqa: BLE001 - no MSC, no such bucket, no endpoint: not an Energon dataset (the S3 checks say why)
+        return False
+
+
+def local_meta(spec: str) -> Path:
+    """A local folder holding the dataset's ``.nv-meta/`` and ``*.tar.idx`` files, copied once (per their sizes)."""
+    from mimo_pipes.data.cache import build_atomically, cache_root
+
+    root = epath(spec)
+    try:
+        files = sorted(p for p in root.walk() if p.relative_to(root).startswith(META + "/") or p.name.endswith(".tar.idx"))
+        listing = [(p.relative_to(root), p.size()) for p in files]
+    except Exception as error:  # noqa: BLE001 - storage failures name the URL
+        raise ConfigError("--dataset", f"{spec}: cannot list the dataset ({' '.join(str(error).split())[:200]})") from None
+    digest = hashlib.sha256(repr((spec, listing)).encode()).hexdigest()[:24]
+
+    def copy(into: Path) -> None:
+        for path, (name, _) in zip(files, listing):
+            target = into / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(path.read_bytes())
+
+    return build_atomically(cache_root() / "energon" / digest, copy)
+
+
+class RemoteShard:
+    """One shard in object storage: its local index, and its bytes read by range (retried on transient errors)."""
+
+    def __init__(self, path: Any, index_fd: int, size: int) -> None:
+        self.path = path
+        self.index_fd = index_fd
+        self.size = size
+        self.settings = settings_from_env()
+
+    def span(self, sample: int) -> tuple[int, int]:
+        import os
+        import struct
+
+        raw = os.pread(self.index_fd, 16, 8 * sample)
+        if len(raw) < 16:
+            raise IndexError(f"the index ends before entry {sample + 1}")
+        start, stop = struct.unpack("QQ", raw)
+        return int(start), int(stop)
+
+    def read(self, count: int, offset: int) -> bytes:
+        from multistorageclient.types import Range
+
+        count = max(0, min(count, self.size - offset))
+        if count == 0:
+            return b""
+        return with_retries(lambda: self.path.fs.read(str(self.path.internal_path), byte_range=Range(offset=offset, size=count)),
+                            attempts=self.settings.attempts, backoff_s=self.settings.backoff_s)
+
+    def close(self) -> None:
+        import os
+
+        os.close(self.index_fd)
+
+
+def remote_size(path: Any) -> int | None:
+    """The object's size; None when it does not exist."""
+    try:
+        return int(path.size())
+    except FileNotFoundError:
+        return None
+
+
+def remote_unreadable(shard: Any, index: Path, count: int) -> tuple[str, str, int] | None:
+    """As :func:`~mimo_pipes.data.sources.energon_checks._unreadable`, for a shard in object storage: missing, an index
+    that does not match, or cut short (its size before the index's end; the first sample past it)."""
+    import numpy as np
+
+    size = remote_size(shard)
+    if size is None:
+        return bad_rows.MISSING_SHARD, f"the shard {shard} does not exist", 0
+    try:
+        offsets = np.frombuffer(index.read_bytes(), dtype=np.uint64)
+    except OSError:
+        return bad_rows.STALE_INDEX, f"the shard has no index ({index.name}): prepare the dataset again", 0
+    if len(offsets) != count + 1:
+        return bad_rows.STALE_INDEX, f"its index holds {len(offsets) - 1} samples but .info.json says {count}: prepare the dataset again", 0
+    if int(offsets[-1]) <= size:
+        return None
+    cut = int(np.searchsorted(offsets[1:], size, side="right"))
+    return bad_rows.TRUNCATED_SHARD, f"the shard ends at byte {size}, inside its sample {cut} (counting from 0): it is truncated", cut

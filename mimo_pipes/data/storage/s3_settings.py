@@ -1,0 +1,62 @@
+"""How a process reads object storage: one frozen object, from ``MIMO_PIPES_S3_*`` environment variables so that
+every rank of a job, however it is launched, reads alike."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from mimo_pipes.errors import ConfigError
+
+ENV = {
+    "concurrency": "MIMO_PIPES_S3_CONCURRENCY",
+    "cache_mb": "MIMO_PIPES_S3_CACHE_MB",
+    "attempts": "MIMO_PIPES_S3_ATTEMPTS",
+    "backoff_s": "MIMO_PIPES_S3_BACKOFF_S",
+    "timeout_s": "MIMO_PIPES_S3_TIMEOUT_S",
+}
+
+
+@dataclass(frozen=True)
+class S3Settings:
+    """``concurrency``: requests in flight at once per process; ``cache_mb``: the memory cache of Parquet row
+    groups (MiB; 0 keeps only the group being read); ``attempts``: tries of one request on a transient
+    error (503, connection reset or cut, timeout), waiting ``backoff_s`` doubled each time; ``timeout_s``:
+    connect and read timeout of one request."""
+
+    concurrency: int = 16
+    cache_mb: float = 256.0
+    attempts: int = 6
+    backoff_s: float = 0.05
+    timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ConfigError(ENV["concurrency"], f"must be >= 1, got {self.concurrency}")
+        if self.attempts < 1:
+            raise ConfigError(ENV["attempts"], f"must be >= 1, got {self.attempts}")
+        for name in ("cache_mb", "backoff_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(ENV[name], f"must be >= 0, got {getattr(self, name)}")
+        if not self.timeout_s > 0:
+            raise ConfigError(ENV["timeout_s"], f"must be positive, got {self.timeout_s}")
+
+    @property
+    def cache_bytes(self) -> int:
+        return int(self.cache_mb * 2**20)
+
+
+def settings_from_env(environ: dict[str, str] | None = None) -> S3Settings:
+    """The settings the ``MIMO_PIPES_S3_*`` variables give (defaults for those unset); one clear line for a bad one."""
+    environ = dict(os.environ) if environ is None else environ
+    values: dict[str, float | int] = {}
+    for name, variable in ENV.items():
+        text = environ.get(variable)
+        if text is None or not text.strip():
+            continue
+        kind = int if name in ("concurrency", "attempts") else float
+        try:
+            values[name] = kind(text)
+        except ValueError:
+            raise ConfigError(variable, f"must be {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+    return S3Settings(**values)  # type: ignore[arg-type]

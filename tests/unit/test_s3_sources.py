@@ -1,0 +1,241 @@
+"""``--dataset s3://...`` and ``--image-folder s3://...`` against a real S3 server (moto's, on 127.0.0.1) behind a
+fault proxy: the rows and image bytes equal those of the same files on disk for every format; a Parquet source
+reads only the row groups asked of it; 503 bursts, cut connections and slow objects lose and repeat nothing;
+a missing bucket or key, denied credentials, an unreachable endpoint are one line naming the URL."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import pytest
+
+pytest.importorskip("s3fs")
+pytest.importorskip("moto.server")
+
+from real_data import write_dataset  # noqa: E402
+from s3_server import local_s3, s3_environment  # noqa: E402
+
+from mimo_pipes.data.processing.media_sizes import encoded_media  # noqa: E402
+from mimo_pipes.data.sources.open_source import check_source, dataset_folder, open_source  # noqa: E402
+from mimo_pipes.errors import ConfigError, SampleError  # noqa: E402
+
+SIZE = 12
+FORMATS = ("parquet", "jsonl", "llava", "disk")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("s3-data")
+    with local_s3() as s3:
+        specs = {}
+        for fmt in FORMATS:
+            spec, images = write_dataset(root / fmt, fmt, SIZE)
+            url = s3.upload(root / fmt, f"s3://data/{fmt}")
+            local = spec.replace(str(root / fmt), url)
+            specs[fmt] = {"local": spec, "images": str(images), "s3": local, "s3_images": f"{url}/images"}
+        yield s3, specs
+
+
+@pytest.fixture
+def s3(server, tmp_path, monkeypatch):
+    s3, specs = server
+    monkeypatch.setenv("MIMO_PIPES_CACHE", str(tmp_path / "cache"))
+    s3.proxy.faults.__init__()
+    with s3_environment(s3.env(MIMO_PIPES_S3_BACKOFF_S="0.01", MIMO_PIPES_S3_TIMEOUT_S="2")):
+        yield s3, specs
+
+
+def rows_of(spec: str, folder: str) -> list[dict]:
+    dataset = open_source(spec)
+    return [encoded_media({**dataset[i]}, folder, i) for i in range(len(dataset))]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_rows_and_images_from_s3_equal_those_of_the_same_files_on_disk(s3, fmt):
+    _, specs = s3
+    spec = specs[fmt]
+    from_disk = rows_of(spec["local"], spec["images"])
+    from_s3 = rows_of(spec["s3"], spec["s3_images"])
+    assert len(from_s3) == SIZE and from_s3 == from_disk
+    if fmt != "disk":  # images resolve in the dataset's own S3 folder by default, as on disk
+        assert str(dataset_folder(spec["s3"])) == spec["s3"].rsplit("/", 1)[0]
+
+
+def test_parquet_reads_the_footers_then_only_the_row_groups_asked_for(s3):
+    server, specs = s3
+    dataset = open_source(specs["parquet"]["s3"])
+    server.proxy.faults.gets.clear()
+    before = dataset.client.requests
+    assert dataset[SIZE - 1]["messages"] == rows_of(specs["parquet"]["local"], specs["parquet"]["images"])[SIZE - 1]["messages"]
+    dataset[SIZE - 2]  # the same row group: cached
+    assert dataset.client.requests - before == 1
+    assert list(server.proxy.faults.gets) == ["/data/parquet/part-1.parquet"]
+
+
+def test_transient_faults_lose_and_repeat_nothing(s3):
+    server, specs = s3
+    spec = specs["llava"]
+    faults = server.proxy.faults
+    faults.slow_downs = 4  # a burst of 503s on whatever comes next
+    faults.cuts["images/003-0.png"] = 1  # a connection cut half-way through an image
+    faults.cuts["part-0.parquet"] = 1
+    faults.slow["images/005-0.png"] = (3.0, 1)  # longer than the 2 s read timeout, once
+    from_s3 = rows_of(spec["s3"], spec["s3_images"])
+    assert from_s3 == rows_of(spec["local"], spec["images"])
+    parquet = open_source(specs["parquet"]["s3"])
+    assert [parquet[i] for i in range(SIZE)] == [open_source(specs["parquet"]["local"])[i] for i in range(SIZE)]
+    assert faults.fired == {"503": 4, "cut": 2, "slow": 1}
+
+
+def test_a_missing_image_is_the_rows_missing_image(s3):
+    _, specs = s3
+    with pytest.raises(SampleError, match=r"dataset row 3: image 0 'nope.png' does not exist under the image folder s3://data/llava/images"):
+        encoded_media({"images": ["nope.png"]}, specs["llava"]["s3_images"], 3)
+    with pytest.raises(SampleError, match="outside the image folder"):
+        encoded_media({"images": ["../parquet/part-0.parquet"]}, specs["llava"]["s3_images"], 3)
+
+
+@pytest.mark.parametrize(("url", "reason"), [
+    ("s3://no-such-bucket/rows.parquet", "no such bucket|no such key"),
+    ("s3://data/parquet/missing.parquet", "no such key"),
+    ("s3://data/parquet/none-*.parquet", "matches no object"),
+    ("s3://no-such-bucket/folder", "no such bucket|no such key"),
+])
+def test_missing_data_is_one_line_naming_the_url(s3, url, reason):
+    with pytest.raises(ConfigError, match=reason) as error:
+        check_source(url)
+    text = str(error.value)
+    assert "\n" not in text and url.split("*")[0].rsplit("/", 1)[0] in text
+
+
+def test_denied_credentials_and_unreachable_endpoint_are_one_line(s3):
+    server, specs = s3
+    url = specs["parquet"]["s3"]
+    with s3_environment(server.env(AWS_ACCESS_KEY_ID="bad", MIMO_PIPES_S3_ATTEMPTS="1")):
+        server.proxy.faults.deny_key = "bad"
+        with pytest.raises(ConfigError, match="access denied: check the credentials") as error:
+            check_source(url)
+        assert "\n" not in str(error.value) and "s3://data/parquet" in str(error.value)
+    server.proxy.faults.deny_key = None
+    from s3_server import free_port
+
+    with s3_environment(server.env(AWS_ENDPOINT_URL=f"http://127.0.0.1:{free_port()}", MIMO_PIPES_S3_ATTEMPTS="2")):
+        with pytest.raises(ConfigError, match="cannot reach the endpoint http://127.0.0.1") as error:
+            check_source(url)
+        assert "\n" not in str(error.value)
+
+
+def test_check_command_names_the_url_of_a_missing_key(s3):
+    from mimo_pipes.cli.main import main
+
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+        status = main(["check", "--dataset", "s3://data/jsonl/missing.jsonl"])
+    assert status == 2
+    lines = [line for line in stderr.getvalue().splitlines() if line.strip()]
+    assert len(lines) == 1 and "s3://data/jsonl/missing.jsonl" in lines[0] and "no such key" in lines[0]
+
+
+def test_check_command_checks_every_row_in_s3(s3):
+    from mimo_pipes.cli.main import main
+
+    _, specs = s3
+    stdout = io.StringIO()
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(stdout):
+        status = main(["check", "--dataset", specs["llava"]["s3"], "--image-folder", specs["llava"]["s3_images"]])
+    assert status == 0, stdout.getvalue()
+
+
+def test_without_s3fs_one_line_says_what_to_install(monkeypatch, tmp_path):
+    import sys
+
+    from mimo_pipes.data.storage.s3_store import reset_store
+
+    monkeypatch.setitem(sys.modules, "s3fs", None)
+    reset_store()
+    with pytest.raises(ConfigError, match=r'pip install "mimo-pipes\[s3\]"'):
+        check_source("s3://data/parquet/part-*.parquet")
+    reset_store()
+
+
+@pytest.fixture(scope="module")
+def energon_url(server, tmp_path_factory):
+    pytest.importorskip("megatron.energon")
+    from energon_data import write_real_rows
+
+    s3, _ = server
+    local = write_real_rows(tmp_path_factory.mktemp("energon") / "ds", SIZE, per_shard=5)
+    return s3.upload(local, "s3://energon/ds"), str(local)
+
+
+def test_an_energon_dataset_in_s3_reads_as_on_disk_through_energons_storage_layer(s3, energon_url):
+    server, _ = s3
+    url, local = energon_url
+    faults = server.proxy.faults
+    check_source(url)
+    remote = open_source(url)
+    assert type(remote).__name__ == "EnergonDataset" and remote.remote == url
+    faults.gets.clear()
+    faults.slow_downs = 3
+    faults.cuts["shard-0001.tar"] = 1
+    assert [remote[i] for i in range(SIZE)] == [open_source(local)[i] for i in range(SIZE)]
+    assert faults.fired["503"] == 3 and faults.fired["cut"] == 1
+    shards = {path: count for path, count in faults.gets.items() if path.endswith(".tar")}
+    assert sum(shards.values()) == SIZE  # one range request a sample, none repeated: the index is local
+    faults.gets.clear()
+    assert remote[7] == open_source(local)[7] and dict(faults.gets) == {"/energon/ds/shard-0001.tar": 1}
+
+
+def test_a_missing_energon_shard_in_s3_is_found_before_the_ranks_start(s3, energon_url):
+    server, _ = s3
+    url, _ = energon_url
+    names = [f".nv-meta/{name}" for name in ("dataset.yaml", "split.yaml", ".info.json", "index.sqlite", "index.uuid")]
+    names += [f"shard-000{k}{suffix}" for k in range(3) for suffix in (".tar", ".tar.idx") if (k, suffix) != (1, ".tar")]
+    for name in names:  # the dataset without its shard 1
+        server.client.copy_object(Bucket="energon", Key=f"cut/{name}", CopySource={"Bucket": "energon", "Key": f"ds/{name}"})
+    from mimo_pipes.data.sources.energon_checks import source_problems
+
+    problems, unread = source_problems(open_source("s3://energon/cut"))
+    assert [p.kind for p in problems] == ["missing shard"] and "shard-0001.tar" in problems[0].text
+    assert [row for row in range(SIZE) if unread(row)] == list(range(5, 10))
+
+
+@pytest.mark.parametrize("fmt", ["llava", "disk", "parquet"])
+def test_a_sources_fingerprint_is_its_objects_not_where_or_when_it_was_copied(s3, fmt, tmp_path, monkeypatch):
+    """What a saved state checks on resume: equal on every node (another cache, another copy), nothing read for it."""
+    server, specs = s3
+    first = open_source(specs[fmt]["s3"])._fingerprint
+    monkeypatch.setenv("MIMO_PIPES_CACHE", str(tmp_path / "another-cache"))
+    server.proxy.faults.gets.clear()
+    again = open_source(specs[fmt]["s3"])
+    assert again._fingerprint == first and first.startswith("s3:")
+    if fmt == "parquet":  # in place: a listing of the bucket, then each file's footer, one request each
+        objects = {path: count for path, count in server.proxy.faults.gets.items() if path != "/data"}
+        assert objects == {"/data/parquet/part-0.parquet": 1, "/data/parquet/part-1.parquet": 1}
+
+
+def test_check_names_a_bad_line_of_an_s3_file_by_its_url(s3, tmp_path):
+    from mimo_pipes.cli.main import main
+
+    server, specs = s3
+    lines = open(specs["jsonl"]["local"]).read().splitlines()
+    lines[2] = "{not json"
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "rows.jsonl").write_text("\n".join(lines) + "\n")
+    url = server.upload(tmp_path / "bad", "s3://data/bad-jsonl") + "/rows.jsonl"
+    stdout = io.StringIO()
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(stdout):
+        status = main(["check", "--dataset", url, "--image-folder", specs["jsonl"]["s3_images"]])
+    assert status == 1
+    named = [line for line in stdout.getvalue().splitlines() if "line 3" in line]
+    assert named and all(f"{url} line 3" in line for line in named), stdout.getvalue()
+
+
+def test_a_parquet_source_in_s3_pickles_for_worker_processes(s3):
+    import pickle
+
+    _, specs = s3
+    dataset = open_source(specs["parquet"]["s3"])
+    copy = pickle.loads(pickle.dumps(dataset))
+    assert len(copy) == len(dataset) and copy[5] == dataset[5] and copy.cache is not dataset.cache
