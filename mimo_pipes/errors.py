@@ -108,6 +108,21 @@ class PeerError(RuntimeError):
         super().__init__(f"{where} failed: {message}")
 
 
+class LostPeerError(PeerError):
+    """A collective of the library lost a peer (it exited, was killed, or stayed silent past the timeout), in one
+    line: ``what`` was going on, the transport's ``cause`` in a few words, and the ``phrase`` naming the rank
+    that is gone where the job's roll tells it (``rank`` when exactly one)."""
+
+    def __init__(self, what: str, cause: str | None = None, phrase: str | None = None, rank: int | None = None) -> None:
+        if cause is None:  # rebuilt from the message alone
+            self.what, self.cause, self.phrase, self.rank = what, "", None, None
+            RuntimeError.__init__(self, what)
+            return
+        self.what, self.cause, self.phrase, self.rank = what, cause, phrase, rank
+        said = f"{what} failed: a peer rank exited or stopped answering ({cause})"
+        RuntimeError.__init__(self, f"{said}; {phrase}" if phrase else said)
+
+
 class ConsumedMismatchError(PeerError):
     """Ranks restored different consumed micro-batches (states of different saves, or of different steps):
     raised on every rank that compared them, naming each rank's. ``consumed``: global rank -> consumed micro-batches."""

@@ -7,9 +7,8 @@ source is exhausted) so failures and ends are agreed on by all ranks instead of 
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import NoReturn
 
 import torch
@@ -20,6 +19,7 @@ from mimo_pipes.balance.settings import PlannerSettings
 from mimo_pipes.errors import ConsumedMismatchError, PeerError
 from mimo_pipes.exchange.buffers import ExchangeBuffers, new_buffer
 from mimo_pipes.exchange.context import ExchangeContext
+from mimo_pipes.exchange.lost_peers import collective
 from mimo_pipes.exchange.plan import ExchangePlan, permute_local, plan_exchange
 from mimo_pipes.exchange.wire_format import SampleEncoding, decode_samples, sample_encoding
 from mimo_pipes.observe.observer import ExchangeRecord
@@ -39,17 +39,6 @@ COST_AT, ENCODER_COST_AT, REAL_TOKENS_AT, ENCODED_BYTES_AT, IMAGE_TOKENS_AT = ra
 PER_SAMPLE = 5
 
 
-@contextlib.contextmanager
-def _collective(what: str) -> Iterator[None]:
-    """A collective that fails (a peer exited, or stayed silent past the group's timeout) raises PeerError."""
-    try:
-        yield
-    except (PeerError, MemoryError):
-        raise
-    except RuntimeError as error:
-        raise PeerError(None, f"{what} failed ({error}); a peer rank may have exited or stalled past the timeout") from error
-
-
 def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
@@ -57,7 +46,7 @@ def _describe(error: BaseException) -> str:
 def _gather_header(ctx: ExchangeContext, local: torch.Tensor) -> torch.Tensor:
     local = local.to(ctx.device) if ctx.device is not None else local
     rows = [torch.empty_like(local) for _ in range(ctx.dp_size)]
-    with _collective("all-gather of window costs"):
+    with collective("all-gather of window costs"):
         dist.all_gather(rows, local, group=ctx.group)
     return torch.stack(rows).cpu()
 
@@ -88,7 +77,7 @@ def _agree(
     statuses = gathered[:, 0].tolist()
     if STATUS_FAILED in statuses:
         messages: list[tuple[str, str] | None] = [None] * ctx.dp_size
-        with _collective("all-gather of error messages"):
+        with collective("all-gather of error messages"):
             dist.all_gather_object(messages, None if error is None else (_describe(error), stage), group=ctx.group)
         failed = statuses.index(STATUS_FAILED)
         if error is not None:
@@ -275,7 +264,7 @@ def _move(
     recv_buffer = allocate("recv", sum(recv_splits), pinned=staged)
     if not staged:
         clock.lap("encode")
-        with _collective("all_to_all of packed samples"):
+        with collective("all_to_all of packed samples"):
             dist.all_to_all_single(recv_buffer, send_buffer, recv_splits, send_splits, group=ctx.group)
         clock.lap("all_to_all")
     else:  # NCCL: stage the bytes through the GPU
@@ -283,7 +272,7 @@ def _move(
         send_device.copy_(send_buffer, non_blocking=send_buffer.is_pinned())  # the collective waits for it
         recv_device = allocate("recv", recv_buffer.numel(), ctx.device)
         clock.lap("encode")
-        with _collective("all_to_all of packed samples"):
+        with collective("all_to_all of packed samples"):
             dist.all_to_all_single(recv_device, send_device, recv_splits, send_splits, group=ctx.group)
         clock.lap("all_to_all")
         recv_buffer.copy_(recv_device)

@@ -17,6 +17,7 @@ from typing import NamedTuple
 import torch.distributed as dist
 
 from mimo_pipes.errors import PeerError
+from mimo_pipes.exchange.lost_peers import collective
 
 FailedRow = tuple[int, int, str]
 """(step the row was read at, its sample id, why it failed: one line)."""
@@ -42,11 +43,8 @@ def agree_on_failures(
     if group is None:
         return [mine]
     said: list[RankFailures | None] = [None] * dist.get_world_size(group)
-    try:
+    with collective(f"the agreement on rows that failed after the exchange (window at step {mine.first_step})"):
         dist.all_gather_object(said, mine, group=group)
-    except RuntimeError as error:
-        raise PeerError(None, f"the agreement on rows that failed after the exchange (window at step {mine.first_step}) "
-                              f"failed ({error}); a peer rank may have exited or stalled past the timeout") from error
     every = [RankFailures(*item) for item in said if item is not None]
     steps = {item.first_step for item in every}
     if len(steps) > 1:

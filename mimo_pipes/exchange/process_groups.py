@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from mimo_pipes.exchange.context import RankLayout
+from mimo_pipes.exchange.roll_store import sign_roll
 from mimo_pipes.parallel.topology import RankPosition, Topology
 
 
@@ -44,6 +45,7 @@ def build_rank_groups(
     Ranks beyond the topology's world (spare ranks) take part in creating the groups and get None.
     """
     rank = dist.get_rank()
+    sign_roll()  # a peer that dies in one of the pipeline's collectives can then be named
     timeout = datetime.timedelta(seconds=timeout_s)
     dp_group = exchange_group = None
     for module in topology.modules:

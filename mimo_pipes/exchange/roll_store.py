@@ -85,6 +85,7 @@ class Roll:
 
 
 _roll: Roll | None = None  # this rank's, once signed
+_signing_tried = False  # sign_roll() tries once a process
 
 
 def sign(rank: int, world_size: int) -> Roll | None:
@@ -107,6 +108,21 @@ def sign(rank: int, world_size: int) -> Roll | None:
         return None
     _roll = roll
     return roll
+
+
+def sign_roll() -> Roll | None:
+    """This rank's place on the roll, signed once (for ranks whose process group a training script joined itself,
+    not :func:`~mimo_pipes.exchange.world.join_world`): the library's collectives call it first, so that a peer
+    that dies in one of them can be named. Nothing outside a process group, or where the roll cannot be signed."""
+    global _signing_tried
+    if _roll is not None or _signing_tried:
+        return _roll
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    _signing_tried = True
+    return sign(dist.get_rank(), dist.get_world_size())
 
 
 def host_store() -> tuple[Any, int]:

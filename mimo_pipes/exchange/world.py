@@ -13,7 +13,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mimo_pipes.exchange.roll_store import sign
+from mimo_pipes.exchange.lost_peers import collective
+from mimo_pipes.exchange.roll_store import sign, sign_roll
 
 
 def world_backend(world_size: int) -> str:
@@ -76,22 +77,28 @@ def agreement_group(size: int, timeout_s: float) -> dist.ProcessGroup:
     return dist.new_group(list(range(size)), backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
 
 
-def largest_over_ranks(value: int, group: dist.ProcessGroup) -> int:
-    """The largest ``value`` any rank of ``group`` holds, on every rank of it (one small all-reduce)."""
+def largest_over_ranks(value: int, group: dist.ProcessGroup, what: str = "the all-reduce of a stop boundary") -> int:
+    """The largest ``value`` any rank of ``group`` holds, on every rank of it (one small all-reduce). A peer
+    lost meanwhile is a :class:`~mimo_pipes.errors.LostPeerError` naming ``what`` and the rank."""
     tensor = torch.tensor([value], dtype=torch.int64)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
+    with collective(what):
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
     return int(tensor.item())
 
 
-def gather_from_every_rank(value: Any, group: dist.ProcessGroup | None = None) -> list[Any]:
-    """Every rank's ``value`` (picklable), on every rank of ``group`` (None: the world), by rank."""
+def gather_from_every_rank(value: Any, group: dist.ProcessGroup | None = None, what: str = "an all-gather of every rank's records") -> list[Any]:
+    """Every rank's ``value`` (picklable), on every rank of ``group`` (None: the world), by rank. A peer lost
+    meanwhile is a :class:`~mimo_pipes.errors.LostPeerError` naming ``what`` (what the gather is for) and the rank."""
+    sign_roll()
     gathered: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(gathered, value, group=group)
+    with collective(what):
+        dist.all_gather_object(gathered, value, group=group)
     return gathered
 
 
-def barrier(group: dist.ProcessGroup | None = None) -> None:
-    dist.barrier(group=group)
+def barrier(group: dist.ProcessGroup | None = None, what: str = "a barrier") -> None:
+    with collective(what):
+        dist.barrier(group=group)
 
 
 def check_same_consumed(consumed_microbatches: int, group: dist.ProcessGroup | None = None) -> None:
@@ -101,7 +108,7 @@ def check_same_consumed(consumed_microbatches: int, group: dist.ProcessGroup | N
     modules whose states come from different saves never pair the wrong samples."""
     from mimo_pipes.errors import ConsumedMismatchError
 
-    counts = gather_from_every_rank(int(consumed_microbatches), group)
+    counts = gather_from_every_rank(int(consumed_microbatches), group, what="the check that every rank restored the same micro-batch")
     if len(set(counts)) > 1:
         ranks = [dist.get_global_rank(group, index) if group is not None else index for index in range(len(counts))]
         raise ConsumedMismatchError(dict(zip(ranks, counts)))

@@ -34,7 +34,7 @@ from mimo_pipes.checkpoint.generation import (
 from mimo_pipes.checkpoint.same_settings import check_same_settings, config_settings
 from mimo_pipes.config import PipelineConfig
 from mimo_pipes.config.counts import as_count
-from mimo_pipes.errors import ConfigError
+from mimo_pipes.errors import ConfigError, LostPeerError
 from mimo_pipes.exchange.world import gather_from_every_rank, joined, world_rank
 from mimo_pipes.graph.loader import GraphLoader
 from mimo_pipes.parallel.topology import Topology, build_topology
@@ -106,7 +106,7 @@ def save_pipeline_state(
     folder = pipeline_state_folder(checkpoint_dir, iteration)
     topology = build_topology(config.components)
     rank = world_rank() if joined() else 0
-    committer, generation = min(_gathered((rank, new_generation_id()), group))  # the group's first rank commits its id
+    committer, generation = min(_saved((rank, new_generation_id()), group, iteration, folder, "choosing the generation"))
     try:
         position = as_count(loader_state.get(GraphLoader.CONSUMED_KEY), f"loader_state[{GraphLoader.CONSUMED_KEY!r}]")
         if position != consumed:
@@ -115,7 +115,7 @@ def save_pipeline_state(
         outcome: tuple[str, Any] = ("written", write_rank_files(folder, generation, {loader_file(rank): encode_loader_state(generation, rank, loader_state)}))
     except (ConfigError, OSError) as error:
         outcome = ("failed", f"rank {rank}: {error}")
-    outcomes = _gathered(outcome, group)
+    outcomes = _saved(outcome, group, iteration, folder, "gathering every rank's part")
     failed = [message for status, message in outcomes if status != "written"]
     if len(outcomes) != topology.world_size:
         failed.append(f"{len(outcomes)} ranks saved, the components lay out {topology.world_size}")
@@ -131,7 +131,7 @@ def save_pipeline_state(
         if failed:
             discard_generation(folder, generation)
         verdict = failed[0] if failed else COMMITTED
-    verdict = next(item for item in _gathered(verdict, group) if item is not None)
+    verdict = next(item for item in _saved(verdict, group, iteration, folder, "agreeing on the commit") if item is not None)
     if verdict != COMMITTED:
         raise ConfigError(SAVE, f"the pipeline state of iteration {iteration} was not saved in {folder}: {verdict}")
     return folder
@@ -175,4 +175,16 @@ def _source_rank(generation: Any, rank: int, topology: Topology) -> int:
 
 
 def _gathered(value: Any, group: Any) -> list[Any]:
-    return gather_from_every_rank(value, group) if joined() else [value]
+    return gather_from_every_rank(value, group, what="the save") if joined() else [value]
+
+
+def _saved(value: Any, group: Any, iteration: int, folder: Path, step: str) -> list[Any]:
+    """Every rank's ``value`` at one ``step`` of a save: a rank lost on the way is the save's ConfigError naming
+    ``--save``, the step and the rank the job's roll finds gone, on every rank that is left (Megatron then
+    commits no iteration, so the previous one stays the latest with its pipeline state)."""
+    try:
+        return _gathered(value, group)
+    except LostPeerError as error:
+        lost = f"; {error.phrase}" if error.phrase else ""
+        raise ConfigError(SAVE, f"the pipeline state of iteration {iteration} was not saved in {folder}: a rank was lost "
+                                f"while {step} ({error.cause}){lost}") from error

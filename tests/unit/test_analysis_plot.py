@@ -4,6 +4,7 @@ unit each module's ranks were balanced on."""
 
 from __future__ import annotations
 
+import functools
 import struct
 
 import numpy as np
@@ -19,8 +20,10 @@ MODEL = TimeModel(floor_ps=20_000_000_000, per_image_ps=1_000_000_000, per_patch
 STEPS = 16
 
 
+@functools.cache
 def _analysis(dp: int, *, time_model: str | None = None, window: int = 4, across: bool = True, steps: int = STEPS):
-    """analyze on made-up per-row counts: language dp ``dp`` + images dp ``dp``, 4 samples per rank."""
+    """analyze on made-up per-row counts: language dp ``dp`` + images dp ``dp``, 4 samples per rank. Made once
+    for each set of arguments (the tests only read it): the plots' and tables' tests share it."""
     reorder = ReorderConfig(scalable_dp=True, intra_microbatch_reorder=True, reorder_window_size=window,
                             reorder_across_microbatches=across, reorder_cost_model=time_model)
     config = PipelineConfig(components=(f"language=dp={dp}", f"images=dp={dp},rank_offset={dp}"), micro_batch_size=4 * dp,

@@ -13,12 +13,11 @@ from hypothesis import strategies as st
 
 from mimo_pipes.balance import balance_window, critical_path
 from mimo_pipes.balance.heuristics.lpt import lpt_members
-from mimo_pipes.balance.quality import window_path_bound
+from mimo_pipes.balance.quality import heads_and_rest_bound, window_lower_bound, window_path_bound
 from mimo_pipes.balance.search.window_search import search_window
 from mimo_pipes.balance.window.tuning import TUNING
 
 SETTINGS = settings(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
-
 
 
 @st.composite
@@ -30,6 +29,18 @@ def small_windows(draw):
     values = st.one_of(st.just(0), st.integers(0, 20), st.integers(0, 5000))
     costs = sorted(draw(st.lists(values, min_size=size, max_size=size)), reverse=True)
     floor = draw(st.one_of(st.just(0), st.integers(0, 8000)))
+    return costs, count, num_slots, floor
+
+
+@st.composite
+def heavy_windows(draw):
+    """(costs sorted heaviest first, W, G, floor): a few huge costs among light ones and zeros, more of them than
+    slots at times, so that the bounds' heads and stacks are what binds."""
+    count, num_slots, per_bin = draw(st.sampled_from([(3, 2, 1), (4, 2, 1), (3, 3, 1), (4, 1, 2), (2, 2, 2), (2, 3, 1)]))
+    size = count * num_slots * per_bin
+    values = st.one_of(st.just(0), st.integers(0, 30), st.sampled_from([1000, 1000, 997]), st.integers(0, 3000))
+    costs = sorted(draw(st.lists(values, min_size=size, max_size=size)), reverse=True)
+    floor = draw(st.one_of(st.just(0), st.just(0), st.integers(0, 2500)))
     return costs, count, num_slots, floor
 
 
@@ -50,12 +61,28 @@ def test_search_finds_and_proves_the_optimum(case):
 
 
 @SETTINGS
-@given(small_windows())
+@given(st.one_of(small_windows(), heavy_windows()))
 def test_path_bound_never_exceeds_the_optimum(case):
+    """Every bound family (average, largest samples, heads and the rest, stacked heavy samples, the lighter
+    slots) against every split tried, with and without a floor. (Plans never below the bounds:
+    test_balance.py, test_balance_window_mixed.py.)"""
     costs, count, num_slots, floor = case
-    assert window_path_bound(np.asarray(costs, dtype=np.int64), count, num_slots, floor) <= every_path(
-        costs, count, num_slots, floor
-    )
+    heaviest_first = np.sort(np.asarray(costs, dtype=np.int64))[::-1]
+    bound, optimum = window_path_bound(heaviest_first, count, num_slots, floor), every_path(costs, count, num_slots, floor)
+    assert heads_and_rest_bound(heaviest_first, count, num_slots, floor) <= bound <= optimum
+    size = len(costs) // count
+    rows = [costs[m * size : (m + 1) * size] for m in range(count)]
+    assert window_lower_bound(rows, num_slots) <= (every_path(costs, count, num_slots, 0) if floor else optimum)
+
+
+def test_the_bound_counts_stacked_and_lone_heavy_samples():
+    """Two shapes where the average and the largest samples alone were far below the optimum, now met: 3 huge
+    samples over 2 slots stack two in one slot (or take two micro-batches); one huge sample leaves the rest
+    of the window to be shared at its mean."""
+    stacked = [[1000, 1000, 0, 0], [1000, 0, 0, 0], [0, 0, 0, 0]]  # W 3, B 4, G 2: k 2
+    assert window_lower_bound(stacked, 2) == every_path(sorted(sum(stacked, []), reverse=True), 3, 2, 0) == 2000
+    lone = [[900, 10, 10, 10], [10, 10, 10, 10], [10, 10, 10, 10]]  # G 4: the first micro-batch costs 900
+    assert window_lower_bound(lone, 4) == 900 + 20 == every_path(sorted(sum(lone, []), reverse=True), 3, 4, 0)
 
 
 def test_search_stops_at_its_budget_and_at_the_bound():

@@ -47,6 +47,7 @@ def test_bad_setting_exits_2_naming_it(name, capsys):
     assert fragment in err[0]
 
 
+@pytest.mark.launch  # a fresh interpreter: the module's own entry; the same refusals in-process are above
 def test_console_script_reports_without_traceback():
     result = subprocess.run(
         [sys.executable, "-m", "mimo_pipes.cli.main", "run", "--reorder-window-size", "0", *REORDER],

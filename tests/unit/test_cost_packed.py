@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from fractions import Fraction
 
 import pytest
@@ -83,7 +81,10 @@ def test_bad_language_cost_settings_name_the_flag(fields, flag):
         (["--reorder-language-cost", "packed"], "--reorder-language-cost"),
     ],
 )
-def test_run_refuses_bad_packing_flags_with_exit_2(args, flag):
-    result = subprocess.run([sys.executable, "-m", "mimo_pipes.cli.main", "run", *args], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2, result.stderr
-    assert flag in result.stderr and "Traceback" not in result.stderr
+def test_run_refuses_bad_packing_flags_with_exit_2(args, flag, capsys):
+    # In-process: the command's own refusal before any rank starts (test_cli_validation.py runs the console script).
+    from mimo_pipes.cli.main import main
+
+    assert main(["run", *args]) == 2
+    stderr = capsys.readouterr().err
+    assert flag in stderr and "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1, stderr

@@ -11,6 +11,8 @@ import textwrap
 
 import pytest
 
+pytestmark = pytest.mark.launch  # six fresh interpreters, each importing torch and the library: the unit run stays in-process
+
 SCRIPT = textwrap.dedent("""
     from failing_map_recipe import fail_on_bad_sample
     from mimo_pipes.config import PipelineConfig, ReorderConfig

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from mimo_pipes.errors import PeerError
+from mimo_pipes.exchange.lost_peers import collective
 
 TAG_HEADER, TAG_IDS, TAG_ROWS, TAG_GRADIENT = 101, 102, 103, 104
 
@@ -77,8 +77,6 @@ def recv_gradients(targets: Sequence[int], rows: Sequence[int], width: int, dtyp
 
 
 def _wait(requests: list, what: str) -> None:
-    try:
+    with collective(what):
         for request in requests:
             request.wait()
-    except RuntimeError as error:
-        raise PeerError(None, f"{what} failed ({error}); the paired rank may have exited") from error

@@ -12,36 +12,12 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from mimo_pipes.exchange.lost_peers import TRANSPORT, lost_peer
+
+__all__ = ["lost_peer", "lost_peer_line"]
+
 if TYPE_CHECKING:
     from mimo_pipes.exchange.roll_verdicts import Verdict
-
-# The transport's causes, in the words a rank's line gives them (first match wins).
-_CAUSES = (
-    (re.compile(r"connection reset by peer", re.I), "connection reset by peer"),
-    (re.compile(r"connection closed by peer|socket closed|end of file|EOF", re.I), "connection closed by peer"),
-    (re.compile(r"broken pipe", re.I), "broken pipe"),
-    (re.compile(r"connection refused", re.I), "connection refused"),
-    (re.compile(r"NCCL communicator was aborted|remote process exited|NCCL error", re.I), "NCCL communicator aborted"),
-    (re.compile(r"timed out|timeout", re.I), "timed out waiting for a peer"),  # last: the library's own messages say "timeout"
-)
-# Text that only a transport writes: a file of Gloo or NCCL, or torch's wrapping of their failures.
-_TRANSPORT = re.compile(r"gloo|pair\.cc|\.cc:\d+|NCCL|ProcessGroup|c10d|Connection reset|Connection closed|Broken pipe", re.I)
-
-
-def lost_peer(error: BaseException) -> str | None:
-    """The cause in a few words when ``error`` (or one it was raised from) is a transport's failure to reach a
-    peer; None for any other error."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        text = str(current)
-        if _TRANSPORT.search(text):
-            for pattern, cause in _CAUSES:
-                if pattern.search(text):
-                    return cause
-        current = current.__cause__ or current.__context__
-    return None
 
 
 def lost_peer_line(command: str, rank: int, error: BaseException, verdict: Verdict | None = None) -> str | None:
@@ -51,9 +27,13 @@ def lost_peer_line(command: str, rank: int, error: BaseException, verdict: Verdi
     cause = lost_peer(error)
     if cause is None:
         return None
-    from mimo_pipes.errors import PeerError
+    from mimo_pipes.errors import LostPeerError, PeerError
 
-    if isinstance(error, PeerError):
+    if isinstance(error, LostPeerError):  # the library's own line: what failed, the cause, the rank the roll named
+        line = f"{command}: rank {rank}: {error}"
+        if error.phrase:
+            return line
+    elif isinstance(error, PeerError):
         line = f"{command}: rank {rank}: {_TRANSPORT_PART.sub('', str(error))} ({cause})"
     else:
         line = f"{command}: rank {rank}: stopped: a peer rank exited or stopped answering during a collective ({cause})"
@@ -62,4 +42,4 @@ def lost_peer_line(command: str, rank: int, error: BaseException, verdict: Verdi
 
 
 # A parenthesised part of a message that quotes the transport: "(... pair.cc:537] Read error ...)".
-_TRANSPORT_PART = re.compile(r"\s*\([^()]*?(?:gloo|pair\.cc|\.cc:\d+|NCCL|ProcessGroup|c10d|Connection reset|Connection closed|Broken pipe)[^()]*\)", re.I)
+_TRANSPORT_PART = re.compile(rf"\s*\([^()]*?(?:{TRANSPORT.pattern})[^()]*\)", re.I)

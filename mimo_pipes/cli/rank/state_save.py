@@ -15,7 +15,7 @@ from mimo_pipes.checkpoint import (
     write_rank_files,
 )
 from mimo_pipes.cli.rank.setup import RankSetup
-from mimo_pipes.errors import ConfigError, PeerError
+from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange.world import gather_from_every_rank, world_rank
 
 
@@ -60,12 +60,9 @@ def save_state(
         raise ConfigError("--save-state", f"the state after {consumed} micro-batches was not saved: {message}")
 
 def _agreed(value: Any, setup: RankSetup) -> list[Any]:
-    """Every rank's ``value``; a rank gone in the middle of a save is a PeerError (the folder keeps its
-    previous generation: nothing was committed)."""
-    try:
-        return gather_from_every_rank(value, setup.control)
-    except RuntimeError as error:
-        raise PeerError(None, f"a rank stopped during the save of the state ({error}); the state folder keeps its previous state") from error
+    """Every rank's ``value``; a rank gone in the middle of a save is a LostPeerError naming it (the folder keeps
+    its previous generation: nothing was committed)."""
+    return gather_from_every_rank(value, setup.control, what="the save of the state (the state folder keeps its previous state)")
 
 def _os_error(error: OSError, directory: str) -> str:
     where = error.filename or directory
