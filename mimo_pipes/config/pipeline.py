@@ -2,7 +2,9 @@
 which run before any data is read.
 
 Field names follow the run flags (``reorder_window_size`` is ``--reorder-window-size``), so a trainer's
-config can embed :class:`ReorderConfig` and every error names the flag a user would type.
+config can embed :class:`ReorderConfig`. An error names the setting as the user wrote it: the field in Python
+(``micro_batch_size``), the flag inside a ``mimo-pipes`` command (``--micro-batch-size``; see
+:mod:`mimo_pipes.config.flags`).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import glob
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -18,7 +21,7 @@ from mimo_pipes.config.flags import flag
 from mimo_pipes.config.planner import planner_settings, two_level_groups
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.parallel.pairing import pairing_problem
-from mimo_pipes.parallel.topology import COMPONENT_FLAG, Topology, build_topology
+from mimo_pipes.parallel.topology import Topology, build_topology
 from mimo_pipes.samples.cost_range import check_cost_range
 from mimo_pipes.time_model.model import TimeModel, TimeModelError, load_time_model
 
@@ -31,9 +34,8 @@ LANGUAGE_COSTS = ("tokens", "packed")
 DEFAULT_ATTENTION_CROSSOVER = 12 * 4096  # causal decoder, hidden size 4096, 4h MLP (see docs/sequence-packing.md)
 
 
-def check_pack_pad_multiple(value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(flag("pack_pad_multiple"), f"must be an integer >= 1, got {value!r}")
+def check_pack_pad_multiple(value: object) -> int:
+    return as_count(value, flag("pack_pad_multiple"), minimum=1)
 
 
 def check_exchange_payload(value: object) -> None:
@@ -45,13 +47,14 @@ OPTIONAL_COUNTS = ("global_batch_size", "stop_after")
 """Integer settings whose None means something (one window of micro-batches; run to --steps)."""
 
 
-def take_counts(settings: object, names: tuple[str, ...]) -> None:
-    """The integer settings ``names`` of ``settings`` as ints (numpy and torch integers become ints; a float,
-    bool or string is refused naming the flag). Their ranges are the settings' own checks (``validate``)."""
-    for name in names:
+def take_counts(settings: object, counts: Mapping[str, int | None]) -> None:
+    """The integer settings of ``settings`` named in ``counts`` as ints at least their minimum there (None: any
+    integer): numpy and torch integers become ints; a float, bool, string or a value below the minimum is
+    refused naming the setting (:func:`~mimo_pipes.config.flags.flag`), before anything is built from it."""
+    for name, minimum in counts.items():
         value = getattr(settings, name)
         if value is not None or name not in OPTIONAL_COUNTS:
-            object.__setattr__(settings, name, as_count(value, flag(name), minimum=None))
+            object.__setattr__(settings, name, as_count(value, flag(name), minimum=minimum))
 
 
 WEIGHT_DECIMALS = 6
@@ -101,7 +104,7 @@ class ReorderConfig:
     # Language dp = k * encoder dp, k > 1: encoder replicas by encoder cost, their k slots by real tokens.
     reorder_two_level: bool = False
 
-    COUNTS = ("reorder_window_size", "reorder_attention_crossover")
+    COUNTS = {"reorder_window_size": 1, "reorder_attention_crossover": 1}
 
     def __post_init__(self) -> None:
         take_counts(self, self.COUNTS)
@@ -132,13 +135,11 @@ class ReorderConfig:
         if encoder == 0 and language == 0:
             raise ConfigError(
                 flag("reorder_encoder_cost_weight"),
-                "and --reorder-language-cost-weight are both 0; at least one cost weight must be positive",
+                f"and {flag('reorder_language_cost_weight')} are both 0; at least one cost weight must be positive",
             )
         square = Fraction(0)
         if self.reorder_language_cost == "packed":
-            crossover = self.reorder_attention_crossover
-            if isinstance(crossover, bool) or not isinstance(crossover, int) or crossover < 1:
-                raise ConfigError(flag("reorder_attention_crossover"), f"must be an integer >= 1, got {crossover!r}")
+            crossover = as_count(self.reorder_attention_crossover, flag("reorder_attention_crossover"), minimum=1)
             square = language / crossover
         common = math.lcm(encoder.denominator, language.denominator, square.denominator)
         terms = [int(weight * common) for weight in (encoder, language, square)]
@@ -147,25 +148,23 @@ class ReorderConfig:
 
     def validate(self) -> None:
         take_counts(self, self.COUNTS)
-        if self.reorder_window_size < 1:
-            raise ConfigError(flag("reorder_window_size"), f"must be an integer >= 1, got {self.reorder_window_size!r}")
         if self.reorder_language_cost not in LANGUAGE_COSTS:
             raise ConfigError(flag("reorder_language_cost"), f"must be one of {', '.join(LANGUAGE_COSTS)}, got {self.reorder_language_cost!r}")
         _, language = self.integer_cost_weights()
         if self.reorder_language_cost == "packed" and language == 0:
             raise ConfigError(
                 flag("reorder_language_cost"),
-                "packed has no effect with --reorder-language-cost-weight 0; give the language term a positive weight",
+                f"packed has no effect with {flag('reorder_language_cost_weight')} 0; give the language term a positive weight",
             )
         if self.intra_microbatch_reorder and not self.scalable_dp:
             raise ConfigError(
                 flag("intra_microbatch_reorder"),
-                "needs --scalable-dp: reordering balances each rank's own canonical shard",
+                f"needs {flag('scalable_dp')}: reordering balances each rank's own canonical shard",
             )
         if self.reorder_across_microbatches and not self.intra_microbatch_reorder:
-            raise ConfigError(flag("reorder_across_microbatches"), "needs --intra-microbatch-reorder")
+            raise ConfigError(flag("reorder_across_microbatches"), f"needs {flag('intra_microbatch_reorder')}")
         if self.reorder_two_level and not self.intra_microbatch_reorder:
-            raise ConfigError(flag("reorder_two_level"), "needs --intra-microbatch-reorder")
+            raise ConfigError(flag("reorder_two_level"), f"needs {flag('intra_microbatch_reorder')}")
         self.load_time_model()
 
     def check_padding(self, pad_to_seq_length: bool) -> None:
@@ -214,7 +213,9 @@ class PipelineConfig:
     exchange_payload: str = "rows"
     exchange_image_paths: bool = False
 
-    COUNTS = ("micro_batch_size", "global_batch_size", "seq_length", "seed", "embedded_samples", "num_workers", "pack_pad_multiple")
+    # Each integer setting and its least value: checked at construction, again by validate (a field set since).
+    COUNTS = {"micro_batch_size": 1, "global_batch_size": 1, "seq_length": 1, "seed": 0, "embedded_samples": 1, "num_workers": 0,
+              "pack_pad_multiple": 1}
 
     def __post_init__(self) -> None:
         take_counts(self, self.COUNTS)
@@ -243,19 +244,15 @@ class PipelineConfig:
                 flag("drop_last"), "false is not supported: scalable data parallelism needs full global micro-batches"
             )
         self.reorder.check_padding(self.pad_to_seq_length)
-        if self.seq_length < 1:
-            raise ConfigError(flag("seq_length"), f"must be >= 1, got {self.seq_length}")
         self.check_cost_range(topology)
-        if self.num_workers < 0:
-            raise ConfigError(flag("num_workers"), f"must be >= 0, got {self.num_workers}")
         if self.exchange_transport not in EXCHANGE_TRANSPORTS:
             raise ConfigError(flag("exchange_transport"), f"must be one of {', '.join(EXCHANGE_TRANSPORTS)}")
         check_pack_pad_multiple(self.pack_pad_multiple)
         check_exchange_payload(self.exchange_payload)
         if self.exchange_image_paths and self.exchange_payload != "rows":
-            raise ConfigError(flag("exchange_image_paths"), "needs --exchange-payload rows: processed samples carry no image files")
+            raise ConfigError(flag("exchange_image_paths"), f"needs {flag('exchange_payload')} rows: processed samples carry no image files")
         if not self.exchange_timeout_s > 0:
-            raise ConfigError("--exchange-timeout", f"must be positive, got {self.exchange_timeout_s}")
+            raise ConfigError(flag("exchange_timeout_s"), f"must be positive, got {self.exchange_timeout_s}")
         for setting in ("dataset", "processor"):
             path = getattr(self, setting)
             if path is not None and not os.path.exists(os.path.expanduser(path)) and not glob.has_magic(path):
@@ -281,21 +278,19 @@ class PipelineConfig:
         for encoder in topology.encoders:
             problem = pairing_problem(encoder, topology.language)
             if problem is not None:
-                raise ConfigError(COMPONENT_FLAG, problem)
+                raise ConfigError(flag("components"), problem)
 
     def _validate_batching(self, topology: Topology) -> None:
         batch = self.micro_batch_size
-        if batch < 1:
-            raise ConfigError(flag("micro_batch_size"), f"must be >= 1, got {batch}")
         slots = topology.grid_size
         if batch % slots:
             raise ConfigError(
                 flag("micro_batch_size"),
                 f"{batch} is not divisible by the canonical grid size {slots} (lcm of the modules' dp sizes)",
             )
-        if self.global_batch_size is not None and (self.global_batch_size < batch or self.global_batch_size % batch):
+        if self.global_batch_size is not None and self.global_batch_size % batch:
             raise ConfigError(
-                flag("global_batch_size"), f"{self.global_batch_size} is not a multiple of --micro-batch-size {batch}"
+                flag("global_batch_size"), f"{self.global_batch_size} is not a multiple of {flag('micro_batch_size')} {batch}"
             )
         window = self.reorder.reorder_window_size
         if self.reorder.reorder_across_microbatches and self.microbatches_per_global_batch % window:
