@@ -18,6 +18,7 @@ _FLAGS = {  # fields whose flag is not the field's name with dashes
     "components": "--component",
     "exchange_timeout_s": "--exchange-timeout",
     "overlap_intra_microbatch_reorder": "--no-overlap-intra-microbatch-reorder",
+    "progress": "--quiet",  # a job option (cli/job/options.py), named in resume checks
 }
 
 
@@ -26,9 +27,14 @@ def cli_flag(field_name: str) -> str:
     return _FLAGS.get(field_name, "--" + field_name.replace("_", "-"))
 
 
+def naming_flags() -> bool:
+    """Whether errors name settings by their flags now (inside a command, :func:`flag_names`)."""
+    return os.environ.get(NAMING) == "flags"
+
+
 def flag(field_name: str) -> str:
     """The name an error gives a configuration field: the field itself, or its flag inside a command."""
-    return cli_flag(field_name) if os.environ.get(NAMING) == "flags" else field_name
+    return cli_flag(field_name) if naming_flags() else field_name
 
 
 @contextmanager

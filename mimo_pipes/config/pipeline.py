@@ -253,6 +253,9 @@ class PipelineConfig:
             raise ConfigError(flag("exchange_image_paths"), f"needs {flag('exchange_payload')} rows: processed samples carry no image files")
         if not self.exchange_timeout_s > 0:
             raise ConfigError(flag("exchange_timeout_s"), f"must be positive, got {self.exchange_timeout_s}")
+        if self.dataset is None and self.embedded_samples < self.micro_batch_size:
+            raise ConfigError(flag("embedded_samples"), f"{self.embedded_samples} is fewer than one micro-batch ({flag('micro_batch_size')} "
+                                                        f"{self.micro_batch_size})")
         for setting in ("dataset", "processor"):
             path = getattr(self, setting)
             if path is not None and not os.path.exists(os.path.expanduser(path)) and not glob.has_magic(path):

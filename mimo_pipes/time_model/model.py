@@ -56,10 +56,15 @@ class TimeModel:
     temporal_patch_size: int = 2
 
     def __post_init__(self) -> None:
+        from mimo_pipes.config.counts import as_count  # here: mimo_pipes.config imports this module
+        from mimo_pipes.errors import ConfigError
+
         for name in TERMS + GEOMETRY:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise TimeModelError(None, name, f"must be an integer, got {value!r}")
+            try:  # numpy and torch integers as ints; the ranges are worded below
+                value = as_count(getattr(self, name), name, minimum=None)
+            except ConfigError:
+                raise TimeModelError(None, name, f"must be an integer, got {getattr(self, name)!r}") from None
+            object.__setattr__(self, name, value)
             if value < 0:
                 raise TimeModelError(None, name, f"must not be negative, got {value}")
             if value > MAX_TOTAL_COST:
