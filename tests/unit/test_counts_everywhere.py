@@ -6,9 +6,10 @@ line naming the parameter and the reason (the kind, or the range), never later o
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
