@@ -149,3 +149,14 @@ def test_fan_in_is_refused_by_the_same_words_on_the_component_path() -> None:
     config = PipelineConfig(components=("language=dp=1", "images=dp=2,rank_offset=1"), micro_batch_size=2)
     with pytest.raises(ConfigError, match=re.escape(FAN_IN_LIMIT)):
         config.validate(3)
+
+
+def test_rank_layout_without_a_process_group_says_so_in_one_line() -> None:
+    """grid_layout reads grids alone; rank_layout makes groups, so it needs torch.distributed (not torch's raw ValueError)."""
+    from mimo_pipes.megatron import rank_layout
+
+    assert not torch.distributed.is_initialized()
+    grids = grid_map(4, images={"offset": 0, "dp": 2}, language={"offset": 2, "dp": 2})
+    with pytest.raises(RuntimeError, match=r"^rank_layout: torch.distributed is not initialised: .*init_process_group") as raised:
+        rank_layout(grids, micro_batch_size=4)
+    assert "\n" not in str(raised.value)
