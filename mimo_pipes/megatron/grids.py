@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from mimo_pipes.config.counts import as_count
+from mimo_pipes.config.flags import flag
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange.context import RankLayout
 from mimo_pipes.exchange.process_groups import build_rank_groups
@@ -105,7 +106,7 @@ def grid_layout(module_to_grid_map: Mapping[str, Any], *, micro_batch_size: int 
     else:
         topology = _non_colocated(specs, language)
     if micro_batch_size is not None:
-        micro_batch_size = as_count(micro_batch_size, "micro_batch_size", minimum=1)
+        micro_batch_size = as_count(micro_batch_size, flag("micro_batch_size"), minimum=1)
         slots = canonical_slot_count(spec.dp for spec in specs)
         if micro_batch_size % slots:
             sizes = ", ".join(f"{spec.name} dp={spec.dp}" for spec in specs)
