@@ -86,13 +86,16 @@ class MimoBatchSettings:
 
         The family is the release the folder names (``processor_class`` and the rest, see
         :mod:`~mimo_pipes.data.processing.family_names`). A folder that names none, with a video placeholder, is
-        refused unless ``mrope_family`` (or ``mrope=False``) is given: the releases step video time differently."""
+        refused unless ``mrope_family`` (or ``mrope=False``) is given: the releases step video time differently.
+        A tile family (InternVL) has no M-RoPE: ``mrope`` False keeps the micro-batch's ``position_ids``."""
         family = processor.family
         found = {
             "image_token_id": family.image_token_id,
             "video_token_id": family.video_token_id,
             "spatial_merge_size": int(getattr(family, "merge_size", 1)),
         }
+        if not hasattr(family, "release"):  # tiles (InternVL): one position per token, no grids to place images by
+            found["mrope"] = False
         release = getattr(family, "release", None)
         if release is not None:
             found["mrope_family"] = release

@@ -161,3 +161,12 @@ def test_the_release_is_read_from_what_a_folder_says_of_itself(tmp_path, file, c
 def test_release_names():
     assert [release_of(name) for name in ("Qwen2VLProcessor", "Qwen2_5_VLProcessor", "Qwen3VLProcessor", "InternVLProcessor", None)] == [
         "qwen2-vl", "qwen2.5-vl", "qwen3-vl", None, None]
+
+
+def test_a_tile_family_keeps_one_position_per_token(tmp_path):
+    """InternVL rotates by one position per token: for_processor does not compute M-RoPE positions for it."""
+    processor = load_processor(build_family_processor(tmp_path / "internvl", "internvl"), 1024)
+    settings = MimoBatchSettings.for_processor(processor, encodes=False)
+    assert settings.mrope is False
+    batch = microbatch(processor, ["text", "image"])
+    assert torch.equal(mimo_batch(batch, settings)["position_ids"], batch["position_ids"])
