@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import glob
 import math
+import numbers
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
+
+import numpy as np
 
 from mimo_pipes.config.counts import as_count
 from mimo_pipes.config.flags import flag
@@ -55,6 +58,16 @@ def take_counts(settings: object, counts: Mapping[str, int | None]) -> None:
         value = getattr(settings, name)
         if value is not None or name not in OPTIONAL_COUNTS:
             object.__setattr__(settings, name, as_count(value, flag(name), minimum=minimum))
+
+
+def take_switches(settings: object, names: tuple[str, ...]) -> None:
+    """The on/off settings ``names`` as bools (numpy's bool too); anything else, the string "false" above all
+    (true to Python), is refused naming the setting."""
+    for name in names:
+        value = getattr(settings, name)
+        if not isinstance(value, (bool, np.bool_)):
+            raise ConfigError(flag(name), f"must be True or False, got {value!r} (a {type(value).__name__})")
+        object.__setattr__(settings, name, bool(value))
 
 
 WEIGHT_DECIMALS = 6
@@ -105,9 +118,12 @@ class ReorderConfig:
     reorder_two_level: bool = False
 
     COUNTS = {"reorder_window_size": 1, "reorder_attention_crossover": 1}
+    SWITCHES = ("scalable_dp", "intra_microbatch_reorder", "overlap_intra_microbatch_reorder", "reorder_across_microbatches",
+                "reorder_two_level")
 
     def __post_init__(self) -> None:
         take_counts(self, self.COUNTS)
+        take_switches(self, self.SWITCHES)
 
     def load_time_model(self) -> TimeModel | None:
         """The time model of ``reorder_cost_model`` (None without one); a bad file is a ConfigError."""
@@ -148,6 +164,7 @@ class ReorderConfig:
 
     def validate(self) -> None:
         take_counts(self, self.COUNTS)
+        take_switches(self, self.SWITCHES)
         if self.reorder_language_cost not in LANGUAGE_COSTS:
             raise ConfigError(flag("reorder_language_cost"), f"must be one of {', '.join(LANGUAGE_COSTS)}, got {self.reorder_language_cost!r}")
         _, language = self.integer_cost_weights()
@@ -216,9 +233,20 @@ class PipelineConfig:
     # Each integer setting and its least value: checked at construction, again by validate (a field set since).
     COUNTS = {"micro_batch_size": 1, "global_batch_size": 1, "seq_length": 1, "seed": 0, "embedded_samples": 1, "num_workers": 0,
               "pack_pad_multiple": 1}
+    SWITCHES = ("pad_to_seq_length", "drop_last", "pack_sequences_in_batch", "skip_bad_samples", "exchange_image_paths")
 
     def __post_init__(self) -> None:
+        self._take_kinds()
+
+    def _take_kinds(self) -> None:
+        """Each setting of the kind it must be, counts as ints (see ``COUNTS``): checked when made, and by validate."""
         take_counts(self, self.COUNTS)
+        take_switches(self, self.SWITCHES)
+        if isinstance(self.components, str) or not all(isinstance(spec, str) for spec in self.components):
+            raise ConfigError(flag("components"), f"must be a list of module specs (strings), got {self.components!r}")
+        timeout = self.exchange_timeout_s
+        if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not math.isfinite(timeout) or timeout <= 0:
+            raise ConfigError(flag("exchange_timeout_s"), f"must be a positive number of seconds, got {timeout!r}")
 
     @property
     def microbatches_per_global_batch(self) -> int:
@@ -227,7 +255,7 @@ class PipelineConfig:
 
     def validate(self, world_size: int | None = None) -> Topology:
         """Check every setting against the others; return the topology. Raises ConfigError."""
-        take_counts(self, self.COUNTS)
+        self._take_kinds()
         topology = build_topology(self.components, world_size)
         self.reorder.validate()
         self._validate_modules(topology)
@@ -251,8 +279,6 @@ class PipelineConfig:
         check_exchange_payload(self.exchange_payload)
         if self.exchange_image_paths and self.exchange_payload != "rows":
             raise ConfigError(flag("exchange_image_paths"), f"needs {flag('exchange_payload')} rows: processed samples carry no image files")
-        if not self.exchange_timeout_s > 0:
-            raise ConfigError(flag("exchange_timeout_s"), f"must be positive, got {self.exchange_timeout_s}")
         if self.dataset is None and self.embedded_samples < self.micro_batch_size:
             raise ConfigError(flag("embedded_samples"), f"{self.embedded_samples} is fewer than one micro-batch ({flag('micro_batch_size')} "
                                                         f"{self.micro_batch_size})")

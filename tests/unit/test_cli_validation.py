@@ -39,7 +39,7 @@ CASES = {
     "negative global batch": (["--global-batch-size", "-1"], "--global-batch-size", "must be an integer >= 1, got -1"),
     "global batch below a micro-batch": (["--global-batch-size", "4"], "--global-batch-size", "4 is not a multiple of --micro-batch-size 8"),
     "negative workers": (["--num-workers", "-1"], "--num-workers", "must be an integer >= 0, got -1"),
-    "exchange timeout": (["--exchange-timeout", "0"], "--exchange-timeout", "must be positive"),
+    "exchange timeout": (["--exchange-timeout", "0"], "--exchange-timeout", "must be a positive number of seconds, got 0.0"),
 }
 
 

@@ -182,3 +182,28 @@ def test_the_jobs_counts_refuse_floats_and_take_numpy(options):
             options(**{name: 4.0})
         assert type(getattr(options(**{name: np.int64(4)}), name)) is int
     assert options(stop_after=None).stop_after is None
+
+
+@pytest.mark.parametrize(("fields", "words"), [
+    ({"pad_to_seq_length": "false"}, "pad_to_seq_length: must be True or False, got 'false' (a str)"),
+    ({"drop_last": 0}, "drop_last: must be True or False, got 0 (a int)"),
+    ({"reorder": ReorderConfig(scalable_dp=True)}, None),
+    ({"components": "language=dp=1"}, "components: must be a list of module specs (strings), got 'language=dp=1'"),
+    ({"exchange_timeout_s": "5"}, "exchange_timeout_s: must be a positive number of seconds, got '5'"),
+    ({"exchange_timeout_s": float("inf")}, "exchange_timeout_s: must be a positive number of seconds, got inf"),
+])
+def test_settings_of_another_kind_are_refused_when_given(fields, words):
+    """'false' is true to Python, a string of specs iterates by character, a timeout of '5' failed as a bare
+    comparison and inf later in a timedelta: each refused at once, naming the setting."""
+    if words is None:
+        assert PipelineConfig(**fields).reorder.scalable_dp is True
+        return
+    with pytest.raises(ConfigError) as raised:
+        PipelineConfig(**fields)
+    assert str(raised.value) == words
+
+
+def test_reorder_switches_are_booleans():
+    with pytest.raises(ConfigError, match=r"^intra_microbatch_reorder: must be True or False, got 'yes' \(a str\)$"):
+        ReorderConfig(intra_microbatch_reorder="yes")
+    assert ReorderConfig(scalable_dp=np.bool_(True)).scalable_dp is True
