@@ -12,8 +12,9 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-NAMING = "MIMO_PIPES_SETTING_NAMES"
-"""Environment variable: ``flags`` while a command runs (:func:`flag_names`); otherwise errors name fields."""
+from mimo_pipes.errors import SETTING_NAMES as NAMING
+from mimo_pipes.errors import setting_name
+
 _FLAGS = {  # fields whose flag is not the field's name with dashes
     "components": "--component",
     "exchange_timeout_s": "--exchange-timeout",
@@ -27,14 +28,9 @@ def cli_flag(field_name: str) -> str:
     return _FLAGS.get(field_name, "--" + field_name.replace("_", "-"))
 
 
-def naming_flags() -> bool:
-    """Whether errors name settings by their flags now (inside a command, :func:`flag_names`)."""
-    return os.environ.get(NAMING) == "flags"
-
-
 def flag(field_name: str) -> str:
     """The name an error gives a configuration field: the field itself, or its flag inside a command."""
-    return cli_flag(field_name) if naming_flags() else field_name
+    return setting_name(field_name, cli_flag(field_name))
 
 
 @contextmanager

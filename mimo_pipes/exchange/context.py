@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from mimo_pipes.errors import ConfigError
+from mimo_pipes.errors import ConfigError, as_count
 
 if TYPE_CHECKING:
     from mimo_pipes.config.tail_settings import TailSettings
@@ -31,8 +31,6 @@ class RankLayout:
 
     def __post_init__(self) -> None:
         # Plain ints (numpy and torch integers too: they reach states and messages); anything else refused here.
-        from mimo_pipes.config.counts import as_count  # here: mimo_pipes.config imports this package
-
         for name, minimum in (("dp_rank", 0), ("dp_size", 1), ("grid_size", 1)):
             object.__setattr__(self, name, as_count(getattr(self, name), name, minimum=minimum))
         if self.dp_rank >= self.dp_size:

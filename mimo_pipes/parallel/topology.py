@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import reduce
 
-from mimo_pipes.errors import ConfigError
+from mimo_pipes.errors import ConfigError, setting_name
 
 LANGUAGE_MODULE = "language"
 COMPONENT_FLAG = "--component"
@@ -22,9 +22,7 @@ COMPONENT_FLAG = "--component"
 
 def component_setting() -> str:
     """How an error names the module specs: ``components`` (the field) in Python, ``--component`` in a command."""
-    from mimo_pipes.config.flags import flag  # here, not above: mimo_pipes.config imports this module
-
-    return flag("components")
+    return setting_name("components", COMPONENT_FLAG)
 
 
 SPEC_KEYS = ("tp", "cp", "pp", "dp", "etp", "rank_offset")

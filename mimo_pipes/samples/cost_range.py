@@ -12,15 +12,16 @@ at fault (ConfigError). Pure integer arithmetic, torch-free.
 from __future__ import annotations
 
 from mimo_pipes.balance.validate import MAX_TOTAL_COST
-from mimo_pipes.errors import ConfigError
+from mimo_pipes.errors import ConfigError, setting_name
 from mimo_pipes.time_model.model import TimeModel
+
+FLAGS = {"reorder_encoder_cost_weight": "--reorder-encoder-cost-weight", "reorder_language_cost_weight": "--reorder-language-cost-weight",
+         "reorder_cost_model": "--reorder-cost-model", "seq_length": "--seq-length"}
 
 
 def _name(field: str) -> str:
-    """The setting as errors name it (:func:`mimo_pipes.config.flags.flag`)."""
-    from mimo_pipes.config.flags import flag  # here, not above: mimo_pipes.config imports this module
-
-    return flag(field)
+    """The setting as errors name it: the field in Python, the flag inside a command."""
+    return setting_name(field, FLAGS[field])
 
 
 def window_budget(window_samples: int, window_microbatches: int, floor: int) -> int:

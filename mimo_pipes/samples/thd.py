@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from mimo_pipes.errors import SampleError
+from mimo_pipes.errors import SampleError, as_count
 from mimo_pipes.samples.collate import CONCAT_FIELDS, DEFAULT_PAD_VALUES
 from mimo_pipes.samples.mrope_layout import MROPE_ROWS, POSITION_IDS, is_rows_first
 
@@ -64,8 +64,6 @@ def sequence_lengths(batch: Mapping[str, Any]) -> list[int]:
 
 def check_pad_multiple(pad_multiple: object) -> int:
     """``pad_multiple`` as an int >= 1 (numpy and torch integers too); ConfigError (a ValueError) naming it otherwise."""
-    from mimo_pipes.config.counts import as_count  # here: mimo_pipes.config imports the samples package
-
     return as_count(pad_multiple, "pad_multiple", minimum=1)
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from mimo_pipes.balance.validate import MAX_TOTAL_COST
-from mimo_pipes.errors import json_error_text
+from mimo_pipes.errors import ConfigError, as_count, json_error_text
 
 FORMAT = "mimo-pipes-cost-model"
 VERSION = 1
@@ -56,9 +56,6 @@ class TimeModel:
     temporal_patch_size: int = 2
 
     def __post_init__(self) -> None:
-        from mimo_pipes.config.counts import as_count  # here: mimo_pipes.config imports this module
-        from mimo_pipes.errors import ConfigError
-
         for name in TERMS + GEOMETRY:
             try:  # numpy and torch integers as ints; the ranges are worded below
                 value = as_count(getattr(self, name), name, minimum=None)
