@@ -20,11 +20,13 @@ from mimo_pipes.adapters.microbatch_iterator import balance_iterator
 from mimo_pipes.adapters.torchdata_pipeline import balanced_loader, reader_first_step
 from mimo_pipes.analysis.analyze import analyze
 from mimo_pipes.config import PipelineConfig, ReorderConfig
+from mimo_pipes.data.bad_rows.skipping import SkipBadRows
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.graph.loader import GraphLoader
 from mimo_pipes.megatron import MimoBatchSettings, global_microbatch_size, grid_layout, stage_of
 from mimo_pipes.megatron.routing import peer_row_counts
+from mimo_pipes.nodes.canonical_shard_reader import CanonicalShardReader
 from mimo_pipes.samples.collate import collate_microbatch
 from mimo_pipes.samples.sample import STEP
 from mimo_pipes.samples.thd import pack_microbatch
@@ -96,6 +98,13 @@ def analysed(**counts):
     return analyze(config, config.validate(), np.arange(32, dtype=np.int64), np.arange(32, dtype=np.int64), **{"start": 0, "stop": 4, **counts})
 
 
+def reader(**counts):
+    """A CanonicalShardReader; its state's description holds its counts (plain values only)."""
+    node = CanonicalShardReader(SyntheticProcessedDataset(16), **{"micro_batch_size": 4, "dp_rank": 1, "dp_size": 2, "grid_size": 2, **counts})
+    json.dumps(node.valid_for)
+    return node
+
+
 def packed(pad_multiple):
     return pack_microbatch(next(batches()), pad_multiple=pad_multiple)
 
@@ -119,6 +128,11 @@ def entries() -> list[Entry]:
         *(Entry(f"mimo_batch: {name}", good, lambda v, n=name: MimoBatchSettings(**{n: v}), lambda s, n=name: getattr(s, n)) for name, good in
           (("image_token_id", 5), ("video_token_id", 6), ("spatial_merge_size", 2))),
         Entry("pad_multiple", 8, packed),
+        *(Entry(name, good, lambda v, n=name: reader(**{n: v}), lambda r, n=name: getattr(r, n)) for name, good in
+          (("micro_batch_size", 4), ("grid_size", 2), ("dp_rank", 1), ("seed", 3))),
+        *(Entry(name, good, lambda v, n=name: SkipBadRows(lambda row: row, SyntheticProcessedDataset(16), **{"micro_batch_size": 4, "seed": 1,
+                                                                                                       "dataloader_type": "single", n: v}),
+                lambda r, n=name: getattr(r, n)) for name, good in (("micro_batch_size", 4), ("seed", 3))),
         Entry("per_patch_ps", 5, lambda v: TimeModel(per_patch_ps=v), lambda m: m.per_patch_ps),
         Entry("merge_size", 2, lambda v: TimeModel(per_patch_ps=1, merge_size=v), lambda m: m.merge_size),
         Entry("stop", 4, lambda v: analysed(stop=v)),
