@@ -12,6 +12,7 @@ import numpy as np
 
 from mimo_pipes.config.counts import as_count
 from mimo_pipes.data.embedded.builtin_processor import IMAGE_PAD, MERGE_SIZE, SPECIAL_TOKENS
+from mimo_pipes.data.processing.families import FRAME_RATE
 from mimo_pipes.megatron.stages import ONLY, STAGES
 
 ATTENTION_MASKS = ("none", "bool")
@@ -99,6 +100,8 @@ class MimoBatchSettings:
         release = getattr(family, "release", None)
         if release is not None:
             found["mrope_family"] = release
+            if release == "qwen2.5-vl":  # Qwen2_5_VLProcessor's temporal_patch_size / fps, frames as the processor takes them
+                found["seconds_per_video_grid"] = family.temporal_patch_size / FRAME_RATE
         elif family.video_token_id is not None and options.get("mrope", True) and "mrope_family" not in options:
             raise ValueError(
                 f"mimo_batch: the processor folder {getattr(processor, 'source', None)!r} does not say which Qwen-VL release it "
