@@ -1,4 +1,5 @@
-"""Exceptions that name what went wrong: the setting, the sample, or the rank.
+"""Exceptions that name what went wrong: the setting, the sample, or the rank; how a setting is named (field or
+flag, :func:`setting_name`); and the check of a count, :func:`as_count`.
 
 ``ConfigError`` and ``SampleError`` can also be rebuilt from their message alone, as pickling and
 torch's ``ExceptionWrapper`` (which torchdata's mappers use to carry a worker's exception to the
@@ -9,7 +10,10 @@ caller) rebuild an exception: ``type(message)``. So ``except SampleError`` still
 from __future__ import annotations
 
 import ast
+import numbers
+import os
 import re
+import sys
 
 
 def _own_line(cls: type, text: str) -> str:
@@ -154,3 +158,52 @@ def json_error_text(error: ValueError, *, line: bool = True) -> str:
     message = getattr(error, "msg", str(error))
     where = f"line {getattr(error, 'lineno', '?')} column {getattr(error, 'colno', '?')}" if line else f"column {getattr(error, 'colno', '?')}"
     return f"{message} {where}" if message.endswith(" at") else f"{message} at {where}"
+
+
+# ---- naming a setting, and counts: checked where they enter, refused in one line naming the setting ----------------
+
+SETTING_NAMES = "MIMO_PIPES_SETTING_NAMES"
+"""Environment variable: ``flags`` while a command runs (``mimo_pipes.config.flags.flag_names``), so errors name a
+setting by its flag; otherwise by its field (what a Python caller wrote)."""
+
+
+def setting_name(field: str, flag: str) -> str:
+    """``flag`` inside a command, ``field`` otherwise (see :data:`SETTING_NAMES`)."""
+    return flag if os.environ.get(SETTING_NAMES) == "flags" else field
+
+
+def as_count(value: object, name: str, *, minimum: int | None = 0) -> int:
+    """``value`` as an ``int`` >= ``minimum``; ConfigError naming ``name`` (the argument, field or flag) otherwise.
+    ``minimum`` None checks the kind alone (a setting whose range its own check words).
+
+    A count is an integer. Python's ``int``, numpy's integer scalars (``np.int64``) and a torch integer tensor of
+    one element with no dimensions are the same count and come out as ``int``; ``bool`` (an ``int`` to Python, a
+    flag to a person), floats (also ``6.0``: ``24 / 4`` gives a float, and a float position fails far from where
+    it was given), strings and everything else are refused where they are given."""
+    number = _integer(value)
+    if number is None:
+        wanted = "an integer" if minimum is None else f"an integer >= {minimum}"
+        raise ConfigError(name, f"must be {wanted}, got {value!r} ({_kind(value)})")
+    if minimum is not None and number < minimum:
+        raise ConfigError(name, f"must be an integer >= {minimum}, got {number}")
+    return number
+
+
+def _integer(value: object) -> int | None:
+    """The integer ``value`` is, or None when it is not an integer (a bool is not)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, numbers.Integral):  # int and numpy's integer scalars (numpy's bool_ is not one)
+        return int(value)
+    torch = sys.modules.get("torch")  # a torch tensor exists only where torch is imported already
+    if torch is not None and isinstance(value, torch.Tensor):
+        integral = value.dim() == 0 and not (value.is_floating_point() or value.is_complex() or value.dtype == torch.bool)
+        return int(value.item()) if integral else None
+    return None
+
+
+def _kind(value: object) -> str:
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
+    return f"a {type(value).__name__}"

@@ -425,4 +425,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from mimo_pipes.config.flags import flag_names
+
+    with flag_names():  # a setting's error names this program's flag
+        raise SystemExit(main())

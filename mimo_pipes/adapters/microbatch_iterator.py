@@ -196,8 +196,9 @@ def balance_iterator(
     if (microbatches is None) == (source_factory is None):
         raise TypeError("pass exactly one of microbatches and source_factory")
     consumed_microbatches = as_count(consumed_microbatches, "consumed_microbatches")
-    if pad_to_seq_length and (seq_length is None or seq_length < 1):
-        raise ConfigError(flag("seq_length"), f"must be >= 1 with --pad-to-seq-length true, got {seq_length}")
+    merge_size = as_count(merge_size, "merge_size", minimum=1)
+    if pad_to_seq_length and seq_length is None:
+        raise ConfigError(flag("seq_length"), f"must be an integer >= 1 with {flag('pad_to_seq_length')} true, got None")
     tail = layout_tail(config, layout, micro_batch_size=micro_batch_size, image_token_id=image_token_id,
                        pad_length=seq_length if pad_to_seq_length else None, pad_values=pad_values, components=components,
                        pack_sequences=pack_sequences, pack_pad_multiple=pack_pad_multiple)

@@ -25,6 +25,7 @@ from mimo_pipes.analysis.replay import (
     spread_and_path,
 )
 from mimo_pipes.config import PipelineConfig
+from mimo_pipes.config.counts import as_count
 from mimo_pipes.config.tail_settings import resolve_plan
 from mimo_pipes.observe.summary import ModuleSummary, summarize
 from mimo_pipes.parallel.topology import ModuleSpec, Topology
@@ -140,6 +141,8 @@ def analyze(
     balance ``real_tokens`` must be counted; every module also gets its figures in real tokens. ``bad_rows``
     (``--skip-bad-samples``: row -> why it cannot be processed): each is read as the next good row of the
     global order, as the graph replaces it."""
+    start, stop = as_count(start, "start"), as_count(stop, "stop")
+    compare_window_sizes = [as_count(size, "compare_window_sizes", minimum=1) for size in compare_window_sizes]
     reorder = config.reorder
     # The plan a run would balance with; the what-ifs reorder even where the given settings do not.
     plan = resolve_plan(dataclasses.replace(reorder, scalable_dp=True, intra_microbatch_reorder=True), topology)

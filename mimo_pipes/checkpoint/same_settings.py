@@ -12,7 +12,7 @@ from typing import Any
 from mimo_pipes.checkpoint.validity import MISSING, show_setting
 from mimo_pipes.config import PipelineConfig, exact_weight, flag
 from mimo_pipes.errors import ConfigError
-from mimo_pipes.parallel.topology import COMPONENT_FLAG, parse_component
+from mimo_pipes.parallel.topology import parse_component
 
 # Settings of PipelineConfig (and the configs inside it) that do not change the stream or the saved state,
 # so a resumed run may change them. Every other field, present or added later, must match.
@@ -59,13 +59,6 @@ WHY = {
     "lr": "the saved optimizer state was made with it",
     "vision_tower": "the saved model state holds that vision tower's weights",
 }
-# Fields whose flag is not the field name with dashes.
-FLAGS = {
-    "components": COMPONENT_FLAG,
-    "exchange_timeout_s": "--exchange-timeout",
-    "overlap_intra_microbatch_reorder": "--no-overlap-intra-microbatch-reorder",
-    "progress": "--quiet",
-}
 
 
 def layout_specs(config: PipelineConfig) -> list[str]:
@@ -105,7 +98,8 @@ def config_settings(config: PipelineConfig) -> dict[str, Any]:
 
 
 def setting_flag(name: str) -> str:
-    return FLAGS.get(name, flag(name))
+    """How a message names setting ``name``: the field in Python, its flag inside a command (config/flags.py)."""
+    return flag(name)
 
 
 def check_same_settings(saved: dict[str, Any], current: dict[str, Any], *, where: str | Path, setting: str) -> None:

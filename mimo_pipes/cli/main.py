@@ -81,11 +81,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     parser.argv = list(sys.argv[1:] if argv is None else argv)  # type: ignore[attr-defined]
     args = parser.parse_args(parser.argv)  # type: ignore[attr-defined]
+    from mimo_pipes.config.flags import flag_names
     from mimo_pipes.observe.third_party import paused_gc
 
     with paused_gc():  # the command's modules (torch and the rest) load here
         command = importlib.import_module(f"mimo_pipes.cli.commands.{COMMANDS[args.command][0]}")
-    return command.run(args)
+    with flag_names():  # a setting's error names the flag the user typed, not the field
+        return command.run(args)
 
 
 if __name__ == "__main__":

@@ -2,23 +2,29 @@
 which run before any data is read.
 
 Field names follow the run flags (``reorder_window_size`` is ``--reorder-window-size``), so a trainer's
-config can embed :class:`ReorderConfig` and every error names the flag a user would type.
+config can embed :class:`ReorderConfig`. An error names the setting as the user wrote it: the field in Python
+(``micro_batch_size``), the flag inside a ``mimo-pipes`` command (``--micro-batch-size``; see
+:mod:`mimo_pipes.config.flags`).
 """
 
 from __future__ import annotations
 
 import glob
 import math
+import numbers
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
+
+import numpy as np
 
 from mimo_pipes.config.counts import as_count
 from mimo_pipes.config.flags import flag
 from mimo_pipes.config.planner import planner_settings, two_level_groups
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.parallel.pairing import pairing_problem
-from mimo_pipes.parallel.topology import COMPONENT_FLAG, Topology, build_topology
+from mimo_pipes.parallel.topology import Topology, build_topology
 from mimo_pipes.samples.cost_range import check_cost_range
 from mimo_pipes.time_model.model import TimeModel, TimeModelError, load_time_model
 
@@ -33,9 +39,8 @@ DEFAULT_READ_AHEAD = 2
 DEFAULT_ATTENTION_CROSSOVER = 12 * 4096  # causal decoder, hidden size 4096, 4h MLP (see docs/sequence-packing.md)
 
 
-def check_pack_pad_multiple(value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(flag("pack_pad_multiple"), f"must be an integer >= 1, got {value!r}")
+def check_pack_pad_multiple(value: object) -> int:
+    return as_count(value, flag("pack_pad_multiple"), minimum=1)
 
 
 def check_exchange_payload(value: object) -> None:
@@ -47,13 +52,24 @@ OPTIONAL_COUNTS = ("global_batch_size", "stop_after")
 """Integer settings whose None means something (one window of micro-batches; run to --steps)."""
 
 
-def take_counts(settings: object, names: tuple[str, ...]) -> None:
-    """The integer settings ``names`` of ``settings`` as ints (numpy and torch integers become ints; a float,
-    bool or string is refused naming the flag). Their ranges are the settings' own checks (``validate``)."""
-    for name in names:
+def take_counts(settings: object, counts: Mapping[str, int | None]) -> None:
+    """The integer settings of ``settings`` named in ``counts`` as ints at least their minimum there (None: any
+    integer): numpy and torch integers become ints; a float, bool, string or a value below the minimum is
+    refused naming the setting (:func:`~mimo_pipes.config.flags.flag`), before anything is built from it."""
+    for name, minimum in counts.items():
         value = getattr(settings, name)
         if value is not None or name not in OPTIONAL_COUNTS:
-            object.__setattr__(settings, name, as_count(value, flag(name), minimum=None))
+            object.__setattr__(settings, name, as_count(value, flag(name), minimum=minimum))
+
+
+def take_switches(settings: object, names: tuple[str, ...]) -> None:
+    """The on/off settings ``names`` as bools (numpy's bool too); anything else, the string "false" above all
+    (true to Python), is refused naming the setting."""
+    for name in names:
+        value = getattr(settings, name)
+        if not isinstance(value, (bool, np.bool_)):
+            raise ConfigError(flag(name), f"must be True or False, got {value!r} (a {type(value).__name__})")
+        object.__setattr__(settings, name, bool(value))
 
 
 WEIGHT_DECIMALS = 6
@@ -103,10 +119,13 @@ class ReorderConfig:
     # Language dp = k * encoder dp, k > 1: encoder replicas by encoder cost, their k slots by real tokens.
     reorder_two_level: bool = False
 
-    COUNTS = ("reorder_window_size", "reorder_attention_crossover")
+    COUNTS = {"reorder_window_size": 1, "reorder_attention_crossover": 1}
+    SWITCHES = ("scalable_dp", "intra_microbatch_reorder", "overlap_intra_microbatch_reorder", "reorder_across_microbatches",
+                "reorder_two_level")
 
     def __post_init__(self) -> None:
         take_counts(self, self.COUNTS)
+        take_switches(self, self.SWITCHES)
 
     def load_time_model(self) -> TimeModel | None:
         """The time model of ``reorder_cost_model`` (None without one); a bad file is a ConfigError."""
@@ -134,13 +153,11 @@ class ReorderConfig:
         if encoder == 0 and language == 0:
             raise ConfigError(
                 flag("reorder_encoder_cost_weight"),
-                "and --reorder-language-cost-weight are both 0; at least one cost weight must be positive",
+                f"and {flag('reorder_language_cost_weight')} are both 0; at least one cost weight must be positive",
             )
         square = Fraction(0)
         if self.reorder_language_cost == "packed":
-            crossover = self.reorder_attention_crossover
-            if isinstance(crossover, bool) or not isinstance(crossover, int) or crossover < 1:
-                raise ConfigError(flag("reorder_attention_crossover"), f"must be an integer >= 1, got {crossover!r}")
+            crossover = as_count(self.reorder_attention_crossover, flag("reorder_attention_crossover"), minimum=1)
             square = language / crossover
         common = math.lcm(encoder.denominator, language.denominator, square.denominator)
         terms = [int(weight * common) for weight in (encoder, language, square)]
@@ -149,25 +166,24 @@ class ReorderConfig:
 
     def validate(self) -> None:
         take_counts(self, self.COUNTS)
-        if self.reorder_window_size < 1:
-            raise ConfigError(flag("reorder_window_size"), f"must be an integer >= 1, got {self.reorder_window_size!r}")
+        take_switches(self, self.SWITCHES)
         if self.reorder_language_cost not in LANGUAGE_COSTS:
             raise ConfigError(flag("reorder_language_cost"), f"must be one of {', '.join(LANGUAGE_COSTS)}, got {self.reorder_language_cost!r}")
         _, language = self.integer_cost_weights()
         if self.reorder_language_cost == "packed" and language == 0:
             raise ConfigError(
                 flag("reorder_language_cost"),
-                "packed has no effect with --reorder-language-cost-weight 0; give the language term a positive weight",
+                f"packed has no effect with {flag('reorder_language_cost_weight')} 0; give the language term a positive weight",
             )
         if self.intra_microbatch_reorder and not self.scalable_dp:
             raise ConfigError(
                 flag("intra_microbatch_reorder"),
-                "needs --scalable-dp: reordering balances each rank's own canonical shard",
+                f"needs {flag('scalable_dp')}: reordering balances each rank's own canonical shard",
             )
         if self.reorder_across_microbatches and not self.intra_microbatch_reorder:
-            raise ConfigError(flag("reorder_across_microbatches"), "needs --intra-microbatch-reorder")
+            raise ConfigError(flag("reorder_across_microbatches"), f"needs {flag('intra_microbatch_reorder')}")
         if self.reorder_two_level and not self.intra_microbatch_reorder:
-            raise ConfigError(flag("reorder_two_level"), "needs --intra-microbatch-reorder")
+            raise ConfigError(flag("reorder_two_level"), f"needs {flag('intra_microbatch_reorder')}")
         self.load_time_model()
 
     def check_padding(self, pad_to_seq_length: bool) -> None:
@@ -219,11 +235,23 @@ class PipelineConfig:
     # Its state is always the state at the last micro-batch handed out (docs/configuration.md).
     read_ahead: int = DEFAULT_READ_AHEAD
 
-    COUNTS = ("micro_batch_size", "global_batch_size", "seq_length", "seed", "embedded_samples", "num_workers", "pack_pad_multiple",
-              "read_ahead")
+    # Each integer setting and its least value: checked at construction, again by validate (a field set since).
+    COUNTS = {"micro_batch_size": 1, "global_batch_size": 1, "seq_length": 1, "seed": 0, "embedded_samples": 1, "num_workers": 0,
+              "pack_pad_multiple": 1, "read_ahead": 0}
+    SWITCHES = ("pad_to_seq_length", "drop_last", "pack_sequences_in_batch", "skip_bad_samples", "exchange_image_paths")
 
     def __post_init__(self) -> None:
+        self._take_kinds()
+
+    def _take_kinds(self) -> None:
+        """Each setting of the kind it must be, counts as ints (see ``COUNTS``): checked when made, and by validate."""
         take_counts(self, self.COUNTS)
+        take_switches(self, self.SWITCHES)
+        if isinstance(self.components, str) or not all(isinstance(spec, str) for spec in self.components):
+            raise ConfigError(flag("components"), f"must be a list of module specs (strings), got {self.components!r}")
+        timeout = self.exchange_timeout_s
+        if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not math.isfinite(timeout) or timeout <= 0:
+            raise ConfigError(flag("exchange_timeout_s"), f"must be a positive number of seconds, got {timeout!r}")
 
     @property
     def microbatches_per_global_batch(self) -> int:
@@ -232,7 +260,7 @@ class PipelineConfig:
 
     def validate(self, world_size: int | None = None) -> Topology:
         """Check every setting against the others; return the topology. Raises ConfigError."""
-        take_counts(self, self.COUNTS)
+        self._take_kinds()
         topology = build_topology(self.components, world_size)
         self.reorder.validate()
         self._validate_modules(topology)
@@ -249,21 +277,16 @@ class PipelineConfig:
                 flag("drop_last"), "false is not supported: scalable data parallelism needs full global micro-batches"
             )
         self.reorder.check_padding(self.pad_to_seq_length)
-        if self.seq_length < 1:
-            raise ConfigError(flag("seq_length"), f"must be >= 1, got {self.seq_length}")
         self.check_cost_range(topology)
-        if self.num_workers < 0:
-            raise ConfigError(flag("num_workers"), f"must be >= 0, got {self.num_workers}")
-        if self.read_ahead < 0:
-            raise ConfigError(flag("read_ahead"), f"must be an integer >= 0 (micro-batches made ahead; 0: off), got {self.read_ahead}")
         if self.exchange_transport not in EXCHANGE_TRANSPORTS:
             raise ConfigError(flag("exchange_transport"), f"must be one of {', '.join(EXCHANGE_TRANSPORTS)}")
         check_pack_pad_multiple(self.pack_pad_multiple)
         check_exchange_payload(self.exchange_payload)
         if self.exchange_image_paths and self.exchange_payload != "rows":
-            raise ConfigError(flag("exchange_image_paths"), "needs --exchange-payload rows: processed samples carry no image files")
-        if not self.exchange_timeout_s > 0:
-            raise ConfigError("--exchange-timeout", f"must be positive, got {self.exchange_timeout_s}")
+            raise ConfigError(flag("exchange_image_paths"), f"needs {flag('exchange_payload')} rows: processed samples carry no image files")
+        if self.dataset is None and self.embedded_samples < self.micro_batch_size:
+            raise ConfigError(flag("embedded_samples"), f"{self.embedded_samples} is fewer than one micro-batch ({flag('micro_batch_size')} "
+                                                        f"{self.micro_batch_size})")
         for setting in ("dataset", "processor"):
             path = getattr(self, setting)
             if path is not None and not _in_s3(path) and not os.path.exists(os.path.expanduser(path)) and not glob.has_magic(path):
@@ -290,21 +313,19 @@ class PipelineConfig:
         for encoder in topology.encoders:
             problem = pairing_problem(encoder, topology.language)
             if problem is not None:
-                raise ConfigError(COMPONENT_FLAG, problem)
+                raise ConfigError(flag("components"), problem)
 
     def _validate_batching(self, topology: Topology) -> None:
         batch = self.micro_batch_size
-        if batch < 1:
-            raise ConfigError(flag("micro_batch_size"), f"must be >= 1, got {batch}")
         slots = topology.grid_size
         if batch % slots:
             raise ConfigError(
                 flag("micro_batch_size"),
                 f"{batch} is not divisible by the canonical grid size {slots} (lcm of the modules' dp sizes)",
             )
-        if self.global_batch_size is not None and (self.global_batch_size < batch or self.global_batch_size % batch):
+        if self.global_batch_size is not None and self.global_batch_size % batch:
             raise ConfigError(
-                flag("global_batch_size"), f"{self.global_batch_size} is not a multiple of --micro-batch-size {batch}"
+                flag("global_batch_size"), f"{self.global_batch_size} is not a multiple of {flag('micro_batch_size')} {batch}"
             )
         window = self.reorder.reorder_window_size
         if self.reorder.reorder_across_microbatches and self.microbatches_per_global_batch % window:

@@ -13,12 +13,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+import torch
+
 from mimo_pipes.balance.settings import PlannerSettings
 from mimo_pipes.config import PipelineConfig, ReorderConfig, check_exchange_payload, check_pack_pad_multiple, flag
+from mimo_pipes.config.counts import as_count
 from mimo_pipes.config.pipeline import reorder_window_size
 from mimo_pipes.config.planner import planner_settings
 from mimo_pipes.errors import ConfigError
-from mimo_pipes.parallel.topology import COMPONENT_FLAG, Topology, build_topology
+from mimo_pipes.parallel.topology import Topology, build_topology, component_setting
 from mimo_pipes.samples.collate import Collator, FieldSpec
 from mimo_pipes.samples.cost import CostFunction
 from mimo_pipes.samples.cost_range import check_cost_range
@@ -101,7 +105,7 @@ def resolve_plan(reorder: ReorderConfig, topology: Topology | None, time_model: 
         if topology is None and (model is not None or reorder.reorder_two_level):
             setting = flag("reorder_two_level") if reorder.reorder_two_level else flag("reorder_cost_model")
             raise ConfigError(
-                COMPONENT_FLAG,
+                component_setting(),
                 f"{setting} plans with every module's layout (the floor of a forward, the encoder replicas): pass the component specs",
             )
         if topology is not None:
@@ -141,22 +145,27 @@ def resolve_tail(
     ``pad_length`` None pads each micro-batch to its longest sample. ``module``: the module's name, which
     decides the fields its micro-batches carry (:mod:`mimo_pipes.samples.module_fields`; None: all of them).
     ``payload``, ``workers``, ``method``, ``mask_failed``: see :class:`Processing`. Raises ConfigError naming the flag."""
-    if micro_batch_size < 1 or micro_batch_size % grid_size or grid_size % dp_size:
+    # Counts as plain ints (numpy and torch integers too: they end up in states, which hold plain values only).
+    micro_batch_size = as_count(micro_batch_size, flag("micro_batch_size"), minimum=1)
+    dp_size, grid_size = as_count(dp_size, "dp_size", minimum=1), as_count(grid_size, "grid_size", minimum=1)
+    if pad_length is not None:
+        pad_length = as_count(pad_length, flag("seq_length"), minimum=1)
+    pack_pad_multiple = check_pack_pad_multiple(pack_pad_multiple)
+    workers = as_count(workers, flag("num_workers"))
+    if micro_batch_size % grid_size or grid_size % dp_size:
         raise ConfigError(
             flag("micro_batch_size"),
             f"{micro_batch_size} must be a multiple of the canonical grid size {grid_size}, which must be a multiple of dp size {dp_size}",
         )
     if topology is not None and topology.grid_size != grid_size:
         raise ValueError(f"grid_size {grid_size} is not the topology's canonical grid {topology.grid_size}")
-    if pad_length is not None and pad_length < 1:
-        raise ConfigError(flag("seq_length"), f"must be >= 1 with --pad-to-seq-length true, got {pad_length}")
     reorder.check_padding(pad_length is not None)
-    check_pack_pad_multiple(pack_pad_multiple)
     plan = resolve_plan(reorder, topology, time_model)
     if pad_length is not None:  # every sample fits --seq-length: its cost is bounded before anything runs
         check_cost_range(plan.cost.weights, plan.time_model, max_tokens=pad_length, micro_batch_size=micro_batch_size,
                          window_microbatches=plan.window_size, floor=plan.planner.floor)
-    ids = (image_token_ids,) if isinstance(image_token_ids, int) else tuple(int(i) for i in image_token_ids)
+    several = isinstance(image_token_ids, (list, tuple, range, np.ndarray, torch.Tensor)) and np.ndim(image_token_ids) > 0
+    ids = tuple(as_count(i, "image_token_id") for i in (image_token_ids if several else (image_token_ids,)))
     if not ids:
         raise ValueError("image_token_ids must name at least one placeholder id")
     check_exchange_payload(payload)
@@ -173,7 +182,7 @@ def resolve_tail(
         pack_sequences=pack_sequences,
         pack_pad_multiple=pack_pad_multiple,
         fields=fields,
-        processing=Processing(payload, max(int(workers), 1), method, mask_failed=mask_failed and payload == ROWS),
+        processing=Processing(payload, max(workers, 1), method, mask_failed=mask_failed and payload == ROWS),
     )
 
 

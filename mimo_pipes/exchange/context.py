@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from mimo_pipes.errors import ConfigError, as_count
+
 if TYPE_CHECKING:
     from mimo_pipes.config.tail_settings import TailSettings
 
@@ -26,6 +28,15 @@ class RankLayout:
     # (rows payload, --skip-bad-samples: mimo_pipes/exchange/failure_agreement.py). None: this rank agrees with
     # nobody, right when it is the only rank holding its samples' rows (one module, DP size 1).
     agreement_group: dist.ProcessGroup | None = None
+
+    def __post_init__(self) -> None:
+        # Plain ints (numpy and torch integers too: they reach states and messages); anything else refused here.
+        for name, minimum in (("dp_rank", 0), ("dp_size", 1), ("grid_size", 1)):
+            object.__setattr__(self, name, as_count(getattr(self, name), name, minimum=minimum))
+        if self.dp_rank >= self.dp_size:
+            raise ConfigError("dp_rank", f"must be below dp_size {self.dp_size}, got {self.dp_rank}")
+        if self.grid_size % self.dp_size:
+            raise ConfigError("grid_size", f"must be a multiple of dp_size {self.dp_size} (the lcm of every module's DP size), got {self.grid_size}")
 
 
 @dataclass(frozen=True)

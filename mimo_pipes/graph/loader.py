@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from torchdata.nodes import BaseNode, Loader
@@ -204,7 +204,13 @@ class GraphLoader(Loader[dict]):
         gave it when samples moved between them), the exchange's windows-delivered count and its module's
         metric totals continue. Pass a state saved by a rank of the same module. Every source of the graph
         must be able to start at a given global micro-batch (``start_at``; the library's readers can)."""
-        root_state = state_dict.get(self.ROOT_KEY) if isinstance(state_dict, dict) else None
+        if state_dict is None:
+            raise ValueError("load_state_dict(None): no state to restore (load_pipeline_state gives None where the checkpoint folder "
+                             "holds no checkpoint to resume): start from the beginning without restoring, or build the loader with "
+                             "consumed_microbatches=")
+        if not isinstance(state_dict, Mapping):
+            raise ValueError(f"load_state_dict: a state is the dict state_dict() gave, got a {type(state_dict).__name__}")
+        root_state = state_dict.get(self.ROOT_KEY)
         described = described_nodes(self.root)
         expected = [node.valid_for for node in described]
         if root_state is None or not on_other_layout(root_state, expected):

@@ -61,7 +61,7 @@ def mimo_batch(micro_batch: Mapping[str, Any], settings: MimoBatchSettings | Non
             "input_ids": input_ids,
             "position_ids": _position_ids(micro_batch, settings, packed),
             "attention_mask": _attention_mask(mask, settings) if not packed else None,
-            "loss_mask": micro_batch.get("loss_mask"),
+            "loss_mask": _float_mask(micro_batch.get("loss_mask")),
             "labels": micro_batch.get("labels"),
             "modality_inputs": _modality_inputs(micro_batch, settings, mask, packed),
             "packing_kwargs": packing_kwargs(micro_batch),
@@ -91,6 +91,11 @@ def _position_ids(batch: Mapping[str, Any], settings: MimoBatchSettings, packed:
     if isinstance(positions, torch.Tensor) and positions.dim() == 3 and positions.shape[1] == MROPE_ROWS:
         return to_mrope_first(positions)  # the pipeline's [B, 3, S]; [3, B, S] (B != 3) is Megatron's already
     return positions
+
+
+def _float_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
+    """``loss_mask`` as the float weights megatron-core multiplies the losses by (a bool or integer mask as float32)."""
+    return mask if mask is None or mask.is_floating_point() else mask.to(torch.float32)
 
 
 def _attention_mask(mask: torch.Tensor | None, settings: MimoBatchSettings) -> torch.Tensor | None:

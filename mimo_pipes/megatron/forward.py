@@ -120,11 +120,24 @@ def fit_to_forward(kwargs: Mapping[str, Any], forward: Callable[..., Any] | None
 def require_mrope_and_packing(program: str, forward: Callable[..., Any] | None = None, *, version: str | None = None) -> ForwardSupport:
     """For a program that feeds M-RoPE positions (or packed micro-batches) to ``MimoModel``: call it before
     building anything. SystemExit with one line naming ``program`` when megatron-core is absent or below the
-    rule of :class:`ForwardSupport`."""
+    rule of :class:`ForwardSupport` (:class:`ProgramRefused`: status 2)."""
     try:
         support = forward_support(forward, version=version)
     except ImportError as error:
-        raise SystemExit(f"{program}: needs megatron-core's MimoModel: {error}") from None
+        raise ProgramRefused(f"{program}: needs megatron-core's MimoModel: {error}") from None
     if not support.mrope_and_packing:
-        raise SystemExit(f"{program}: {support.why_not()}")
+        raise ProgramRefused(f"{program}: {support.why_not()}")
     return support
+
+
+class ProgramRefused(SystemExit):
+    """A program's refusal of its setting or machine: its one line on stderr (said when raised) and exit status 2, as
+    every mimo-pipes command and recipe ends on a bad configuration (a SystemExit of a string would exit 1)."""
+
+    def __init__(self, message: str) -> None:
+        print(message, file=sys.stderr)
+        super().__init__(2)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message

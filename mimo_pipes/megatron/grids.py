@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from mimo_pipes.config.counts import as_count
+from mimo_pipes.config.flags import flag
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange.context import RankLayout
 from mimo_pipes.exchange.process_groups import build_rank_groups
@@ -104,10 +106,11 @@ def grid_layout(module_to_grid_map: Mapping[str, Any], *, micro_batch_size: int 
     else:
         topology = _non_colocated(specs, language)
     if micro_batch_size is not None:
+        micro_batch_size = as_count(micro_batch_size, flag("micro_batch_size"), minimum=1)
         slots = canonical_slot_count(spec.dp for spec in specs)
-        if isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, int) or micro_batch_size < 1 or micro_batch_size % slots:
+        if micro_batch_size % slots:
             sizes = ", ".join(f"{spec.name} dp={spec.dp}" for spec in specs)
-            raise GridMapError(f"the global micro-batch size {micro_batch_size!r} is not a multiple of {slots}, the lcm of the DP sizes ({sizes})")
+            raise GridMapError(f"the global micro-batch size {micro_batch_size} is not a multiple of {slots}, the lcm of the DP sizes ({sizes})")
     return GridLayout(topology, colocated)
 
 
@@ -123,6 +126,9 @@ def rank_layout(
     canonical grid, the pipeline's own exchange group (made here: a collective over the whole world, every rank
     calls it in the same order) and the fields its micro-batches carry. None on a rank no grid holds."""
     layout = grid_layout(module_to_grid_map, micro_batch_size=micro_batch_size)
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        raise RuntimeError("rank_layout: torch.distributed is not initialised: it makes the pipeline's exchange groups, a collective "
+                           "every rank calls after init_process_group (grid_layout reads the grids without one)")
     groups = build_rank_groups(layout.topology, exchange_backend=exchange_backend)
     if groups is None:
         return None

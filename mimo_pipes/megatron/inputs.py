@@ -68,7 +68,11 @@ def check_microbatch(batch: object, settings: MimoBatchSettings) -> None:
         value = batch.get(name)
         if value is not None and not isinstance(value, torch.Tensor):
             raise MimoBatchError(step, name, f"{name} must be a torch.Tensor, got {_kind(value)} (torch.as_tensor converts it)")
+    if not any(batch.get(name) is not None for name in (*TOKEN_FIELDS, *GRIDS, *GRIDS.values())):
+        raise MimoBatchError(step, None, f"holds none of the fields mimo_batch reads ({', '.join((*TOKEN_FIELDS, *GRIDS.values()))}): "
+                                         f"an empty micro-batch, or one of other names; got {sorted(map(str, batch)) or 'no key'}")
     _check_tokens(batch, step, settings)
+    _check_loss_mask(batch.get("loss_mask"), step)
     _check_vision(batch, step, settings)
     _check_packing(batch, step)
     _check_video_setting(batch, step, settings)
@@ -100,6 +104,16 @@ def _check_tokens(batch: Mapping[str, Any], step: object, settings: MimoBatchSet
             allowed = " or ".join(str(list(shape)) for shape in shapes)
             raise MimoBatchError(step, name, f"{name} has shape {tuple(value.shape)}, but {first} is {[rows, length]}: "
                                              f"it must be {allowed}")
+
+
+def _check_loss_mask(mask: torch.Tensor | None, step: object) -> None:
+    """A token's loss weight: 0 (not trained) to 1; a 3.5 or a negative weight is a mask built wrong."""
+    if mask is None or mask.numel() == 0:
+        return
+    low, high = float(mask.min()), float(mask.max())
+    if not (0 <= low and high <= 1):
+        bad = low if not 0 <= low else high
+        raise MimoBatchError(step, "loss_mask", f"loss_mask must hold weights from 0 (not trained) to 1, got {bad}")
 
 
 def _check_vision(batch: Mapping[str, Any], step: object, settings: MimoBatchSettings) -> None:

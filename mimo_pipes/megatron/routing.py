@@ -17,11 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from mimo_pipes.config.counts import as_count
+
 
 def attached_split_sizes(placeholder_counts: Sequence[int], output_rows: int) -> list[int] | None:
     """The per-sample sizes an encoder rank's ``MimoModel`` attaches to an output of ``output_rows`` rows,
     given each sample's placeholder count (None: it attaches none)."""
-    counts = [int(count) for count in placeholder_counts]
+    counts = [as_count(count, "placeholder_counts") for count in placeholder_counts]
     if len(counts) <= 1 or sum(counts) != output_rows or len(set(counts)) <= 1:
         return None
     return counts
@@ -30,8 +32,7 @@ def attached_split_sizes(placeholder_counts: Sequence[int], output_rows: int) ->
 def peer_row_counts(placeholder_counts: Sequence[int], output_rows: int, peers: int) -> list[int]:
     """The rows of an encoder rank's output each of its ``peers`` language replicas receives, in order.
     ValueError where the bridge would refuse the cut (sizes that do not group into ``peers`` pieces)."""
-    if peers < 1:
-        raise ValueError(f"peers must be >= 1, got {peers}")
+    peers, output_rows = as_count(peers, "peers", minimum=1), as_count(output_rows, "output_rows")
     if peers == 1:
         return [output_rows]
     sizes = attached_split_sizes(placeholder_counts, output_rows)
@@ -49,7 +50,8 @@ def peer_row_counts(placeholder_counts: Sequence[int], output_rows: int, peers: 
 def peer_sample_ranges(samples: int, peers: int) -> list[range]:
     """The samples (positions in the encoder rank's micro-batch) whose rows each peer receives: ``peers``
     consecutive groups of ``samples / peers`` (a ``[B, S, H]`` output is cut on ``B`` the same way)."""
-    if peers < 1 or samples % peers:
+    samples, peers = as_count(samples, "samples"), as_count(peers, "peers", minimum=1)
+    if samples % peers:
         raise ValueError(f"{samples} samples cannot be cut into {peers} equal groups")
     per_peer = samples // peers
     return [range(peer * per_peer, (peer + 1) * per_peer) for peer in range(peers)]

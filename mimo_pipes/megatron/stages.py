@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from mimo_pipes.config.counts import as_count
+
 STAGES = ("only", "first", "middle", "last")
 """A rank's pipeline stage in the language model: ``only`` (no pipeline parallelism) keeps every key."""
 ONLY, FIRST, MIDDLE, LAST = STAGES
@@ -40,7 +42,8 @@ def for_stage(kwargs: Mapping[str, Any], stage: str) -> dict[str, Any]:
 
 def stage_of(pp_rank: int, pp_size: int) -> str:
     """The stage name of pipeline rank ``pp_rank`` of ``pp_size``."""
-    if pp_size < 1 or not 0 <= pp_rank < pp_size:
+    pp_rank, pp_size = as_count(pp_rank, "pp_rank"), as_count(pp_size, "pp_size", minimum=1)
+    if pp_rank >= pp_size:
         raise ValueError(f"pipeline rank {pp_rank} is not in a pipeline of {pp_size} stages")
     if pp_size == 1:
         return ONLY

@@ -9,6 +9,7 @@ import numpy as np
 
 from mimo_pipes.checkpoint.resume import ResumePoint
 from mimo_pipes.checkpoint.validity import on_saved_layout, source_fingerprint
+from mimo_pipes.errors import as_count
 from mimo_pipes.nodes.base import GraphNode
 from mimo_pipes.parallel.sharding import global_microbatch_indices, microbatches_per_epoch
 from mimo_pipes.parallel.topology import owned_positions
@@ -53,6 +54,9 @@ class CanonicalShardReader(GraphNode[Sample]):
         super().__init__()
         if dataloader_type not in ("single", "cyclic"):
             raise ValueError(f"dataloader_type must be single or cyclic, got {dataloader_type!r}")
+        # Plain ints (numpy and torch integers too): they go into the state's description, which holds plain values.
+        micro_batch_size, grid_size = as_count(micro_batch_size, "micro_batch_size", minimum=1), as_count(grid_size, "grid_size", minimum=1)
+        dp_rank, dp_size, seed = as_count(dp_rank, "dp_rank"), as_count(dp_size, "dp_size", minimum=1), as_count(seed, "seed")
         self.dataset = dataset
         self.micro_batch_size = micro_batch_size
         self.dp_rank = dp_rank

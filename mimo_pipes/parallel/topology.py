@@ -14,10 +14,17 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import reduce
 
-from mimo_pipes.errors import ConfigError
+from mimo_pipes.errors import ConfigError, setting_name
 
 LANGUAGE_MODULE = "language"
 COMPONENT_FLAG = "--component"
+
+
+def component_setting() -> str:
+    """How an error names the module specs: ``components`` (the field) in Python, ``--component`` in a command."""
+    return setting_name("components", COMPONENT_FLAG)
+
+
 SPEC_KEYS = ("tp", "cp", "pp", "dp", "etp", "rank_offset")
 ORDER_KEY = "order"
 DEFAULT_ORDER = "tp-cp-pp-dp"  # the placement dimensions, fastest first
@@ -40,12 +47,12 @@ class ModuleSpec:
 
     def __post_init__(self) -> None:
         if sorted(self.order.split("-")) != sorted(DEFAULT_ORDER.split("-")):
-            raise ConfigError(COMPONENT_FLAG, f"{self.name}: order={self.order!r} must list tp, cp, pp and dp once each, fastest first")
+            raise ConfigError(component_setting(), f"{self.name}: order={self.order!r} must list tp, cp, pp and dp once each, fastest first")
         # Expert tensor parallelism re-splits ranks that tp/cp/dp already place: it adds none to the grid,
         # and scalable data parallelism does not support it (checked here, before any rank arithmetic).
         if self.etp != 1:
             raise ConfigError(
-                COMPONENT_FLAG, f"{self.name}: etp={self.etp}: expert tensor parallelism > 1 is not supported"
+                component_setting(), f"{self.name}: etp={self.etp}: expert tensor parallelism > 1 is not supported"
             )
 
     @property
@@ -107,25 +114,25 @@ def parse_component(spec: str) -> ModuleSpec:
     name, sep, body = spec.partition("=")
     name = name.strip()
     if not sep or not name:
-        raise ConfigError(COMPONENT_FLAG, f"{spec!r} must look like 'language=tp=1,pp=1,dp=2,rank_offset=0'")
+        raise ConfigError(component_setting(), f"{spec!r} must look like 'language=tp=1,pp=1,dp=2,rank_offset=0'")
     values: dict[str, int | str] = {}
     for item in filter(None, (part.strip() for part in body.split(","))):
         key, eq, raw = item.partition("=")
         key = key.strip()
         if not eq or key not in (*SPEC_KEYS, ORDER_KEY):
-            raise ConfigError(COMPONENT_FLAG, f"{spec!r}: unknown entry {item!r}; keys are {', '.join((*SPEC_KEYS, ORDER_KEY))}")
+            raise ConfigError(component_setting(), f"{spec!r}: unknown entry {item!r}; keys are {', '.join((*SPEC_KEYS, ORDER_KEY))}")
         if key in values:
-            raise ConfigError(COMPONENT_FLAG, f"{spec!r}: {key} given twice")
+            raise ConfigError(component_setting(), f"{spec!r}: {key} given twice")
         if key == ORDER_KEY:
             values[key] = raw.strip()
             continue
         try:
             value = int(raw)
         except ValueError:
-            raise ConfigError(COMPONENT_FLAG, f"{spec!r}: {key}={raw!r} is not an integer") from None
+            raise ConfigError(component_setting(), f"{spec!r}: {key}={raw!r} is not an integer") from None
         minimum = 0 if key == "rank_offset" else 1
         if value < minimum:
-            raise ConfigError(COMPONENT_FLAG, f"{spec!r}: {key} must be >= {minimum}, got {value}")
+            raise ConfigError(component_setting(), f"{spec!r}: {key} must be >= {minimum}, got {value}")
         values[key] = value
     return ModuleSpec(name=name, **values)  # type: ignore[arg-type]
 
@@ -213,13 +220,13 @@ def build_topology(specs: Sequence[str | ModuleSpec], world_size: int | None = N
     """Parse and check module specs: unique names, a language module, exact tiling of the world."""
     modules = tuple(spec if isinstance(spec, ModuleSpec) else parse_component(spec) for spec in specs)
     if not modules:
-        raise ConfigError(COMPONENT_FLAG, "at least one module is needed")
+        raise ConfigError(component_setting(), "at least one module is needed")
     names = [module.name for module in modules]
     duplicated = sorted({name for name in names if names.count(name) > 1})
     if duplicated:
-        raise ConfigError(COMPONENT_FLAG, f"module name given twice: {', '.join(duplicated)}")
+        raise ConfigError(component_setting(), f"module name given twice: {', '.join(duplicated)}")
     if LANGUAGE_MODULE not in names:
-        raise ConfigError(COMPONENT_FLAG, f"no module named {LANGUAGE_MODULE!r}; got {', '.join(names)}")
+        raise ConfigError(component_setting(), f"no module named {LANGUAGE_MODULE!r}; got {', '.join(names)}")
     owners: dict[int, list[str]] = {}
     for module in modules:
         for rank in module.ranks:
@@ -227,14 +234,14 @@ def build_topology(specs: Sequence[str | ModuleSpec], world_size: int | None = N
     doubled = {rank: who for rank, who in sorted(owners.items()) if len(who) > 1}
     if doubled:
         rank, who = next(iter(doubled.items()))
-        raise ConfigError(COMPONENT_FLAG, f"rank {rank} is claimed by more than one module ({', '.join(who)}); check rank_offset")
+        raise ConfigError(component_setting(), f"rank {rank} is claimed by more than one module ({', '.join(who)}); check rank_offset")
     expected = world_size if world_size is not None else max(owners) + 1
     missing = [rank for rank in range(expected) if rank not in owners]
     if missing:
         raise ConfigError(
-            COMPONENT_FLAG, f"rank {missing[0]} belongs to no module; modules must tile ranks 0..{expected - 1} with no gap"
+            component_setting(), f"rank {missing[0]} belongs to no module; modules must tile ranks 0..{expected - 1} with no gap"
         )
     beyond = [rank for rank in owners if rank >= expected]
     if beyond:
-        raise ConfigError(COMPONENT_FLAG, f"rank {beyond[0]} is outside the world of {expected} ranks")
+        raise ConfigError(component_setting(), f"rank {beyond[0]} is outside the world of {expected} ranks")
     return Topology(modules)

@@ -12,13 +12,16 @@ at fault (ConfigError). Pure integer arithmetic, torch-free.
 from __future__ import annotations
 
 from mimo_pipes.balance.validate import MAX_TOTAL_COST
-from mimo_pipes.errors import ConfigError
+from mimo_pipes.errors import ConfigError, setting_name
 from mimo_pipes.time_model.model import TimeModel
 
-ENCODER_WEIGHT_FLAG = "--reorder-encoder-cost-weight"
-LANGUAGE_WEIGHT_FLAG = "--reorder-language-cost-weight"
-TIME_MODEL_FLAG = "--reorder-cost-model"
-SEQ_LENGTH_FLAG = "--seq-length"
+FLAGS = {"reorder_encoder_cost_weight": "--reorder-encoder-cost-weight", "reorder_language_cost_weight": "--reorder-language-cost-weight",
+         "reorder_cost_model": "--reorder-cost-model", "seq_length": "--seq-length"}
+
+
+def _name(field: str) -> str:
+    """The setting as errors name it: the field in Python, the flag inside a command."""
+    return setting_name(field, FLAGS[field])
 
 
 def window_budget(window_samples: int, window_microbatches: int, floor: int) -> int:
@@ -38,12 +41,12 @@ def largest_terms(weights: tuple[int, int, int], model: TimeModel | None, tokens
 def _at_fault(encoder: int, encoder_term: int, language_term: int, budget: int, model: TimeModel | None) -> tuple[str, str]:
     """(flag, what to do) for a cost beyond ``budget``."""
     if model is not None and encoder > budget:
-        return TIME_MODEL_FLAG, "its terms are too large for such samples"
+        return _name("reorder_cost_model"), "its terms are too large for such samples"
     if encoder > budget:
-        return SEQ_LENGTH_FLAG, "use a shorter --seq-length"
+        return _name("seq_length"), f"use a shorter {_name('seq_length')}"
     if encoder_term >= language_term:
-        return ENCODER_WEIGHT_FLAG, "use smaller weights (only their ratio matters)"
-    return LANGUAGE_WEIGHT_FLAG, "use smaller weights (only their ratio matters)"
+        return _name("reorder_encoder_cost_weight"), "use smaller weights (only their ratio matters)"
+    return _name("reorder_language_cost_weight"), "use smaller weights (only their ratio matters)"
 
 
 def check_cost_range(
@@ -61,13 +64,13 @@ def check_cost_range(
     samples = micro_batch_size * window_microbatches
     budget = window_budget(samples, window_microbatches, floor)
     if budget < 0:
-        raise ConfigError(TIME_MODEL_FLAG, f"its per-forward floor ({floor} in cost units) over a window of {window_microbatches} "
+        raise ConfigError(_name("reorder_cost_model"), f"its per-forward floor ({floor} in cost units) over a window of {window_microbatches} "
                                            "micro-batches is beyond the int64 range of the planners")
     encoder, encoder_term, language_term = largest_terms(weights, model, max_tokens)
     largest = encoder_term + language_term
     if max(largest, encoder) > budget:
         flag, advice = _at_fault(encoder, encoder_term, language_term, budget, model)
-        raise ConfigError(flag, f"a sample of --seq-length {max_tokens} tokens can cost up to {max(largest, encoder)}, more than "
+        raise ConfigError(flag, f"a sample of {_name('seq_length')} {max_tokens} tokens can cost up to {max(largest, encoder)}, more than "
                                 f"{budget} (the int64 range of the planners over a window of {samples} samples); {advice}")
 
 

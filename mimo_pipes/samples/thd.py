@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from mimo_pipes.errors import SampleError
+from mimo_pipes.errors import SampleError, as_count
 from mimo_pipes.samples.collate import CONCAT_FIELDS, DEFAULT_PAD_VALUES
 from mimo_pipes.samples.mrope_layout import MROPE_ROWS, POSITION_IDS, is_rows_first
 
@@ -62,9 +62,9 @@ def sequence_lengths(batch: Mapping[str, Any]) -> list[int]:
     return lengths
 
 
-def check_pad_multiple(pad_multiple: object) -> None:
-    if isinstance(pad_multiple, bool) or not isinstance(pad_multiple, int) or pad_multiple < 1:
-        raise ValueError(f"pad_multiple must be an integer >= 1, got {pad_multiple!r}")
+def check_pad_multiple(pad_multiple: object) -> int:
+    """``pad_multiple`` as an int >= 1 (numpy and torch integers too); ConfigError (a ValueError) naming it otherwise."""
+    return as_count(pad_multiple, "pad_multiple", minimum=1)
 
 
 def padded_length(length: int, multiple: int) -> int:
@@ -84,7 +84,7 @@ def pack_microbatch(
     batch: Mapping[str, Any], *, pad_multiple: int = 1, pad_values: Mapping[str, int | float] = DEFAULT_PAD_VALUES
 ) -> dict[str, Any]:
     """The THD form of one collated micro-batch (see the module docstring); ``batch`` is not modified."""
-    check_pad_multiple(pad_multiple)
+    pad_multiple = check_pad_multiple(pad_multiple)
     lengths = sequence_lengths(batch)
     padded = [padded_length(n, pad_multiple) for n in lengths]
     starts = cumulative(padded)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from mimo_pipes.balance.validate import MAX_TOTAL_COST
-from mimo_pipes.errors import json_error_text
+from mimo_pipes.errors import ConfigError, as_count, json_error_text
 
 FORMAT = "mimo-pipes-cost-model"
 VERSION = 1
@@ -57,9 +57,11 @@ class TimeModel:
 
     def __post_init__(self) -> None:
         for name in TERMS + GEOMETRY:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise TimeModelError(None, name, f"must be an integer, got {value!r}")
+            try:  # numpy and torch integers as ints; the ranges are worded below
+                value = as_count(getattr(self, name), name, minimum=None)
+            except ConfigError:
+                raise TimeModelError(None, name, f"must be an integer, got {getattr(self, name)!r}") from None
+            object.__setattr__(self, name, value)
             if value < 0:
                 raise TimeModelError(None, name, f"must not be negative, got {value}")
             if value > MAX_TOTAL_COST:

@@ -15,6 +15,7 @@ from mimo_pipes.cli.job.options import TrainOptions
 from mimo_pipes.cli.job.resume_checks import OPTION_EXEMPT, WHY, check_resume_dir, setting_flag
 from mimo_pipes.cli.main import build_parser, main
 from mimo_pipes.config import PipelineConfig
+from mimo_pipes.config.flags import NAMING
 from mimo_pipes.errors import ConfigError
 
 CASES = {
@@ -65,8 +66,9 @@ def changed(value):
     return "elsewhere" if value is None else f"{value}-other"
 
 
-def test_resume_compares_every_training_option_but_the_exempt_ones(tmp_path) -> None:
+def test_resume_compares_every_training_option_but_the_exempt_ones(tmp_path, monkeypatch) -> None:
     """A new option is compared unless it is added to OPTION_EXEMPT: none can slip through unchecked."""
+    monkeypatch.setenv(NAMING, "flags")  # the command's check: settings named by their flags
     saved = TrainOptions()
     save_meta(tmp_path, saved)
     names = {field.name for field in dataclasses.fields(TrainOptions)}

@@ -190,16 +190,17 @@ def test_wrapper_plain_iterator_saves_counters_but_refuses_to_restore():
         assert got["sample_ids"] == want["sample_ids"] and torch.equal(got["pixel_values"], want["pixel_values"])
 
 
-def test_wrapper_config_errors_name_the_flag():
-    with pytest.raises(ConfigError, match="--intra-microbatch-reorder"):
+def test_wrapper_config_errors_name_the_setting():
+    """In Python the setting's field or argument name (a command names its flag)."""
+    with pytest.raises(ConfigError, match="^intra_microbatch_reorder: needs scalable_dp"):
         wrap_single(single_rank_batches(), config=ReorderConfig(intra_microbatch_reorder=True))
-    with pytest.raises(ConfigError, match="--pad-to-seq-length"):
+    with pytest.raises(ConfigError, match="^pad_to_seq_length: "):
         wrap_single(single_rank_batches(), pad_to_seq_length=False)
-    with pytest.raises(ConfigError, match="--micro-batch-size"):
+    with pytest.raises(ConfigError, match="^micro_batch_size: "):
         wrap_single(single_rank_batches(), layout=RankLayout(0, 2, 2), micro_batch_size=5)
     with pytest.raises(TypeError, match="exactly one"):
         wrap_single(single_rank_batches(), source_factory=single_rank_batches)
-    with pytest.raises(ConfigError, match="--micro-batch-size"):  # the recipe runs the same checks
+    with pytest.raises(ConfigError, match="^micro_batch_size: "):  # the recipe runs the same checks
         balanced_loader(None, reorder=reorder_config(), layout=RankLayout(0, 2, 2), micro_batch_size=5, seq_length=64,
               image_token_id=IMAGE_TOKEN_ID, pad_values=PAD_VALUES)
 

@@ -14,7 +14,8 @@ IMAGE, VIDEO, START, END = 5, 6, 3, 4  # the built-in tokenizer's <|image_pad|>,
 MERGE = 2
 
 
-def reference(family: str, input_ids, *, image_grid_thw=None, video_grid_thw=None, attention_mask=None, tokens_per_second=2.0, seconds=None):
+def reference(family: str, input_ids, *, image_grid_thw=None, video_grid_thw=None, attention_mask=None, tokens_per_second=2.0, seconds=None,
+              image_token_id=IMAGE, video_token_id=VIDEO):
     """transformers' get_rope_index of the family, called on a stand-in holding only the config it reads."""
     if family == "qwen2-vl":
         from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel as model
@@ -25,7 +26,7 @@ def reference(family: str, input_ids, *, image_grid_thw=None, video_grid_thw=Non
     vision = SimpleNamespace(spatial_merge_size=MERGE, tokens_per_second=tokens_per_second)
     stand_in = SimpleNamespace(config=SimpleNamespace(vision_config=vision))
     stand_in.get_vision_position_ids = lambda *a, **k: model.get_vision_position_ids(stand_in, *a, **k)
-    types = (input_ids == IMAGE).int() + 2 * (input_ids == VIDEO).int()
+    types = (input_ids == image_token_id).int() + 2 * (input_ids == video_token_id).int()
     extra = {"second_per_grid_ts": seconds} if family == "qwen2.5-vl" and seconds is not None else {}
     grids = {name: None if g is None else g.clone() for name, g in (("image_grid_thw", image_grid_thw), ("video_grid_thw", video_grid_thw))}
     positions, _ = model.get_rope_index(stand_in, input_ids, types, attention_mask=attention_mask, **grids, **extra)
@@ -51,3 +52,13 @@ def microbatch(processor, names, pad_length=None):
         sample.update({SAMPLE_ID: i, STEP: 0, SLOT: i})
         samples.append(sample)
     return collate_microbatch(samples, pad_length=pad_length, vision_fields=processor.vision_fields)
+
+
+def truncates_video_seconds() -> bool:
+    """transformers before 5.18 cut Qwen2.5-VL's seconds per video grid to whole seconds (``int(...)``; a float
+    ``tokens_per_second`` then fails in its ``meshgrid``): its positions for fractional seconds are not the model's."""
+    import transformers
+
+    from mimo_pipes.megatron.forward import release
+
+    return release(transformers.__version__) < (5, 18)

@@ -34,6 +34,12 @@ CASES = {
     "missing resume": (["--resume", "/nonexistent/state"], "--resume", "no saved state"),
     "image paths with samples": (["--exchange-payload", "samples", "--exchange-image-paths"], "--exchange-image-paths", "needs --exchange-payload rows"),
     "summary json a folder": (["--summary-json", "/"], "--summary-json", "is a folder"),
+    "negative seed": (["--seed", "-1"], "--seed", "must be an integer >= 0, got -1"),
+    "negative embedded samples": (["--embedded-samples", "-1"], "--embedded-samples", "must be an integer >= 1, got -1"),
+    "negative global batch": (["--global-batch-size", "-1"], "--global-batch-size", "must be an integer >= 1, got -1"),
+    "global batch below a micro-batch": (["--global-batch-size", "4"], "--global-batch-size", "4 is not a multiple of --micro-batch-size 8"),
+    "negative workers": (["--num-workers", "-1"], "--num-workers", "must be an integer >= 0, got -1"),
+    "exchange timeout": (["--exchange-timeout", "0"], "--exchange-timeout", "must be a positive number of seconds, got 0.0"),
 }
 
 
@@ -89,5 +95,5 @@ def test_a_payload_set_in_code_is_checked_by_name():
     from mimo_pipes.config import PipelineConfig
     from mimo_pipes.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"^--exchange-payload: must be one of rows, samples, got 'pixels'$"):
+    with pytest.raises(ConfigError, match=r"^exchange_payload: must be one of rows, samples, got 'pixels'$"):  # set in code: the field
         PipelineConfig(exchange_payload="pixels").validate()

@@ -63,13 +63,13 @@ def test_cost_annotator_adds_the_attention_term():
 @pytest.mark.parametrize(
     "fields, flag",
     [
-        ({"reorder_language_cost": "quadratic"}, "--reorder-language-cost"),
-        ({"reorder_language_cost": "packed"}, "--reorder-language-cost"),  # language weight 0: no effect
+        ({"reorder_language_cost": "quadratic"}, "reorder_language_cost"),
+        ({"reorder_language_cost": "packed"}, "reorder_language_cost"),  # language weight 0: no effect
         ({"reorder_language_cost": "packed", "reorder_language_cost_weight": 1, "reorder_attention_crossover": 0},
-         "--reorder-attention-crossover"),
+         "reorder_attention_crossover"),
     ],
 )
-def test_bad_language_cost_settings_name_the_flag(fields, flag):
+def test_bad_language_cost_settings_name_the_field(fields, flag):
     with pytest.raises(ConfigError, match=f"^{flag}"):
         ReorderConfig(**fields).validate()
 

@@ -82,9 +82,9 @@ def test_a_time_model_term_beyond_int64_is_refused_naming_the_field(tmp_path, ca
 def test_time_model_terms_whose_sample_costs_leave_int64_are_refused(tmp_path, capsys):
     path = save_time_model(TimeModel(per_patch_squared_ps=10**15), tmp_path / "model.json")  # fine alone, not for 2048 tokens
     config = PipelineConfig(reorder=ReorderConfig(scalable_dp=True, intra_microbatch_reorder=True, reorder_cost_model=str(path)))
-    with pytest.raises(ConfigError, match=r"^--reorder-cost-model: .*int64") as info:
+    with pytest.raises(ConfigError, match=r"^reorder_cost_model: .*int64") as info:  # Python: the fields' names
         config.validate()
-    assert "--seq-length 2048" in str(info.value)
+    assert "seq_length 2048" in str(info.value)
     config.seq_length = 64
     config.validate()
 
@@ -98,7 +98,7 @@ def test_a_sample_too_costly_for_the_window_is_refused_by_the_cost_annotator():
                          settings=settings_)
     node.reset()
     assert next(node)[COST] == 100 * 100000000000000 + 0
-    with pytest.raises(ConfigError, match=r"^--reorder-language-cost-weight: sample 1 costs 2000000000000000000, more than "
+    with pytest.raises(ConfigError, match=r"^reorder_language_cost_weight: sample 1 costs 2000000000000000000, more than "
                                           r"\d+ \(the int64 range of the planners over a window of 8 samples\)"):
         next(node)
 
@@ -216,7 +216,7 @@ def test_analyze_refuses_costs_beyond_int64_instead_of_wrapping():
                             reorder=ReorderConfig(scalable_dp=True, intra_microbatch_reorder=True, reorder_language_cost_weight="1000000"))
     topology = config.validate()
     real = np.full(16, 2**50, dtype=np.int64)
-    with pytest.raises(ConfigError, match="^--reorder-language-cost-weight: .*int64"):
+    with pytest.raises(ConfigError, match="^reorder_language_cost_weight: .*int64"):
         analyze(config, topology, np.zeros(16, dtype=np.int64), real, start=0, stop=4)
 
 
@@ -265,5 +265,5 @@ def test_analyze_refuses_modelled_times_beyond_int64(tmp_path):
                             reorder=ReorderConfig(scalable_dp=True, intra_microbatch_reorder=True, reorder_cost_model=str(model)))
     topology = config.validate()
     times = np.array([2**70] * 16, dtype=object)  # what RowCounts.encoder_costs gives for times past int64
-    with pytest.raises(ConfigError, match=r"^--reorder-cost-model: sample 0 costs 1180591620717411303424, more than"):
+    with pytest.raises(ConfigError, match=r"^reorder_cost_model: sample 0 costs 1180591620717411303424, more than"):
         analyze(config, topology, np.ones(16, dtype=np.int64), np.ones(16, dtype=np.int64), start=0, stop=4, encoder_costs=times)

@@ -380,10 +380,10 @@ def test_default_processor_is_deterministic_across_processes(processor_dir, tmp_
     code = "from mimo_pipes.data.embedded.builtin_processor import default_processor_path as d; print(d())"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     built = Path(out.stdout.strip().splitlines()[-1])
-    assert built == tmp_path / "cache" / "processor-v1"
+    assert built == tmp_path / "cache" / "processor-v2"
     for name in ("tokenizer.json", "preprocessor_config.json"):
         assert (built / name).read_bytes() == (processor_dir / name).read_bytes()
-    assert [p.name for p in built.parent.iterdir()] == ["processor-v1"]  # no temporary folder left
+    assert [p.name for p in built.parent.iterdir()] == ["processor-v2"]  # no temporary folder left
 
 
 # --------------------------------------------------------------------------------------------------

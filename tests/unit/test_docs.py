@@ -16,6 +16,7 @@ import pytest
 
 from mimo_pipes.cli.commands import run_cmd
 from mimo_pipes.cli.main import build_parser
+from mimo_pipes.config.flags import flag_names
 from mimo_pipes.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -151,8 +152,9 @@ def documented_errors() -> list[tuple[str, str]]:
 def configuration_error(args: str) -> str | None:
     parsed = build_parser().parse_args(["run", *shlex.split(args)])
     try:
-        config, options = run_cmd.config_from_args(parsed)
-        run_cmd.validate_job(config, options)
+        with flag_names():  # the command's checks: settings named by their flags
+            config, options = run_cmd.config_from_args(parsed)
+            run_cmd.validate_job(config, options)
     except ConfigError as error:
         return str(error)
     return None

@@ -4,6 +4,9 @@ conversions and the config's integer settings take numpy and torch integers as i
 
 from __future__ import annotations
 
+import contextlib
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -16,6 +19,7 @@ from mimo_pipes.adapters.torchdata_pipeline import balanced_loader, reader_first
 from mimo_pipes.cli.job.options import JobOptions, TrainOptions
 from mimo_pipes.config import PipelineConfig, ReorderConfig
 from mimo_pipes.config.counts import as_count
+from mimo_pipes.config.flags import cli_flag, flag_names
 from mimo_pipes.errors import ConfigError, StateMismatchError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.graph.loader import GraphLoader
@@ -132,20 +136,35 @@ def test_megatrons_conversions_take_numpy_and_torch_integers(value):
 
 @pytest.mark.parametrize("name", PipelineConfig.COUNTS)
 @pytest.mark.parametrize("value", [8.0, "8", True], ids=repr)
-def test_the_configs_integer_settings_refuse_it_naming_the_flag(name, value):
-    flag = "--" + name.replace("_", "-")
-    with pytest.raises(ConfigError, match=f"^{flag}: must be an integer, got "):
-        PipelineConfig(**{name: value})
-    settings = PipelineConfig()
-    setattr(settings, name, value)  # set after construction: validate refuses it too
-    with pytest.raises(ConfigError, match=f"^{flag}: must be an integer, got "):
-        settings.validate()
+def test_the_configs_integer_settings_refuse_it_naming_the_field(name, value):
+    """In Python the field (micro_batch_size), inside a command the flag (--micro-batch-size)."""
+    least = PipelineConfig.COUNTS[name]
+    for naming, setting in ((contextlib.nullcontext, name), (flag_names, cli_flag(name))):
+        with naming():
+            with pytest.raises(ConfigError, match=f"^{setting}: must be an integer >= {least}, got {re.escape(repr(value))} "):
+                PipelineConfig(**{name: value})
+            settings = PipelineConfig()
+            setattr(settings, name, value)  # set after construction: validate refuses it too
+            with pytest.raises(ConfigError, match=f"^{setting}: must be an integer >= {least}, got "):
+                settings.validate()
+
+
+@pytest.mark.parametrize("name", PipelineConfig.COUNTS)
+def test_the_configs_integer_settings_below_their_least_value_are_refused_when_given(name):
+    """seed -1, embedded_samples -1, global_batch_size -1: refused at construction with the range as the reason,
+    not later inside a rank (numpy's "expected non-negative integer") or with a wrong reason ("not a multiple")."""
+    least = PipelineConfig.COUNTS[name]
+    with pytest.raises(ConfigError, match=f"^{name}: must be an integer >= {least}, got {least - 1}$"):
+        PipelineConfig(**{name: np.int64(least - 1)})
+    assert getattr(PipelineConfig(**{name: np.int64(least)}), name) == least
 
 
 @pytest.mark.parametrize("name", ReorderConfig.COUNTS)
 def test_the_reorder_configs_integer_settings_refuse_floats_and_take_numpy(name):
-    with pytest.raises(ConfigError, match=f"^--{name.replace('_', '-')}: must be an integer, got 2.0"):
+    with pytest.raises(ConfigError, match=f"^{name}: must be an integer >= 1, got 2.0"):
         ReorderConfig(**{name: 2.0})
+    with pytest.raises(ConfigError, match=f"^{name}: must be an integer >= 1, got 0$"):
+        ReorderConfig(**{name: 0})
     assert type(getattr(ReorderConfig(**{name: np.int64(2)}), name)) is int
 
 
@@ -159,7 +178,32 @@ def test_numpy_settings_become_ints_and_validate():
 @pytest.mark.parametrize("options", [JobOptions, TrainOptions])
 def test_the_jobs_counts_refuse_floats_and_take_numpy(options):
     for name in options.COUNTS:
-        with pytest.raises(ConfigError, match=f"^--{name.replace('_', '-')}: must be an integer, got 4.0"):
+        with pytest.raises(ConfigError, match=f"^--{name.replace('_', '-')}: must be an integer, got 4.0"), flag_names():
             options(**{name: 4.0})
         assert type(getattr(options(**{name: np.int64(4)}), name)) is int
     assert options(stop_after=None).stop_after is None
+
+
+@pytest.mark.parametrize(("fields", "words"), [
+    ({"pad_to_seq_length": "false"}, "pad_to_seq_length: must be True or False, got 'false' (a str)"),
+    ({"drop_last": 0}, "drop_last: must be True or False, got 0 (a int)"),
+    ({"reorder": ReorderConfig(scalable_dp=True)}, None),
+    ({"components": "language=dp=1"}, "components: must be a list of module specs (strings), got 'language=dp=1'"),
+    ({"exchange_timeout_s": "5"}, "exchange_timeout_s: must be a positive number of seconds, got '5'"),
+    ({"exchange_timeout_s": float("inf")}, "exchange_timeout_s: must be a positive number of seconds, got inf"),
+])
+def test_settings_of_another_kind_are_refused_when_given(fields, words):
+    """'false' is true to Python, a string of specs iterates by character, a timeout of '5' failed as a bare
+    comparison and inf later in a timedelta: each refused at once, naming the setting."""
+    if words is None:
+        assert PipelineConfig(**fields).reorder.scalable_dp is True
+        return
+    with pytest.raises(ConfigError) as raised:
+        PipelineConfig(**fields)
+    assert str(raised.value) == words
+
+
+def test_reorder_switches_are_booleans():
+    with pytest.raises(ConfigError, match=r"^intra_microbatch_reorder: must be True or False, got 'yes' \(a str\)$"):
+        ReorderConfig(intra_microbatch_reorder="yes")
+    assert ReorderConfig(scalable_dp=np.bool_(True)).scalable_dp is True

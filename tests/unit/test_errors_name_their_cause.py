@@ -23,6 +23,7 @@ from mimo_pipes.cli.job.options import JobOptions, TrainOptions
 from mimo_pipes.cli.job.resume_checks import WHY, resume_settings
 from mimo_pipes.cli.rank.state_save import _os_error
 from mimo_pipes.config import PipelineConfig, ReorderConfig
+from mimo_pipes.config.flags import flag_names
 from mimo_pipes.errors import ConfigError, SampleError, json_error_text
 from mimo_pipes.nodes.uncollate import Uncollate
 from mimo_pipes.samples.checks import check_collatable, check_sample
@@ -263,7 +264,7 @@ def test_switching_the_payload_on_resume_names_both_and_why(monkeypatch, saved, 
         consumed = 3
 
     monkeypatch.setattr(settings_module, "open_generation", lambda directory: Saved())
-    with pytest.raises(ConfigError) as caught:
+    with pytest.raises(ConfigError) as caught, flag_names():  # the command's check: it names flags
         settings_module.check_resume_dir("STATE", PipelineConfig(exchange_payload=requested), 4, JobOptions())
     message = str(caught.value)
     assert message.startswith(f"--resume: STATE was saved with --exchange-payload {saved}, this run has {requested}: ")

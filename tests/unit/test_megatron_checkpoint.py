@@ -124,7 +124,7 @@ def test_a_job_killed_before_megatron_commits_resumes_from_the_committed_iterati
 def test_a_damaged_or_foreign_state_is_refused_naming_the_file(tmp_path):
     train(tmp_path, 1, save_at=(1,))
     folder = pipeline_state_folder(tmp_path, 1)
-    with pytest.raises(ConfigError, match=r"^--load: .* was saved with --seed 5, this run has 6"):
+    with pytest.raises(ConfigError, match=r"^--load: .* was saved with seed 5, this run has 6"):
         load_pipeline_state(tmp_path, config=config(seed=6))
     with pytest.raises(ConfigError, match="saved after 3 micro-batches, the checkpoint's consumed samples make 6"):
         load_pipeline_state(tmp_path, config=config(), consumed_microbatches=6)

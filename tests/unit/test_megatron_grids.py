@@ -9,7 +9,9 @@ import os
 import re
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -125,8 +127,14 @@ def test_a_map_the_pipeline_cannot_serve_is_refused_in_one_line_naming_the_modul
 def test_a_micro_batch_the_dp_sizes_do_not_divide_is_refused() -> None:
     grids = grid_map(6, images={"offset": 0, "dp": 2}, language={"offset": 2, "dp": 4})
     assert grid_layout(grids, micro_batch_size=8).topology.grid_size == 4
-    for bad in (6, 0, 4.0, True):
+    for bad in (6, 10, np.int64(6)):
         with pytest.raises(GridMapError, match=r"not a multiple of 4, the lcm of the DP sizes \(images dp=2, language dp=4\)"):
+            grid_layout(grids, micro_batch_size=bad)
+    for same in (np.int64(8), np.int32(8), torch.tensor(8)):
+        assert grid_layout(grids, micro_batch_size=same).topology.grid_size == 4
+    # Not a size at all: the reason is the kind or the range, not the DP sizes.
+    for bad, reason in ((0, "got 0"), (8.0, "got 8.0 (a float)"), (True, "got True (a bool)"), ("8", "got '8' (a str)")):
+        with pytest.raises(ConfigError, match=f"^micro_batch_size: must be an integer >= 1, {re.escape(reason)}$"):
             grid_layout(grids, micro_batch_size=bad)
 
 
@@ -141,3 +149,14 @@ def test_fan_in_is_refused_by_the_same_words_on_the_component_path() -> None:
     config = PipelineConfig(components=("language=dp=1", "images=dp=2,rank_offset=1"), micro_batch_size=2)
     with pytest.raises(ConfigError, match=re.escape(FAN_IN_LIMIT)):
         config.validate(3)
+
+
+def test_rank_layout_without_a_process_group_says_so_in_one_line() -> None:
+    """grid_layout reads grids alone; rank_layout makes groups, so it needs torch.distributed (not torch's raw ValueError)."""
+    from mimo_pipes.megatron import rank_layout
+
+    assert not torch.distributed.is_initialized()
+    grids = grid_map(4, images={"offset": 0, "dp": 2}, language={"offset": 2, "dp": 2})
+    with pytest.raises(RuntimeError, match=r"^rank_layout: torch.distributed is not initialised: .*init_process_group") as raised:
+        rank_layout(grids, micro_batch_size=4)
+    assert "\n" not in str(raised.value)

@@ -224,3 +224,42 @@ def test_rows_are_accepted_exactly_when_they_add_up(grids, extra):
         assert mimo_batch(batch, mrope=False)["modality_inputs"]["images"]["qwen_visual"]["grid_thw"] is batch["image_grid_thw"]
     else:
         refused(batch, "image_grid_thw", f"describes {described} patches", mrope=False)
+
+
+def test_an_empty_micro_batch_is_refused():
+    refused({}, None, "holds none of the fields mimo_batch reads")
+    refused({"sample_ids": [1, 2], "step": 3}, None, "got ['sample_ids', 'step']")
+
+
+@pytest.mark.parametrize("value", [3.5, -1.0, float("nan")], ids=repr)
+def test_a_loss_mask_outside_0_to_1_is_refused(value):
+    batch = one_image()
+    batch["loss_mask"][0, 1] = value
+    refused(batch, "loss_mask", "loss_mask must hold weights from 0 (not trained) to 1, got")
+
+
+def test_a_bool_or_integer_loss_mask_comes_out_as_float_weights():
+    for dtype in (torch.bool, torch.int64):
+        batch = one_image()
+        batch["loss_mask"] = batch["loss_mask"].to(dtype)
+        out = mimo_batch(batch)["loss_mask"]
+        assert out.dtype == torch.float32 and torch.equal(out, batch["attention_mask"].float())
+    batch = one_image()
+    assert mimo_batch(batch)["loss_mask"] is batch["loss_mask"]  # float weights pass as they are
+
+
+@pytest.mark.parametrize(("option", "value", "words"), [
+    ("image_token_id", "5", "image_token_id: must be an integer >= 0, got '5' (a str)"),
+    ("image_token_id", 5.0, "image_token_id: must be an integer >= 0, got 5.0 (a float)"),
+    ("video_token_id", True, "video_token_id: must be an integer >= 0, got True (a bool)"),
+    ("spatial_merge_size", 0, "spatial_merge_size: must be an integer >= 1, got 0"),
+    ("tokens_per_second", "2", "tokens_per_second must be a positive number, got '2'"),
+    ("mrope", "yes", "mrope must be True or False, got 'yes'"),
+])
+def test_a_setting_of_the_wrong_kind_is_refused_where_it_is_given(option, value, words):
+    """A string id used to be taken, to match no token and blame the tokenizer later."""
+    with pytest.raises(ValueError) as caught:
+        mimo_batch(one_image(), **{option: value})
+    message = str(caught.value)
+    assert message.startswith("mimo_batch: ") and words in message and "\n" not in message, message
+    assert mimo_batch(one_image(), image_token_id=np.int64(IMAGE))["input_ids"] is not None  # numpy ids are ids

@@ -7,7 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from megatron_inputs import END, IMAGE, MERGE, ROWS, START, VIDEO, microbatch, reference
+from megatron_inputs import END, IMAGE, MERGE, ROWS, START, VIDEO, microbatch, reference, truncates_video_seconds
 
 from mimo_pipes.data.embedded.builtin_processor import default_processor_path
 from mimo_pipes.data.processing.processor import load_processor
@@ -78,16 +78,6 @@ def video_sequence(family: str, grids: list[list[int]], images: list[list[int]],
             ids += [START] + [VIDEO] * (t * h * w // MERGE**2) + [END]
         ids += [40, 41]
     return torch.tensor([ids])
-
-
-def truncates_video_seconds() -> bool:
-    """transformers before 5.18 cut Qwen2.5-VL's seconds per video grid to whole seconds (``int(...)``; a float
-    ``tokens_per_second`` then fails in its ``meshgrid``): its positions for fractional seconds are not the model's."""
-    import transformers
-
-    from mimo_pipes.megatron.forward import release
-
-    return release(transformers.__version__) < (5, 18)
 
 
 @pytest.mark.parametrize("family", ["qwen2-vl", "qwen2.5-vl", "qwen3-vl"])

@@ -21,6 +21,7 @@ from mimo_pipes.cli.job.options import JobOptions
 from mimo_pipes.cli.job.resume_checks import RESUME_EXEMPT, check_resume_dir, setting_flag
 from mimo_pipes.cli.main import build_parser
 from mimo_pipes.config import PipelineConfig, ReorderConfig
+from mimo_pipes.config.flags import flag_names
 from mimo_pipes.errors import ConfigError, StateMismatchError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
@@ -151,25 +152,27 @@ def run_flags() -> set[str]:
 
 
 def test_resume_refuses_every_setting_but_the_exempt_ones_naming_the_flag(tmp_path):
-    base = PipelineConfig()
-    save_meta(tmp_path, base)
-    flags = run_flags()
-    checked = set()
-    for holder, name in fields(PipelineConfig()):
-        config = PipelineConfig()
-        target = config.reorder if isinstance(holder, ReorderConfig) else config
-        setattr(target, name, other_value(getattr(target, name)))
-        assert setting_flag(name) in flags, f"{name}: {setting_flag(name)} is not a run flag"
-        if name in RESUME_EXEMPT:
-            assert check_resume_dir(str(tmp_path), config, 4, JobOptions()) == 3
-            continue
-        with pytest.raises(ConfigError) as raised:
-            check_resume_dir(str(tmp_path), config, 4, JobOptions())
-        assert raised.value.setting == "--resume" and f" was saved with {setting_flag(name)} " in str(raised.value), name
-        checked.add(name)
-    assert {"embedded_samples", "processor", "seq_length", "dataset", "seed", "reorder_window_size"} <= checked
-    with pytest.raises(ConfigError, match="saved with --recipe mimo_pipes_recipes.vlm_sft, this run has mine"):
-        check_resume_dir(str(tmp_path), base, 4, JobOptions(recipe="mine"))
+    """The command's check: every setting named by its run flag."""
+    with flag_names():
+        base = PipelineConfig()
+        save_meta(tmp_path, base)
+        flags = run_flags()
+        checked = set()
+        for holder, name in fields(PipelineConfig()):
+            config = PipelineConfig()
+            target = config.reorder if isinstance(holder, ReorderConfig) else config
+            setattr(target, name, other_value(getattr(target, name)))
+            assert setting_flag(name) in flags, f"{name}: {setting_flag(name)} is not a run flag"
+            if name in RESUME_EXEMPT:
+                assert check_resume_dir(str(tmp_path), config, 4, JobOptions()) == 3
+                continue
+            with pytest.raises(ConfigError) as raised:
+                check_resume_dir(str(tmp_path), config, 4, JobOptions())
+            assert raised.value.setting == "--resume" and f" was saved with {setting_flag(name)} " in str(raised.value), name
+            checked.add(name)
+        assert {"embedded_samples", "processor", "seq_length", "dataset", "seed", "reorder_window_size"} <= checked
+        with pytest.raises(ConfigError, match="saved with --recipe mimo_pipes_recipes.vlm_sft, this run has mine"):
+            check_resume_dir(str(tmp_path), base, 4, JobOptions(recipe="mine"))
 
 
 def test_resume_settings_that_do_not_shape_the_stream(tmp_path):

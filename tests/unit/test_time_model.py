@@ -131,7 +131,7 @@ def test_bad_files_are_refused_naming_file_and_field(tmp_path, change, field):
     path.write_text(json.dumps(body))
     with pytest.raises(TimeModelError, match=rf"{path}.*{field}"):
         load_time_model(path)
-    with pytest.raises(ConfigError, match=r"--reorder-cost-model.*bad.json"):
+    with pytest.raises(ConfigError, match=r"reorder_cost_model.*bad.json"):
         ReorderConfig(reorder_cost_model=str(path)).validate()
 
 
@@ -206,7 +206,7 @@ def test_planner_settings_from_the_component_specs():
     two = planner_settings(topology, ReorderConfig(reorder_two_level=True), MODEL)
     assert (two.floor, two.encoder_groups) == (MODEL.floor_ns, 2)
     assert planner_settings(topology, reorder, None).floor == 0
-    with pytest.raises(ConfigError, match="--reorder-two-level"):
+    with pytest.raises(ConfigError, match="^reorder_two_level: "):
         planner_settings(build_topology(["language=dp=2", "images=dp=2,rank_offset=2"]), ReorderConfig(reorder_two_level=True), MODEL)
 
 

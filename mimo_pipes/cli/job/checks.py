@@ -59,8 +59,6 @@ def validate_consumption(config: PipelineConfig, options: JobOptions, world_size
     check_recipe_exists(options.recipe)
     if options.steps < 1:
         raise ConfigError("--steps", f"must be >= 1, got {options.steps}")
-    if config.embedded_samples < config.micro_batch_size and config.dataset is None:
-        raise ConfigError("--embedded-samples", f"{config.embedded_samples} is fewer than one micro-batch")
     if options.stop_after is not None and options.save_state is None:
         raise ConfigError("--stop-after", "needs --save-state DIR: where the state after those micro-batches is saved")
     if options.stop_after is not None and not 1 <= options.stop_after <= options.steps:

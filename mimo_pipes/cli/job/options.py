@@ -24,7 +24,7 @@ class JobOptions:
     log_interval: int = 20  # a metrics line every N windows and at the end (0: only at the end)
     summary_json: str | None = None  # `run` writes its summary here as JSON (rank 0)
 
-    COUNTS = ("steps", "stop_after", "log_interval")
+    COUNTS = {"steps": None, "stop_after": None, "log_interval": None}  # integers; their ranges: cli/job/checks.py
 
     def __post_init__(self) -> None:
         take_counts(self, self.COUNTS)

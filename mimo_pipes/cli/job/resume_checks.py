@@ -9,7 +9,6 @@ from typing import Any
 
 from mimo_pipes.checkpoint.generation import open_generation
 from mimo_pipes.checkpoint.same_settings import (  # noqa: F401 - the checks' tables, named where the CLI's tests look
-    FLAGS,
     RESUME_EXEMPT,
     WHY,
     check_same_settings,

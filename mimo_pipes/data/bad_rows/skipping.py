@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from mimo_pipes.errors import SampleError, row_reason
+from mimo_pipes.errors import SampleError, as_count, row_reason
 from mimo_pipes.nodes.canonical_shard_reader import MapStyleDataset
 from mimo_pipes.parallel.sharding import global_microbatch_indices, microbatches_per_epoch
 from mimo_pipes.samples.sample import SAMPLE_ID, SLOT, STEP, Sample
@@ -62,12 +62,12 @@ class SkipBadRows:
     ) -> None:
         self.process = process
         self.dataset = dataset
-        self.micro_batch_size = micro_batch_size
-        self.seed = seed
+        self.micro_batch_size = as_count(micro_batch_size, "micro_batch_size", minimum=1)
+        self.seed = as_count(seed, "seed")
         self.shuffle = dataloader_type == "cyclic"
         self.cyclic = self.shuffle
-        self.per_epoch = microbatches_per_epoch(len(dataset), micro_batch_size)
-        self.max_tries = max_tries
+        self.per_epoch = microbatches_per_epoch(len(dataset), self.micro_batch_size)
+        self.max_tries = as_count(max_tries, "max_tries", minimum=1)
 
     def __call__(self, row: dict) -> Sample:
         try:

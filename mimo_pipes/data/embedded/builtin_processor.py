@@ -1,10 +1,11 @@
 """The embedded processor, built offline from code: a byte-level BPE tokenizer trained in well under a second on
 text from the synthetic dataset's word bank (wrapped as a transformers fast tokenizer, so it reloads with
 ``AutoTokenizer``) and a ``Qwen2VLImageProcessorPil`` (smart resize to multiples of 28 px, 14-px patches, temporal
-patch size 2, 2x2 merge), cached under ``<cache>/processor-v1``. No download."""
+patch size 2, 2x2 merge), cached under ``<cache>/processor-v2``. No download."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import numpy as np
 
 from mimo_pipes.data.cache import build_atomically, cache_root
 
-PROCESSOR_VERSION = "v1"
+PROCESSOR_VERSION = "v2"  # v2: processor_config.json names the family (Qwen2VLProcessor)
 """Bumped whenever the built-in processor changes, so a stale cached copy is never reused."""
 
 PAD_TOKEN = "<|endoftext|>"
@@ -95,9 +96,11 @@ def build_default_processor(path: str | Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     build_tokenizer().save_pretrained(str(path))
     build_image_processor().save_pretrained(str(path))
+    # Qwen2-VL's layout and M-RoPE, said as a downloaded folder says it (family_names.py reads it).
+    (path / "processor_config.json").write_text(json.dumps({"processor_class": "Qwen2VLProcessor"}, indent=1))
     return path
 
 
 def default_processor_path() -> Path:
-    """The cached built-in processor folder (``<cache>/processor-v1``), built on first use."""
+    """The cached built-in processor folder (``<cache>/processor-v2``), built on first use."""
     return build_atomically(cache_root() / f"processor-{PROCESSOR_VERSION}", build_default_processor)

@@ -34,15 +34,15 @@ INTERNVL_IMAGE_SEQ_LENGTH = 4
 
 def build_family_processor(path: str | Path, family: str, *, tile_size: int = 28) -> Path:
     """Write a tiny ``family`` processor folder (one of :data:`FAMILIES`) into ``path``."""
-    from transformers import GotOcr2ImageProcessorPil, Qwen2VLImageProcessorPil
+    from transformers import AutoTokenizer, GotOcr2ImageProcessorPil, Qwen2VLImageProcessorPil
 
-    from mimo_pipes.data.embedded.builtin_processor import build_tokenizer
+    from mimo_pipes.data.embedded.builtin_processor import default_processor_path
 
     if family not in FAMILIES:
         raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {family!r}")
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer()
+    tokenizer = AutoTokenizer.from_pretrained(str(default_processor_path()))  # the built-in one, trained once and cached
     tokenizer.add_tokens(list(EXTRA_TOKENS), special_tokens=True)
     config: dict = {"processor_class": PROCESSOR_CLASSES[family]}
     if family == "internvl":

@@ -14,15 +14,20 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from mimo_pipes.data import bad_rows
+from mimo_pipes.data.processing.family_names import QWEN3_VL, folder_release
 from mimo_pipes.data.processing.fast_pixels import probe
 from mimo_pipes.errors import ConfigError, SampleError
 
+FRAME_RATE = 2.0
+"""Frames per second a video's frames are taken to be sampled at where a timestamp is written (Qwen3-VL): the
+rate Qwen-VL video processors sample at by default."""
 Features = tuple[dict[str, np.ndarray], list[list[int]]]
 """Model fields for a sample's images (or videos), and each one's placeholder token ids."""
 
@@ -35,11 +40,15 @@ def _token_id(tokenizer: Any, token: str, source: str | None, required: bool = T
 
 
 class PatchFamily:
-    """Qwen2-VL-style patches (see the module doc)."""
+    """Qwen2-VL-style patches (see the module doc). ``release``: ``qwen2-vl``, ``qwen2.5-vl`` or ``qwen3-vl`` as the
+    folder names itself (:mod:`~mimo_pipes.data.processing.family_names`), None when it does not: the layout is
+    the same, the M-RoPE of videos is not."""
 
-    name = "qwen2-vl"
+    UNKNOWN = "qwen-vl (release not named by the folder)"
 
-    def __init__(self, tokenizer: Any, image_processor: Any, source: str | None) -> None:
+    def __init__(self, tokenizer: Any, image_processor: Any, source: str | None, release: str | None = None) -> None:
+        self.release = release
+        self.name = release or self.UNKNOWN
         for attr in ("patch_size", "temporal_patch_size", "merge_size"):
             if not isinstance(getattr(image_processor, attr, None), int):
                 raise ConfigError(
@@ -54,10 +63,14 @@ class PatchFamily:
         self.image_pad = "<|image_pad|>"
         self.video_pad = "<|video_pad|>"
         self.markers = {"image": "<|vision_start|><|image_pad|><|vision_end|>", "video": "<|vision_start|><|video_pad|><|vision_end|>"}
-        for token in ("<|vision_start|>", "<|vision_end|>"):
-            _token_id(tokenizer, token, source)
+        self.vision_start_id, self.vision_end_id = (_token_id(tokenizer, token, source) for token in ("<|vision_start|>", "<|vision_end|>"))
         self.image_token_id = _token_id(tokenizer, self.image_pad, source)
         self.video_token_id = _token_id(tokenizer, self.video_pad, source, required=False)
+        # Qwen3-VL's processor writes a video as one block per frame, each after its timestamp ("<0.2 seconds>"),
+        # in place of the chat's single block: the chat's wrapper becomes the bare pad, and the pad's run holds
+        # every frame's timestamp, start, placeholders and end (see _frame_runs).
+        self.video_wrapper = self.markers["video"] if release == QWEN3_VL else None
+        self._text = tokenizer.backend_tokenizer if self.video_wrapper is not None else None
         self.placeholder_ids = tuple(t for t in (self.image_token_id, self.video_token_id) if t is not None)
         self.vision_fields: dict[str, tuple[tuple[int, ...], torch.dtype]] = {
             "pixel_values": ((self.patch_dim,), torch.float32),
@@ -122,7 +135,25 @@ class PatchFamily:
         return [-(-frames // self.temporal_patch_size), height // self.patch_size, width // self.patch_size]
 
     def _runs(self, grid: np.ndarray, token: int) -> list[list[int]]:
+        if token == self.video_token_id and self.video_wrapper is not None:
+            return self._frame_runs(grid)
         return [[token] * int(n // self.merge_size**2) for n in grid.prod(axis=1)]
+
+    def _frame_runs(self, grid: np.ndarray) -> list[list[int]]:
+        """Qwen3-VL's video blocks: per temporal step ``<t seconds>`` + start + its ``h * w / m**2`` placeholders +
+        end. Frames come without their times here: they are taken as sampled at FRAME_RATE per second, and a step's
+        time is the mean of its frames' (the processor's rule, ``_calculate_timestamps``)."""
+        assert self._text is not None and self.video_token_id is not None
+        out = []
+        for t, h, w in grid.tolist():
+            run: list[int] = []
+            for step in range(int(t)):
+                first = step * self.temporal_patch_size
+                seconds = (first + first + self.temporal_patch_size - 1) / 2 / FRAME_RATE
+                run += self._text.encode(f"<{seconds:.1f} seconds>", add_special_tokens=False).ids
+                run += [self.vision_start_id] + [self.video_token_id] * (int(h) * int(w) // self.merge_size**2) + [self.vision_end_id]
+            out.append(run)
+        return out
 
     def _tokens(self, grid: np.ndarray, pixels: np.ndarray, token: int, sample: object, field: str) -> list[list[int]]:
         patches = grid.prod(axis=1)
@@ -216,7 +247,8 @@ class TileFamily:
 def family_for(tokenizer: Any, image_processor: Any, source: str | None, processor_config: dict) -> PatchFamily | TileFamily:
     kind = type(image_processor).__name__
     if kind.startswith("Qwen2VLImageProcessor"):
-        return PatchFamily(tokenizer, image_processor, source)
+        folder = Path(source) if source is not None and Path(source).is_dir() else None
+        return PatchFamily(tokenizer, image_processor, source, folder_release(folder, processor_config))
     if kind.startswith("GotOcr2ImageProcessor"):
         return TileFamily(tokenizer, image_processor, source, processor_config.get("image_seq_length", 256))
     raise ConfigError(

@@ -187,7 +187,10 @@ class SampleProcessor:
         part: list[int] = []  # FIRST_PROMPT, FIRST_REPLY or LATER
         used = {pad: 0 for pad in media}
         later = False
+        wrapper = getattr(self.family, "video_wrapper", None)  # Qwen3-VL: the pad's run holds the frames' own blocks
         for text, is_trained in trained_segments(turns, self._render):
+            if wrapper is not None:
+                text = text.replace(wrapper, self.family.video_pad)
             where = LATER if later else (FIRST_REPLY if is_trained else FIRST_PROMPT)
             later = later or is_trained
             for piece in self._pads.split(text):
