@@ -42,13 +42,14 @@ def resolve_exchange_transport(requested: str, world_backend: str, overlap: bool
     return requested
 
 
-def check_read_ahead(read_ahead: object, *, exchange_on_gpu: bool, exchanges: bool, name: str = flag("read_ahead"),
+def check_read_ahead(read_ahead: object, *, exchange_on_gpu: bool, exchanges: bool, name: str | None = None,
                      device_max_connections: str | None = None) -> int:
     """``read_ahead`` as a count (ConfigError naming ``name``), refused where its thread would issue NCCL
     collectives that can deadlock: an exchange over an NCCL group (``exchange_on_gpu``) that ``exchanges`` (reordering
     over DP > 1) runs on the read-ahead thread, and under ``CUDA_DEVICE_MAX_CONNECTIONS=1`` (one hardware queue) its
     all_to_all and the trainer's all-reduce run in issue order, which differs across ranks. A Gloo exchange group (the
     default) is safe beside the trainer's NCCL kernels."""
+    name = name or flag("read_ahead")  # named when called: the API names the field, a command its flag
     count = as_count(read_ahead, name)
     if device_max_connections is None:
         device_max_connections = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")

@@ -176,7 +176,7 @@ def test_a_bad_read_ahead_is_refused_naming_it(value):
 def test_the_pipeline_setting_is_checked_and_named():
     from mimo_pipes.config import PipelineConfig
 
-    with pytest.raises(ConfigError, match=r"^--read-ahead: must be an integer >= 0 \(micro-batches made ahead; 0: off\), got -1$"):
+    with pytest.raises(ConfigError, match=r"^read_ahead: must be an integer >= 0, got -1$"):
         PipelineConfig(read_ahead=-1).validate()
     assert PipelineConfig().read_ahead > 0  # on by default
 
@@ -192,7 +192,7 @@ def test_the_run_flag_sets_it():
 def test_an_nccl_exchange_on_the_read_ahead_thread_is_refused_with_one_hardware_queue():
     from mimo_pipes.config.transport import check_read_ahead
 
-    with pytest.raises(ConfigError, match=r"^--read-ahead: 2 with an NCCL exchange group is refused under CUDA_DEVICE_MAX_CONNECTIONS=1"):
+    with pytest.raises(ConfigError, match=r"^read_ahead: 2 with an NCCL exchange group is refused under CUDA_DEVICE_MAX_CONNECTIONS=1"):
         check_read_ahead(2, exchange_on_gpu=True, exchanges=True, device_max_connections="1")
     assert check_read_ahead(2, exchange_on_gpu=False, exchanges=True, device_max_connections="1") == 2  # Gloo
     assert check_read_ahead(0, exchange_on_gpu=True, exchanges=True, device_max_connections="1") == 0
