@@ -30,14 +30,15 @@ def resolve_exchange_transport(requested: str, world_backend: str, overlap: bool
             flag("exchange_transport"),
             "nccl with overlap is refused under CUDA_DEVICE_MAX_CONNECTIONS=1: with one hardware queue the "
             "prefetch thread's all_to_all and the trainer's gradient all-reduce run in issue order, which differs "
-            "across ranks, and training deadlocks. Use --exchange-transport gloo (overlap kept, CPU bytes) or "
-            "--no-overlap-intra-microbatch-reorder with --read-ahead 0 (both collectives on the training thread)",
+            f"across ranks, and training deadlocks. Use {flag('exchange_transport')} gloo (overlap kept, CPU bytes) or "
+            f"{flag('overlap_intra_microbatch_reorder')}{'' if flag('exchange_transport').startswith('--') else ' False'} "
+            f"with {flag('read_ahead')} 0 (both collectives on the training thread)",
         )
     if requested == "nccl" and overlap and warn:
         logging.getLogger(__name__).warning(
-            "--exchange-transport nccl with overlap: NCCL kernels of the prefetch thread and of the trainer can "
+            f"{flag('exchange_transport')} nccl with overlap: NCCL kernels of the prefetch thread and of the trainer can "
             "be ordered differently on different ranks (a run of this kind hung once, before a fix). "
-            "--exchange-transport gloo keeps the overlap without that risk."
+            f"{flag('exchange_transport')} gloo keeps the overlap without that risk."
         )
     return requested
 

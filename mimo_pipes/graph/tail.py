@@ -12,6 +12,7 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
+from mimo_pipes.config.flags import flag
 from mimo_pipes.config.tail_settings import TailSettings
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange import RankLayout
@@ -52,11 +53,11 @@ def balanced_tail(
         )
     rows = settings.processing.rows
     if rows and process_rows is None:
-        raise ConfigError("--exchange-payload", "rows needs the function that processes a row after the exchange; "
-                          "this pipeline gives none (use --exchange-payload samples)")
+        raise ConfigError(flag("exchange_payload"), "rows needs the function that processes a row after the exchange; "
+                          f"this pipeline gives none (use {flag('exchange_payload')} samples)")
     if settings.processing.mask_failed and stand_in is None:
-        raise ConfigError("--skip-bad-samples", "under --exchange-payload rows needs what stands in for a row that fails after "
-                          "the exchange; this pipeline gives none (use --exchange-payload samples)")
+        raise ConfigError(flag("skip_bad_samples"), f"under {flag('exchange_payload')} rows needs what stands in for a row that fails "
+                          f"after the exchange; this pipeline gives none (use {flag('exchange_payload')} samples)")
     node: BaseNode[Any] = CostAnnotator(items, settings=settings)
     node = Windower(node, settings=settings)
     exchange = None

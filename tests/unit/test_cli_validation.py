@@ -70,13 +70,19 @@ def test_nccl_exchange_without_gpus_is_refused(capsys):
 
 
 def test_overlapped_nccl_exchange_refused_under_single_hardware_queue():
+    from mimo_pipes.config.flags import flag_names
     from mimo_pipes.config.transport import resolve_exchange_transport
     from mimo_pipes.errors import ConfigError
 
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(ConfigError) as info, flag_names():  # a command: the flags
         resolve_exchange_transport("nccl", "nccl", overlap=True, device_max_connections="1")
     message = str(info.value)
-    assert "deadlock" in message and "--exchange-transport gloo" in message and "--no-overlap-intra-microbatch-reorder" in message
+    assert "deadlock" in message and "--exchange-transport gloo" in message and "--no-overlap-intra-microbatch-reorder (" in message
+    with pytest.raises(ConfigError) as info:  # Python: the fields
+        resolve_exchange_transport("nccl", "nccl", overlap=True, device_max_connections="1")
+    message = str(info.value)
+    assert message.startswith("exchange_transport: ") and "exchange_transport gloo" in message
+    assert "overlap_intra_microbatch_reorder False" in message and "--" not in message
     assert resolve_exchange_transport("nccl", "nccl", overlap=False, device_max_connections="1") == "nccl"
     assert resolve_exchange_transport("auto", "nccl", overlap=True, device_max_connections="1") == "gloo"
     assert resolve_exchange_transport("auto", "nccl", overlap=True, device_max_connections=None) == "gloo"

@@ -311,8 +311,13 @@ def test_bad_rows_raise_sample_error(proc):
 
 
 def test_bad_seq_length(processor_dir):
-    for bad in (0, -3, 2.5, True):
+    from mimo_pipes.config.flags import flag_names
+
+    for bad in (0, -3, 2.5, True, "8"):
         with pytest.raises(ConfigError) as info:
+            load_processor(processor_dir, bad)
+        assert info.value.setting == "seq_length"  # in Python the argument; in a command its flag
+        with pytest.raises(ConfigError) as info, flag_names():
             load_processor(processor_dir, bad)
         assert info.value.setting == "--seq-length"
 

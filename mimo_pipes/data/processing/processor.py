@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mimo_pipes.config.flags import flag
 from mimo_pipes.data import bad_rows
 from mimo_pipes.data.embedded.builtin_processor import IM_END, IM_START, PAD_TOKEN, VISION_END, VISION_START
 from mimo_pipes.data.paths import existing_folder
@@ -33,7 +34,7 @@ from mimo_pipes.data.processing.conversation import chatml, conversation, row_im
 from mimo_pipes.data.processing.families import family_for
 from mimo_pipes.data.processing.media import open_image, open_video
 from mimo_pipes.data.processing.truncation import FIRST_PROMPT, FIRST_REPLY, LATER, fit_to_length
-from mimo_pipes.errors import ConfigError, SampleError
+from mimo_pipes.errors import ConfigError, SampleError, as_count
 from mimo_pipes.observe.third_party import paused_gc, quiet_transformers
 from mimo_pipes.observe.warning_tally import WarningKind, warn
 from mimo_pipes.samples.sample import SAMPLE_ID
@@ -74,8 +75,7 @@ def load_processor(path: str | Path, seq_length: int, image_folder: str | None =
 def _load_processor(path: str | Path, seq_length: int, image_folder: str | None) -> SampleProcessor:
     from transformers import AutoImageProcessor, AutoTokenizer
 
-    if isinstance(seq_length, bool) or not isinstance(seq_length, (int, np.integer)) or seq_length < 1:
-        raise ConfigError("--seq-length", f"must be a positive integer, got {seq_length!r}")
+    seq_length = as_count(seq_length, flag("seq_length"), minimum=1)
     p = check_processor_path(path)
     with quiet_transformers():  # its advice on processors is no error; errors still raise
         try:
