@@ -77,7 +77,7 @@ def test_overlapped_nccl_exchange_refused_under_single_hardware_queue():
     with pytest.raises(ConfigError) as info, flag_names():  # a command: the flags
         resolve_exchange_transport("nccl", "nccl", overlap=True, device_max_connections="1")
     message = str(info.value)
-    assert "deadlock" in message and "--exchange-transport gloo" in message and "--no-overlap-intra-microbatch-reorder (" in message
+    assert "deadlock" in message and "--exchange-transport gloo" in message and "--no-overlap-intra-microbatch-reorder with --read-ahead 0 (" in message
     with pytest.raises(ConfigError) as info:  # Python: the fields
         resolve_exchange_transport("nccl", "nccl", overlap=True, device_max_connections="1")
     message = str(info.value)
