@@ -80,9 +80,9 @@ class IteratorLoader(GraphLoader):
             )
         super()._start()
 
-    def close(self) -> None:
+    def close(self, *, drain: bool = True) -> None:
         spent = self._started and not self.restorable
-        super().close()
+        super().close(drain=drain)
         # A plain iterator cannot be rewound: closing ends the iteration (its state_dict still says where it stood).
         self._spent = self._spent or spent
 

@@ -61,6 +61,9 @@ from mimo_pipes.nodes.balance_exchange import BalanceExchange
 from mimo_pipes.nodes.base import GraphNode, Restartable
 from mimo_pipes.nodes.read_ahead import ReadAhead
 
+UNDRAINED_WAIT_S = 1.0
+"""How long ``close(drain=False)`` waits for the read-ahead thread once the nodes under it were stopped."""
+
 
 class GraphLoader(Loader[dict]):
     """Iterates a graph's root node; ``state_dict`` / ``load_state_dict`` capture the whole graph.
@@ -160,10 +163,10 @@ class GraphLoader(Loader[dict]):
             self._handed_state = copy.deepcopy(root.state_dict())
             self._reader = ReadAhead(lambda: finish(next(root)), root.state_dict, self.read_ahead)
 
-    def _stop_reading_ahead(self, wait_s: float | None = None) -> None:
+    def _stop_reading_ahead(self) -> None:
         reader, self._reader = self._reader, None
         if reader is not None:
-            reader.stop(wait_s)
+            reader.stop(None)
 
     def __next__(self) -> Any:
         if not self._started:
@@ -244,21 +247,28 @@ class GraphLoader(Loader[dict]):
         node = self.exchange_node()
         return node.metrics() if node is not None else None
 
-    def close(self) -> None:
+    def close(self, *, drain: bool = True) -> None:
         """Stop every background thread of the graph (the read-ahead thread, the exchange's prefetcher, row
         processing's workers, torchdata's mapper workers); safe to call twice. The consumed micro-batches are kept:
-        iterating again resumes exactly there (what was read ahead is made again)."""
+        iterating again resumes exactly there (what was read ahead is made again). ``drain`` False: the read-ahead
+        thread is not waited for, and ends with what it is making once the nodes under it stop, instead of first making
+        all it may (for a job whose ranks stop on a signal and exit: what their peers' exchanges wait for ends with
+        them)."""
         if self._started:
             self._pending_state = self.state_dict()
             self._started = False
         # Consumers first: the read-ahead thread makes all it may ahead, as every rank's does, then ends; the exchange's
-        # prefetcher finishes the exchanges its peers may be in,
-        # reading from its source, so the threads that feed it stop after it.
-        self._stop_reading_ahead()
+        # prefetcher finishes the exchanges its peers may be in, reading from its source, so the threads that feed
+        # it stop after it.
+        reader, self._reader = self._reader, None
+        if reader is not None:  # undrained: not waited for; stopping the nodes under it ends what it is making
+            reader.stop(None if drain else 0, fill=drain)
         for node in graph_nodes(self.root):
             if isinstance(node, GraphNode):
                 node.shutdown()
             stop_torchdata_threads(node)
+        if reader is not None:
+            reader.join(UNDRAINED_WAIT_S)
         forget_at_exit(self)
 
     def __del__(self) -> None:

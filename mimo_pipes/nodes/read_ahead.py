@@ -73,6 +73,7 @@ class ReadAhead(Generic[T]):
         self._made: collections.deque[_Made] = collections.deque()
         self._produced = self._delivered = 0
         self._stopping = self._making = False
+        self._fill = True
         self._interrupt: Callable[[int], None] | None = None
         self._final: _Made | None = None  # the end or the error, once taken
         if device is None and torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -88,7 +89,7 @@ class ReadAhead(Generic[T]):
                 self._condition.wait()
             if self._interrupt is not None:
                 return self._interrupt
-            if self._full():  # stopping, and all is made that any peer may have made
+            if self._full() or (self._stopping and not self._fill):  # stopping, and all is made that any peer may have made
                 return False
             self._making = True
             return True
@@ -163,11 +164,12 @@ class ReadAhead(Generic[T]):
             self._interrupt = action
             self._condition.notify_all()
 
-    def stop(self, wait_s: float | None = None) -> None:
-        """Drop what was made ahead and let the thread end once it has made all it may (see the class); wait up to
-        ``wait_s`` seconds for it (None: until it ends; 0: not at all)."""
+    def stop(self, wait_s: float | None = None, *, fill: bool = True) -> None:
+        """Drop what was made ahead and let the thread end once it has made all it may (see the class; ``fill``
+        False: after the item it is making); wait up to ``wait_s`` seconds for it (None: until it ends; 0: not at all)."""
         with self._condition:
             self._stopping = True
+            self._fill = fill
             self._made.clear()
             self._condition.notify_all()
         if wait_s is None or wait_s > 0:

@@ -212,3 +212,13 @@ def test_after_the_error_the_loader_raises_it_again_and_after_the_end_ends_again
     for _ in range(2):
         with pytest.raises(StopIteration):
             reader.take()
+
+
+def test_an_undrained_close_leaves_no_thread_and_iterating_again_continues():
+    before = len(read_ahead_threads())
+    reference = steps_of(GraphLoader(graph()))
+    loader = GraphLoader(graph(), read_ahead=3)
+    head = steps_of(take(loader, 2))
+    loader.close(drain=False)
+    assert len(read_ahead_threads()) == before
+    assert head + steps_of(loader) == reference

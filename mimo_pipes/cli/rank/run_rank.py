@@ -137,7 +137,8 @@ def _run_and_report(setup: RankSetup, config: PipelineConfig, options: JobOption
         if progress is not None:
             progress.close()
         dump.close()
-        loader.close()
+        # Stopped by a signal (the state, if any, saved): every rank is about to exit, nothing more is read ahead.
+        loader.close(drain=not signum)
         if metrics_log is not None:
             metrics_log.close()
     report = RankReport(tally.snapshot(), metrics_log.final_line(metrics) if metrics_log is not None else None,
