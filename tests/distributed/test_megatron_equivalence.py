@@ -1,0 +1,47 @@
+"""The non-colocated recipe (``megatron_mimo_grids``: the vision module and the language model on their own ranks,
+megatron-core's bridge and 1F1B schedule) trains exactly as the colocated one (``megatron_mimo_train``: one rank,
+megatron-core's schedule without pipelining): same settings, seed and data, per-iteration losses within 1e-5
+relative and per-module gradient norms equal, reordering off and on, windows across micro-batches. On CPU ranks
+over Gloo (``--device cpu``), megatron-core 0.19 or later (Python 3.12: the 3.12 tier, ``scripts/test312.sh``)."""
+
+from __future__ import annotations
+
+import pytest
+from dist_pool import DistPool
+from scenarios_megatron_equivalence import both_recipes
+
+from mimo_pipes_recipes import megatron_mimo_grids as grids
+
+pytestmark = pytest.mark.skipif(grids.megatron_core_problem() is not None, reason="needs megatron-core 0.19 or later (Python 3.12)")
+
+RELATIVE = 1e-5
+LAYOUTS = {"images dp 1 + language dp 2": (1, 2)}
+
+
+@pytest.fixture(scope="module")
+def pools() -> dict[tuple[int, int], DistPool]:
+    """One warm pool per layout, of exactly its ranks: megatron-core's MIMO optimizer reduces over the whole world."""
+    started = {layout: DistPool(sum(layout)) for layout in LAYOUTS.values()}
+    yield started
+    for pool in started.values():
+        pool.close()
+
+
+def assert_same_training(outcome: dict) -> None:
+    colocated, noncolocated = outcome["colocated"], outcome["grids"]
+    assert len(colocated) == len(noncolocated) > 0
+    for number, ((loss, norms), (grid_loss, grid_norms)) in enumerate(zip(colocated, noncolocated), start=1):
+        assert grid_loss == pytest.approx(loss, rel=RELATIVE), f"iteration {number}: loss {grid_loss} != {loss}"
+        assert set(grid_norms) == set(norms) == {"images", "language"}
+        for module, norm in norms.items():
+            assert norm > 0, f"iteration {number}: {module} has no gradient"
+            assert grid_norms[module] == pytest.approx(norm, rel=RELATIVE), f"iteration {number}: {module} gradient norm {grid_norms[module]} != {norm}"
+    assert colocated[0][0] != colocated[-1][0]  # it trains: the loss moves
+
+
+@pytest.mark.parametrize("reorder", ["off", "on"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_the_noncolocated_recipe_trains_as_the_colocated_one(pools, layout, reorder):
+    outcome = pools[LAYOUTS[layout]].run(both_recipes, images_dp=LAYOUTS[layout][0], language_dp=LAYOUTS[layout][1], reorder=reorder,
+                                         iterations=3, timeout=600)[0]
+    assert_same_training(outcome)
