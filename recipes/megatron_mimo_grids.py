@@ -353,7 +353,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     require_mrope_and_packing(NAME)  # MimoModel.forward's signature, by the one rule
     place = join(args)
-    runs = {reorder: train_run(args, place, reorder) for reorder in args.reorder_modes}
+    try:
+        runs = {reorder: train_run(args, place, reorder) for reorder in args.reorder_modes}
+    except torch.OutOfMemoryError:
+        print(f"rank {place.rank}: {colocated.out_of_memory(NAME, args)}", file=sys.stderr)
+        return 1
     if place.rank == 0:
         write_log(args, argv, runs)
     dist.destroy_process_group()

@@ -228,6 +228,7 @@ def build_model(args: argparse.Namespace, device: TrainingDevice, pgs: Any, voca
     groups ``pgs``; the schedule's settings on the language config (``totals`` gets each iteration's loss tokens)."""
     from megatron.core import tensor_parallel
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.enums import ModelType
     from megatron.core.models.mimo import MimoModel
     from megatron.core.optimizer import get_megatron_optimizer
 
@@ -238,13 +239,14 @@ def build_model(args: argparse.Namespace, device: TrainingDevice, pgs: Any, voca
     language = config.language_model_spec.params["config"]
     language.calculate_per_token_loss = True  # the schedule counts loss tokens; finalize_grads divides by them
     model = MimoModel(config).to(device.torch_device())
+    model.model_type = ModelType.encoder_or_decoder  # what megatron-core's schedules read (GPTModel has it; MimoModel not)
     ddp = DistributedDataParallel(
         language, DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=False), model,
         pg_collection=pgs,
     )
     language.finalize_model_grads_func = finalize_grads(totals)
     language.no_sync_func = ddp.no_sync
-    return ddp, get_megatron_optimizer(optimizer_config(args), [ddp], pg_collection=pgs)
+    return ddp, get_megatron_optimizer(optimizer_config(args), [ddp], use_gloo_process_groups=False, pg_collection=pgs)
 
 
 def finalize_grads(totals: dict[str, float]):
@@ -500,8 +502,23 @@ def environment(device: TrainingDevice) -> dict[str, Any]:
     return info
 
 
+def out_of_memory(name: str, args: argparse.Namespace) -> str:
+    """The one line a run that ran out of GPU memory ends with: the settings that cut memory, at their values."""
+    return (f"{name}: out of GPU memory at --micro-batch-size {args.micro_batch_size} --seq-length {args.seq_length} "
+            f"--lm-layers {args.lm_layers} --lm-hidden {args.lm_hidden} --vision-depth {args.vision_depth} --vision-width {args.vision_width}: "
+            f"lower --micro-batch-size (or --seq-length), or the model's sizes")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        return run(args, argv)
+    except torch.OutOfMemoryError:
+        print(out_of_memory("megatron_mimo_train", args), file=sys.stderr)
+        return 1
+
+
+def run(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     require_mrope_and_packing("megatron_mimo_train")  # the release and MimoModel.forward's signature, before anything is built
     device = TrainingDevice(args.device)
     problem = device.problem()

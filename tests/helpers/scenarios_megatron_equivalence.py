@@ -1,7 +1,7 @@
-"""Scenarios run on every rank of a Gloo pool of exactly ``images dp + language dp`` ranks: both Megatron recipes
-trained on the CPU (``--device cpu``) from the same settings, seed and data, megatron-core's CUDA assumptions
-stood in for (:mod:`megatron_on_cpu`). The colocated recipe trains on rank 0 alone (its one-rank grid), then the
-non-colocated one on every rank; rank 0 returns both runs' per-iteration losses and per-module gradient norms."""
+"""Scenarios of the two Megatron recipes trained on the CPU (``--device cpu``) from the same settings, seed and
+data, megatron-core's CUDA assumptions stood in for (:mod:`megatron_on_cpu`): the colocated recipe on a pool of one
+rank, the non-colocated one on a pool of exactly ``images dp + language dp`` ranks (megatron-core's optimizers
+gather over the whole world)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from mimo_pipes_recipes import megatron_mimo_grids as grids
 from mimo_pipes_recipes import megatron_mimo_train as colocated
 
 TINY = ["--lm-layers", "1", "--lm-hidden", "64", "--lm-heads", "4", "--vision-depth", "1", "--vision-width", "32", "--vision-heads", "2",
-        "--micro-batch-size", "4", "--microbatches", "2", "--seq-length", "512", "--embedded-samples", "64", "--num-workers", "1",
+        "--micro-batch-size", "4", "--microbatches", "2", "--embedded-samples", "64", "--num-workers", "1",
         "--device", "cpu"]
 """Cheap model sizes: a one-layer language model of width 64 and a one-block vision tower of width 32."""
 
@@ -37,24 +37,25 @@ def megatron_scenario() -> Iterator[None]:
         parallel_state.destroy_model_parallel()
 
 
-def both_recipes(*, images_dp: int, language_dp: int, reorder: str, iterations: int, extra: list[str] | None = None) -> dict | None:
-    """The colocated recipe on rank 0, then the non-colocated one on ``images_dp + language_dp`` ranks (the whole
-    pool), ``iterations`` each; rank 0 returns ``{"colocated": [...], "grids": [...]}``, each a list of
-    ``(loss, {module: gradient norm})`` per iteration, and the sample ids the colocated run trained on."""
-    argv = [*TINY, "--iterations", str(iterations), "--reorder", reorder, *(extra or [])]
+def settings(reorder: str, iterations: int, extra: list[str] | None = None) -> list[str]:
+    return [*TINY, "--iterations", str(iterations), "--reorder", reorder, *(extra or [])]
+
+
+def colocated_run(*, reorder: str, iterations: int, extra: list[str] | None = None) -> dict:
+    """The colocated recipe on a world of one rank: per iteration ``(loss, {module: gradient norm})`` and the
+    sample ids of each micro-batch."""
+    args = colocated.parse_args(settings(reorder, iterations, extra))
     with megatron_scenario():
-        own = colocated.parse_args(argv)
-        pgs = colocated.join(TrainingDevice(own.device))  # every rank: its grid is made collectively
-        alone = colocated.train_run(own, reorder, pgs, log=lambda line: None) if dist.get_rank() == 0 else None
-        dist.barrier()
-        args = grids.parse_args([*argv, "--images-dp", str(images_dp), "--language-dp", str(language_dp)])
-        problem = grids.world_problem(args, dist.get_world_size())
-        assert problem is None, problem
+        records = colocated.train_run(args, reorder, colocated.join(TrainingDevice(args.device)), log=lambda line: None)
+    return {"training": [(record.loss, record.module_grad_norms) for record in records], "samples": [record.sample_ids for record in records]}
+
+
+def grids_run(*, images_dp: int, language_dp: int, reorder: str, iterations: int, extra: list[str] | None = None) -> list | None:
+    """The non-colocated recipe on a world of ``images_dp + language_dp`` ranks; rank 0 returns per iteration
+    ``(loss, {module: gradient norm})`` (every rank has them), the others None."""
+    args = grids.parse_args([*settings(reorder, iterations, extra), "--images-dp", str(images_dp), "--language-dp", str(language_dp)])
+    problem = grids.world_problem(args, dist.get_world_size())
+    assert problem is None, problem
+    with megatron_scenario():
         runs = grids.train_run(args, grids.join(args), reorder)
-    if dist.get_rank() != 0:
-        return None
-    return {
-        "colocated": [(record.loss, record.module_grad_norms) for record in alone],
-        "grids": [(record["loss"], record["module_grad_norms"]) for record in runs],
-        "samples": [record.sample_ids for record in alone],
-    }
+    return [(record["loss"], record["module_grad_norms"]) for record in runs] if dist.get_rank() == 0 else None

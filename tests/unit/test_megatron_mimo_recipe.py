@@ -241,3 +241,14 @@ def test_the_summary_leaves_out_the_first_iteration_and_counts_conversion_only_o
     assert direct["wait_percent"] == pytest.approx(1.0) and direct["data_percent"] == pytest.approx(3.0)
     prefetched = recipe.summary(records, prefetching=True)
     assert prefetched["data_percent"] == pytest.approx(1.0) and prefetched["micro_batches"] == 3
+
+
+def test_out_of_gpu_memory_ends_in_one_line_naming_what_cuts_memory(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    def run_out(args, argv):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(recipe, "run", run_out)
+    assert recipe.main(["--seq-length", "4096", "--micro-batch-size", "8"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err
+    assert err.startswith("megatron_mimo_train: out of GPU memory at --micro-batch-size 8 --seq-length 4096 ") and "lower --micro-batch-size" in err
