@@ -9,8 +9,8 @@ if [ -z "${SKIP_SETUP312:-}" ] || [ ! -x .venv312/bin/python ]; then
     bash scripts/setup312.sh
 fi
 unset PYTHONDONTWRITEBYTECODE
-# One warm pool of 4 Gloo ranks serves every multi-rank test of the tier (the largest layout: 4 ranks).
-export MIMO_PIPES_TEST_POOL_RANKS="${MIMO_PIPES_TEST_POOL_RANKS:-4}"
+# The routing and resume scenarios share the warm pool of tests/helpers/dist_pool.py (6 ranks); the equivalence
+# tests train in pools of exactly each recipe's world (1 rank, and 3), started once for the module.
 SECONDS=0
 status=0
 .venv312/bin/python -m pytest -q -p no:cacheprovider --durations=10 -m "not launch" \
