@@ -71,6 +71,8 @@ PATCHES = (
     Patch("megatron.core.optimizer.clip_grads", "get_grad_norm_fp32", "the norm on device='cuda'", "810944e99b1e435d"),
     Patch("megatron.core.optimizer.clip_grads", "clip_grad_by_total_norm_fp32",
           "asserts every grad is a torch.cuda.FloatTensor; its overflow buffer on device='cuda'", "cf07b488fb76a8ae"),
+    Patch("megatron.core.optimizer.optimizer", "FP32Optimizer.__init__", "its loss scale on device='cuda'", "4936aab887728fbb"),
+    Patch("megatron.core.optimizer.optimizer", "ChainedOptimizer.get_loss_scale", "on torch.cuda.current_device()", "c08af88e62d7fe38"),
     Patch("megatron.core.utils", "local_multi_tensor_l2_norm", 'the norm on device="cuda"', "01526c55444a73bd"),
     Patch("megatron.core.transformer.utils", "get_default_causal_mask", 'the mask on device="cuda"', "4638b2c6665fc284"),
     Patch("megatron.core.pipeline_parallel.bridge_communicator", "BridgeCommunicator._get_or_create_broadcast_pg",
