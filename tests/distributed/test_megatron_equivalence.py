@@ -9,7 +9,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from dist_pool import DistPool
+from dist_pool import GLOO_WORLD, DistPool, shared_pool
 from scenarios_megatron_equivalence import colocated_run, grids_run
 
 from mimo_pipes_recipes import megatron_mimo_grids as grids
@@ -17,15 +17,17 @@ from mimo_pipes_recipes import megatron_mimo_grids as grids
 pytestmark = pytest.mark.skipif(grids.megatron_core_problem() is not None, reason="needs megatron-core 0.19 or later (Python 3.12)")
 
 RELATIVE = 1e-5
-LAYOUTS = {"images dp 1 + language dp 2": (1, 2)}
+LAYOUTS = {"images dp 1 + language dp 2": (1, 2), "images dp 2 + language dp 4": (2, 4)}
+CASES = [("images dp 1 + language dp 2", "off"), ("images dp 1 + language dp 2", "on"), ("images dp 2 + language dp 4", "on")]
 
 
 @pytest.fixture(scope="module")
 def pools() -> dict[int, DistPool]:
     """Warm pools of exactly the ranks each recipe's world has (megatron-core's optimizers gather over the whole
     world): one rank for the colocated recipe, each layout's for the non-colocated one."""
-    started = {size: DistPool(size) for size in {1, *(sum(layout) for layout in LAYOUTS.values())}}
-    yield started
+    sizes = {1, *(sum(layout) for layout in LAYOUTS.values())}
+    started = {size: DistPool(size) for size in sizes if size != GLOO_WORLD}
+    yield {**started, **({GLOO_WORLD: shared_pool()} if GLOO_WORLD in sizes else {})}  # the shared pool when it is the size
     for pool in started.values():
         pool.close()
 
@@ -52,8 +54,7 @@ def assert_same_training(outcome: dict) -> None:
     assert colocated[0][0] != colocated[-1][0]  # it trains: the loss moves
 
 
-@pytest.mark.parametrize("reorder", ["off", "on"])
-@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize(("layout", "reorder"), CASES)
 def test_the_noncolocated_recipe_trains_as_the_colocated_one(pools, layout, reorder):
     images_dp, language_dp = LAYOUTS[layout]
     assert_same_training(train_both(pools, images_dp, language_dp, reorder=reorder, iterations=2))
