@@ -498,7 +498,9 @@ def environment(device: TrainingDevice) -> dict[str, Any]:
             info[package] = version(package)
         except Exception:  # noqa: BLE001 - a missing distribution is reported as such
             info[package] = None
-    info["device"] = device.name()
+    info["device"] = device.kind
+    if device.is_cuda:
+        info["gpu"] = device.name()  # the key the benchmark figures read
     return info
 
 
