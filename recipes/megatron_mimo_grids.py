@@ -271,6 +271,7 @@ def train_run(args: argparse.Namespace, place: Place, reorder: str) -> list[dict
     if place.rank == 0:
         vlm_sft.prepare(config, log=lambda line: print(line, flush=True))
     dist.barrier()
+    colocated.check_fits(config)
     processor = vlm_sft.open_processor(config)
     # An encoder rank's MimoModel reads input_ids (to split its output per sample) and the encoder inputs, never positions.
     settings = MimoBatchSettings.for_processor(processor, modality=colocated.MODALITY, encoder_key=colocated.ENCODER_KEY, stage=place.stage,
@@ -355,6 +356,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     place = join(args)
     try:
         runs = {reorder: train_run(args, place, reorder) for reorder in args.reorder_modes}
+    except ConfigError as error:
+        print(f"{NAME}: {error}", file=sys.stderr)
+        return 2
     except torch.OutOfMemoryError:
         print(f"rank {place.rank}: {colocated.out_of_memory(NAME, args)}", file=sys.stderr)
         return 1

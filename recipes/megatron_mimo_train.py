@@ -43,9 +43,11 @@ import torch
 
 from mimo_pipes.config import PipelineConfig, ReorderConfig
 from mimo_pipes.demo_model.encoders import encode, vision_tower_config
+from mimo_pipes.errors import ConfigError, SampleError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.megatron import MimoBatchSettings, mimo_batch, require_mrope_and_packing
 from mimo_pipes.megatron.device import DEVICES, TrainingDevice, init_distributed
+from mimo_pipes.megatron.fit import seq_length_problem
 from mimo_pipes.megatron.groups import module_grid, pg_collection
 from mimo_pipes.megatron.step import forward_step, module_grad_norm, summed_loss
 from mimo_pipes_recipes import vlm_sft
@@ -208,6 +210,18 @@ def optimizer_config(args: argparse.Namespace) -> Any:
 
     return OptimizerConfig(optimizer="adam", lr=args.lr, weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.95, clip_grad=1.0,
                            params_dtype=torch.float32, use_distributed_optimizer=False)
+
+
+def check_fits(config: PipelineConfig) -> None:
+    """Refuses (ConfigError naming ``--seq-length``) data that cannot fit it, before any model is built: every rank
+    counts the same rows, so every rank refuses alike."""
+    try:
+        counts = vlm_sft.row_counts(config, real_tokens=False, runs=False)
+    except SampleError as error:  # the processor's own refusal of the first row too long, naming it
+        raise ConfigError("--seq-length", str(error)) from None
+    problem = seq_length_problem(counts.image_tokens, config.seq_length)
+    if problem is not None:
+        raise ConfigError("--seq-length", problem)
 
 
 def join(device: TrainingDevice) -> Any:
@@ -442,6 +456,7 @@ def train_run(args: argparse.Namespace, reorder: str, pgs: Any, log: Any = print
     config = pipeline_config(args, reorder)
     config.validate(1)
     vlm_sft.prepare(config, log=log)
+    check_fits(config)
     processor = vlm_sft.open_processor(config)
     settings = MimoBatchSettings.for_processor(processor, modality=MODALITY, encoder_key=ENCODER_KEY)
     totals: dict[str, float] = {}
@@ -515,6 +530,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         return run(args, argv)
+    except ConfigError as error:
+        print(f"megatron_mimo_train: {error}", file=sys.stderr)
+        return 2
     except torch.OutOfMemoryError:
         print(out_of_memory("megatron_mimo_train", args), file=sys.stderr)
         return 1

@@ -252,3 +252,24 @@ def test_out_of_gpu_memory_ends_in_one_line_naming_what_cuts_memory(monkeypatch:
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "Traceback" not in err
     assert err.startswith("megatron_mimo_train: out of GPU memory at --micro-batch-size 8 --seq-length 4096 ") and "lower --micro-batch-size" in err
+
+
+@pytest.mark.parametrize(("tokens", "seq_length", "refused"), [([10, 30, 20], 31, False), ([10, 30, 20], 30, True), ([], 8, False)])
+def test_rows_whose_placeholders_leave_no_token_to_train_on_are_found(tokens: list[int], seq_length: int, refused: bool) -> None:
+    from mimo_pipes.megatron.fit import seq_length_problem
+
+    problem = seq_length_problem(tokens, seq_length)
+    assert (problem is not None) == refused
+    if refused:
+        assert problem == ("1 dataset row needs more than 30 tokens for their image placeholders alone (row 1: 30 placeholders and one "
+                           "token to train on); give a --seq-length above 31")
+
+
+def test_a_seq_length_too_short_for_the_data_is_refused_before_the_model_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mimo_pipes.errors import ConfigError
+
+    monkeypatch.setattr(recipe, "build_model", lambda *args, **kwargs: pytest.fail("built the model"))
+    args = recipe.parse_args([*TINY, "--seq-length", "512", "--device", "cpu"])
+    with pytest.raises(ConfigError, match=r"^--seq-length: .*dataset row \d+: needs \d+ tokens for its images.* more than --seq-length 512") as error:
+        recipe.train_run(args, "off", pgs=None, log=lambda line: None)
+    assert "\n" not in str(error.value)
