@@ -224,7 +224,7 @@ class Timer:
 
 def fwd_bwd(tower: Any, payload: dict, device: str) -> Any:
     """Forward and backward of one rank's micro-batch; inputs are on the device before the timer starts."""
-    from mimo_pipes.cli.demo_model.encoders import encode
+    from mimo_pipes.demo_model.encoders import encode
 
     if payload["pixel_values"].shape[0] == 0:
         return None
@@ -241,7 +241,7 @@ def warm_up(tower: Any, device: str, grids_list: tuple = WARM_UP_GRIDS) -> None:
     kernel selection), so the first case is not charged for them."""
     import torch
 
-    from mimo_pipes.cli.demo_model.encoders import patch_dim
+    from mimo_pipes.demo_model.encoders import patch_dim
 
     dtype = next(tower.parameters()).dtype
     for grids in grids_list:
@@ -355,8 +355,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from mimo_pipes.cli.demo_model.encoders import build_vision_tower
     from mimo_pipes.data.embedded.builtin_processor import default_processor_path
+    from mimo_pipes.demo_model.encoders import build_vision_tower
 
     dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
     loader_args = {"seq_length": args.seq_length, "seed": args.seed, "embedded_samples": args.embedded_samples,

@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from time_model_gpu import Timer, add_common_arguments, planner_floor, processed_samples, rank_assignments  # noqa: E402 - the same data and planner calls
 
-from mimo_pipes.cli.demo_model.encoders import build_vision_tower, encode, patch_dim  # noqa: E402
 from mimo_pipes.config import PipelineConfig, ReorderConfig  # noqa: E402
+from mimo_pipes.demo_model.encoders import build_vision_tower, encode, patch_dim  # noqa: E402
 from mimo_pipes.parallel.sharding import global_microbatch_indices  # noqa: E402
 from mimo_pipes.time_model.calibrate import calibrate, fit_report  # noqa: E402
 from mimo_pipes.time_model.model import TimeModel, load_time_model, save_time_model  # noqa: E402

@@ -36,12 +36,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mimo_pipes.balance import balance_window  # noqa: E402
-from mimo_pipes.cli.demo_model.encoders import build_vision_tower, encode, patch_dim  # noqa: E402
 from mimo_pipes.config import PipelineConfig, ReorderConfig  # noqa: E402
 from mimo_pipes.config.planner import planner_settings  # noqa: E402
 from mimo_pipes.data.embedded.builtin_processor import default_processor_path  # noqa: E402
 from mimo_pipes.data.embedded.synthetic import KINDS, kind_counts, make_row  # noqa: E402
 from mimo_pipes.data.processing.processor import load_processor
+from mimo_pipes.demo_model.encoders import build_vision_tower, encode, patch_dim  # noqa: E402
 from mimo_pipes.parallel.sharding import global_microbatch_indices  # noqa: E402
 from mimo_pipes.parallel.topology import build_topology  # noqa: E402
 from mimo_pipes.samples.cost import (

@@ -22,8 +22,10 @@ Run with one process per GPU, E + tp * pp * dp GPUs (``--reorder off,on`` runs b
     torchrun --nproc-per-node 3 -m mimo_pipes_recipes.megatron_mimo_grids --images-dp 1 --language-dp 2 --reorder off,on
     torchrun --nproc-per-node 6 -m mimo_pipes_recipes.megatron_mimo_grids --images-dp 2 --language-dp 4
 
-Needs CUDA GPUs and megatron-core 0.19 or later (``module_to_grid_map``, ``get_mimo_optimizer``, the bridge's
-per-sample split sizes); without either it says so in one line and exits with status 2 before building anything.
+Needs megatron-core 0.19 or later (``module_to_grid_map``, ``get_mimo_optimizer``, the bridge's per-sample split
+sizes) and, by default, CUDA GPUs (``--device cuda``, NCCL); ``--device cpu`` trains on CPU processes over Gloo,
+slowly: the debugging and CI path (megatron-core itself still assumes CUDA in places, which the project's tests
+stand in for). Without what it needs it says so in one line and exits with status 2 before building anything.
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -45,35 +46,32 @@ from mimo_pipes.config import PipelineConfig
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.graph.loader import GraphLoader
 from mimo_pipes.megatron import MimoBatchSettings, mimo_batch, require_mrope_and_packing, stage_of
+from mimo_pipes.megatron.device import TrainingDevice, init_distributed
 from mimo_pipes.megatron.grids import grid_layout, rank_layout
+from mimo_pipes.megatron.groups import module_grid, pg_collection
+from mimo_pipes.megatron.step import forward_step, module_grad_norm, summed_loss
 from mimo_pipes_recipes import megatron_mimo_train as colocated
 from mimo_pipes_recipes import vlm_sft
 
 NAME = "megatron_mimo_grids"
 LANGUAGE = "language"  # megatron-core's fixed key of the language module in module_to_grid_map
 MINIMUM_MEGATRON_CORE = (0, 19)
-GRID_DIMS = ["tp", "cp", "pp", "dp"]  # fastest first: the order the pipeline places a module's ranks in
-EXPERT_DIMS = ["expt_tp", "ep", "pp", "expt_dp"]  # the view get_mimo_optimizer reads its expert groups from
-DENSE_GROUPS = ("tp", "cp", "dp", "pp", ["dp", "cp"], ["tp", "pp"], ["tp", "cp"], ["tp", "cp", "dp", "pp"], ["tp", "dp", "cp"])
-EXPERT_GROUPS = (["expt_tp", "ep", "pp"], "expt_dp", "ep", "expt_tp")
 
 
 # ---------------------------------------------------------------------------------------------- settings
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """The colocated recipe's settings plus each module's parallel sizes (and ``--backend``, which must be
-    ``nccl``: megatron-core's communicators make NCCL groups)."""
+    """The colocated recipe's settings (``--device`` among them) plus each module's parallel sizes."""
     own = argparse.ArgumentParser(add_help=False)
     for flag, default in (("--images-dp", 1), ("--language-dp", 2), ("--language-tp", 1), ("--language-pp", 1)):
         own.add_argument(flag, type=int, default=default)
-    own.add_argument("--backend", choices=("nccl", "gloo"), default="nccl")
     known, rest = own.parse_known_args(list(sys.argv[1:] if argv is None else argv))
     for name in ("images_dp", "language_dp", "language_tp", "language_pp"):
         if getattr(known, name) < 1:
             own.error(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(known, name)}")
     args = colocated.parse_args(rest)
-    for name in ("images_dp", "language_dp", "language_tp", "language_pp", "backend"):
+    for name in ("images_dp", "language_dp", "language_tp", "language_pp"):
         setattr(args, name, getattr(known, name))
     return args
 
@@ -116,21 +114,9 @@ def gpus_problem(processes_here: int, gpus: int) -> str | None:
 def module_grids(args: argparse.Namespace, *, create_groups: bool = True) -> dict[str, Any]:
     """``module_to_grid_map``: the vision grid on the first ranks, the language grid after it. With
     ``create_groups`` every group DDP, the optimizer and the communicator ask for is made (a collective)."""
-    from megatron.core.hyper_comm_grid import HyperCommGrid
-
-    sizes = {colocated.MODALITY: (1, 1, args.images_dp, 0),
-             LANGUAGE: (args.language_tp, args.language_pp, args.language_dp, args.images_dp)}
-    grids = {}
-    for name, (tp, pp, dp, offset) in sizes.items():
-        grid = HyperCommGrid([tp, 1, pp, dp], list(GRID_DIMS), rank_offset=offset)
-        if create_groups:
-            grid.register_view("expert", [tp, 1, pp, dp], list(EXPERT_DIMS), shared_dims=["pp"])
-            for dims in DENSE_GROUPS:
-                grid.create_pg(dims)
-            for dims in EXPERT_GROUPS:
-                grid.create_pg(dims, view="expert")
-        grids[name] = grid
-    return grids
+    return {colocated.MODALITY: module_grid(tp=1, pp=1, dp=args.images_dp, rank_offset=0, create_groups=create_groups),
+            LANGUAGE: module_grid(tp=args.language_tp, pp=args.language_pp, dp=args.language_dp, rank_offset=args.images_dp,
+                                  create_groups=create_groups)}
 
 
 def pipeline_config(args: argparse.Namespace, reorder: str, components: Sequence[str]) -> PipelineConfig:
@@ -142,32 +128,26 @@ def pipeline_config(args: argparse.Namespace, reorder: str, components: Sequence
 # ------------------------------------------------------------------------------------------------ model
 
 
-def pg_collection(grid: Any) -> Any:
-    """One module's process groups, from its grid (the groups ``module_grids`` made)."""
-    from megatron.core.process_groups_config import ProcessGroupCollection
-
-    pgs = ProcessGroupCollection()
-    pgs.tp, pgs.cp, pgs.dp, pgs.pp = grid.get_pg("tp"), grid.get_pg("cp"), grid.get_pg("dp"), grid.get_pg("pp")
-    pgs.dp_cp, pgs.mp, pgs.tp_cp = grid.get_pg(["dp", "cp"]), grid.get_pg(["tp", "pp"]), grid.get_pg(["tp", "cp"])
-    pgs.tp_dp_cp = grid.get_pg(["tp", "dp", "cp"])
-    pgs.intra_dist_opt = grid.get_pg(["tp", "cp", "dp", "pp"])
-    pgs.expt_dp, pgs.ep = grid.get_pg("expt_dp", view="expert"), grid.get_pg("ep", view="expert")
-    pgs.expt_tp, pgs.tp_ep_pp = grid.get_pg("expt_tp", view="expert"), grid.get_pg(["expt_tp", "ep", "pp"], view="expert")
-    pgs.embd = pgs.pos_embd = None  # input and output embeddings are not shared (share_embeddings_and_output_weights False)
-    return pgs
-
-
 class Place:
     """This rank's module, its groups and its language pipeline stage."""
 
-    def __init__(self, grids: dict[str, Any]) -> None:
+    def __init__(self, grids: dict[str, Any], device: TrainingDevice) -> None:
         self.rank = dist.get_rank()
+        self.device = device
         self.grids = grids
         self.module = next(name for name, grid in grids.items() if grid.is_current_rank_in_grid())
         self.is_language = self.module == LANGUAGE
         self.pgs = pg_collection(grids[self.module])
         self.stage = stage_of(self.pgs.pp.rank(), self.pgs.pp.size())
         self.counts_tokens = self.is_language and self.stage in ("only", "last") and self.pgs.tp.rank() == 0
+
+    def module_of(self, model: Any) -> Any:
+        """This rank's module of ``model``, in its DDP."""
+        return model.language_model if self.is_language else model.modality_submodules[colocated.MODALITY]
+
+    def zeros(self, size: int = 1) -> torch.Tensor:
+        """float64 zeros where this rank's collectives take them (its GPU; the CPU over Gloo)."""
+        return torch.zeros(size, dtype=torch.float64, device=self.device.torch_device())
 
 
 def build_model(args: argparse.Namespace, place: Place, vocab_size: int, image_token_id: int) -> tuple[Any, Any, Any]:
@@ -188,7 +168,7 @@ def build_model(args: argparse.Namespace, place: Place, vocab_size: int, image_t
     if place.is_language:
         params.update(pg_collection=place.pgs, pre_process=place.stage in ("only", "first"),
                       post_process=place.stage in ("only", "last"))
-    model = MimoModel(config).cuda()
+    model = MimoModel(config).to(place.device.torch_device())
     ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=False)
     if place.is_language:
         model.language_model = DistributedDataParallel(language, ddp_config, model.language_model, pg_collection=place.pgs)
@@ -206,7 +186,7 @@ def finalize_grads(place: Place, model: Any, totals: dict[str, float]):
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
 
     def finalize(_models, num_tokens, pg_collection=None, force_all_reduce=False, **_ignored):
-        tokens = torch.zeros(1, dtype=torch.float64, device="cuda")
+        tokens = place.zeros()
         if place.counts_tokens and num_tokens is not None:
             tokens += num_tokens.double().sum()
             dist.all_reduce(tokens, group=place.pgs.dp_cp)
@@ -214,7 +194,7 @@ def finalize_grads(place: Place, model: Any, totals: dict[str, float]):
                 tokens.zero_()
         dist.all_reduce(tokens, op=dist.ReduceOp.MAX)  # every rank, both modules: the same count
         totals["tokens"] = float(tokens)
-        module = model.language_model if place.is_language else model.modality_submodules[colocated.MODALITY]
+        module = place.module_of(model)
         finalize_model_grads([module], num_tokens=None, pg_collection=place.pgs, force_all_reduce=force_all_reduce)
         module.scale_gradients(1.0 / max(totals["tokens"], 1.0))
 
@@ -224,22 +204,10 @@ def finalize_grads(place: Place, model: Any, totals: dict[str, float]):
 # --------------------------------------------------------------------------------------------- training
 
 
-def loss_func(loss_mask: torch.Tensor, output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-    """Summed per-token loss, its token count, and both for the log (megatron-core's per-token-loss contract)."""
-    token_loss = (output.float() * loss_mask.float()).sum()
-    tokens = loss_mask.float().sum().to(torch.int)
-    return token_loss, tokens, {"lm loss": torch.stack((token_loss.detach(), tokens.detach().float()))}
-
-
-def forward_step(data_iterator: Iterator[dict[str, Any]], model: Any) -> tuple[Any, Any]:
-    output, loss_mask = model(**next(data_iterator))
-    return output, partial(loss_func, loss_mask)
-
-
-def forward_inputs(loader: GraphLoader, settings: MimoBatchSettings) -> Iterator[dict[str, Any]]:
-    """Each micro-batch as ``MimoModel.forward``'s keyword arguments for this rank's stage, on its GPU: made on the
-    loader's read-ahead thread (``--prefetch``, the pipeline's read_ahead), only copied to the GPU here."""
-    device = colocated.training_device()
+def forward_inputs(loader: GraphLoader, settings: MimoBatchSettings, device: TrainingDevice) -> Iterator[dict[str, Any]]:
+    """Each micro-batch as ``MimoModel.forward``'s keyword arguments for this rank's stage, on its device: made on the
+    loader's read-ahead thread (``--prefetch``, the pipeline's read_ahead), only copied to the device here."""
+    device = device.torch_device()
     loader.prepare_with(lambda batch: mimo_batch(batch, settings))
     for kwargs in loader:
         yield colocated.to_device(kwargs, device)
@@ -259,12 +227,21 @@ def communicator(model: Any, place: Place) -> tuple[Any, Any]:
     return comm, groups
 
 
+def module_norms(model: Any, place: Place) -> dict[str, float]:
+    """Each module's gradient norm, before clipping, on every rank (each module's ranks give their own)."""
+    names = [colocated.MODALITY, LANGUAGE]
+    norms = place.zeros(len(names))
+    norms[names.index(place.module)] = module_grad_norm(place.module_of(model), place.pgs.mp)
+    dist.all_reduce(norms, op=dist.ReduceOp.MAX)
+    return {name: float(norm) for name, norm in zip(names, norms.tolist())}
+
+
 def iteration(args: argparse.Namespace, model: Any, optimizer: Any, inputs: Iterator[dict], comm: Any, groups: Any,
-              totals: dict[str, float]) -> dict[str, Any]:
+              place: Place, totals: dict[str, float]) -> dict[str, Any]:
     """One iteration: ``--microbatches`` micro-batches through megatron-core's 1F1B schedule, then the step."""
     from megatron.core.pipeline_parallel.schedules import forward_backward_pipelining_without_interleaving
 
-    torch.cuda.synchronize()
+    place.device.synchronize()
     began = time.perf_counter()
     model.zero_grad_buffer()
     optimizer.zero_grad()
@@ -273,13 +250,11 @@ def iteration(args: argparse.Namespace, model: Any, optimizer: Any, inputs: Iter
         seq_length=args.seq_length, micro_batch_size=args.micro_batch_size // args.language_dp, forward_only=False,
         p2p_communicator=comm, pg_collection=groups,
     )
+    norms = module_norms(model, place)
     updated, grad_norm, _ = optimizer.step()
-    torch.cuda.synchronize()
-    loss_sum = torch.zeros(1, dtype=torch.float64, device="cuda")
-    for item in losses or []:
-        loss_sum += item["lm loss"][0].double()
-    return {"loss_sum": loss_sum, "tokens": totals.get("tokens", 0.0), "updated": bool(updated),
-            "grad_norm": None if grad_norm is None else float(grad_norm), "ms": (time.perf_counter() - began) * 1e3}
+    place.device.synchronize()
+    return {"loss_sum": summed_loss(losses).to(place.device.torch_device()), "tokens": totals.get("tokens", 0.0), "updated": bool(updated),
+            "grad_norm": None if grad_norm is None else float(grad_norm), "module_grad_norms": norms, "ms": (time.perf_counter() - began) * 1e3}
 
 
 def everywhere(loss_sum: torch.Tensor, place: Place) -> torch.Tensor:
@@ -299,6 +274,7 @@ def train_run(args: argparse.Namespace, place: Place, reorder: str) -> list[dict
     if place.rank == 0:
         vlm_sft.prepare(config, log=lambda line: print(line, flush=True))
     dist.barrier()
+    colocated.check_fits(config)
     processor = vlm_sft.open_processor(config)
     # An encoder rank's MimoModel reads input_ids (to split its output per sample) and the encoder inputs, never positions.
     settings = MimoBatchSettings.for_processor(processor, modality=colocated.MODALITY, encoder_key=colocated.ENCODER_KEY, stage=place.stage,
@@ -311,9 +287,9 @@ def train_run(args: argparse.Namespace, place: Place, reorder: str) -> list[dict
     loader = vlm_sft.build(config, rank_layout(place.grids, micro_batch_size=args.micro_batch_size))
     records = []
     try:
-        inputs = forward_inputs(loader, settings)
+        inputs = forward_inputs(loader, settings, place.device)
         for number in range(1, args.iterations + 1):
-            record = iteration(args, model, optimizer, inputs, comm, groups, totals)
+            record = iteration(args, model, optimizer, inputs, comm, groups, place, totals)
             loss = float(everywhere(record.pop("loss_sum"), place)) / max(record["tokens"], 1.0)
             records.append({"iteration": number, "loss": loss, **record})
             if place.rank == 0 and (number == 1 or number % 10 == 0):
@@ -332,21 +308,22 @@ def write_log(args: argparse.Namespace, argv: Sequence[str] | None, runs: dict[s
                              *(argv if argv is not None else sys.argv[1:])]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "settings": {key: value for key, value in vars(args).items() if key != "reorder_modes"},
-        "environment": colocated.environment(),
+        "environment": colocated.environment(TrainingDevice(args.device)),
         "runs": runs,
     }, indent=1))
 
 
 def refusal(args: argparse.Namespace) -> str | None:
     """Why this machine or these settings cannot run the recipe, checked before anything is built (None: they
-    can): megatron-core's version, CUDA, the processes (and a GPU for each), and the layout the grids make for the pipeline."""
+    can): megatron-core's version, the device, the processes (and a GPU for each on CUDA), and the layout the grids
+    make for the pipeline."""
     problem = megatron_core_problem()
     if problem is not None:
         return problem
-    if not torch.cuda.is_available():
-        return "needs CUDA GPUs (megatron-core's bridge and pipeline communicators allocate on CUDA and talk over NCCL); none found"
-    if args.backend != "nccl":
-        return f"--backend {args.backend}: megatron-core's BridgeCommunicator makes its groups with NCCL; this recipe runs on NCCL only"
+    device = TrainingDevice(args.device)
+    problem = device.problem()
+    if problem is not None:
+        return problem
     problem = world_problem(args, int(os.environ.get("WORLD_SIZE", 1)))
     if problem is not None:
         return problem
@@ -354,27 +331,40 @@ def refusal(args: argparse.Namespace) -> str | None:
         grid_layout(module_grids(args, create_groups=False), micro_batch_size=args.micro_batch_size)
     except ConfigError as error:
         return str(error)
-    return gpus_problem(int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", 1))), torch.cuda.device_count())
+    if not device.is_cuda:
+        return None
+    return gpus_problem(int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", 1))), device.gpus())
+
+
+def join(args: argparse.Namespace) -> Place:
+    """This process in the job's process group on ``--device``, megatron-core's global state and the grids' groups."""
+    from megatron.core import parallel_state
+
+    device = TrainingDevice(args.device)
+    init_distributed(device)
+    # The optimizer's fallbacks read the global model-parallel state; the modules use their grids' groups.
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+    device.fast_matmul()
+    return Place(module_grids(args), device)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    problem = refusal(args)  # the release first, then CUDA, the processes and the grids: before anything is built
+    problem = refusal(args)  # the release first, then the device, the processes and the grids: before anything is built
     if problem is not None:
         print(f"{NAME}: {problem}", file=sys.stderr)
         return 2
     require_mrope_and_packing(NAME)  # MimoModel.forward's signature, by the one rule
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    rank = int(os.environ.get("RANK", 0))
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
-    dist.init_process_group("nccl")
-    from megatron.core import parallel_state
-
-    # The optimizer's fallbacks read the global model-parallel state; the modules use their grids' groups.
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
-    torch.backends.cuda.matmul.allow_tf32 = True
-    place = Place(module_grids(args))
-    runs = {reorder: train_run(args, place, reorder) for reorder in args.reorder_modes}
+    place = join(args)
+    try:
+        runs = {reorder: train_run(args, place, reorder) for reorder in args.reorder_modes}
+    except ConfigError as error:
+        print(f"{NAME}: {error}", file=sys.stderr)
+        return 2
+    except torch.OutOfMemoryError:
+        print(f"rank {place.rank}: {colocated.out_of_memory(NAME, args)}", file=sys.stderr)
+        return 1
     if place.rank == 0:
         write_log(args, argv, runs)
     dist.destroy_process_group()

@@ -1,4 +1,4 @@
-"""Recipe: train megatron-core's ``MimoModel`` on the pipeline's micro-batches, on one GPU.
+"""Recipe: train megatron-core's ``MimoModel`` on the pipeline's micro-batches, on one GPU (or one CPU process).
 
 The model is megatron-core's own: a ``GPTModel`` language model on local layer specs (no
 TransformerEngine) with M-RoPE, and a ``VisionModalitySubmodules`` holding a Qwen2-VL-style vision
@@ -8,27 +8,29 @@ model's width; the built-in processor's image placeholder is the modality's spec
 recipe's graph (:mod:`mimo_pipes_recipes.vlm_sft`, the embedded synthetic VLM data unless ``--dataset``)
 and every micro-batch reaches ``MimoModel.forward`` through :func:`mimo_pipes.megatron.mimo_batch` alone.
 
-One iteration is one window of ``--microbatches`` micro-batches with gradient accumulation; its loss is
-the sum of the per-token losses over the window divided by the window's loss tokens, so reordering the
-window's samples across its micro-batches leaves it unchanged. Each micro-batch is taken when its
-forward starts, as Megatron's schedule takes it; ``--prefetch N`` (default 2) is the pipeline's read-ahead
-(``PipelineConfig.read_ahead``): the loader makes N micro-batches ahead on its own thread and runs ``mimo_batch``
-there (``GraphLoader.prepare_with``). Per iteration the log records
+One iteration is one window of ``--microbatches`` micro-batches through megatron-core's own schedule without
+pipelining (``forward_backward_no_pipelining``: the same forward step and per-token loss as the non-colocated
+recipe's 1F1B schedule, :mod:`mimo_pipes.megatron.step`); its loss is the sum of the per-token losses over the
+window divided by the window's loss tokens, so reordering the window's samples across its micro-batches leaves
+it unchanged. Each micro-batch is taken when its forward starts, as Megatron's schedule takes it; ``--prefetch N``
+(default 2) is the pipeline's read-ahead (``PipelineConfig.read_ahead``): the loader makes N micro-batches ahead on
+its own thread and runs ``mimo_batch`` there (``GraphLoader.prepare_with``). Per iteration the log records
 the loss, the time the training thread waited for its next micro-batch, the time :func:`mimo_batch` took,
 and the model's time (the rest of the iteration: to the GPU, forward, backward, optimizer step;
 CUDA-synchronised at its end)::
 
     python -m mimo_pipes_recipes.megatron_mimo_train --iterations 100 --reorder off,on --log-dir logs/
 
-Needs a CUDA GPU and megatron-core 0.18 or later (its ``MimoModel`` takes M-RoPE positions ``[3, B, S]``); the
-non-colocated layout is :mod:`mimo_pipes_recipes.megatron_mimo_grids`.
+Needs megatron-core 0.18 or later (its ``MimoModel`` takes M-RoPE positions ``[3, B, S]``) and, by default, a CUDA
+GPU (``--device cuda``, NCCL); ``--device cpu`` trains on the CPU over Gloo, slowly: the debugging and CI path
+(megatron-core itself still assumes CUDA in places, which the project's tests stand in for). The non-colocated
+layout is :mod:`mimo_pipes_recipes.megatron_mimo_grids`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -39,10 +41,15 @@ from typing import Any
 
 import torch
 
-from mimo_pipes.cli.demo_model.encoders import encode, vision_tower_config
 from mimo_pipes.config import PipelineConfig, ReorderConfig
+from mimo_pipes.demo_model.encoders import encode, vision_tower_config
+from mimo_pipes.errors import ConfigError, SampleError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.megatron import MimoBatchSettings, mimo_batch, require_mrope_and_packing
+from mimo_pipes.megatron.device import DEVICES, TrainingDevice, init_distributed
+from mimo_pipes.megatron.fit import seq_length_problem
+from mimo_pipes.megatron.groups import module_grid, pg_collection
+from mimo_pipes.megatron.step import forward_step, module_grad_norm, summed_loss
 from mimo_pipes_recipes import vlm_sft
 
 MODALITY = "images"
@@ -77,6 +84,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     model.add_argument("--vision-heads", type=int, default=12)
     model.add_argument("--lr", type=float, default=3e-4)
     model.add_argument("--seed", type=int, default=1234)
+    model.add_argument("--device", choices=DEVICES, default="cuda", help="cuda: one GPU per rank over NCCL (the fast one); "
+                       "cpu: CPU processes over Gloo (slow: for debugging and CI)")
     out = parser.add_argument_group("output")
     out.add_argument("--log-dir", default=".", help="where each run's JSON log goes (megatron_mimo_<reorder>.json)")
     args = parser.parse_args(argv)
@@ -136,7 +145,7 @@ def vision_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 class QwenVisionEncoder(torch.nn.Module):
-    """The encoder of the vision submodule: a Qwen2-VL-style tower (``mimo_pipes.cli.demo_model.encoders``) taking the
+    """The encoder of the vision submodule: a Qwen2-VL-style tower (``mimo_pipes.demo_model.encoders``) taking the
     keywords ``mimo_batch`` gives (``hidden_states``: patch rows, ``grid_thw``: one row per image) and
     returning one row per placeholder token."""
 
@@ -204,38 +213,69 @@ def optimizer_config(args: argparse.Namespace) -> Any:
                            params_dtype=torch.float32, use_distributed_optimizer=False)
 
 
-def join_single_rank(seed: int) -> None:
-    """torch.distributed and megatron's model-parallel state for one GPU (world of one, NCCL)."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state, tensor_parallel
+def check_fits(config: PipelineConfig) -> None:
+    """Refuses (ConfigError naming ``--seq-length``) data that cannot fit it, before any model is built: every rank
+    counts the same rows, so every rank refuses alike."""
+    try:
+        counts = vlm_sft.row_counts(config, real_tokens=False, runs=False)
+    except SampleError as error:  # the processor's own refusal of the first row too long, naming it
+        raise ConfigError("--seq-length", str(error)) from None
+    problem = seq_length_problem(counts.image_tokens, config.seq_length)
+    if problem is not None:
+        raise ConfigError("--seq-length", problem)
 
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29533")
-    torch.cuda.set_device(0)
-    if not dist.is_initialized():
-        dist.init_process_group("nccl", rank=0, world_size=1)
+
+def join(device: TrainingDevice) -> Any:
+    """This process in torch.distributed on ``device``'s backend (torchrun's world, or a world of one) and
+    megatron-core's global state; returns the groups the model trains over: a grid of one rank, rank 0 (made on
+    every rank of the world: a collective)."""
+    from megatron.core import parallel_state
+
+    init_distributed(device)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
-    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+    return pg_collection(module_grid(tp=1, pp=1, dp=1, rank_offset=0))
 
 
-def build_model(args: argparse.Namespace, vocab_size: int, image_token_id: int) -> tuple[Any, Any]:
-    """(``DistributedDataParallel(MimoModel)``, its megatron optimizer), from seeded weights."""
+def build_model(args: argparse.Namespace, device: TrainingDevice, pgs: Any, vocab_size: int, image_token_id: int,
+                totals: dict[str, float]) -> tuple[Any, Any]:
+    """(``DistributedDataParallel(MimoModel)``, its megatron optimizer), from seeded weights, on ``device`` over the
+    groups ``pgs``; the schedule's settings on the language config (``totals`` gets each iteration's loss tokens)."""
     from megatron.core import tensor_parallel
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.enums import ModelType
     from megatron.core.models.mimo import MimoModel
     from megatron.core.optimizer import get_megatron_optimizer
 
     torch.manual_seed(args.seed)
-    tensor_parallel.model_parallel_cuda_manual_seed(args.seed)
+    tensor_parallel.model_parallel_cuda_manual_seed(args.seed, tp_rank=0, ep_rank=0, etp_rank=0)  # model-parallel RNG states
     config = mimo_model_config(args, vocab_size, image_token_id)
-    model = MimoModel(config).cuda()
+    config.language_model_spec.params["pg_collection"] = pgs
+    language = config.language_model_spec.params["config"]
+    language.calculate_per_token_loss = True  # the schedule counts loss tokens; finalize_grads divides by them
+    model = MimoModel(config).to(device.torch_device())
+    model.model_type = ModelType.encoder_or_decoder  # what megatron-core's schedules read (GPTModel has it; MimoModel not)
     ddp = DistributedDataParallel(
-        config.language_model_spec.params["config"],
-        DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=False),
-        model,
+        language, DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=False), model,
+        pg_collection=pgs,
     )
-    return ddp, get_megatron_optimizer(optimizer_config(args), [ddp])
+    language.finalize_model_grads_func = finalize_grads(totals)
+    language.no_sync_func = ddp.no_sync
+    return ddp, get_megatron_optimizer(optimizer_config(args), [ddp], use_gloo_process_groups=False, pg_collection=pgs)
+
+
+def finalize_grads(totals: dict[str, float]):
+    """The schedule's ``finalize_model_grads_func``: gradients reduced, then divided by the iteration's loss tokens
+    (megatron-core's per-token loss)."""
+    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+
+    def finalize(models, num_tokens, pg_collection=None, force_all_reduce=False, **_ignored):
+        finalize_model_grads(models, num_tokens=None, pg_collection=pg_collection, force_all_reduce=force_all_reduce)
+        totals["tokens"] = max(float(num_tokens), 1.0)
+        for model in models:
+            model.scale_gradients(1.0 / totals["tokens"])
+
+    return finalize
 
 
 # --------------------------------------------------------------------------------------------- training
@@ -254,6 +294,7 @@ class IterationRecord:
     images: int
     image_tokens: int
     sample_ids: list[list[int]] = field(default_factory=list)  # per micro-batch
+    module_grad_norms: dict[str, float] = field(default_factory=dict)  # per module, before clipping
 
 
 @dataclass
@@ -281,63 +322,80 @@ def to_device(value: Any, device: torch.device) -> Any:
     return value
 
 
-def training_device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device())
+class Taken:
+    """The schedule's data iterator: each micro-batch taken from ``source`` when its forward starts (the wait
+    timed), kept for the record, and handed over as ``MimoModel.forward``'s keyword arguments on ``device``."""
+
+    def __init__(self, source: Iterator[Prepared], device: torch.device) -> None:
+        self.source, self.device = source, device
+        self.items: list[Prepared] = []
+        self.waited = 0.0
+
+    def __iter__(self) -> Taken:
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        asked = time.perf_counter()
+        item = next(self.source)
+        self.waited += time.perf_counter() - asked
+        self.items.append(item)
+        return to_device(item.kwargs, self.device)
 
 
-def iteration_step(model: Any, optimizer: Any, source: Iterator[Prepared], microbatches: int, device: torch.device,
-                   prefetching: bool) -> tuple[IterationRecord, list[Prepared]]:
-    """One iteration as Megatron's schedule runs it: each micro-batch taken when its forward starts,
-    forward and backward of its summed per-token losses, then the gradients divided by the iteration's loss
-    tokens (megatron's per-token loss), the optimizer step. Returns the record (iteration number 0) and the
-    micro-batches."""
-    torch.cuda.synchronize()
+def module_norms(model: Any, group: Any) -> dict[str, float]:
+    """Each module's gradient norm (the language model and each modality's submodule), before clipping."""
+    norms = {name: module_grad_norm(module, group) for name, module in model.module.modality_submodules.items()}
+    return {**norms, "language": module_grad_norm(model.module.language_model, group)}
+
+
+def iteration_step(model: Any, optimizer: Any, source: Iterator[Prepared], microbatches: int, device: TrainingDevice,
+                   prefetching: bool, totals: dict[str, float], pgs: Any) -> tuple[IterationRecord, list[Prepared]]:
+    """One iteration through megatron-core's ``forward_backward_no_pipelining``: each micro-batch taken when its
+    forward starts, forward and backward of its summed per-token losses, the gradients divided by the
+    iteration's loss tokens (the schedule's ``finalize_model_grads_func``), then the optimizer step. Returns the
+    record (iteration number 0) and the micro-batches."""
+    from megatron.core.pipeline_parallel.schedules import forward_backward_no_pipelining
+
+    device.synchronize()
     began = time.perf_counter()
     model.zero_grad_buffer()
     optimizer.zero_grad()
-    waited, items, tokens = 0.0, [], 0.0
-    total = torch.zeros((), device=device, dtype=torch.float64)
-    for _ in range(microbatches):
-        asked = time.perf_counter()
-        item = next(source)
-        waited += time.perf_counter() - asked
-        items.append(item)
-        tokens += float(item.kwargs["loss_mask"].sum())
-        output, loss_mask = model(**to_device(item.kwargs, device))
-        token_loss = (output.float() * loss_mask.float()).sum()
-        token_loss.backward()
-        total += token_loss.detach().double()
-    tokens = max(tokens, 1.0)
-    model.finish_grad_sync()
-    model.scale_gradients(1.0 / tokens)
+    taken = Taken(source, device.torch_device())
+    losses = forward_backward_no_pipelining(forward_step_func=forward_step, data_iterator=taken, model=model, num_microbatches=microbatches,
+                                            seq_length=0, micro_batch_size=0, forward_only=False, pg_collection=pgs)  # sizes: pipelining's
+    norms = module_norms(model, pgs.mp)
     updated, grad_norm, _ = optimizer.step()
-    loss = float(total) / tokens
-    torch.cuda.synchronize()
+    tokens = totals["tokens"]
+    loss = float(summed_loss(losses)) / tokens
+    device.synchronize()
     elapsed = time.perf_counter() - began
-    converted = sum(item.seconds for item in items)
+    converted = sum(item.seconds for item in taken.items)
     if not updated:
         raise RuntimeError("the optimizer skipped its step (gradient not finite)")
-    batches = [item.batch for item in items]
+    batches = [item.batch for item in taken.items]
     record = IterationRecord(
-        iteration=0, loss=loss, wait_ms=waited * 1e3, batch_ms=converted * 1e3, iteration_ms=elapsed * 1e3,
-        model_ms=(elapsed - waited - (0.0 if prefetching else converted)) * 1e3,
-        grad_norm=None if grad_norm is None else float(grad_norm), loss_tokens=int(tokens),
+        iteration=0, loss=loss, wait_ms=taken.waited * 1e3, batch_ms=converted * 1e3, iteration_ms=elapsed * 1e3,
+        model_ms=(elapsed - taken.waited - (0.0 if prefetching else converted)) * 1e3,
+        grad_norm=None if grad_norm is None else float(grad_norm), module_grad_norms=norms, loss_tokens=int(tokens),
         images=sum(int(batch["image_grid_thw"].shape[0]) for batch in batches if batch.get("image_grid_thw") is not None),
         image_tokens=sum(int(sum(batch["image_tokens"])) for batch in batches),
         sample_ids=[[int(s) for s in batch["sample_ids"]] for batch in batches],
     )
-    return record, items
+    return record, taken.items
 
 
-def train_run(args: argparse.Namespace, reorder: str, log: Any = print) -> list[IterationRecord]:
-    """One run of ``args.iterations`` iterations from fresh seeded weights over a fresh loader."""
-    device = training_device()
+def train_run(args: argparse.Namespace, reorder: str, pgs: Any, log: Any = print) -> list[IterationRecord]:
+    """One run of ``args.iterations`` iterations from fresh seeded weights over a fresh loader, over the groups
+    ``pgs`` (:func:`join`)."""
+    device = TrainingDevice(args.device)
     config = pipeline_config(args, reorder)
     config.validate(1)
     vlm_sft.prepare(config, log=log)
+    check_fits(config)
     processor = vlm_sft.open_processor(config)
     settings = MimoBatchSettings.for_processor(processor, modality=MODALITY, encoder_key=ENCODER_KEY)
-    model, optimizer = build_model(args, len(processor.tokenizer), processor.image_token_id)
+    totals: dict[str, float] = {}
+    model, optimizer = build_model(args, device, pgs, len(processor.tokenizer), processor.image_token_id, totals)
     log(f"reorder {reorder}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters "
         f"({sum(p.numel() for p in model.module.modality_submodules.parameters()) / 1e6:.1f}M vision)")
     loader = vlm_sft.build(config, RankLayout(dp_rank=0, dp_size=1, grid_size=1))
@@ -346,7 +404,7 @@ def train_run(args: argparse.Namespace, reorder: str, log: Any = print) -> list[
     records: list[IterationRecord] = []
     try:
         for iteration in range(1, args.iterations + 1):
-            record, _ = iteration_step(model, optimizer, loader, args.microbatches, device, prefetching=bool(args.prefetch))
+            record, _ = iteration_step(model, optimizer, loader, args.microbatches, device, prefetching=bool(args.prefetch), totals=totals, pgs=pgs)
             record.iteration = iteration
             records.append(record)
             if iteration == 1 or iteration % 10 == 0:
@@ -381,7 +439,7 @@ def summary(records: list[IterationRecord], *, prefetching: bool, skip: int = 1)
     }
 
 
-def environment() -> dict[str, Any]:
+def environment(device: TrainingDevice) -> dict[str, Any]:
     from importlib.metadata import version
 
     info: dict[str, Any] = {"python": sys.version.split()[0], "torch": torch.__version__}
@@ -390,33 +448,53 @@ def environment() -> dict[str, Any]:
             info[package] = version(package)
         except Exception:  # noqa: BLE001 - a missing distribution is reported as such
             info[package] = None
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(0)
+    info["device"] = device.kind
+    if device.is_cuda:
+        info["gpu"] = device.name()  # the key the benchmark figures read
     return info
+
+
+def out_of_memory(name: str, args: argparse.Namespace) -> str:
+    """The one line a run that ran out of GPU memory ends with: the settings that cut memory, at their values."""
+    return (f"{name}: out of GPU memory at --micro-batch-size {args.micro_batch_size} --seq-length {args.seq_length} "
+            f"--lm-layers {args.lm_layers} --lm-hidden {args.lm_hidden} --vision-depth {args.vision_depth} --vision-width {args.vision_width}: "
+            f"lower --micro-batch-size (or --seq-length), or the model's sizes")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    require_mrope_and_packing("megatron_mimo_train")  # the release and MimoModel.forward's signature, before anything is built
-    if not torch.cuda.is_available():
-        print("megatron_mimo_train: needs a CUDA GPU (megatron-core's GPTModel runs its attention on CUDA)", file=sys.stderr)
+    try:
+        return run(args, argv)
+    except ConfigError as error:
+        print(f"megatron_mimo_train: {error}", file=sys.stderr)
         return 2
-    torch.backends.cuda.matmul.allow_tf32 = True  # fp32 weights, TF32 matrix products
-    torch.backends.cudnn.allow_tf32 = True
-    join_single_rank(args.seed)
+    except torch.OutOfMemoryError:
+        print(out_of_memory("megatron_mimo_train", args), file=sys.stderr)
+        return 1
+
+
+def run(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    require_mrope_and_packing("megatron_mimo_train")  # the release and MimoModel.forward's signature, before anything is built
+    device = TrainingDevice(args.device)
+    problem = device.problem()
+    if problem is not None:
+        print(f"megatron_mimo_train: {problem}", file=sys.stderr)
+        return 2
+    device.fast_matmul()  # fp32 weights, TF32 matrix products on a GPU
+    pgs = join(device)
     log_dir = Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     for reorder in args.reorder_modes:
-        torch.cuda.reset_peak_memory_stats()
-        records = train_run(args, reorder, log=lambda line: print(line, flush=True))
-        figures = {**summary(records, prefetching=bool(args.prefetch)), "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30}
+        device.reset_peak_memory()
+        records = train_run(args, reorder, pgs, log=lambda line: print(line, flush=True))
+        figures = {**summary(records, prefetching=bool(args.prefetch)), "peak_memory_gib": device.peak_memory_gib()}
         path = log_dir / f"megatron_mimo_{reorder}.json"
         path.write_text(json.dumps({
             "command": " ".join(["python -m mimo_pipes_recipes.megatron_mimo_train", *(argv if argv is not None else sys.argv[1:])]),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "reorder": reorder,
             "settings": {key: value for key, value in vars(args).items() if key != "reorder_modes"},
-            "environment": environment(),
+            "environment": environment(device),
             "summary": figures,
             "iterations": [record.__dict__ for record in records],
         }, indent=1))

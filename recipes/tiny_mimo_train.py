@@ -23,13 +23,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from mimo_pipes.cli.demo_model.bridge import recv_embeddings, recv_gradients, send_embeddings, send_gradient
-from mimo_pipes.cli.demo_model.encoders import build_vision_tower, encode, vision_tower_config
-from mimo_pipes.cli.demo_model.reduce import sum_gradients, sum_over
-from mimo_pipes.cli.job.options import TrainOptions
 from mimo_pipes.config import PipelineConfig
 from mimo_pipes.config.counts import as_count
+from mimo_pipes.config.job_options import TrainOptions
 from mimo_pipes.data.processing.processor import load_processor
+from mimo_pipes.demo_model.bridge import recv_embeddings, recv_gradients, send_embeddings, send_gradient
+from mimo_pipes.demo_model.encoders import build_vision_tower, encode, vision_tower_config
+from mimo_pipes.demo_model.reduce import sum_gradients, sum_over
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.exchange.process_groups import RankGroups

@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# One-time set-up of .venv: CPU torch first (so nothing pulls a multi-GB CUDA build), then the package.
+# One-time set-up of .venv on Python 3.11 (PYTHON, default python3): torch 2.13.0's CPU build first (so nothing pulls
+# a multi-GB CUDA build; the wheel this environment keeps on disk is for Python 3.11), megatron-core 0.16.1 and the
+# package with its test and energon extras. Python 3.12 with megatron-core 0.19.2 is scripts/setup312.sh (.venv312),
+# where torch comes as the package index serves it for 3.12: a CUDA build, which runs on the CPU too.
 # Quiet when it works; prints pip's own output when a step fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,6 +11,10 @@ if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
 . .venv/bin/activate
+if [ -z "${TORCH_SPEC:-}" ] && python -c 'import sys; sys.exit(sys.version_info[:2] == (3, 11))'; then
+    echo "scripts/setup.sh: .venv has Python $(python -c 'import platform; print(platform.python_version())'); torch 2.13.0's CPU build here is for 3.11 (Python 3.12: bash scripts/setup312.sh, or set TORCH_SPEC)" >&2
+    exit 1
+fi
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 step() {

@@ -1,2 +1,2 @@
 """The ``mimo-pipes`` command line: ``main.py`` dispatches to ``commands/``; ``job/`` is what a job does before its
-ranks start, ``rank/`` what every rank runs, ``demo_model/`` the demo trainer's model code."""
+ranks start, ``rank/`` what every rank runs."""

@@ -3,7 +3,7 @@
 ``pipeline.py`` holds :class:`PipelineConfig` and the :class:`ReorderConfig` inside it (public: import them from
 here), named as the run flags name them (``flags.py``), with their checks. Derived from them: the exchange's
 transport (``transport.py``), the planners' settings (``planner.py``) and the settings every node of a graph's
-tail takes (``tail_settings.py``). The command line's own options are apart, in ``mimo_pipes.cli.job.options``.
+tail takes (``tail_settings.py``). What ``mimo-pipes run`` and ``train`` do besides building the graph: ``job_options.py``.
 """
 
 from mimo_pipes.config.flags import flag

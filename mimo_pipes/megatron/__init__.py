@@ -1,7 +1,8 @@
 """Into megatron-core: the batches ``MimoModel.forward`` takes, the pipeline stages' keys, the pipeline's layout
 from the model's ``module_to_grid_map`` (and where the bridge routes an encoder's rows), and resuming from a
-Megatron checkpoint's sample count. Nothing here needs megatron-core itself except
-:func:`mimo_pipes.megatron.forward.mimo_forward`, which imports it when called."""
+Megatron checkpoint's sample count; and what the Megatron recipes compose: the training device (``device``), each
+module's process groups (``groups``), the forward step and loss megatron-core's schedules take (``step``).
+megatron-core itself is imported only inside the functions that need it."""
 
 from mimo_pipes.megatron.batch import FORWARD_KEYS, mimo_batch
 from mimo_pipes.megatron.consumed import global_microbatch_size, microbatches_from_samples, samples_from_microbatches

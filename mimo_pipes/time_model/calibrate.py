@@ -1,7 +1,7 @@
 """Calibration of the time model: time a vision encoder over a sweep of image sizes and images per forward.
 
 The encoder is any callable ``encoder(pixel_values, grid_thw)`` (a Qwen2-VL-style tower from
-:mod:`mimo_pipes.cli.demo_model.encoders`, or your own); the result is a :class:`~mimo_pipes.time_model.model.TimeModel` fit by
+:mod:`mimo_pipes.demo_model.encoders`, or your own); the result is a :class:`~mimo_pipes.time_model.model.TimeModel` fit by
 :func:`~mimo_pipes.time_model.fit.fit_time_model`. Nothing here decides an assignment: the fit is floating
 point, and the saved model is integers from then on.
 """

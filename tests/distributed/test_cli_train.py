@@ -10,12 +10,12 @@ from job_runs import train_in_pool
 from state_folders import save_job
 
 from mimo_pipes.checkpoint.validity import show_setting
-from mimo_pipes.cli.demo_model.encoders import vision_tower_config
-from mimo_pipes.cli.job.options import TrainOptions
 from mimo_pipes.cli.job.resume_checks import OPTION_EXEMPT, WHY, check_resume_dir, setting_flag
 from mimo_pipes.cli.main import build_parser, main
 from mimo_pipes.config import PipelineConfig
 from mimo_pipes.config.flags import NAMING
+from mimo_pipes.config.job_options import TrainOptions
+from mimo_pipes.demo_model.encoders import vision_tower_config
 from mimo_pipes.errors import ConfigError
 
 CASES = {

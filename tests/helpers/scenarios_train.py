@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from scenarios_exchange import make_config
 
-from mimo_pipes.cli.job.options import TrainOptions
 from mimo_pipes.cli.rank.train_rank import train_rank
 from mimo_pipes.config import PipelineConfig
+from mimo_pipes.config.job_options import TrainOptions
 
 SEQ_LENGTH = 1536  # the embedded data's longest sample fits; shorter than the default keeps the CPU test light
 

@@ -11,9 +11,9 @@ from mimo_pipes.checkpoint import (
     new_generation_id,
     write_rank_files,
 )
-from mimo_pipes.cli.job.options import JobOptions
 from mimo_pipes.cli.job.resume_checks import layout_specs, resume_settings
 from mimo_pipes.config import PipelineConfig
+from mimo_pipes.config.job_options import JobOptions
 
 
 def save_job(directory, config: PipelineConfig, options: JobOptions | None = None, *, world_size: int = 4, consumed: int = 3,

@@ -28,11 +28,11 @@ from mimo_pipes.checkpoint import (
     write_rank_files,
 )
 from mimo_pipes.checkpoint import generation as generation_module
-from mimo_pipes.cli.job.options import JobOptions
 from mimo_pipes.cli.job.output_paths import check_output_file, check_output_folder
 from mimo_pipes.cli.job.resume_checks import check_resume_dir
 from mimo_pipes.cli.main import main
 from mimo_pipes.config import PipelineConfig
+from mimo_pipes.config.job_options import JobOptions
 from mimo_pipes.errors import ConfigError
 
 WORLD = 4

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mimo_pipes.cli.demo_model.encoders import build_vision_tower, encode, patch_dim, vision_tower_config
+from mimo_pipes.demo_model.encoders import build_vision_tower, encode, patch_dim, vision_tower_config
 
 
 def test_tiny_tower_emits_one_embedding_per_placeholder_token() -> None:

@@ -16,10 +16,10 @@ from torchdata.nodes import IterableWrapper
 
 from mimo_pipes.adapters.microbatch_iterator import balance_iterator
 from mimo_pipes.adapters.torchdata_pipeline import balanced_loader, reader_first_step
-from mimo_pipes.cli.job.options import JobOptions, TrainOptions
 from mimo_pipes.config import PipelineConfig, ReorderConfig
 from mimo_pipes.config.counts import as_count
 from mimo_pipes.config.flags import cli_flag, flag_names
+from mimo_pipes.config.job_options import JobOptions, TrainOptions
 from mimo_pipes.errors import ConfigError, StateMismatchError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.graph.loader import GraphLoader

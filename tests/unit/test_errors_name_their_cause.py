@@ -19,11 +19,11 @@ from mimo_pipes.checkpoint import generation as generation_module
 from mimo_pipes.checkpoint.generation import open_generation
 from mimo_pipes.cli.commands.balance_cmd import serve
 from mimo_pipes.cli.job import resume_checks as settings_module
-from mimo_pipes.cli.job.options import JobOptions, TrainOptions
 from mimo_pipes.cli.job.resume_checks import WHY, resume_settings
 from mimo_pipes.cli.rank.state_save import _os_error
 from mimo_pipes.config import PipelineConfig, ReorderConfig
 from mimo_pipes.config.flags import flag_names
+from mimo_pipes.config.job_options import JobOptions, TrainOptions
 from mimo_pipes.errors import ConfigError, SampleError, json_error_text
 from mimo_pipes.nodes.uncollate import Uncollate
 from mimo_pipes.samples.checks import check_collatable, check_sample

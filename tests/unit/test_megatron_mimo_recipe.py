@@ -86,16 +86,26 @@ def test_the_grids_recipe_needs_megatron_core_0_19(installed: str, refused: bool
 
 
 def test_without_cuda_the_grids_recipe_says_so_in_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    """Before anything is built: the installed megatron-core (0.16 here: its version), then CUDA; status 2."""
-    for argv in ([], ["--backend", "gloo"]):
-        assert grids.main(argv) == 2
-        err = capsys.readouterr().err.strip()
-        assert err.startswith("megatron_mimo_grids: ") and "\n" not in err
+    """Before anything is built: the installed megatron-core (below 0.19: its version), then the device; status 2."""
+    monkeypatch.setattr(grids, "megatron_core_problem", lambda installed=None: "needs megatron-core 0.19 or later; installed 0.16.1")
+    assert grids.main([]) == 2
+    assert capsys.readouterr().err.strip() == "megatron_mimo_grids: needs megatron-core 0.19 or later; installed 0.16.1"
     monkeypatch.setattr(grids, "megatron_core_problem", lambda installed=None: None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert grids.main(["--backend", "gloo"]) == 2
-    assert capsys.readouterr().err.strip() == ("megatron_mimo_grids: needs CUDA GPUs (megatron-core's bridge and pipeline "
-                                               "communicators allocate on CUDA and talk over NCCL); none found")
+    assert grids.main([]) == 2
+    assert capsys.readouterr().err.strip() == ("megatron_mimo_grids: --device cuda: no CUDA GPU found (--device cpu trains on the CPU "
+                                               "over Gloo: slow, for debugging and CI)")
+
+
+def test_on_the_cpu_the_grids_recipe_asks_for_no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--device cpu: no GPU count is checked (CPU processes over Gloo); the layout still is."""
+    monkeypatch.setattr(grids, "megatron_core_problem", lambda installed=None: None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    assert grids.refusal(grids.parse_args(["--device", "cpu"])) is None
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert "needs 3 processes, got 4" in grids.refusal(grids.parse_args(["--device", "cpu"]))
 
 
 @pytest.mark.parametrize(("argv", "world", "words"), [
@@ -103,7 +113,6 @@ def test_without_cuda_the_grids_recipe_says_so_in_one_line(monkeypatch: pytest.M
     (["--images-dp", "2", "--language-dp", "3", "--micro-batch-size", "6"], 5, "language dp=3 is not a multiple of images dp=2"),
     (["--images-dp", "1", "--language-dp", "4", "--micro-batch-size", "6"], 5, "not a multiple of 4, the lcm of the DP sizes"),
     (["--images-dp", "1", "--language-dp", "2"], 4, "needs 3 processes, got 4"),
-    (["--backend", "gloo"], 3, "--backend gloo: megatron-core's BridgeCommunicator makes its groups with NCCL"),
     (["--images-dp", "1", "--language-dp", "4", "--micro-batch-size", "8"], 5, "5 processes on this node but 4 GPUs: NCCL takes one GPU per rank"),
 ])
 def test_a_layout_megatron_core_or_the_pipeline_cannot_serve_is_refused_before_anything_is_built(
@@ -199,3 +208,35 @@ def test_the_summary_leaves_out_the_first_iteration_and_counts_conversion_only_o
     assert direct["wait_percent"] == pytest.approx(1.0) and direct["data_percent"] == pytest.approx(3.0)
     prefetched = recipe.summary(records, prefetching=True)
     assert prefetched["data_percent"] == pytest.approx(1.0) and prefetched["micro_batches"] == 3
+
+
+def test_out_of_gpu_memory_ends_in_one_line_naming_what_cuts_memory(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    def run_out(args, argv):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(recipe, "run", run_out)
+    assert recipe.main(["--seq-length", "4096", "--micro-batch-size", "8"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err
+    assert err.startswith("megatron_mimo_train: out of GPU memory at --micro-batch-size 8 --seq-length 4096 ") and "lower --micro-batch-size" in err
+
+
+@pytest.mark.parametrize(("tokens", "seq_length", "refused"), [([10, 30, 20], 31, False), ([10, 30, 20], 30, True), ([], 8, False)])
+def test_rows_whose_placeholders_leave_no_token_to_train_on_are_found(tokens: list[int], seq_length: int, refused: bool) -> None:
+    from mimo_pipes.megatron.fit import seq_length_problem
+
+    problem = seq_length_problem(tokens, seq_length)
+    assert (problem is not None) == refused
+    if refused:
+        assert problem == ("1 dataset row needs more than 30 tokens for their image placeholders alone (row 1: 30 placeholders and one "
+                           "token to train on); give a --seq-length above 31")
+
+
+def test_a_seq_length_too_short_for_the_data_is_refused_before_the_model_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mimo_pipes.errors import ConfigError
+
+    monkeypatch.setattr(recipe, "build_model", lambda *args, **kwargs: pytest.fail("built the model"))
+    args = recipe.parse_args([*TINY, "--seq-length", "512", "--device", "cpu"])
+    with pytest.raises(ConfigError, match=r"^--seq-length: .*dataset row \d+: needs \d+ tokens for its images.* more than --seq-length 512") as error:
+        recipe.train_run(args, "off", pgs=None, log=lambda line: None)
+    assert "\n" not in str(error.value)

@@ -17,11 +17,11 @@ from mimo_pipes.adapters.microbatch_iterator import balance_iterator
 from mimo_pipes.adapters.torchdata_pipeline import balanced_loader
 from mimo_pipes.checkpoint import MANIFEST_FILE
 from mimo_pipes.checkpoint.validity import VALID_FOR_KEY, check_graph_state, check_valid_for, valid_for
-from mimo_pipes.cli.job.options import JobOptions
 from mimo_pipes.cli.job.resume_checks import RESUME_EXEMPT, check_resume_dir, setting_flag
 from mimo_pipes.cli.main import build_parser
 from mimo_pipes.config import PipelineConfig, ReorderConfig
 from mimo_pipes.config.flags import flag_names
+from mimo_pipes.config.job_options import JobOptions
 from mimo_pipes.errors import ConfigError, StateMismatchError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset

@@ -174,7 +174,7 @@ def _measure(args: argparse.Namespace, sweep: Sweep, device: Any, dtype: Any, th
     """Build the tower and calibrate it with ``threads`` CPU threads (the process's own count is restored after)."""
     import torch
 
-    from mimo_pipes.cli.demo_model.encoders import build_vision_tower, encode, patch_dim
+    from mimo_pipes.demo_model.encoders import build_vision_tower, encode, patch_dim
     from mimo_pipes.time_model.calibrate import calibrate, time_in_rounds
     from mimo_pipes.time_model.sweep import forward_shapes
 

@@ -18,8 +18,8 @@ from mimo_pipes.cli.job.args import add_job_arguments, config_from_args
 from mimo_pipes.cli.job.checks import hold_save_lock, validate_job
 from mimo_pipes.cli.job.headline import headline
 from mimo_pipes.cli.job.launcher import EXIT_CONFIG, RankMain, launch, say, under_torchrun
-from mimo_pipes.cli.job.options import JobOptions
 from mimo_pipes.config import PipelineConfig
+from mimo_pipes.config.job_options import JobOptions
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.parallel.topology import Topology
 

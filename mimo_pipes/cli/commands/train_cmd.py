@@ -16,8 +16,8 @@ from mimo_pipes.cli.commands.run_cmd import add_summary_json_argument, announcer
 from mimo_pipes.cli.job.args import add_job_arguments, config_from_args
 from mimo_pipes.cli.job.checks import validate_job
 from mimo_pipes.cli.job.launcher import RankMain
-from mimo_pipes.cli.job.options import TrainOptions
 from mimo_pipes.config import PipelineConfig
+from mimo_pipes.config.job_options import TrainOptions
 from mimo_pipes.errors import ConfigError
 
 COMMAND = "mimo-pipes train"
@@ -56,7 +56,7 @@ def validate_training(config: PipelineConfig, options: TrainOptions) -> int:
             raise ConfigError(name, f"{value} micro-batches are not whole iterations of {per_iteration} micro-batches (one global batch)")
     if not (options.lr > 0 and math.isfinite(options.lr)):
         raise ConfigError("--lr", f"must be positive and finite, got {options.lr}")
-    from mimo_pipes.cli.demo_model.encoders import vision_tower_config
+    from mimo_pipes.demo_model.encoders import vision_tower_config
 
     try:
         vision_tower_config(options.vision_tower)

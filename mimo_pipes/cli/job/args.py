@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from mimo_pipes.cli.commands.argtypes import path
-from mimo_pipes.cli.job.options import JobOptions
 from mimo_pipes.config import DATALOADER_TYPES, DEFAULT_COMPONENTS, EXCHANGE_PAYLOADS, EXCHANGE_TRANSPORTS, LANGUAGE_COSTS, PipelineConfig, ReorderConfig
+from mimo_pipes.config.job_options import JobOptions
 
 
 def _bool(value: str) -> bool:

@@ -6,9 +6,9 @@ import os
 from collections.abc import Callable
 
 from mimo_pipes.checkpoint import SaveLock, acquire_save_lock, check_save_lock_free, current_job_id
-from mimo_pipes.cli.job.options import JobOptions
 from mimo_pipes.cli.job.output_paths import check_output_folder
 from mimo_pipes.config import PipelineConfig
+from mimo_pipes.config.job_options import JobOptions
 from mimo_pipes.config.transport import resolve_exchange_transport
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.parallel.topology import Topology

@@ -16,8 +16,8 @@ from mimo_pipes.checkpoint.same_settings import (  # noqa: F401 - the checks' ta
     layout_specs,
     setting_flag,
 )
-from mimo_pipes.cli.job.options import JobOptions, TrainOptions
 from mimo_pipes.config import PipelineConfig
+from mimo_pipes.config.job_options import JobOptions, TrainOptions
 
 # Options of `run` and `train` (JobOptions, TrainOptions) that do not change what a resumed run computes:
 # how far it goes, where it writes, what it prints. Every other option (the recipe; train's learning rate
@@ -41,7 +41,7 @@ def resume_settings(config: PipelineConfig, options: JobOptions | None) -> dict[
         if item.name not in OPTION_EXEMPT:
             settings[item.name] = getattr(options, item.name)
     if isinstance(options, TrainOptions):
-        from mimo_pipes.cli.demo_model.encoders import vision_tower_identity
+        from mimo_pipes.demo_model.encoders import vision_tower_identity
 
         settings["vision_tower"] = vision_tower_identity(options.vision_tower)  # a folder's config, not only its path
     return json.loads(json.dumps(settings))

@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 from typing import IO, Any
 
-from mimo_pipes.cli.job.options import JobOptions
 from mimo_pipes.cli.job.output_paths import write_failed
+from mimo_pipes.config.job_options import JobOptions
 from mimo_pipes.observe.summary import SUMMARY_ONLY_KEYS
 from mimo_pipes.parallel.topology import RankPosition
 from mimo_pipes.samples.masking import MASKED

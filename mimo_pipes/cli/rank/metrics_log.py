@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mimo_pipes.cli.job.options import JobOptions
+from mimo_pipes.config.job_options import JobOptions
 from mimo_pipes.observe.metrics import summary_line
 from mimo_pipes.observe.observer import ExchangeRecord
 

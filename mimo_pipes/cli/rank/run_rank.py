@@ -13,7 +13,6 @@ from typing import Any
 from mimo_pipes.checkpoint import read_rank_state
 from mimo_pipes.cli.job.headline import headline
 from mimo_pipes.cli.job.launcher import rank_started, report_phase
-from mimo_pipes.cli.job.options import JobOptions
 from mimo_pipes.cli.job.recipe import load_recipe
 from mimo_pipes.cli.job.resume_checks import resume_settings
 from mimo_pipes.cli.rank.assignment_dump import AssignmentDump, consumed_record
@@ -25,6 +24,7 @@ from mimo_pipes.cli.rank.state_save import save_state
 from mimo_pipes.cli.rank.stop_boundary import StopAtBoundary, stop_job
 from mimo_pipes.cli.rank.stop_signal import StopRequested, signal_name
 from mimo_pipes.config import PipelineConfig
+from mimo_pipes.config.job_options import JobOptions
 from mimo_pipes.exchange.world import check_same_consumed, gather_from_every_rank, join_world, leave_world, world_rank
 from mimo_pipes.graph.traversal import graph_nodes
 from mimo_pipes.nodes import SequencePacker

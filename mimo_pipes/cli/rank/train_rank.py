@@ -10,7 +10,6 @@ from typing import Any
 from mimo_pipes.checkpoint import encode_model_state, model_file, read_trainer_state
 from mimo_pipes.cli.job.headline import headline
 from mimo_pipes.cli.job.launcher import rank_started
-from mimo_pipes.cli.job.options import TrainOptions
 from mimo_pipes.cli.job.recipe import load_recipe
 from mimo_pipes.cli.job.resume_checks import resume_settings
 from mimo_pipes.cli.rank.assignment_dump import AssignmentDump
@@ -21,6 +20,7 @@ from mimo_pipes.cli.rank.setup import RankSetup, set_up_rank
 from mimo_pipes.cli.rank.state_save import save_state
 from mimo_pipes.cli.rank.stop_boundary import StopAtBoundary, stop_job
 from mimo_pipes.config import PipelineConfig
+from mimo_pipes.config.job_options import TrainOptions
 from mimo_pipes.exchange.world import check_same_consumed, gather_from_every_rank, join_world, leave_world, world_rank
 from mimo_pipes.observe.bad_rows_report import format_mask_report, format_skip_report, masked_rows, skipped_rows
 from mimo_pipes.observe.summary import ModuleSummary, format_summary, summarize

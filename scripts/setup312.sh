@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One-time set-up of .venv312, the Python 3.12 environment of the megatron-core 0.19 tier: what Megatron users run
+# (M-RoPE, packing, module_to_grid_map, per-sample split sizes need megatron-core 0.19, and 0.19 needs Python 3.12).
+# It installs torch as the package index serves it for Python 3.12 (a CUDA build: about 1.1 GB to download; it runs
+# on a CPU too, and on a GPU machine it is the build that uses the GPU), megatron-core 0.19.2 and this worktree with
+# its test and energon extras. Quiet when it works; prints pip's own output when a step fails.
+# PYTHON312 names the interpreter (default: pyenv's 3.12.1 where pyenv has it, else python3.12 on PATH).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ -z "${PYTHON312:-}" ]; then
+    if command -v pyenv >/dev/null 2>&1 && pyenv versions --bare 2>/dev/null | grep -qx '3.12.1'; then
+        PYTHON312="env PYENV_VERSION=3.12.1 python3.12"
+    else
+        PYTHON312=python3.12
+    fi
+fi
+if [ ! -x .venv312/bin/python ]; then
+    $PYTHON312 -m venv .venv312
+fi
+py=.venv312/bin/python
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+step() {
+    if ! "$@" >"$log" 2>&1; then
+        cat "$log" >&2
+        echo "set-up of .venv312 failed: $*" >&2
+        exit 1
+    fi
+}
+step "$py" -m pip install -q --upgrade pip
+compile=()
+if [ -z "${PYTHONDONTWRITEBYTECODE:-}" ]; then compile=(--no-compile); fi
+# One resolve for everything: torch comes as the index serves it for 3.12 (TORCH312_SPEC chooses another).
+step "$py" -m pip install -q ${compile[@]+"${compile[@]}"} "${TORCH312_SPEC:-torch}" "megatron-core==0.19.2" -e ".[test,energon]"
+"$py" -W ignore -c "import torch, torchdata, megatron.core, megatron.energon, transformers, mimo_pipes; from importlib.metadata import version; print('set-up of .venv312 ok: Python', __import__('platform').python_version(), 'torch', torch.__version__, 'megatron-core', version('megatron-core'))"
