@@ -12,40 +12,9 @@ going on, the transport's cause in a few words, and the rank that died as the jo
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import Iterator
 
-from mimo_pipes.errors import LostPeerError, PeerError
-
-# The transport's causes, in the words a rank's line gives them (first match wins).
-_CAUSES = (
-    (re.compile(r"connection reset by peer", re.I), "connection reset by peer"),
-    (re.compile(r"connection closed by peer|socket closed|end of file|EOF", re.I), "connection closed by peer"),
-    (re.compile(r"broken pipe", re.I), "broken pipe"),
-    (re.compile(r"connection refused", re.I), "connection refused"),
-    (re.compile(r"NCCL communicator was aborted|remote process exited|NCCL error", re.I), "NCCL communicator aborted"),
-    (re.compile(r"timed out|timeout", re.I), "timed out waiting for a peer"),  # last: the library's own messages say "timeout"
-)
-# Text that only a transport writes: a file of Gloo or NCCL, or torch's wrapping of their failures.
-TRANSPORT = re.compile(r"gloo|pair\.cc|\.cc:\d+|NCCL|ProcessGroup|c10d|Connection reset|Connection closed|Broken pipe", re.I)
-
-
-def lost_peer(error: BaseException) -> str | None:
-    """The cause in a few words when ``error`` (or one it was raised from) is a transport's failure to reach a
-    peer; None for any other error (a :class:`LostPeerError` gives its own cause)."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, LostPeerError):
-            return current.cause
-        text = str(current)
-        if TRANSPORT.search(text):
-            for pattern, cause in _CAUSES:
-                if pattern.search(text):
-                    return cause
-        current = current.__cause__ or current.__context__
-    return None
+from mimo_pipes.errors import LostPeerError, PeerError, lost_peer
 
 
 def peer_lost(what: str, error: BaseException) -> PeerError:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from mimo_pipes.exchange.lost_peers import TRANSPORT, lost_peer
+from mimo_pipes.errors import TRANSPORT, lost_peer
 
 __all__ = ["lost_peer", "lost_peer_line"]
 
