@@ -19,6 +19,7 @@ end-of-turn marker), else ``-100``; ``loss_mask[t] = 1.0`` exactly where ``label
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from mimo_pipes.data.embedded.builtin_processor import IM_END, IM_START, PAD_TOK
 from mimo_pipes.data.paths import existing_folder
 from mimo_pipes.data.processing.conversation import chatml, conversation, row_images, row_videos, template, trained_segments
 from mimo_pipes.data.processing.families import family_for
+from mimo_pipes.data.processing.handover import for_caller
 from mimo_pipes.data.processing.media import open_image, open_video
 from mimo_pipes.data.processing.truncation import FIRST_PROMPT, FIRST_REPLY, LATER, fit_to_length
 from mimo_pipes.errors import ConfigError, SampleError
@@ -103,7 +105,8 @@ def _load_processor(path: str | Path, seq_length: int, image_folder: str | None)
 
 
 class SampleProcessor:
-    """Turns a dataset row into unpadded model tensors. Picklable; safe to call from several threads.
+    """Turns a dataset row into unpadded model tensors. Picklable; safe to call from several threads. Called
+    in a worker process, what it returns crosses back through shared memory (:mod:`~mimo_pipes.data.processing.handover`).
 
     The row holds a conversation (``messages``, ``conversations``, or ``prompt`` and ``response``) and may
     hold ``images`` / ``image`` (PIL images, ``{"bytes", "path"}`` dicts, bytes, paths that resolve inside
@@ -123,6 +126,7 @@ class SampleProcessor:
         processor_config: dict | None = None,
     ) -> None:
         self.seq_length = int(seq_length)
+        self.owner = os.getpid()  # what it returns in another (worker) process crosses back in shared memory
         self.source = source
         self.image_folder = image_folder
         self.family = family_for(tokenizer, image_processor, source, processor_config or {})
@@ -249,7 +253,7 @@ class SampleProcessor:
         out.update(token_fields(ids, trained))
         for name, value in fields.items():
             out[name] = torch.from_numpy(np.ascontiguousarray(value))
-        return out
+        return for_caller(out, self.owner)
 
 
 def token_fields(ids: Any, trained: Any) -> dict[str, torch.Tensor]:
