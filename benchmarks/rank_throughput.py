@@ -196,8 +196,31 @@ def _mimo_loader(dataset: Path, workers: int, payload: str, method: str) -> Any:
     from mimo_pipes_recipes import vlm_sft
 
     config = PipelineConfig(components=("language=dp=1",), micro_batch_size=MICRO_BATCH, seq_length=SEQ_LENGTH, dataset=str(dataset),
-                            num_workers=workers, exchange_payload=payload)
-    return vlm_sft.build(config, RankLayout(dp_rank=0, dp_size=1, grid_size=1), processing=method)
+                            num_workers=workers, exchange_payload=payload, image_folder=str(dataset.parent))
+    layout = RankLayout(dp_rank=0, dp_size=1, grid_size=1)
+    try:
+        import datasets  # noqa: F401 - what reads --dataset
+    except Exception:  # noqa: BLE001 - a machine without a working datasets: the same rows from the file, the same graph
+        return _mimo_from_rows(vlm_sft, config, layout, dataset, method)
+    return vlm_sft.build(config, layout, processing=method)
+
+
+def _mimo_from_rows(vlm_sft: Any, config: Any, layout: Any, dataset: Path, method: str) -> Any:
+    """What ``vlm_sft.build`` makes, over the JSON lines read as a list (no ``datasets``)."""
+    from mimo_pipes.data.from_config import open_processor
+    from mimo_pipes.data.processing.module_processor import ModuleProcessor
+    from mimo_pipes.data.processing.row_counter import RowCounter
+    from mimo_pipes.samples.module_fields import module_fields
+
+    processor = open_processor(config)
+    rows = [json.loads(line) for line in dataset.read_text().splitlines()]
+    process_rows, map_fn = None, processor
+    if config.exchange_payload == "rows":
+        fields = module_fields(layout.module)
+        map_fn, process_rows = RowCounter(processor, fields).count, ModuleProcessor(processor, fields)
+    return vlm_sft.pipeline(rows, config, layout, map_fn=map_fn, image_token_id=processor.placeholder_ids,
+                            pad_values={"input_ids": processor.pad_token_id, "labels": -100}, vision_fields=processor.vision_fields,
+                            processing=method, process_rows=process_rows)
 
 
 def measure(variant: str, workers: int, dataset: Path, processor: str, warmup: int, seconds: float) -> dict:

@@ -134,7 +134,10 @@ class RowProcessor(GraphNode[Window]):
         counts = [counted(row) if counted is not None else None for row in microbatch]
         if self._pixels is None or not any(counts):
             return [pool.submit(_process_installed, row, None) for row in microbatch]
-        destination = handover.Destination(os.getpid(), [count or 0 for count in counts], *self._pixels)
+        try:
+            destination = handover.Destination(os.getpid(), [count or 0 for count in counts], *self._pixels)
+        except OSError:  # no room in shared memory: each sample hands its own over
+            return [pool.submit(_process_installed, row, None) for row in microbatch]
         futures = []
         for row, count, place, rows in zip(microbatch, counts, destination.places, destination.rows):
             future = pool.submit(_process_installed, row, place if count else None)

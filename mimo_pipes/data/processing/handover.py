@@ -68,7 +68,10 @@ class HandedOver(dict):
         self.owner = owner
 
     def __reduce__(self) -> tuple[Any, tuple]:
-        return _received, _written_segment(self, self.owner)
+        try:
+            return _received, _written_segment(self, self.owner)
+        except OSError:  # no room in shared memory: pickled whole, as without it
+            return dict, (dict(self),)
 
 
 def for_caller(sample: Sample, owner: int) -> Sample:
@@ -161,8 +164,8 @@ class Destination:
         self.name = f"{SEGMENT_PREFIX}{owner}-{os.getpid()}-{next(_written)}"
         path = os.path.join(FOLDER, self.name)
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        try:
-            os.posix_fallocate(fd, 0, size)
+        try:  # sized, not filled: each worker takes its own part's pages, in parallel (placed), none on this thread
+            os.ftruncate(fd, size)
             mapped = mmap.mmap(fd, size)
         except BaseException:
             os.unlink(path)
@@ -199,6 +202,10 @@ def placed(sample: Sample, field: str, place: Placed | None) -> Sample:
     if nbytes:
         fd = os.open(os.path.join(FOLDER, place.name), os.O_RDWR)
         try:
+            try:  # this part's pages taken here: a full tmpfs is an error to step aside from, not SIGBUS on a write
+                os.posix_fallocate(fd, place.offset, nbytes)
+            except OSError:
+                return sample
             with mmap.mmap(fd, place.size) as mapped:
                 target = torch.frombuffer(mapped, dtype=torch.uint8, count=nbytes, offset=place.offset)
                 target.view(value.dtype).view(value.shape).copy_(value)
