@@ -315,10 +315,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=1000, help="rows of the dataset, read again and again (default 1000)")
     parser.add_argument("--workers", default=None, help="comma-separated worker counts (default: 1, 2, 4, ... up to the cores)")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
-    parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds per run (default 10)")
+    parser.add_argument("--seconds", type=float, default=60.0,
+                        help="measured seconds per run (default 60: a row of this data takes 0.3-0.6 s of CPU)")
     parser.add_argument("--warmup", type=int, default=3, help="micro-batches before the clock starts (default 3)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds one run may take (default 300)")
-    parser.add_argument("--smoke", action="store_true", help="tiny: 6 images, 40 rows, workers 1 and 2, 1 second each")
+    parser.add_argument("--smoke", action="store_true", help="tiny (CI): 4 images, 24 rows, 2 workers, anchor and rows, 1 second each")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--label", default="this machine", help="the docs block's name (one block per machine)")
     parser.add_argument("--no-docs", action="store_true", help="do not write docs/benchmarks.md")
@@ -326,8 +327,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--one-workers", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.smoke:
-        args.images, args.rows, args.seconds, args.warmup = 6, 40, 1.0, 1
-        args.workers = args.workers or "1,2"
+        args.images, args.rows, args.seconds, args.warmup = 4, 24, 1.0, 1
+        args.workers = args.workers or "2"
+        args.variants = "anchor,rows/thread,rows/process" if args.variants == ",".join(VARIANTS) else args.variants
     folder = args.data / f"images{args.images}-rows{args.rows}"
     dataset = generate(folder, args.images, args.rows)
     from mimo_pipes.data.embedded.builtin_processor import default_processor_path

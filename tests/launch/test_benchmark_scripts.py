@@ -120,3 +120,14 @@ def test_window_few_costs_benchmark_runs_small():
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "| 4 x 16 / 8, 60%, 256/576/1024 (the reported kind) | 2 (2) | " in result.stdout
+
+
+def test_rank_throughput_benchmark_smoke(tmp_path):
+    out = tmp_path / "rank.json"
+    done = subprocess.run([sys.executable, "benchmarks/rank_throughput.py", "--smoke", "--no-docs", "--data", str(tmp_path / "data"),
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(out.read_text())["results"]
+    assert {(r["variant"], r["workers"]) for r in results} == {("anchor", 2), ("rows/thread", 2), ("rows/process", 2)}
+    assert all(r["samples_per_s"] > 0 and r["microbatches"] >= 2 for r in results)
+    assert "| rows/process | " in done.stdout
