@@ -16,12 +16,12 @@ from torchdata.nodes import BaseNode
 
 from mimo_pipes.checkpoint.validity import collation_settings
 from mimo_pipes.config.tail_settings import TailSettings
-from mimo_pipes.data.processing import handover
 from mimo_pipes.errors import MAX_REASON, PeerError, SampleError, row_reason
 from mimo_pipes.exchange.failure_agreement import agree_on_failures
 from mimo_pipes.nodes.base import GraphNode
 from mimo_pipes.nodes.read_ahead import fill_ahead
 from mimo_pipes.observe.observer import ExchangeRecord
+from mimo_pipes.samples import handover
 from mimo_pipes.samples.masking import mask_failed
 from mimo_pipes.samples.sample import SAMPLE_ID, STEP, Sample, Window
 
@@ -129,7 +129,7 @@ class RowProcessor(GraphNode[Window]):
 
     def _submit_placed(self, pool: Executor, microbatch: list[Sample]) -> list[Future[Sample]]:
         """A micro-batch's rows to worker processes, each told where its pixels go in the micro-batch's buffer
-        (:class:`~mimo_pipes.data.processing.handover.Destination`) when its count tells how many there are."""
+        (:class:`~mimo_pipes.samples.handover.Destination`) when its count tells how many there are."""
         counted = getattr(self.process, "counted_rows", None)
         counts = [counted(row) if counted is not None else None for row in microbatch]
         if self._pixels is None or not any(counts):

@@ -148,7 +148,7 @@ def _concat(samples: Sequence[Sample], name: str, declared: FieldSpec | None) ->
 def lend_rows(buffer: torch.Tensor) -> None:
     """Let collation take consecutive row slices of the flat ``buffer``, given in order, as that part of
     ``buffer`` itself (no copy): for a buffer made for one micro-batch's field, written once by the processes that
-    made its samples and by nothing after (:class:`~mimo_pipes.data.processing.handover.Destination`). The
+    made its samples and by nothing after (:class:`~mimo_pipes.samples.handover.Destination`). The
     micro-batch then shares the buffer's memory with those samples; they go once it is collated."""
     _LENT[id(buffer)] = buffer
 

@@ -1,4 +1,4 @@
-"""Samples handed over from worker processes through shared memory (data/processing/handover.py): what crosses
+"""Samples handed over from worker processes through shared memory (samples/handover.py): what crosses
 is equal to what was made, no copy on the receiving side, and no segment outlives its sample (received, dropped,
 failed, swept); pixels placed straight into a micro-batch's buffer collate as that buffer."""
 
@@ -11,7 +11,7 @@ import pickle
 import pytest
 import torch
 
-from mimo_pipes.data.processing import handover
+from mimo_pipes.samples import handover
 from mimo_pipes.samples.collate import collate_microbatch
 from mimo_pipes.samples.sample import SAMPLE_ID, STEP
 

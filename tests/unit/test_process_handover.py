@@ -16,12 +16,12 @@ from PIL import Image
 
 from mimo_pipes.config import PipelineConfig
 from mimo_pipes.data.embedded.builtin_processor import default_processor_path
-from mimo_pipes.data.processing import handover
 from mimo_pipes.data.processing.module_processor import ModuleProcessor
 from mimo_pipes.data.processing.processor import load_processor
 from mimo_pipes.data.processing.row_counter import RowCounter
 from mimo_pipes.errors import SampleError
 from mimo_pipes.exchange import RankLayout
+from mimo_pipes.samples import handover
 from mimo_pipes.samples.module_fields import module_fields
 from mimo_pipes_recipes import vlm_sft
 

@@ -15,11 +15,11 @@ import numpy as np
 
 from mimo_pipes.data import bad_rows
 from mimo_pipes.data.processing.conversation import row_videos
-from mimo_pipes.data.processing.handover import for_caller
 from mimo_pipes.data.processing.media_sizes import MediaSizes, media_sizes
 from mimo_pipes.data.processing.processor import CONSUMED_KEYS, SampleProcessor, token_fields
 from mimo_pipes.data.processing.row_layout import IDS, RUNS, TRAINED, compact_layout, expanded, header_layout, row_name
 from mimo_pipes.errors import SampleError
+from mimo_pipes.samples.handover import for_caller
 from mimo_pipes.samples.module_fields import ModuleFields
 from mimo_pipes.samples.sample import IMAGE_TOKENS, PLACEHOLDER_RUNS, TOKEN_LAYOUT, Sample
 

@@ -32,12 +32,12 @@ from mimo_pipes.data.embedded.builtin_processor import IM_END, IM_START, PAD_TOK
 from mimo_pipes.data.paths import existing_folder
 from mimo_pipes.data.processing.conversation import chatml, conversation, row_images, row_videos, template, trained_segments
 from mimo_pipes.data.processing.families import family_for
-from mimo_pipes.data.processing.handover import for_caller
 from mimo_pipes.data.processing.media import open_image, open_video
 from mimo_pipes.data.processing.truncation import FIRST_PROMPT, FIRST_REPLY, LATER, fit_to_length
 from mimo_pipes.errors import ConfigError, SampleError
 from mimo_pipes.observe.third_party import paused_gc, quiet_transformers
 from mimo_pipes.observe.warning_tally import WarningKind, warn
+from mimo_pipes.samples.handover import for_caller
 from mimo_pipes.samples.sample import SAMPLE_ID
 
 TRUNCATED = WarningKind(
@@ -106,7 +106,7 @@ def _load_processor(path: str | Path, seq_length: int, image_folder: str | None)
 
 class SampleProcessor:
     """Turns a dataset row into unpadded model tensors. Picklable; safe to call from several threads. Called
-    in a worker process, what it returns crosses back through shared memory (:mod:`~mimo_pipes.data.processing.handover`).
+    in a worker process, what it returns crosses back through shared memory (:mod:`~mimo_pipes.samples.handover`).
 
     The row holds a conversation (``messages``, ``conversations``, or ``prompt`` and ``response``) and may
     hold ``images`` / ``image`` (PIL images, ``{"bytes", "path"}`` dicts, bytes, paths that resolve inside
