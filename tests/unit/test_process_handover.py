@@ -49,17 +49,18 @@ def rows(bad: int | None = None) -> list[dict]:
     return out
 
 
-def loader(data: list[dict], method: str):
-    config = PipelineConfig(components=("language=dp=1",), micro_batch_size=4, seq_length=SEQ_LENGTH, num_workers=2, exchange_payload="rows")
+def loader(data: list[dict], method: str, payload: str = "rows"):
+    config = PipelineConfig(components=("language=dp=1",), micro_batch_size=4, seq_length=SEQ_LENGTH, num_workers=2, exchange_payload=payload)
     processor = load_processor(default_processor_path(), SEQ_LENGTH)
     fields = module_fields(None)
-    return vlm_sft.pipeline(data, config, RankLayout(dp_rank=0, dp_size=1, grid_size=1), map_fn=RowCounter(processor, fields).count,
+    map_fn, process_rows = (RowCounter(processor, fields).count, ModuleProcessor(processor, fields)) if payload == "rows" else (processor, None)
+    return vlm_sft.pipeline(data, config, RankLayout(dp_rank=0, dp_size=1, grid_size=1), map_fn=map_fn,
                             image_token_id=processor.placeholder_ids, pad_values={"input_ids": processor.pad_token_id, "labels": -100},
-                            vision_fields=processor.vision_fields, processing=method, process_rows=ModuleProcessor(processor, fields))
+                            vision_fields=processor.vision_fields, processing=method, process_rows=process_rows)
 
 
-def take(data: list[dict], method: str, count: int) -> list[dict]:
-    graph = loader(data, method)
+def take(data: list[dict], method: str, count: int, payload: str = "rows") -> list[dict]:
+    graph = loader(data, method, payload)
     try:
         batches = iter(graph)
         return [next(batches) for _ in range(count)]
@@ -72,16 +73,21 @@ def mapped_segments() -> int:
         return sum(handover.SEGMENT_PREFIX in line for line in maps)
 
 
+def assert_same(ours: list[dict], theirs: list[dict]) -> None:
+    for mine, other in zip(ours, theirs, strict=True):
+        assert list(mine) == list(other)
+        for key, value in other.items():
+            if isinstance(value, torch.Tensor):
+                assert mine[key].dtype == value.dtype and torch.equal(mine[key], value), key
+            else:
+                assert mine[key] == value, key
+
+
 def test_worker_processes_give_the_threads_microbatches_through_shared_memory():
     data = rows()
     threads, processes = take(data, "thread", 2), take(data, "process", 2)
-    for ours, theirs in zip(processes, threads, strict=True):
-        assert list(ours) == list(theirs)
-        for key, value in theirs.items():
-            if isinstance(value, torch.Tensor):
-                assert ours[key].dtype == value.dtype and torch.equal(ours[key], value), key
-            else:
-                assert ours[key] == value, key
+    assert_same(processes, threads)
+    for ours in processes:
         assert ours["pixel_values"]._base is not None  # a view of the micro-batch's buffer, written by the workers: no copy
     # The processor's own pixels for the rows of the first micro-batch, in its order, bit for bit.
     processor = load_processor(default_processor_path(), SEQ_LENGTH)
@@ -97,5 +103,13 @@ def test_worker_processes_give_the_threads_microbatches_through_shared_memory():
 def test_a_row_that_fails_in_a_worker_process_is_the_sample_error_naming_it():
     with pytest.raises(SampleError, match=r"dataset row 2: image 0 cannot be decoded"):
         take(rows(bad=2), "process", 2)
+    gc.collect()
+    assert not handover.segment_names(os.getpid()) and mapped_segments() == 0
+
+
+def test_under_the_samples_payload_worker_processes_give_the_threads_microbatches():
+    """torchdata's mapper of processes: each sample crosses in its own segment, and none is left named."""
+    data = rows()[:4]
+    assert_same(take(data, "process", 1, "samples"), take(data, "thread", 1, "samples"))
     gc.collect()
     assert not handover.segment_names(os.getpid()) and mapped_segments() == 0
