@@ -350,7 +350,8 @@ def main(argv: list[str] | None = None) -> int:
             result = run_one(args, variant, workers)
             results.append(result)
             print(json.dumps(result), flush=True)
-    text = (f"`python benchmarks/rank_throughput.py{' --smoke' if args.smoke else ''}` on {machine()}, "
+    command = " ".join(["python benchmarks/rank_throughput.py", *(argv if argv is not None else sys.argv[1:])])
+    text = (f"`{command}` on {machine()}, "
             f"{time.strftime('%Y-%m-%d', time.gmtime())}: {args.images} image files, {args.rows} rows, micro-batch {MICRO_BATCH}, "
             f"{args.seconds:g} s measured after {args.warmup} micro-batches. Samples/s (the consumer thread's CPU ms per micro-batch).\n\n"
             + table(results, variants, counts))
