@@ -6,11 +6,14 @@ torchdata's own classes by type (its private ones included: the only way to reac
 from __future__ import annotations
 
 import atexit
+import os
 import sys
 from typing import Any
 
 from torchdata.nodes import BaseNode, PinMemory, Prefetcher
 from torchdata.nodes.map import _ParallelMapperImpl, _ParallelMapperIter, _SingleThreadedMapper
+
+from mimo_pipes.samples import handover
 
 _THREADED = (_ParallelMapperImpl, Prefetcher, PinMemory)
 
@@ -110,3 +113,5 @@ def _wait_for_worker_processes(iterator: _ParallelMapperIter, timeout_s: float =
         return
     for worker in iterator._workers:
         worker.join(timeout_s)
+        # What it made and no one received (read ahead, dropped with its queue) is still named: removed now.
+        handover.sweep(os.getpid(), worker.pid)

@@ -6,6 +6,7 @@ import collections
 import copy
 import multiprocessing
 import operator
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
@@ -20,9 +21,11 @@ from mimo_pipes.exchange.failure_agreement import agree_on_failures
 from mimo_pipes.nodes.base import GraphNode
 from mimo_pipes.nodes.read_ahead import fill_ahead
 from mimo_pipes.observe.observer import ExchangeRecord
+from mimo_pipes.samples import handover
 from mimo_pipes.samples.masking import mask_failed
 from mimo_pipes.samples.sample import SAMPLE_ID, STEP, Sample, Window
 
+PIXELS = "pixel_values"  # the field worker processes write straight into their micro-batch's buffer
 AHEAD = 1
 """Windows processed beyond the one the consumer waits for: decoding overlaps training, and the memory of
 processed samples stays one window above what the consumer holds."""
@@ -77,6 +80,8 @@ class RowProcessor(GraphNode[Window]):
         self.masked = 0  # samples masked so far (every failure of the job, as every module masks it)
         self.workers = settings.processing.workers
         self.method = settings.processing.method
+        spec = settings.collator.vision_fields.get(PIXELS)  # (row shape, dtype): what a micro-batch's buffer holds
+        self._pixels = (tuple(spec[0]), spec[1]) if spec is not None else None
         self._pool: Executor | None = None
         self._gathering: ThreadPoolExecutor | None = None
         self._pending: collections.deque[_Pending] = collections.deque()
@@ -111,14 +116,35 @@ class RowProcessor(GraphNode[Window]):
 
     def _submit(self, window: Window, state_after: Any) -> _Pending:
         pool, gathering = self._executors()
-        task = self.process if self.method == "thread" else _process_installed
-        rows = [[pool.submit(task, row) for row in microbatch] for microbatch in window.microbatches]
+        if self.method == "thread":
+            rows = [[pool.submit(self.process, row) for row in microbatch] for microbatch in window.microbatches]
+        else:
+            rows = [self._submit_placed(pool, microbatch) for microbatch in window.microbatches]
         dropped = threading.Event()
         if self.masking is None:
             processed = gathering.submit(_gathered, window, rows)
         else:
             processed = gathering.submit(self._masked, window, rows, dropped)
         return _Pending(processed, [future for microbatch in rows for future in microbatch], state_after, window.record, dropped)
+
+    def _submit_placed(self, pool: Executor, microbatch: list[Sample]) -> list[Future[Sample]]:
+        """A micro-batch's rows to worker processes, each told where its pixels go in the micro-batch's buffer
+        (:class:`~mimo_pipes.samples.handover.Destination`) when its count tells how many there are."""
+        counted = getattr(self.process, "counted_rows", None)
+        counts = [counted(row) if counted is not None else None for row in microbatch]
+        if self._pixels is None or not any(counts):
+            return [pool.submit(_process_installed, row, None) for row in microbatch]
+        try:
+            destination = handover.Destination(os.getpid(), [count or 0 for count in counts], *self._pixels)
+        except OSError:  # no room in shared memory: each sample hands its own over
+            return [pool.submit(_process_installed, row, None) for row in microbatch]
+        futures = []
+        for row, count, place, rows in zip(microbatch, counts, destination.places, destination.rows):
+            future = pool.submit(_process_installed, row, place if count else None)
+            future.placed_rows = rows  # type: ignore[attr-defined] - read back by _result
+            future.add_done_callback(destination.row_done)
+            futures.append(future)
+        return futures
 
     def _masked(self, window: Window, rows: list[list[Future[Sample]]], dropped: threading.Event) -> Window:
         """On the rows thread, in window order: the window's rows processed, the job's failures agreed on
@@ -131,7 +157,7 @@ class RowProcessor(GraphNode[Window]):
             samples.append([])
             for row, future in zip(microbatch, futures):
                 try:
-                    samples[-1].append(future.result())
+                    samples[-1].append(_result(future))
                 except CancelledError:
                     continue  # the window was dropped
                 except SampleError as error:
@@ -194,12 +220,22 @@ class RowProcessor(GraphNode[Window]):
 
 def _gathered(window: Window, rows: list[list[Future[Sample]]]) -> Window:
     """The window's processed rows; its composition (who holds which micro-batch) kept."""
-    processed = [[future.result() for future in microbatch] for microbatch in rows]
+    processed = [[_result(future) for future in microbatch] for microbatch in rows]
     return Window(window.first_step, processed, composition=window.composition)
 
 
+def _result(future: Future[Sample]) -> Sample:
+    """A row's sample; its pixels, when its worker placed them, as its rows of the micro-batch's buffer."""
+    rows = getattr(future, "placed_rows", None)
+    sample = future.result()
+    return sample if rows is None else handover.received_rows(sample, PIXELS, rows)
+
+
 def _shut_down(pool: Executor, gathering: ThreadPoolExecutor, cancel_gathering: bool) -> None:
+    workers = list(getattr(pool, "_processes", None) or ())  # worker processes' ids (ProcessPoolExecutor keeps them)
     pool.shutdown(wait=True, cancel_futures=True)
+    for worker in workers:  # every result has been received: what a worker left named is a hand-over it died in
+        handover.sweep(os.getpid(), worker)
     # With masking every window read is agreed on, dropped or not: its peers wait for this rank in it.
     gathering.shutdown(wait=True, cancel_futures=cancel_gathering)
 
@@ -228,6 +264,7 @@ def _install(process: Callable[[Sample], Sample]) -> None:
     _installed = process
 
 
-def _process_installed(row: Sample) -> Sample:
+def _process_installed(row: Sample, place: handover.Placed | None) -> Sample:
+    """In a worker process: the row processed, its pixels written where ``place`` says (if anywhere)."""
     assert _installed is not None
-    return _installed(row)
+    return handover.placed(_installed(row), PIXELS, place)

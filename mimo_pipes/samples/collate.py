@@ -12,6 +12,7 @@ micro-batches carry the same keys whatever their content.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,7 @@ VISION_ROWS = "vision_rows"
 DEFAULT_PAD_VALUES: Mapping[str, int | float] = {"labels": -100}
 # Per-sample metadata becomes one list per micro-batch under these names (canonical order). ``read_steps``
 # differs from the batch's ``step`` only for samples that moved across the micro-batches of a window.
+_LENT: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()  # see lend_rows
 METADATA_LIST_NAMES = {
     SAMPLE_ID: "sample_ids", STEP: "read_steps", SLOT: "slots", IMAGE_TOKENS: "image_tokens", REAL_TOKENS: "real_tokens", COST: "costs",
 }
@@ -104,7 +106,7 @@ class Collator:
         )
 
     def window(self, window: Window) -> Window:
-        """Every micro-batch of a window collated; the result shares no memory with the samples."""
+        """Every micro-batch of a window collated; the result shares no memory with the samples (but a lent buffer: :func:`lend_rows`)."""
         if window.collated:
             return window
         batches = [self.microbatch(samples, window.first_step + m) for m, samples in enumerate(window.microbatches)]
@@ -138,7 +140,30 @@ def _concat(samples: Sequence[Sample], name: str, declared: FieldSpec | None) ->
     counts = [int(sample[name].shape[0]) if sample.get(name) is not None else 0 for sample in samples]
     if not present:
         return torch.empty((0, *tail), dtype=dtype), counts
-    return torch.cat([value for _, value in present], dim=0), counts
+    values = [value for _, value in present]
+    span = _lent_span(values)
+    return (span if span is not None else torch.cat(values, dim=0)), counts
+
+
+def lend_rows(buffer: torch.Tensor) -> None:
+    """Let collation take consecutive row slices of the flat ``buffer``, given in order, as that part of
+    ``buffer`` itself (no copy): for a buffer made for one micro-batch's field, written once by the processes that
+    made its samples and by nothing after (:class:`~mimo_pipes.samples.handover.Destination`). The
+    micro-batch then shares the buffer's memory with those samples; they go once it is collated."""
+    _LENT[id(buffer)] = buffer
+
+
+def _lent_span(values: list[torch.Tensor]) -> torch.Tensor | None:
+    """The lent buffer's part that ``values`` are, when they are its consecutive slices in order; else None."""
+    base = values[0]._base
+    if base is None or _LENT.get(id(base)) is not base:
+        return None
+    start = position = values[0].storage_offset()
+    for value in values:
+        if value._base is not base or not value.is_contiguous() or value.storage_offset() != position:
+            return None
+        position += value.numel()
+    return base[start - base.storage_offset():position - base.storage_offset()].view(-1, *values[0].shape[1:])
 
 
 def _pad_stack(values: list[Any], samples: Sequence[Sample], name: str, length: int, pad_value: int | float) -> torch.Tensor:

@@ -143,3 +143,14 @@ def test_s3_rows_benchmark_runs_small():
     assert [row[1].strip() for row in rows] == ["bytes", "paths"]
     assert all(float(row[4]) > 0 for row in rows)  # S3 rows per second measured
     assert int(rows[1][7]) >= 24  # images by path: a request per row at least
+
+
+def test_rank_throughput_benchmark_smoke(tmp_path):
+    out = tmp_path / "rank.json"
+    done = subprocess.run([sys.executable, "benchmarks/rank_throughput.py", "--smoke", "--no-docs", "--data", str(tmp_path / "data"),
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(out.read_text())["results"]
+    assert {(r["variant"], r["workers"]) for r in results} == {("anchor", 2), ("rows/thread", 2), ("rows/process", 2)}
+    assert all(r["samples_per_s"] > 0 and r["microbatches"] >= 2 for r in results)
+    assert "| rows/process | " in done.stdout

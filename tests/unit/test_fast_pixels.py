@@ -136,3 +136,36 @@ def test_the_benchmark_checks_both_paths_alike(capsys):
     main = runpy.run_path(str(Path(__file__).resolve().parents[2] / "benchmarks" / "pixel_table.py"))["main"]
     assert main(["--rows", "8", "--rounds", "1", "--no-docs"]) == 0
     assert "identical fields: True" in capsys.readouterr().out
+
+
+def _camera_jpeg(height: int, width: int, seed: int, orientation: int | None = None) -> bytes:
+    """A smooth scene with grain, as a camera JPEG (``orientation``: its EXIF Orientation tag)."""
+    import io
+
+    rng = np.random.default_rng(seed)
+    coarse = Image.fromarray(rng.integers(0, 256, (height // 64 + 2, width // 64 + 2, 3), dtype=np.uint8))
+    scene = np.asarray(coarse.resize((width, height), Image.BICUBIC), dtype=np.int16) + rng.integers(-6, 7, (height, width, 1), dtype=np.int16)
+    buffer = io.BytesIO()
+    exif = Image.Exif()
+    if orientation is not None:
+        exif[0x0112] = orientation
+    Image.fromarray(np.clip(scene, 0, 255).astype(np.uint8)).save(buffer, format="JPEG", quality=85, exif=exif.tobytes())
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(("height", "width", "orientation"), [(3000, 4000, None), (3508, 2480, None), (2000, 3000, 6), (1200, 900, 3)])
+def test_large_photos_and_scans_get_the_processors_pixels(family, height, width, orientation):
+    """12 MP photos and A4 pages at 300 dpi, resized down past the largest pixel count (the resize the table
+    makes on the decoded image, to the rule's size) and turned by their EXIF orientation: the processor's values, bit for bit,
+    from the image decoded as transformers' load_image decodes it."""
+    import io
+
+    from PIL import ImageOps
+
+    data = _camera_jpeg(height, width, height + width, orientation)
+    image = open_image({"bytes": data, "path": None}, None, 0, "image 0")
+    with Image.open(io.BytesIO(data)) as reference:
+        expected = ImageOps.exif_transpose(reference).convert("RGB")  # transformers' load_image, step for step
+    assert image.size == expected.size and image.mode == "RGB" and np.array_equal(np.asarray(image), np.asarray(expected))
+    assert_same(family, [image])
+    assert_same(family, [image, expected.resize((width // 5, height // 7))])  # two images of a row, one small

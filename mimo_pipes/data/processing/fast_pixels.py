@@ -1,5 +1,6 @@
-"""Qwen2-VL-style pixels without the float64 detour: the image processor's own resize, then rescale and
-normalize as one lookup table per channel, applied while the 8-bit pixels are laid out as patches.
+"""Qwen2-VL-style pixels without the float64 detour: the image processor's own resize (PIL's, on the decoded
+image, to the size of the processor's rule), then rescale and normalize as one lookup table per channel, applied
+while the 8-bit pixels are laid out as patches.
 
 The processor's PIL path rescales a resized 8-bit image in float64, normalizes it in float32 and lays the
 float32 image out as patches, copying it three or four times (benchmarks/pixel_table.py: about 10% of a row's
@@ -16,6 +17,8 @@ and anything else the processor accepts go through the processor itself.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -23,7 +26,8 @@ import numpy as np
 CHANNELS = 3
 # Small probe images (a processor is opened with every graph built): one below the smallest pixel count of the
 # processor's defaults (resized up), odd sizes and aspect ratios (resized to multiples of the patch); fixed noise.
-# Resizing down past the largest pixel count is the processor's own resize too, the same call as here.
+# Resizing down past the largest pixel count is the same PIL call, to the size of the same rule (tests/unit/test_fast_pixels.py
+# holds large photos and scans to the processor).
 PROBE_SIZES = ((17, 23), (64, 200), (301, 97))
 
 
@@ -39,6 +43,7 @@ class PixelTable:
         self.patch_size: int = options["patch_size"]
         self.merge_size: int = options["merge_size"]
         self.temporal_patch_size: int = options["temporal_patch_size"]
+        self.rule = resize_rule(image_processor)
         values = np.broadcast_to(np.arange(256, dtype=np.uint8), (CHANNELS, 1, 256)).copy()
         if options["do_rescale"]:
             values = image_processor.rescale(values, options["rescale_factor"])
@@ -54,7 +59,7 @@ class PixelTable:
     def pixels(self, images: list) -> tuple[np.ndarray, np.ndarray]:
         """``(pixel_values [patches, 3 * temporal * patch**2] float32, image_grid_thw [images, 3] int64)``."""
         layouts = [self._resized(image) for image in images]
-        grids = np.asarray([[1, h // self.patch_size, w // self.patch_size] for _, h, w in (a.shape for a in layouts)], dtype=np.int64)
+        grids = np.asarray([[1, h // self.patch_size, w // self.patch_size] for h, w, _ in (a.shape for a in layouts)], dtype=np.int64)
         rows = int((grids[:, 1] * grids[:, 2]).sum())
         patch, temporal = self.patch_size, self.temporal_patch_size
         out = np.empty((rows, CHANNELS, temporal, patch, patch), dtype=np.float32)
@@ -66,27 +71,41 @@ class PixelTable:
         return out.reshape(rows, -1), grids
 
     def _resized(self, image: Any) -> np.ndarray:
-        """The image as ``[3, height, width]`` uint8, resized by the processor's own rule and resampling."""
-        channels_first = np.ascontiguousarray(np.moveaxis(np.asarray(image), -1, 0))
+        """The image as ``[height, width, 3]`` uint8, resized by the processor's own rule and resampling.
+
+        The processor's PIL path turns the image into an array, lays it out channels first and back, and makes a
+        PIL image of it again before resizing: four copies of the full image (36 MB for a 12 MP photo) around a
+        resize that reads the same pixels. Here PIL resizes the decoded image itself, to the size the processor's
+        rule gives, with its resampling: the same call on the same pixels (the probe holds it to the processor)."""
         if not self.do_resize:
-            return channels_first
-        resized = self.image_processor.resize(channels_first, size=self.size, resample=self.resample,
-                                              factor=self.patch_size * self.merge_size)
-        if resized.dtype != np.uint8:
-            raise TypeError(f"the processor's resize returned {resized.dtype}, not uint8")
-        return resized
+            return np.asarray(image)
+        height, width = self.rule(image.height, image.width, factor=self.patch_size * self.merge_size,
+                                  min_pixels=self.size.shortest_edge, max_pixels=self.size.longest_edge)
+        return np.asarray(image.resize((width, height), resample=self.resample, reducing_gap=None))
 
     def _patches_into(self, resized: np.ndarray, grid_h: int, grid_w: int, out: np.ndarray) -> None:
-        """Lay ``resized`` out as the processor's patches (merge blocks in row order, each patch channel-major,
-        every frame of the temporal patch the same image) straight into ``out`` [patches, C, T, P, P]."""
+        """Lay ``resized`` [H, W, C] out as the processor's patches (merge blocks in row order, each patch
+        channel-major, every frame of the temporal patch the same image) straight into ``out`` [patches, C, T, P, P].
+
+        The 8-bit pixels are put in patch order first (a quarter of the bytes a float image moves), then each
+        channel's table is read into the first frame, which the other frames copy."""
         merge, patch = self.merge_size, self.patch_size
-        values = np.empty(resized.shape, dtype=np.float32)
-        for channel in range(CHANNELS):  # the table read in the image's own order: one pass, no index array
-            np.take(self.table[channel], resized[channel], out=values[channel])
-        blocks = values.reshape(CHANNELS, grid_h // merge, merge, patch, grid_w // merge, merge, patch).transpose(1, 4, 2, 5, 0, 3, 6)
-        frames = out.reshape(grid_h // merge, grid_w // merge, merge, merge, CHANNELS, self.temporal_patch_size, patch, patch)
-        for frame in range(self.temporal_patch_size):
-            frames[:, :, :, :, :, frame] = blocks
+        count = grid_h * grid_w
+        blocks = resized.reshape(grid_h // merge, merge, patch, grid_w // merge, merge, patch, CHANNELS).transpose(0, 3, 1, 4, 6, 2, 5)
+        ordered = np.ascontiguousarray(blocks).reshape(count, CHANNELS, patch * patch)
+        frames = out.reshape(count, CHANNELS, self.temporal_patch_size, patch * patch)
+        for channel in range(CHANNELS):  # values < 256: 'clip' never clips, and skips take's bounds check and buffering
+            np.take(self.table[channel], ordered[:, channel], out=frames[:, channel, 0], mode="clip")
+        for frame in range(1, self.temporal_patch_size):
+            frames[:, :, frame] = frames[:, :, 0]
+
+
+def resize_rule(image_processor: Any) -> Callable[..., tuple[int, int]]:
+    """The ``smart_resize`` the processor's ``resize`` calls: its own module's (Qwen2-VL's where it has none)."""
+    rule = getattr(sys.modules.get(type(image_processor).__module__), "smart_resize", None)
+    if rule is None:
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize as rule
+    return rule
 
 
 def preprocess_options(image_processor: Any) -> dict:

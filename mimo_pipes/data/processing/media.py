@@ -39,8 +39,11 @@ def open_image(item: Any, image_folder: str | None, row: object, what: str):
             item = Image.fromarray(item)
         if isinstance(item, Image.Image):
             return ImageOps.exif_transpose(item).convert("RGB")  # transformers' load_image, step for step
-        # Closed once converted (an animation would keep its file open).
-        with Image.open(encoded_source(item, image_folder, row, what)) as img:
+        img = Image.open(encoded_source(item, image_folder, row, what))
+        if getattr(img, "n_frames", 1) == 1:  # one frame: its file closes once loaded, and the image is ours to change
+            ImageOps.exif_transpose(img, in_place=True)  # load_image's steps, without their two copies of the whole image
+            return img if img.mode == "RGB" else img.convert("RGB")
+        with img:  # closed once converted (an animation keeps its file open)
             return ImageOps.exif_transpose(img).convert("RGB")
     except SampleError:
         raise

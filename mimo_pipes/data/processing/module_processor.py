@@ -14,12 +14,14 @@ from __future__ import annotations
 import numpy as np
 
 from mimo_pipes.data import bad_rows
+from mimo_pipes.data.processing.conversation import row_videos
 from mimo_pipes.data.processing.media_sizes import MediaSizes, media_sizes
 from mimo_pipes.data.processing.processor import CONSUMED_KEYS, SampleProcessor, token_fields
 from mimo_pipes.data.processing.row_layout import IDS, RUNS, TRAINED, compact_layout, expanded, header_layout, row_name
 from mimo_pipes.errors import SampleError
+from mimo_pipes.samples.handover import for_caller
 from mimo_pipes.samples.module_fields import ModuleFields
-from mimo_pipes.samples.sample import PLACEHOLDER_RUNS, TOKEN_LAYOUT, Sample
+from mimo_pipes.samples.sample import IMAGE_TOKENS, PLACEHOLDER_RUNS, TOKEN_LAYOUT, Sample
 
 
 class ModuleProcessor:
@@ -40,18 +42,28 @@ class ModuleProcessor:
         if TOKEN_LAYOUT in row or PLACEHOLDER_RUNS in row:
             row = {key: value for key, value in row.items() if key not in (TOKEN_LAYOUT, PLACEHOLDER_RUNS)}
         if self.fields.pixels:
-            return self.fields.select(self.processor(row))
+            return for_caller(self.fields.select(self.processor(row)), self.processor.owner)
         if layout is None:
             try:
                 layout = compact_layout(*header_layout(self.processor, row), self.processor.placeholder_ids)
             except SampleError:
                 raise
             except Exception:  # noqa: BLE001 - no cheap size: processed, as it was for its cost
-                return self.fields.select(self.processor(row))
+                return for_caller(self.fields.select(self.processor(row)), self.processor.owner)
         out = {key: value for key, value in row.items() if key not in CONSUMED_KEYS}
         out.update(token_fields(*expanded(layout)))
         out.update((name, value) for name, value in layout.items() if name not in (IDS, TRAINED, RUNS))
-        return out
+        return for_caller(out, self.processor.owner)
+
+    def counted_rows(self, row: dict) -> int | None:
+        """The rows of ``pixel_values`` processing ``row`` gives, from its image tokens counted before the exchange
+        (the image processor's own resize rule on its header sizes); None where that does not tell (no pixels in
+        this module, a family other than patches, videos, no count)."""
+        tokens = row.get(IMAGE_TOKENS)
+        family = self.processor.family
+        if not self.fields.pixels or not isinstance(tokens, int) or getattr(family, "name", None) != "qwen2-vl" or row_videos(row):
+            return None
+        return tokens * family.merge_size ** 2
 
     @bad_rows.names_place
     def stand_in(self, row: dict) -> Sample:

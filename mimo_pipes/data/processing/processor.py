@@ -19,6 +19,7 @@ end-of-turn marker), else ``-100``; ``loss_mask[t] = 1.0`` exactly where ``label
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from mimo_pipes.data.processing.truncation import FIRST_PROMPT, FIRST_REPLY, LAT
 from mimo_pipes.errors import ConfigError, SampleError, as_count
 from mimo_pipes.observe.third_party import paused_gc, quiet_transformers
 from mimo_pipes.observe.warning_tally import WarningKind, warn
+from mimo_pipes.samples.handover import for_caller
 from mimo_pipes.samples.sample import SAMPLE_ID
 
 TRUNCATED = WarningKind(
@@ -103,7 +105,8 @@ def _load_processor(path: str | Path, seq_length: int, image_folder: str | None)
 
 
 class SampleProcessor:
-    """Turns a dataset row into unpadded model tensors. Picklable; safe to call from several threads.
+    """Turns a dataset row into unpadded model tensors. Picklable; safe to call from several threads. Called
+    in a worker process, what it returns crosses back through shared memory (:mod:`~mimo_pipes.samples.handover`).
 
     The row holds a conversation (``messages``, ``conversations``, or ``prompt`` and ``response``) and may
     hold ``images`` / ``image`` (PIL images, ``{"bytes", "path"}`` dicts, bytes, paths that resolve inside
@@ -123,6 +126,7 @@ class SampleProcessor:
         processor_config: dict | None = None,
     ) -> None:
         self.seq_length = int(seq_length)
+        self.owner = os.getpid()  # what it returns in another (worker) process crosses back in shared memory
         self.source = source
         self.image_folder = image_folder
         self.family = family_for(tokenizer, image_processor, source, processor_config or {})
@@ -252,7 +256,7 @@ class SampleProcessor:
         out.update(token_fields(ids, trained))
         for name, value in fields.items():
             out[name] = torch.from_numpy(np.ascontiguousarray(value))
-        return out
+        return for_caller(out, self.owner)
 
 
 def token_fields(ids: Any, trained: Any) -> dict[str, torch.Tensor]:

@@ -1,0 +1,367 @@
+"""One rank's samples per second by processing workers: mimo-pipes against a torch DataLoader anchor, same rows.
+
+Generates document-heavy SFT data of its own (camera photos of 0.3-12 MP, A4 pages scanned at 300 dpi, 2-4
+images a row, about 22% text-only rows; JPEG files named by a JSON-lines dataset, read through
+``PipelineConfig.dataset`` with the default image folder), and the built-in processor (a Qwen2-VL image processor,
+PIL backend, at most 1280 placeholder tokens, about 1 MP, an image; built offline). Then, side by side, each in a
+fresh process of its own, for 1, 2, 4, ... workers up to the cores:
+
+- ``anchor``: ``torch.utils.data.DataLoader`` with worker processes, each decoding a row's images as
+  transformers' ``load_image`` does, running transformers' image processor and tokenizer on it, and
+  collating its micro-batch of 8 (padding ``input_ids``, concatenating ``pixel_values``);
+- mimo-pipes, one rank (``RankLayout(0, 1, 1)``), ``vlm_sft.build`` with the given workers
+  (``PipelineConfig.num_workers``), global micro-batch 8, for each payload (``rows``: processed after the
+  exchange by RowProcessor; ``samples``: processed before it by torchdata's mapper) and method (``thread``,
+  ``process``).
+
+Each run takes micro-batches as fast as they come for ``--seconds`` after ``--warmup`` of them and reports
+samples/s, and the consumer thread's CPU milliseconds per micro-batch (the serial work a rank's consumer does:
+balance, collation, padding, what it waits on under the GIL).
+
+    python benchmarks/rank_throughput.py                     # workers 1, 2, 4, ... up to the cores; docs section
+    python benchmarks/rank_throughput.py --smoke --no-docs   # a tiny run (CI)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+MARKER = "rank_throughput.py results"
+SECTION = "## One rank's throughput by workers (`benchmarks/rank_throughput.py`)"
+VARIANTS = ("anchor", "rows/thread", "rows/process", "samples/thread", "samples/process")
+MICRO_BATCH = 8
+SEQ_LENGTH = 8192
+PROMPTS = ("Read the document and answer.", "What do these pictures show?", "Summarize the pages.", "Compare the images.")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Data
+
+
+def _photo(seed: int, megapixels: float, path: Path) -> None:
+    """A smooth random scene with sensor-like grain, as a camera JPEG."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    aspect = float(rng.choice([4 / 3, 3 / 2, 16 / 9, 3 / 4]))
+    width = int(math.sqrt(megapixels * 1e6 * aspect))
+    height = int(megapixels * 1e6 / width)
+    coarse = Image.fromarray(rng.integers(0, 255, (max(height // 64, 2), max(width // 64, 2), 3), dtype=np.uint8))
+    scene = np.asarray(coarse.resize((width, height), Image.BICUBIC), dtype=np.int16)
+    scene += rng.integers(-8, 9, (height, width, 1), dtype=np.int16)
+    Image.fromarray(np.clip(scene, 0, 255).astype(np.uint8)).save(path, format="JPEG", quality=88)
+
+
+def _scan(seed: int, path: Path) -> None:
+    """An A4 page scanned at 300 dpi (2480 x 3508): lines of dark strokes on paper, in colour, as scanners save."""
+    import numpy as np
+    from PIL import Image, ImageDraw
+
+    rng = np.random.default_rng(seed)
+    width, height = 2480, 3508
+    page = Image.new("RGB", (width, height), (246, 244, 238))
+    draw = ImageDraw.Draw(page)
+    for y in range(180, height - 180, 58):
+        x = 200
+        while x < width - 200:
+            word = int(rng.integers(40, 260))
+            shade = int(rng.integers(20, 90))
+            draw.rectangle([x, y, x + word, y + 30], fill=(shade, shade, shade + 10))
+            x += word + 28
+    noisy = np.asarray(page, dtype=np.int16) + rng.integers(-4, 5, (height, width, 1), dtype=np.int16)
+    Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8)).save(path, format="JPEG", quality=90)
+
+
+def _image(args: tuple[int, str, float, str]) -> None:
+    seed, kind, megapixels, path = args
+    if kind == "scan":
+        _scan(seed, Path(path))
+    else:
+        _photo(seed, megapixels, Path(path))
+
+
+def generate(folder: Path, images: int, rows: int, seed: int = 0) -> Path:
+    """``folder/data.jsonl`` naming JPEG files beside it: ``images`` distinct files (a third of them scans), and
+    ``rows`` rows of 2-4 of them (22% text only). Built once per size."""
+    import multiprocessing
+
+    import numpy as np
+
+    dataset = folder / "data.jsonl"
+    if dataset.is_file():
+        return dataset
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    jobs = []
+    for k in range(images):
+        kind = "scan" if k % 3 == 2 else "photo"
+        megapixels = float(math.exp(rng.uniform(math.log(0.3), math.log(12.0))))
+        jobs.append((seed * 100003 + k, kind, megapixels, str(folder / f"{kind}{k:04d}.jpg")))
+    with multiprocessing.get_context("spawn").Pool(min(os.cpu_count() or 1, len(jobs))) as pool:
+        pool.map(_image, jobs)
+    lines = []
+    for index in range(rows):
+        count = 0 if rng.random() < 0.22 else int(rng.integers(2, 5))
+        chosen = [Path(jobs[int(i)][3]).name for i in rng.choice(len(jobs), size=count, replace=False)]
+        words = " ".join(str(w) for w in rng.integers(0, 10_000, int(rng.integers(20, 120))))
+        lines.append(json.dumps({"id": index, "images": chosen, "prompt": PROMPTS[index % len(PROMPTS)],
+                                 "response": f"The answer, in detail: {words}."}))
+    dataset.write_text("\n".join(lines) + "\n")
+    return dataset
+
+
+# ----------------------------------------------------------------------------------------------------
+# One measurement (in a process of its own)
+
+
+def _anchor_loader(dataset: Path, processor: str, workers: int) -> Any:
+    """A torch DataLoader whose worker processes run transformers' processor and tokenizer and collate."""
+    import torch
+
+    rows = [json.loads(line) for line in dataset.read_text().splitlines()]
+    data = _AnchorRows(rows, str(dataset.parent), processor)
+    sampler = torch.utils.data.RandomSampler(data, replacement=True, num_samples=10**7, generator=torch.Generator().manual_seed(0))
+    return torch.utils.data.DataLoader(data, batch_size=MICRO_BATCH, sampler=sampler, num_workers=workers, collate_fn=_anchor_collate,
+                                       multiprocessing_context="spawn" if workers else None, persistent_workers=workers > 0)
+
+
+class _AnchorRows:
+    """Rows processed as a transformers user would: ``load_image``'s decoding, the PIL image processor, the tokenizer."""
+
+    def __init__(self, rows: list[dict], folder: str, processor: str) -> None:
+        self.rows, self.folder, self.processor = rows, folder, processor
+        self._loaded: Any = None
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def _load(self) -> Any:
+        if self._loaded is None:
+            from transformers import AutoImageProcessor, AutoTokenizer
+
+            self._loaded = AutoImageProcessor.from_pretrained(self.processor, backend="pil"), AutoTokenizer.from_pretrained(self.processor)
+        return self._loaded
+
+    def __getitem__(self, index: int) -> dict:
+        import torch
+        from PIL import Image, ImageOps
+
+        image_processor, tokenizer = self._load()
+        row = self.rows[index]
+        images = []
+        for name in row["images"]:
+            with Image.open(os.path.join(self.folder, name)) as image:
+                images.append(ImageOps.exif_transpose(image).convert("RGB"))
+        out: dict[str, Any] = {}
+        vision = ""
+        if images:
+            feats = image_processor(images=images, return_tensors="pt")
+            out["pixel_values"], out["image_grid_thw"] = feats["pixel_values"], feats["image_grid_thw"]
+            merge = image_processor.merge_size ** 2
+            vision = "".join("<|vision_start|>" + "<|image_pad|>" * (int(g.prod()) // merge) + "<|vision_end|>" for g in feats["image_grid_thw"])
+        text = f"<|im_start|>user\n{vision}{row['prompt']}<|im_end|>\n<|im_start|>assistant\n{row['response']}<|im_end|>\n"
+        out["input_ids"] = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"][:SEQ_LENGTH])
+        return out
+
+
+def _anchor_collate(samples: list[dict]) -> dict:
+    import torch
+
+    length = max(s["input_ids"].shape[0] for s in samples)
+    ids = torch.zeros((len(samples), length), dtype=torch.int64)
+    for k, s in enumerate(samples):
+        ids[k, : s["input_ids"].shape[0]] = s["input_ids"]
+    batch = {"input_ids": ids, "attention_mask": ids != 0}
+    with_pixels = [s for s in samples if "pixel_values" in s]
+    if with_pixels:
+        batch["pixel_values"] = torch.cat([s["pixel_values"] for s in with_pixels])
+        batch["image_grid_thw"] = torch.cat([s["image_grid_thw"] for s in with_pixels])
+    return batch
+
+
+def _mimo_loader(dataset: Path, workers: int, payload: str, method: str) -> Any:
+    from mimo_pipes.config import PipelineConfig
+    from mimo_pipes.exchange import RankLayout
+    from mimo_pipes_recipes import vlm_sft
+
+    config = PipelineConfig(components=("language=dp=1",), micro_batch_size=MICRO_BATCH, seq_length=SEQ_LENGTH, dataset=str(dataset),
+                            num_workers=workers, exchange_payload=payload, image_folder=str(dataset.parent))
+    layout = RankLayout(dp_rank=0, dp_size=1, grid_size=1)
+    try:
+        import datasets  # noqa: F401 - what reads --dataset
+    except Exception:  # noqa: BLE001 - a machine without a working datasets: the same rows from the file, the same graph
+        return _mimo_from_rows(vlm_sft, config, layout, dataset, method)
+    return vlm_sft.build(config, layout, processing=method)
+
+
+def _mimo_from_rows(vlm_sft: Any, config: Any, layout: Any, dataset: Path, method: str) -> Any:
+    """What ``vlm_sft.build`` makes, over the JSON lines read as a list (no ``datasets``)."""
+    from mimo_pipes.data.from_config import open_processor
+    from mimo_pipes.data.processing.module_processor import ModuleProcessor
+    from mimo_pipes.data.processing.row_counter import RowCounter
+    from mimo_pipes.samples.module_fields import module_fields
+
+    processor = open_processor(config)
+    rows = [json.loads(line) for line in dataset.read_text().splitlines()]
+    process_rows, map_fn = None, processor
+    if config.exchange_payload == "rows":
+        fields = module_fields(layout.module)
+        map_fn, process_rows = RowCounter(processor, fields).count, ModuleProcessor(processor, fields)
+    return vlm_sft.pipeline(rows, config, layout, map_fn=map_fn, image_token_id=processor.placeholder_ids,
+                            pad_values={"input_ids": processor.pad_token_id, "labels": -100}, vision_fields=processor.vision_fields,
+                            processing=method, process_rows=process_rows)
+
+
+def measure(variant: str, workers: int, dataset: Path, processor: str, warmup: int, seconds: float) -> dict:
+    """Samples/s of ``variant`` with ``workers`` after ``warmup`` micro-batches, over at least ``seconds``."""
+    if variant == "anchor":
+        loader = _anchor_loader(dataset, processor, workers)
+    else:
+        payload, method = variant.split("/")
+        loader = _mimo_loader(dataset, workers, payload, method)
+    batches = iter(loader)
+    start = time.perf_counter()
+    for _ in range(warmup):
+        next(batches)
+    first = time.perf_counter() - start
+    samples = taken = 0
+    begin, thread_cpu = time.perf_counter(), time.thread_time()
+    while time.perf_counter() - begin < seconds or taken < 2:
+        batch = next(batches)
+        samples += int(batch["input_ids"].shape[0])
+        taken += 1
+    elapsed, thread_cpu = time.perf_counter() - begin, time.thread_time() - thread_cpu
+    if hasattr(loader, "close"):
+        loader.close()
+    return {"variant": variant, "workers": workers, "samples_per_s": samples / elapsed, "microbatches": taken,
+            "consumer_cpu_ms_per_microbatch": 1000 * thread_cpu / taken, "warmup_s": first}
+
+
+# ----------------------------------------------------------------------------------------------------
+# The table
+
+
+def worker_counts(cores: int) -> list[int]:
+    """1, 2, 4, ... below the cores, and the cores less two (a rank's own threads) where that is more."""
+    counts = [1]
+    while counts[-1] * 2 < cores:
+        counts.append(counts[-1] * 2)
+    if cores - 2 > counts[-1]:
+        counts.append(cores - 2)
+    return counts
+
+
+def run_one(args: argparse.Namespace, variant: str, workers: int) -> dict:
+    command = [sys.executable, __file__, "--one", variant, "--one-workers", str(workers), "--data", str(args.data),
+               "--images", str(args.images), "--rows", str(args.rows), "--seconds", str(args.seconds), "--warmup", str(args.warmup)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
+    if done.returncode != 0:
+        return {"variant": variant, "workers": workers, "error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed"}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def table(results: list[dict], variants: list[str], counts: list[int]) -> str:
+    by = {(r["variant"], r["workers"]): r for r in results}
+    lines = ["| pipeline | " + " | ".join(f"{w} worker{'s' if w > 1 else ''}" for w in counts) + " | at most / 1 worker |",
+             "|---|" + "---:|" * (len(counts) + 1)]
+    for variant in variants:
+        cells, rates = [], []
+        for w in counts:
+            r = by.get((variant, w))
+            if r is None or "error" in r:
+                cells.append("failed" if r else "-")
+                continue
+            rates.append(r["samples_per_s"])
+            cells.append(f"{r['samples_per_s']:.1f} ({r['consumer_cpu_ms_per_microbatch']:.0f} ms)")
+        ratio = f"{max(rates) / rates[0]:.1f}x" if len(rates) > 1 else "-"
+        lines.append(f"| {variant} | " + " | ".join(cells) + f" | {ratio} |")
+    return "\n".join(lines)
+
+
+def machine() -> str:
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")),
+                 platform.processor()) if Path("/proc/cpuinfo").is_file() else platform.processor()
+    return f"{os.cpu_count()} cores (`nproc`), {model}, Python {platform.python_version()}"
+
+
+def write_docs(text: str, docs: Path, label: str) -> None:
+    marker = f"<!-- {MARKER}: {label} -->"
+    current = docs.read_text() if docs.is_file() else ""
+    start, end = current.find(marker), current.find(f"<!-- end {MARKER}: {label} -->")
+    block = f"{marker}\n{text}\n<!-- end {MARKER}: {label} -->"
+    if start >= 0 and end > start:
+        current = current[:start] + block + current[end + len(f"<!-- end {MARKER}: {label} -->"):]
+    else:
+        current = current.rstrip("\n") + "\n\n" + (SECTION + "\n\n" if SECTION not in current else "") + block + "\n"
+    docs.write_text(current)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "mimo-pipes-rank-throughput",
+                        help="where the generated data goes (kept for the next run)")
+    parser.add_argument("--images", type=int, default=60, help="distinct image files (default 60, a third scans)")
+    parser.add_argument("--rows", type=int, default=1000, help="rows of the dataset, read again and again (default 1000)")
+    parser.add_argument("--workers", default=None, help="comma-separated worker counts (default: 1, 2, 4, ... up to the cores)")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
+    parser.add_argument("--seconds", type=float, default=60.0,
+                        help="measured seconds per run (default 60: a row of this data takes 0.3-0.6 s of CPU)")
+    parser.add_argument("--warmup", type=int, default=3, help="micro-batches before the clock starts (default 3)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds one run may take (default 300)")
+    parser.add_argument("--smoke", action="store_true", help="tiny (CI): 4 images, 24 rows, 2 workers, anchor and rows, 1 second each")
+    parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    parser.add_argument("--label", default="this machine", help="the docs block's name (one block per machine)")
+    parser.add_argument("--no-docs", action="store_true", help="do not write docs/benchmarks.md")
+    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--one-workers", type=int, default=1, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.images, args.rows, args.seconds, args.warmup = 4, 24, 1.0, 1
+        args.workers = args.workers or "2"
+        args.variants = "anchor,rows/thread,rows/process" if args.variants == ",".join(VARIANTS) else args.variants
+    folder = args.data / f"images{args.images}-rows{args.rows}"
+    dataset = generate(folder, args.images, args.rows)
+    from mimo_pipes.data.embedded.builtin_processor import default_processor_path
+
+    processor = str(default_processor_path())
+    if args.one is not None:
+        print(json.dumps(measure(args.one, args.one_workers, dataset, processor, args.warmup, args.seconds)))
+        return 0
+    args.data = args.data.resolve()
+    counts = [int(w) for w in args.workers.split(",")] if args.workers else worker_counts(os.cpu_count() or 1)
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        parser.error(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
+    results = []
+    for workers in counts:
+        for variant in variants:
+            result = run_one(args, variant, workers)
+            results.append(result)
+            print(json.dumps(result), flush=True)
+    command = " ".join(["python benchmarks/rank_throughput.py", *(argv if argv is not None else sys.argv[1:])])
+    text = (f"`{command}` on {machine()}, "
+            f"{time.strftime('%Y-%m-%d', time.gmtime())}: {args.images} image files, {args.rows} rows, micro-batch {MICRO_BATCH}, "
+            f"{args.seconds:g} s measured after {args.warmup} micro-batches. Samples/s (the consumer thread's CPU ms per micro-batch).\n\n"
+            + table(results, variants, counts))
+    print(text)
+    if args.out is not None:
+        args.out.write_text(json.dumps({"machine": machine(), "results": results}, indent=1))
+    if not args.no_docs:
+        write_docs(text, Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md", args.label)
+    return 0 if not any("error" in r for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
