@@ -38,6 +38,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=3, help="iterations left out at the start (the graph's start-up)")
     parser.add_argument("--workers", default="2,8", help="comma-separated processing workers (num_workers)")
     parser.add_argument("--read-ahead", type=int, default=None, help="micro-batches read ahead when on (default: the library's)")
+    parser.add_argument("--processing", choices=("thread", "process"), default="thread",
+                        help="per-sample processing on threads or worker processes (vlm_sft.build's processing)")
     parser.add_argument("--busy", action="store_true", help="the model step is a busy CPU loop (default: a sleep)")
     parser.add_argument("--short", action="store_true", help="a quick run: 8 measured iterations, 2 of warm-up")
     parser.add_argument("--json", default=None, help="also write the figures here")
@@ -75,7 +77,7 @@ def measure(args: argparse.Namespace, mode: str, workers: int) -> dict[str, Any]
     config = PipelineConfig(components=("language=tp=1,pp=1,dp=1,rank_offset=0",), micro_batch_size=args.micro_batch_size,
                             seq_length=args.seq_length, num_workers=workers, read_ahead=read_ahead,
                             embedded_samples=max(512, args.micro_batch_size * args.microbatches * total))
-    loader = vlm_sft.build(config, RankLayout(dp_rank=0, dp_size=1, grid_size=1))
+    loader = vlm_sft.build(config, RankLayout(dp_rank=0, dp_size=1, grid_size=1), processing=args.processing)
     get_batch: Callable[[Any], Any] = lambda iterator: mimo_batch(next(iterator))  # noqa: E731 - as docs/megatron.md's get_batch
     if mode == MODES[2]:
         loader.prepare_with(mimo_batch)  # made on the read-ahead thread: get_batch only takes it

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import collections
 import copy
+import itertools
+import math
 import multiprocessing
 import operator
 import os
@@ -12,6 +14,7 @@ from collections.abc import Callable
 from concurrent.futures import CancelledError, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, NamedTuple
 
+import torch
 from torchdata.nodes import BaseNode
 
 from mimo_pipes.checkpoint.validity import collation_settings
@@ -22,6 +25,7 @@ from mimo_pipes.nodes.base import GraphNode
 from mimo_pipes.nodes.read_ahead import fill_ahead
 from mimo_pipes.observe.observer import ExchangeRecord
 from mimo_pipes.samples import handover
+from mimo_pipes.samples.collate import lend_rows
 from mimo_pipes.samples.masking import mask_failed
 from mimo_pipes.samples.sample import SAMPLE_ID, STEP, Sample, Window
 
@@ -117,7 +121,7 @@ class RowProcessor(GraphNode[Window]):
     def _submit(self, window: Window, state_after: Any) -> _Pending:
         pool, gathering = self._executors()
         if self.method == "thread":
-            rows = [[pool.submit(self.process, row) for row in microbatch] for microbatch in window.microbatches]
+            rows = [self._submit_into(pool, microbatch) for microbatch in window.microbatches]
         else:
             rows = [self._submit_placed(pool, microbatch) for microbatch in window.microbatches]
         dropped = threading.Event()
@@ -127,13 +131,37 @@ class RowProcessor(GraphNode[Window]):
             processed = gathering.submit(self._masked, window, rows, dropped)
         return _Pending(processed, [future for microbatch in rows for future in microbatch], state_after, window.record, dropped)
 
+    def _counts(self, microbatch: list[Sample]) -> list[int | None] | None:
+        """Each row's pixel rows as its count tells them (None where it cannot); None when no row's is known."""
+        counted = getattr(self.process, "counted_rows", None)
+        counts = [counted(row) if counted is not None else None for row in microbatch]
+        return counts if self._pixels is not None and any(counts) else None
+
+    def _submit_into(self, pool: Executor, microbatch: list[Sample]) -> list[Future[Sample]]:
+        """A micro-batch's rows to worker threads, each copying its pixels into its slice of one buffer made for the
+        micro-batch: the copy runs on the workers (torch lets the GIL go), and collation takes the slices, in order,
+        as the buffer itself (:func:`~mimo_pipes.samples.collate.lend_rows`) instead of concatenating them on the
+        thread that hands micro-batches out (the one serial copy of every pixel a micro-batch had)."""
+        counts = self._counts(microbatch)
+        if counts is None:
+            return [pool.submit(self.process, row) for row in microbatch]
+        assert self._pixels is not None
+        tail, dtype = self._pixels
+        width = math.prod(tail)
+        sizes = [count or 0 for count in counts]
+        buffer = torch.empty(sum(sizes) * width, dtype=dtype)  # not filled here: each worker touches its own part
+        lend_rows(buffer)
+        starts = itertools.accumulate(sizes, initial=0)
+        return [pool.submit(_process_into, self.process, row, buffer[start * width:(start + size) * width].view(size, *tail) if size else None)
+                for row, start, size in zip(microbatch, starts, sizes)]
+
     def _submit_placed(self, pool: Executor, microbatch: list[Sample]) -> list[Future[Sample]]:
         """A micro-batch's rows to worker processes, each told where its pixels go in the micro-batch's buffer
         (:class:`~mimo_pipes.samples.handover.Destination`) when its count tells how many there are."""
-        counted = getattr(self.process, "counted_rows", None)
-        counts = [counted(row) if counted is not None else None for row in microbatch]
-        if self._pixels is None or not any(counts):
+        counts = self._counts(microbatch)
+        if counts is None:
             return [pool.submit(_process_installed, row, None) for row in microbatch]
+        assert self._pixels is not None
         try:
             destination = handover.Destination(os.getpid(), [count or 0 for count in counts], *self._pixels)
         except OSError:  # no room in shared memory: each sample hands its own over
@@ -222,6 +250,18 @@ def _gathered(window: Window, rows: list[list[Future[Sample]]]) -> Window:
     """The window's processed rows; its composition (who holds which micro-batch) kept."""
     processed = [[_result(future) for future in microbatch] for microbatch in rows]
     return Window(window.first_step, processed, composition=window.composition)
+
+
+def _process_into(process: Callable[[Sample], Sample], row: Sample, target: torch.Tensor | None) -> Sample:
+    """On a worker thread: the row processed, its pixels copied into ``target`` (its slice of the micro-batch's
+    buffer) and replaced by it, when they have exactly the shape and dtype counted; else the sample as it is."""
+    sample = process(row)
+    value = sample.get(PIXELS)
+    if target is None or not isinstance(value, torch.Tensor) or value.shape != target.shape or value.dtype != target.dtype:
+        return sample
+    target.copy_(value)
+    sample[PIXELS] = target
+    return sample
 
 
 def _result(future: Future[Sample]) -> Sample:
