@@ -6,6 +6,8 @@
 # its MIMO training modules import at import time (omegaconf; nvidia-modelopt, which its eval module imports, with the
 # modules modelopt's distillation plugin imports). What remains unimportable on a CPU machine (transformer_engine,
 # nvidia_resiliency_ext.inprocess) is stood in for by the tests (tests/helpers/bridge_cpu.py), never by the library.
+# Bridge pins transformers to 5.8-5.12.1: held there, whose Qwen2-VL image processor needs torchvision (the build made
+# for the installed torch, so pip may not swap torch).
 # Quiet when it works; prints pip's own output when a step fails. BRIDGE_SPEC chooses another release or a wheel file.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,4 +29,6 @@ compile=()
 if [ -z "${PYTHONDONTWRITEBYTECODE:-}" ]; then compile=(--no-compile); fi
 step "$py" -m pip install -q --no-deps ${compile[@]+"${compile[@]}"} "${BRIDGE_SPEC:-megatron-bridge==0.6.2}" \
     "omegaconf>=2.3.0" "antlr4-python3-runtime==4.9.*" nvidia-modelopt pulp orloge cpsat_logutils scipy
-"$py" -W ignore -c "from importlib.metadata import version; print('set-up of Megatron-Bridge ok:', version('megatron-bridge'))"
+torch_version=$("$py" -c "import torch; print(torch.__version__.split('+')[0])")
+step "$py" -m pip install -q ${compile[@]+"${compile[@]}"} "transformers>=5.8,<=5.12.1" torchvision "torch==$torch_version"
+"$py" -W ignore -c "from importlib.metadata import version; print('set-up of Megatron-Bridge ok:', version('megatron-bridge'), 'transformers', version('transformers'))"
