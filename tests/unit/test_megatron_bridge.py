@@ -129,3 +129,24 @@ def test_library_imports_without_bridge() -> None:
         assert bridge.bridge_problem(bridge.installed_bridge()) is not None
         with pytest.raises(bridge.BridgeVersionError, match="Megatron-Bridge"):
             bridge.require_bridge()
+
+
+def test_resume_prefers_the_loader_state_in_bridge_iteration_then_the_count(tmp_path) -> None:
+    """Where the train loader starts: nothing at step 0; the loader state saved inside the iteration Bridge loaded;
+    Bridge's consumed samples as micro-batches for an iteration saved without it."""
+    from mimo_pipes.megatron.bridge import _resume_state
+    from mimo_pipes.megatron.checkpoint import save_pipeline_state
+
+    cfg = bridge_cfg(micro_batch_size=4, global_batch_size=8)
+    cfg.checkpoint.load = str(tmp_path)
+    config = PipelineConfig(components=("language=dp=1",), micro_batch_size=4, global_batch_size=8)
+    assert _resume_state(cfg, config, SimpleNamespace(step=0, consumed_train_samples=0)) is None
+    assert _resume_state(cfg, config, None) is None
+    state = {"root": {"reader": 6}, "consumed_microbatches": 6}
+    save_pipeline_state(tmp_path, 3, state, config=config, consumed_microbatches=6)
+    assert _resume_state(cfg, config, SimpleNamespace(step=3, consumed_train_samples=24)) == state
+    assert _resume_state(cfg, config, SimpleNamespace(step=5, consumed_train_samples=40)) == 10  # iter 5 has no pipeline state
+    with pytest.raises(ConfigError, match="--load"):  # the state of iteration 3 stands elsewhere than its train state says
+        _resume_state(cfg, config, SimpleNamespace(step=3, consumed_train_samples=32))
+    cfg.checkpoint.load = None
+    assert _resume_state(cfg, config, SimpleNamespace(step=3, consumed_train_samples=24)) == 6
