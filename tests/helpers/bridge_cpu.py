@@ -60,7 +60,7 @@ class BridgePatch:
 
 BRIDGE_PATCHES = (
     BridgePatch("megatron/bridge/models/megatron_mimo/megatron_mimo_builder.py", "build_infra (HyperCommGrid(..., backend='nccl'))",
-                "NCCL groups for every module grid", "that file's HyperCommGrid makes Gloo groups"),
+                "NCCL groups for every module grid", "HyperCommGrid makes Gloo groups while inside"),
     BridgePatch("megatron/bridge/models/megatron_mimo/megatron_mimo_provider.py", "provide_distributed_model",
                 "m.cuda(torch.cuda.current_device())", "MegatronMIMOProvider(use_cpu_initialization=True): a setting, no patch"),
     BridgePatch("megatron/bridge/training/setup_megatron_mimo.py", "setup_megatron_mimo",
@@ -143,21 +143,21 @@ def import_bridge() -> types.ModuleType:
 @contextlib.contextmanager
 def bridge_on_cpu() -> Iterator[None]:
     """``BRIDGE_PATCHES`` stood in for while inside, with megatron-core's (``megatron_on_cpu``)."""
-    from megatron.bridge.models.megatron_mimo import megatron_mimo_builder
     from megatron.bridge.training import train_megatron_mimo
+    from megatron.core.hyper_comm_grid import HyperCommGrid
     from megatron_on_cpu import CpuTorch, megatron_on_cpu
 
-    def gloo_grid(*args: Any, **kwargs: Any) -> Any:
-        from megatron.core.hyper_comm_grid import HyperCommGrid
+    made = HyperCommGrid.__init__
 
-        return HyperCommGrid(*args, **{**kwargs, "backend": "gloo"})
+    def gloo_grid(self: Any, *args: Any, **kwargs: Any) -> None:  # the builder imports HyperCommGrid inside build_infra
+        made(self, *args, **{**kwargs, "backend": "gloo"})
 
     cpu_torch = CpuTorch()
     with contextlib.ExitStack() as stack:
         stack.enter_context(megatron_on_cpu())
         stack.enter_context(_swapped(train_megatron_mimo, "torch", cpu_torch))
         stack.enter_context(_swapped(torch, "tensor", cpu_torch.tensor))
-        stack.enter_context(_swapped(megatron_mimo_builder, "HyperCommGrid", gloo_grid))
+        stack.enter_context(_swapped(HyperCommGrid, "__init__", gloo_grid))
         yield
 
 
