@@ -63,6 +63,9 @@ BRIDGE_PATCHES = (
                 "NCCL groups for every module grid", "HyperCommGrid makes Gloo groups while inside"),
     BridgePatch("megatron/bridge/models/megatron_mimo/megatron_mimo_provider.py", "provide_distributed_model",
                 "m.cuda(torch.cuda.current_device())", "MegatronMIMOProvider(use_cpu_initialization=True): a setting, no patch"),
+    BridgePatch("megatron/bridge/models/megatron_mimo/build_model.py", "_set_per_module_random_seeds",
+                "seeds megatron-core's model-parallel RNG tracker only where torch.cuda.device_count() > 0 (building a layer forks it)",
+                "that file's torch.cuda counts one device, so the tracker is seeded (on CPU generators, megatron_on_cpu)"),
     BridgePatch("megatron/bridge/training/setup_megatron_mimo.py", "setup_megatron_mimo",
                 'start_time all-reduced as a tensor on device="cuda" (torch imported inside the function)',
                 "torch.tensor makes CPU tensors while inside (the function's own import is torch itself)"),
@@ -143,6 +146,7 @@ def import_bridge() -> types.ModuleType:
 @contextlib.contextmanager
 def bridge_on_cpu() -> Iterator[None]:
     """``BRIDGE_PATCHES`` stood in for while inside, with megatron-core's (``megatron_on_cpu``)."""
+    from megatron.bridge.models.megatron_mimo import build_model
     from megatron.bridge.training import train_megatron_mimo
     from megatron.core.hyper_comm_grid import HyperCommGrid
     from megatron_on_cpu import CpuTorch, megatron_on_cpu
@@ -153,7 +157,10 @@ def bridge_on_cpu() -> Iterator[None]:
         made(self, *args, **{**kwargs, "backend": "gloo"})
 
     cpu_torch = CpuTorch()
+    one_device = CpuTorch()
+    one_device.cuda.device_count = lambda: 1
     with contextlib.ExitStack() as stack:
+        stack.enter_context(_swapped(build_model, "torch", one_device))
         stack.enter_context(megatron_on_cpu())
         stack.enter_context(_swapped(train_megatron_mimo, "torch", cpu_torch))
         stack.enter_context(_swapped(torch, "tensor", cpu_torch.tensor))
