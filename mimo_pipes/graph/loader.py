@@ -79,6 +79,7 @@ class GraphLoader(Loader[dict]):
     the library's entry points pass ``PipelineConfig.read_ahead``)."""
 
     ROOT_KEY = "root"
+    _reader: ReadAhead | None = None  # the read-ahead thread while started (a class default: __del__ after a failed __init__)
     CONSUMED_KEY = "consumed_microbatches"
     OLDER_CONSUMED_KEY = "num_yielded"  # what states saved before the one name held it under; still loaded
 
@@ -272,7 +273,7 @@ class GraphLoader(Loader[dict]):
         forget_at_exit(self)
 
     def __del__(self) -> None:
-        reader = getattr(self, "_reader", None)
+        reader = self._reader
         if reader is not None:  # dropped unclosed (its thread holds the graph, not the loader): stopped as close stops it
             reader.stop(0)
 

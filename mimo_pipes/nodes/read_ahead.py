@@ -19,14 +19,20 @@ from mimo_pipes.samples.sample import Window
 
 T = TypeVar("T")
 
-_hand_out = threading.local()
+class _HandOut(threading.local):
+    """Per thread: the actions deferred to the hand-out of the item being made (None: the thread does not read ahead)."""
+
+    actions: list[Callable[[], None]] | None = None
+
+
+_hand_out = _HandOut()
 
 
 def on_hand_out(action: Callable[[], None]) -> None:
     """Run ``action`` when the item being made now is handed to the consumer: at once on a thread that does not
     read ahead, else by :meth:`ReadAhead.take` on the consumer's thread (observers and metrics follow the
     consumer, in order, never the read-ahead)."""
-    deferred = getattr(_hand_out, "actions", None)
+    deferred = _hand_out.actions
     if deferred is None:
         action()
     else:

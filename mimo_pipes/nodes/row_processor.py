@@ -12,7 +12,7 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
 from torchdata.nodes import BaseNode
@@ -41,6 +41,14 @@ class _Pending(NamedTuple):
     state_after: Any  # the source's state right after it handed out the window
     record: ExchangeRecord | None  # what the window's exchange did (see Window.record), reported when handed on
     dropped: threading.Event  # set when the window is dropped: its agreement still runs, nothing else
+
+
+@runtime_checkable
+class CountsRows(Protocol):
+    """A row processing that tells, before it runs, how many pixel rows a row will give (None where it cannot):
+    what sizes a micro-batch's buffer before its rows are processed."""
+
+    def counted_rows(self, row: Sample) -> int | None: ...
 
 
 class Masking(NamedTuple):
@@ -133,9 +141,10 @@ class RowProcessor(GraphNode[Window]):
 
     def _counts(self, microbatch: list[Sample]) -> list[int | None] | None:
         """Each row's pixel rows as its count tells them (None where it cannot); None when no row's is known."""
-        counted = getattr(self.process, "counted_rows", None)
-        counts = [counted(row) if counted is not None else None for row in microbatch]
-        return counts if self._pixels is not None and any(counts) else None
+        if not isinstance(self.process, CountsRows) or self._pixels is None:
+            return None
+        counts = [self.process.counted_rows(row) for row in microbatch]
+        return counts if any(counts) else None
 
     def _submit_into(self, pool: Executor, microbatch: list[Sample]) -> list[Future[Sample]]:
         """A micro-batch's rows to worker threads, each copying its pixels into its slice of one buffer made for the
@@ -144,7 +153,7 @@ class RowProcessor(GraphNode[Window]):
         thread that hands micro-batches out (the one serial copy of every pixel a micro-batch had)."""
         counts = self._counts(microbatch)
         if counts is None:
-            return [pool.submit(self.process, row) for row in microbatch]
+            return [_placing(pool.submit(self.process, row), None) for row in microbatch]
         assert self._pixels is not None
         tail, dtype = self._pixels
         width = math.prod(tail)
@@ -152,7 +161,7 @@ class RowProcessor(GraphNode[Window]):
         buffer = torch.empty(sum(sizes) * width, dtype=dtype)  # not filled here: each worker touches its own part
         lend_rows(buffer)
         starts = itertools.accumulate(sizes, initial=0)
-        return [pool.submit(_process_into, self.process, row, buffer[start * width:(start + size) * width].view(size, *tail) if size else None)
+        return [_placing(pool.submit(_process_into, self.process, row, buffer[start * width:(start + size) * width].view(size, *tail) if size else None), None)
                 for row, start, size in zip(microbatch, starts, sizes)]
 
     def _submit_placed(self, pool: Executor, microbatch: list[Sample]) -> list[Future[Sample]]:
@@ -160,16 +169,15 @@ class RowProcessor(GraphNode[Window]):
         (:class:`~mimo_pipes.samples.handover.Destination`) when its count tells how many there are."""
         counts = self._counts(microbatch)
         if counts is None:
-            return [pool.submit(_process_installed, row, None) for row in microbatch]
+            return [_placing(pool.submit(_process_installed, row, None), None) for row in microbatch]
         assert self._pixels is not None
         try:
             destination = handover.Destination(os.getpid(), [count or 0 for count in counts], *self._pixels)
         except OSError:  # no room in shared memory: each sample hands its own over
-            return [pool.submit(_process_installed, row, None) for row in microbatch]
+            return [_placing(pool.submit(_process_installed, row, None), None) for row in microbatch]
         futures = []
         for row, count, place, rows in zip(microbatch, counts, destination.places, destination.rows):
-            future = pool.submit(_process_installed, row, place if count else None)
-            future.placed_rows = rows  # type: ignore[attr-defined] - read back by _result
+            future = _placing(pool.submit(_process_installed, row, place if count else None), rows)
             future.add_done_callback(destination.row_done)
             futures.append(future)
         return futures
@@ -264,15 +272,22 @@ def _process_into(process: Callable[[Sample], Sample], row: Sample, target: torc
     return sample
 
 
+def _placing(future: Future[Sample], rows: Any) -> Future[Sample]:
+    """``future`` with the rows of the micro-batch's buffer its worker process writes its pixels into (None: none;
+    worker threads place theirs themselves), read back by :func:`_result`."""
+    future.placed_rows = rows  # type: ignore[attr-defined]
+    return future
+
+
 def _result(future: Future[Sample]) -> Sample:
     """A row's sample; its pixels, when its worker placed them, as its rows of the micro-batch's buffer."""
-    rows = getattr(future, "placed_rows", None)
+    rows = future.placed_rows  # type: ignore[attr-defined] - every row's future is made by _placing
     sample = future.result()
     return sample if rows is None else handover.received_rows(sample, PIXELS, rows)
 
 
 def _shut_down(pool: Executor, gathering: ThreadPoolExecutor, cancel_gathering: bool) -> None:
-    workers = list(getattr(pool, "_processes", None) or ())  # worker processes' ids (ProcessPoolExecutor keeps them)
+    workers = list(pool._processes or ()) if isinstance(pool, ProcessPoolExecutor) else []  # its worker processes' ids
     pool.shutdown(wait=True, cancel_futures=True)
     for worker in workers:  # every result has been received: what a worker left named is a hand-over it died in
         handover.sweep(os.getpid(), worker)

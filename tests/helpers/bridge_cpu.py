@@ -72,7 +72,7 @@ BRIDGE_PATCHES = (
     BridgePatch("megatron/bridge/training/train_megatron_mimo.py", "train_step_megatron_mimo",
                 'the loss source rank all-reduced on device="cuda"; the loss dict moved with .cuda()', "that file's torch makes CPU tensors"),
     BridgePatch("megatron/bridge/training/megatron_mimo_step.py", "get_batch._move_to_cuda",
-                "every batch tensor moved with .cuda()", "not called: mimo_pipes.megatron.bridge.forward_step moves to the CPU"),
+                "every batch tensor moved with .cuda()", "not called: mimo_pipes_recipes.megatron_bridge.forward_step moves to the CPU"),
 )
 
 

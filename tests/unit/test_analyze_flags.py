@@ -51,7 +51,7 @@ def test_ignored_flags_change_no_figure_and_write_nothing(tmp_path):
     status, _, stderr = analyze_here([*SMALL, "--out", str(tmp_path / "plain")])
     assert status == 0, stderr
     ignored = ["--pad-to-seq-length", "true", "--no-overlap-intra-microbatch-reorder", "--pack-sequences-in-batch", "--pack-pad-multiple", "2",
-               "--num-workers", "3", "--exchange-transport", "gloo", "--exchange-image-paths", "--exchange-timeout", "5",
+               "--num-workers", "3", "--exchange-transport", "gloo", "--exchange-image-paths", "--exchange-timeout", "5", "--read-ahead", "0",
                "--dump-assignments", str(tmp_path / "dumps"), "--save-state", str(tmp_path / "state"), "--tensorboard", str(tmp_path / "tb"),
                "--log-interval", "1"]
     assert {flag for flag in ignored if flag.startswith("--")} == set(IGNORED)
@@ -76,7 +76,7 @@ def _ignored_flag_cases(folder) -> list[list[str]]:
     (folder / "locked").mkdir()
     cases = [[flag, str(folder / "a-file")] for flag in ("--save-state", "--dump-assignments", "--tensorboard")]
     cases += [[flag, str(folder / "a-file" / "below")] for flag in ("--save-state", "--dump-assignments", "--tensorboard")]
-    cases += [["--stop-after", "2"], ["--log-interval", "-1"], ["--exchange-timeout", "0"], ["--pack-pad-multiple", "0"],
+    cases += [["--stop-after", "2"], ["--log-interval", "-1"], ["--exchange-timeout", "0"], ["--read-ahead", "-1"], ["--pack-pad-multiple", "0"],
               ["--num-workers", "-2"], ["--exchange-transport", "udp"], ["--pad-to-seq-length", "false"]]
     import torch
 

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from mimo_pipes.config import PipelineConfig
 from mimo_pipes.errors import ConfigError
-from mimo_pipes.megatron.bridge import ACCEPTED_RELEASES, batch_settings, bridge_problem, consumed_microbatches, pipeline_config
 from mimo_pipes.megatron.grids import GridMapError
+from mimo_pipes_recipes.megatron_bridge import ACCEPTED_RELEASES, batch_settings, bridge_problem, consumed_microbatches, pipeline_config
 
 
 def grid(shape: list[int], offset: int) -> SimpleNamespace:
@@ -123,7 +123,7 @@ def test_batch_settings_refuse_a_provider_the_pipeline_cannot_feed(processor, to
 def test_library_imports_without_bridge() -> None:
     import importlib.util
 
-    import mimo_pipes.megatron.bridge as bridge
+    import mimo_pipes_recipes.megatron_bridge as bridge
 
     if importlib.util.find_spec("megatron.bridge") is None:
         assert bridge.bridge_problem(bridge.installed_bridge()) is not None
@@ -134,8 +134,8 @@ def test_library_imports_without_bridge() -> None:
 def test_resume_prefers_the_loader_state_in_bridge_iteration_then_the_count(tmp_path) -> None:
     """Where the train loader starts: nothing at step 0; the loader state saved inside the iteration Bridge loaded;
     Bridge's consumed samples as micro-batches for an iteration saved without it."""
-    from mimo_pipes.megatron.bridge import _resume_state
     from mimo_pipes.megatron.checkpoint import save_pipeline_state
+    from mimo_pipes_recipes.megatron_bridge import _resume_state
 
     cfg = bridge_cfg(micro_batch_size=4, global_batch_size=8)
     cfg.checkpoint.load = str(tmp_path)

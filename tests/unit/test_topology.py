@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mimo_pipes.config.flags import flag_names
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.parallel.topology import (
     GRID_DIMS,
@@ -77,7 +78,10 @@ def test_parse_component_defaults_and_errors():
     spec = parse_component("images=tp=2,dp=2,rank_offset=2")
     assert (spec.name, spec.tp, spec.cp, spec.pp, spec.dp, spec.etp, spec.rank_offset) == ("images", 2, 1, 1, 2, 1, 2)
     for bad in ("images", "=dp=2", "images=dp=two", "images=dp=0", "images=xp=2", "images=dp=2,dp=3"):
-        with pytest.raises(ConfigError) as info:
+        with pytest.raises(ConfigError) as info:  # Python: the field
+            parse_component(bad)
+        assert info.value.setting == "components"
+        with pytest.raises(ConfigError) as info, flag_names():  # a command: its flag
             parse_component(bad)
         assert info.value.setting == "--component"
 

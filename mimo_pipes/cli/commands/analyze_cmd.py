@@ -48,6 +48,7 @@ IGNORED = {
     "--exchange-transport": "how the bytes travel, not which",
     "--exchange-image-paths": "how rows travel, not which",
     "--exchange-timeout": "analyze runs no collective",
+    "--read-ahead": "how far a loader makes micro-batches ahead, not which",
     "--dump-assignments": "analyze writes no dump; DIR/analysis.json holds its figures",
     "--save-state": "analyze saves no state; --stop-after still needs it, as in run",
     "--tensorboard": "analyze writes no exchange metrics; its checks apply",

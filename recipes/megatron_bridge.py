@@ -36,13 +36,15 @@ from mimo_pipes.megatron.consumed import microbatches_from_samples
 from mimo_pipes.megatron.forward import release
 from mimo_pipes.megatron.grids import grid_layout, rank_layout
 from mimo_pipes.megatron.settings import MimoBatchSettings
+from mimo_pipes.megatron.stages import FIRST, LAST, MIDDLE, ONLY
+from mimo_pipes_recipes import vlm_sft
 
 BRIDGE = "megatron-bridge"
 ACCEPTED_RELEASES = ((0, 6),)
 """Bridge release lines whose ``pretrain_megatron_mimo``, MIMO forward step and checkpoint manager this module
 follows (0.6.2 is the one tested); the MIMO loop first shipped in 0.6 and its calls may change in 0.7."""
 LANGUAGE = "language"  # megatron-core's fixed key of the language module
-MANAGER = "mimo_pipes.megatron.bridge.PipelineCheckpointManager"
+MANAGER = "mimo_pipes_recipes.megatron_bridge.PipelineCheckpointManager"
 NO_DATA = dict.fromkeys(("input_ids", "position_ids", "attention_mask", "labels", "loss_mask", "modality_inputs"))
 
 
@@ -168,8 +170,6 @@ def build_data_iterators(cfg: Any, megatron_mimo_infra: Any, *, train_state: Any
     """Bridge's ``build_data_iterators_fn`` (bind ``pipeline`` / ``valid`` with functools.partial): this rank's
     train loader, resumed at ``train_state`` (Bridge passes it when it resumes), and a validation loader over
     ``valid`` (None: none). A collective: every rank calls it, as Bridge does."""
-    from mimo_pipes_recipes import vlm_sft
-
     require_bridge()
     grids = getattr(cfg.model, "_grids", None) or megatron_mimo_infra.module_to_grid_map
     config = pipeline_config(cfg, grids, pipeline)
@@ -183,8 +183,6 @@ def build_data_iterators(cfg: Any, megatron_mimo_infra: Any, *, train_state: Any
 
 
 def _loader(config: PipelineConfig, grids: Mapping[str, Any], cfg: Any, settings: MimoBatchSettings, *, resume: Any) -> BridgeLoader:
-    from mimo_pipes_recipes import vlm_sft
-
     config.validate(torch.distributed.get_world_size())
     if torch.distributed.get_rank() == 0:
         vlm_sft.prepare(config, log=lambda _line: None)
@@ -231,7 +229,7 @@ def forward_step(state: Any, data_iterator: BridgeLoader, model: Any) -> tuple[A
     if isinstance(output, tuple):
         output, returned_mask = output
         loss_mask = returned_mask if returned_mask is not None else loss_mask
-    if stage not in ("only", "last") or (role is not None and not role.has_language_module):
+    if stage not in (ONLY, LAST) or (role is not None and not role.has_language_module):
         return output, None
     if isinstance(output, dict):
         raise ValueError(f"the language model's last stage returned activations ({', '.join(output)}), not a per-token loss")
@@ -242,11 +240,11 @@ def _stage(role: Any) -> tuple[str, bool]:
     """(the rank's language stage, whether it reads data): a language stage reads on every stage (positions), a
     modality module on its first stage only, as Bridge's step does."""
     if role is None:
-        return "only", True
+        return ONLY, True
     if role.has_language_module:
         first, last = role.is_first_stage(LANGUAGE), role.is_last_stage(LANGUAGE)
-        return ("only" if first and last else "first" if first else "last" if last else "middle"), True
-    return "only", any(role.is_first_stage(name) for name in role.modality_module_names)
+        return (ONLY if first and last else FIRST if first else LAST if last else MIDDLE), True
+    return ONLY, any(role.is_first_stage(name) for name in role.modality_module_names)
 
 
 def _to_device(value: Any, device: torch.device) -> Any:
@@ -266,7 +264,7 @@ def use_pipeline_checkpoints(cfg: Any) -> None:
     from megatron.bridge.utils.instantiate_utils import register_allowed_target_prefix
 
     require_bridge()
-    register_allowed_target_prefix("mimo_pipes.")
+    register_allowed_target_prefix("mimo_pipes_recipes.")
     cfg.checkpoint.custom_manager_class = MANAGER
 
 
