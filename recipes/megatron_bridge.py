@@ -33,6 +33,7 @@ from mimo_pipes.errors import ConfigError
 from mimo_pipes.megatron.batch import mimo_batch
 from mimo_pipes.megatron.checkpoint import load_pipeline_state, pipeline_state_folder, save_pipeline_state
 from mimo_pipes.megatron.consumed import microbatches_from_samples
+from mimo_pipes.megatron.device import to_device
 from mimo_pipes.megatron.forward import release
 from mimo_pipes.megatron.grids import grid_layout, rank_layout
 from mimo_pipes.megatron.settings import MimoBatchSettings
@@ -221,7 +222,7 @@ def forward_step(state: Any, data_iterator: BridgeLoader, model: Any) -> tuple[A
     stage, needs_data = _stage(role)
     if needs_data:
         kwargs = mimo_batch(next(data_iterator), data_iterator.settings, stage=stage)
-        kwargs = _to_device(kwargs, torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
+        kwargs = to_device(kwargs, torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
     else:
         kwargs = dict(NO_DATA)
     output = model(**kwargs)
@@ -245,14 +246,6 @@ def _stage(role: Any) -> tuple[str, bool]:
         first, last = role.is_first_stage(LANGUAGE), role.is_last_stage(LANGUAGE)
         return (ONLY if first and last else FIRST if first else LAST if last else MIDDLE), True
     return ONLY, any(role.is_first_stage(name) for name in role.modality_module_names)
-
-
-def _to_device(value: Any, device: torch.device) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.to(device, non_blocking=True)
-    if isinstance(value, dict):
-        return {key: _to_device(item, device) for key, item in value.items()}
-    return value
 
 
 # ------------------------------------------------------------------------------------------------ checkpoints

@@ -46,7 +46,7 @@ from mimo_pipes.config import PipelineConfig
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.graph.loader import GraphLoader
 from mimo_pipes.megatron import MimoBatchSettings, mimo_batch, require_mrope_and_packing, stage_of
-from mimo_pipes.megatron.device import TrainingDevice, init_distributed
+from mimo_pipes.megatron.device import TrainingDevice, init_distributed, to_device
 from mimo_pipes.megatron.grids import grid_layout, rank_layout
 from mimo_pipes.megatron.groups import module_grid, pg_collection
 from mimo_pipes.megatron.step import forward_step, module_grad_norm, summed_loss
@@ -210,7 +210,7 @@ def forward_inputs(loader: GraphLoader, settings: MimoBatchSettings, device: Tra
     device = device.torch_device()
     loader.prepare_with(lambda batch: mimo_batch(batch, settings))
     for kwargs in loader:
-        yield colocated.to_device(kwargs, device)
+        yield to_device(kwargs, device)
 
 
 def communicator(model: Any, place: Place) -> tuple[Any, Any]:

@@ -46,7 +46,7 @@ from mimo_pipes.demo_model.encoders import encode, vision_tower_config
 from mimo_pipes.errors import ConfigError, SampleError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.megatron import MimoBatchSettings, mimo_batch, require_mrope_and_packing
-from mimo_pipes.megatron.device import DEVICES, TrainingDevice, init_distributed
+from mimo_pipes.megatron.device import DEVICES, TrainingDevice, init_distributed, to_device
 from mimo_pipes.megatron.fit import seq_length_problem
 from mimo_pipes.megatron.groups import module_grid, pg_collection
 from mimo_pipes.megatron.step import forward_step, module_grad_norm, summed_loss
@@ -311,15 +311,6 @@ def prepared(batch: dict[str, Any], settings: MimoBatchSettings) -> Prepared:
     began = time.perf_counter()
     kwargs = mimo_batch(batch, settings)
     return Prepared(batch, kwargs, time.perf_counter() - began)
-
-
-def to_device(value: Any, device: torch.device) -> Any:
-    """Tensors of ``mimo_batch``'s keyword arguments (nested dicts) moved to ``device``; the rest as is."""
-    if isinstance(value, torch.Tensor):
-        return value.to(device, non_blocking=True)
-    if isinstance(value, dict):
-        return {key: to_device(item, device) for key, item in value.items()}
-    return value
 
 
 class Taken:

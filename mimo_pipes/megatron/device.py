@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -90,3 +90,13 @@ def init_distributed(device: TrainingDevice, *, timeout_s: float = 600.0) -> Non
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29533")
     join_world(rank, int(os.environ.get("WORLD_SIZE", 1)), timeout_s, backend=device.backend)
+
+
+def to_device(value: Any, device: torch.device) -> Any:
+    """Tensors of ``mimo_batch``'s keyword arguments (nested dicts) moved to ``device`` (``non_blocking``: from pinned
+    host memory the copy overlaps); the rest as is."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device, non_blocking=True)
+    if isinstance(value, dict):
+        return {key: to_device(item, device) for key, item in value.items()}
+    return value

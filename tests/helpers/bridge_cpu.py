@@ -149,7 +149,7 @@ def bridge_on_cpu() -> Iterator[None]:
     from megatron.bridge.models.megatron_mimo import build_model
     from megatron.bridge.training import train_megatron_mimo
     from megatron.core.hyper_comm_grid import HyperCommGrid
-    from megatron_on_cpu import CpuTorch, megatron_on_cpu
+    from megatron_on_cpu import CpuTorch, _swapped, megatron_on_cpu
 
     made = HyperCommGrid.__init__
 
@@ -167,12 +167,3 @@ def bridge_on_cpu() -> Iterator[None]:
         stack.enter_context(_swapped(HyperCommGrid, "__init__", gloo_grid))
         yield
 
-
-@contextlib.contextmanager
-def _swapped(owner: Any, name: str, value: Any) -> Iterator[None]:
-    before = getattr(owner, name)
-    setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        setattr(owner, name, before)

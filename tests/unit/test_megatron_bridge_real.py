@@ -15,7 +15,7 @@ import pytest
 import torch
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("megatron.bridge") is None,
-                                reason="Megatron-Bridge is not installed (the Python 3.12 tier installs it: scripts/setup_bridge.sh)")
+                                reason="Megatron-Bridge is not installed (scripts/setup_bridge.sh installs it into .venv312)")
 
 
 @pytest.fixture(scope="module")
