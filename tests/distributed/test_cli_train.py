@@ -89,7 +89,8 @@ def test_resume_compares_every_training_option_but_the_exempt_ones(tmp_path, mon
     assert compared == {"recipe", "lr", "vision_tower"}
 
 
-def test_resume_compares_a_vision_tower_folders_config(tmp_path) -> None:
+def test_resume_compares_a_vision_tower_folders_config(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv(NAMING, "flags")  # the command's check: settings named by their flags
     tower = tmp_path / "tower"
     tower.mkdir()
     vision_tower_config("tiny").save_pretrained(tower)
