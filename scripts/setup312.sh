@@ -8,7 +8,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${PYTHON312:-}" ]; then
-    if command -v pyenv >/dev/null 2>&1 && pyenv versions --bare 2>/dev/null | grep -qx '3.12.1'; then
+    # pyenv's list read whole first: under pipefail, `grep -q` closing the pipe early could fail pyenv with SIGPIPE.
+    versions=$(command -v pyenv >/dev/null 2>&1 && pyenv versions --bare 2>/dev/null || true)
+    if grep -qx '3.12.1' <<<"$versions"; then
         PYTHON312="env PYENV_VERSION=3.12.1 python3.12"
     else
         PYTHON312=python3.12

@@ -130,9 +130,16 @@ def run_thread_lifecycle(components, *, micro_batch_size=8, window_size=2):
     """Prefetch depth under a slow consumer, and no exchange thread left after finish, reset or delete."""
     import gc
     import time
+    from collections import Counter
 
     from mimo_pipes.nodes.balance_exchange import BalanceExchange
     from mimo_pipes.nodes.exchange_prefetch import PREFETCH_DEPTH
+
+    # Threads a test before this one left in this pool process are not this scenario's: it counts what it adds.
+    before = Counter(exchange_threads())
+
+    def added() -> list[str]:
+        return sorted((Counter(exchange_threads()) - before).elements())
 
     joined = join_layout(components, timeout_s=60)
     if joined is None:
@@ -163,17 +170,17 @@ def run_thread_lifecycle(components, *, micro_batch_size=8, window_size=2):
     loader.load_state_dict(loader.state_dict())
     iterator = iter(loader)
     next(iterator)
-    report["threads_after_reset"] = exchange_threads()
+    report["threads_after_reset"] = added()
     # 3. Deleting the loader stops the thread (peers delete at the same point).
     del iterator, loader
     gc.collect()
     deadline = time.monotonic() + 20
-    while exchange_threads() and time.monotonic() < deadline:
+    while added() and time.monotonic() < deadline:
         time.sleep(0.05)
-    report["threads_after_delete"] = exchange_threads()
+    report["threads_after_delete"] = added()
     # 4. A finished stream (single sampler) leaves no thread behind.
     loader = new_loader(80, dataloader_type="single")
     report["consumed_to_end"] = sum(1 for _ in loader)
-    report["threads_after_end"] = exchange_threads()
+    report["threads_after_end"] = added()
     loader.close()
     return report
