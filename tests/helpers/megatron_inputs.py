@@ -45,10 +45,12 @@ ROWS = {
 }
 
 
-def microbatch(processor, names, pad_length=None):
+def microbatch(processor, names, pad_length=None, rows=None):
+    """The rows named (of ``rows``, default ``ROWS``) processed and collated as one micro-batch."""
+    rows = ROWS if rows is None else rows
     samples = []
     for i, name in enumerate(names):
-        sample = processor(ROWS[name])
+        sample = processor(rows[name])
         sample.update({SAMPLE_ID: i, STEP: 0, SLOT: i})
         samples.append(sample)
     return collate_microbatch(samples, pad_length=pad_length, vision_fields=processor.vision_fields)

@@ -10,14 +10,13 @@ import numpy as np
 import pytest
 import torch
 from megatron_inputs import image, reference, truncates_video_seconds
+from megatron_inputs import microbatch as shared_microbatch
 
 from mimo_pipes.data.embedded.family_processors import build_family_processor
 from mimo_pipes.data.processing.family_names import folder_release, release_of
 from mimo_pipes.data.processing.processor import load_processor
 from mimo_pipes.megatron import mimo_batch
 from mimo_pipes.megatron.settings import MimoBatchSettings
-from mimo_pipes.samples.collate import collate_microbatch
-from mimo_pipes.samples.sample import SAMPLE_ID, SLOT, STEP
 from mimo_pipes.samples.thd import pack_microbatch
 
 FAMILIES = ("qwen2-vl", "qwen2.5-vl", "qwen3-vl")
@@ -43,12 +42,7 @@ def processors(tmp_path_factory):
 
 
 def microbatch(processor, names, pad_length=None):
-    samples = []
-    for i, name in enumerate(names):
-        sample = processor(ROWS[name])
-        sample.update({SAMPLE_ID: i, STEP: 0, SLOT: i})
-        samples.append(sample)
-    return collate_microbatch(samples, pad_length=pad_length, vision_fields=processor.vision_fields)
+    return shared_microbatch(processor, names, pad_length, rows=ROWS)  # this file's rows
 
 
 def expected(family, batch, settings, attention_mask=None):
