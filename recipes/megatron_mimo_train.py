@@ -68,7 +68,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     data.add_argument("--micro-batch-size", type=int, default=4)
     data.add_argument("--microbatches", type=int, default=4, help="micro-batches per iteration (the reordering window)")
     data.add_argument("--seq-length", type=int, default=2048)
-    data.add_argument("--num-workers", type=int, default=8, help="threads that process the data")
+    data.add_argument("--num-workers", type=int, default=None,
+                      help="threads that process the data (default: the cores a rank may use, less 2)")
     data.add_argument("--dataset", default=None, help="default: the embedded synthetic VLM data")
     data.add_argument("--embedded-samples", type=int, default=512)
     data.add_argument("--prefetch", type=int, default=2, help="micro-batches the loader reads ahead on its thread (the "

@@ -82,7 +82,7 @@ def pipeline(
         # as snapshots without copying: SnapshotGuard hands it copies.
         method = "thread" if tail.processing.rows else processing
         node = ParallelMapper(
-            SnapshotGuard(node), map_fn, num_workers=max(config.num_workers, 1), in_order=True, method=method,
+            SnapshotGuard(node), map_fn, num_workers=tail.processing.workers, in_order=True, method=method,
             multiprocessing_context="spawn" if method == "process" else None,
         )
     # CostAnnotator -> Windower -> BalanceExchange -> (RowProcessor ->) MicroBatchAssembler (-> SequencePacker).

@@ -48,8 +48,9 @@ def check_exchange_payload(value: object) -> None:
         raise ConfigError(flag("exchange_payload"), f"must be one of {', '.join(EXCHANGE_PAYLOADS)}, got {value!r}")
 
 
-OPTIONAL_COUNTS = ("global_batch_size", "stop_after")
-"""Integer settings whose None means something (one window of micro-batches; run to --steps)."""
+OPTIONAL_COUNTS = ("global_batch_size", "stop_after", "num_workers")
+"""Integer settings whose None means something (one window of micro-batches; run to --steps; the cores this rank
+may use, :mod:`mimo_pipes.config.workers`)."""
 
 
 def take_counts(settings: object, counts: Mapping[str, int | None]) -> None:
@@ -216,7 +217,7 @@ class PipelineConfig:
     dataset: str | None = None  # None: the embedded synthetic dataset
     processor: str | None = None  # None: the embedded offline processor
     embedded_samples: int = 512
-    num_workers: int = 2
+    num_workers: int | None = None  # None: the cores this rank may use, less its own threads (config/workers.py)
     exchange_transport: str = "auto"
     exchange_timeout_s: float = 120.0
     reorder: ReorderConfig = field(default_factory=ReorderConfig)

@@ -21,6 +21,7 @@ from mimo_pipes.config import PipelineConfig, ReorderConfig, check_exchange_payl
 from mimo_pipes.config.counts import as_count
 from mimo_pipes.config.pipeline import reorder_window_size
 from mimo_pipes.config.planner import planner_settings
+from mimo_pipes.config.workers import processing_workers
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.parallel.topology import Topology, build_topology, component_setting
 from mimo_pipes.samples.collate import Collator, FieldSpec
@@ -136,7 +137,7 @@ def resolve_tail(
     time_model: TimeModel | None | object = LOAD,
     module: str | None = None,
     payload: str = SAMPLES,
-    workers: int = 1,
+    workers: int | None = 1,
     method: str = "thread",
     mask_failed: bool = False,
 ) -> TailSettings:
@@ -144,14 +145,15 @@ def resolve_tail(
 
     ``pad_length`` None pads each micro-batch to its longest sample. ``module``: the module's name, which
     decides the fields its micro-batches carry (:mod:`mimo_pipes.samples.module_fields`; None: all of them).
-    ``payload``, ``workers``, ``method``, ``mask_failed``: see :class:`Processing`. Raises ConfigError naming the flag."""
+    ``payload``, ``workers`` (None: the cores this rank may use, :mod:`mimo_pipes.config.workers`), ``method``,
+    ``mask_failed``: see :class:`Processing`. Raises ConfigError naming the flag."""
     # Counts as plain ints (numpy and torch integers too: they end up in states, which hold plain values only).
     micro_batch_size = as_count(micro_batch_size, flag("micro_batch_size"), minimum=1)
     dp_size, grid_size = as_count(dp_size, "dp_size", minimum=1), as_count(grid_size, "grid_size", minimum=1)
     if pad_length is not None:
         pad_length = as_count(pad_length, flag("seq_length"), minimum=1)
     pack_pad_multiple = check_pack_pad_multiple(pack_pad_multiple)
-    workers = as_count(workers, flag("num_workers"))
+    workers = processing_workers(None if workers is None else as_count(workers, flag("num_workers")))
     if micro_batch_size % grid_size or grid_size % dp_size:
         raise ConfigError(
             flag("micro_batch_size"),
@@ -182,7 +184,7 @@ def resolve_tail(
         pack_sequences=pack_sequences,
         pack_pad_multiple=pack_pad_multiple,
         fields=fields,
-        processing=Processing(payload, max(workers, 1), method, mask_failed=mask_failed and payload == ROWS),
+        processing=Processing(payload, workers, method, mask_failed=mask_failed and payload == ROWS),
     )
 
 

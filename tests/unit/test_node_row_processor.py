@@ -1,5 +1,5 @@
 """RowProcessor: windows of rows processed into this module's samples on worker threads or processes,
-one window ahead (collated after it, by the WindowCollator); restore at every position, failures, its workers' lifecycle, what its state is valid for."""
+windows ahead (collated after it, by the WindowCollator); restore at every position, failures, its workers' lifecycle, what its state is valid for."""
 
 from __future__ import annotations
 
@@ -7,11 +7,13 @@ import threading
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from node_checks import assert_same, check_refused, check_save_load_everywhere, saved_after, take, tiny_samples
 
 from mimo_pipes.errors import SampleError
 from mimo_pipes.nodes import RowProcessor, Windower
-from mimo_pipes.nodes.row_processor import AHEAD
+from mimo_pipes.nodes.row_processor import AHEAD, ROWS_AHEAD, windows_ahead
 from mimo_pipes.samples.collate import Collator
 from mimo_pipes.samples.sample import SAMPLE_ID, Window
 from mimo_pipes.testing import tail_settings
@@ -56,15 +58,30 @@ def test_restores_at_every_position():
     check_save_load_everywhere(row_processor)
 
 
-@pytest.mark.parametrize("window_size", [1, 3])
-def test_reads_one_window_ahead_of_the_one_it_hands_out(window_size):
-    node = row_processor(window_size=window_size, steps=9)
+@pytest.mark.parametrize(("per_microbatch", "window_size"), [(3, 1), (3, 3), (40, 1)])
+def test_reads_its_windows_ahead_of_the_one_it_hands_out(per_microbatch, window_size):
+    node = row_processor(per_microbatch=per_microbatch, window_size=window_size, steps=9)
+    assert node.ahead == windows_ahead(per_microbatch * window_size)
     windows = 9 // window_size
-    for delivered in range(1, windows + 1):
-        take(node, 1)
-        reader = node.source.source  # Windower -> CanonicalShardReader
-        assert reader.state_dict()[reader.NEXT_STEP_KEY] // window_size == min(delivered + AHEAD, windows)
-        assert len(node.processed_ahead()) <= AHEAD
+    try:
+        for delivered in range(1, windows + 1):
+            take(node, 1)
+            reader = node.source.source  # Windower -> CanonicalShardReader
+            assert reader.state_dict()[reader.NEXT_STEP_KEY] // window_size == min(delivered + node.ahead, windows)
+            assert len(node.processed_ahead()) <= node.ahead
+    finally:
+        node.shutdown()
+
+
+@given(st.integers(1, 10_000), st.booleans())
+def test_windows_ahead_queue_its_rows_behind_the_window_waited_for(rows_per_window, masked):
+    ahead = windows_ahead(rows_per_window, masked)
+    if masked:  # every module agrees on every window read: the same count on all of them
+        assert ahead == AHEAD
+        return
+    assert ahead >= AHEAD
+    assert ahead * rows_per_window >= ROWS_AHEAD  # rows enough to keep the workers busy behind the slowest
+    assert ahead == AHEAD or (ahead - 1) * rows_per_window < ROWS_AHEAD  # and no window more than that needs
 
 
 @pytest.mark.launch  # starts worker processes
@@ -78,13 +95,16 @@ def test_worker_processes_give_the_threads_stream():
 
 
 def test_a_row_that_fails_raises_its_error_and_a_restore_starts_over():
-    node = row_processor(fn=fail_on_row_5)
-    state = saved_after(node, 0)
-    with pytest.raises(SampleError, match="sample 5, field 'images': dataset row 5: image 0 cannot be decoded"):
-        take(node, None)
-    restored = row_processor()
-    restored.reset(state)
-    assert_same(take(restored, None), expected())
+    node, restored = row_processor(fn=fail_on_row_5), row_processor()
+    try:
+        state = saved_after(node, 0)
+        with pytest.raises(SampleError, match="sample 5, field 'images': dataset row 5: image 0 cannot be decoded"):
+            take(node, None)
+        restored.reset(state)
+        assert_same(take(restored, None), expected())
+    finally:
+        node.shutdown()
+        restored.shutdown()
 
 
 def test_shutdown_stops_its_workers_and_iterating_again_restarts_them():

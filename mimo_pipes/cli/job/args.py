@@ -132,7 +132,8 @@ def _add_reading_arguments(parser: argparse.ArgumentParser, defaults: PipelineCo
     parser.add_argument("--embedded-samples", type=int, default=defaults.embedded_samples,
                         help="size of the embedded synthetic dataset (without --dataset)")
     parser.add_argument("--num-workers", type=int, default=defaults.num_workers,
-                        help="processing threads per rank")
+                        help="processing threads per rank (default: the cores a rank may use, shared among the node's "
+                             "ranks, less 2 for its own threads)")
     parser.add_argument("--read-ahead", type=int, default=defaults.read_ahead, metavar="N",
                         help="whole micro-batches each rank's loader makes ahead of the training thread on a thread of its "
                              "own (0: none); a saved state is always at the last micro-batch handed out")
