@@ -1,14 +1,16 @@
 """Data wait of a Megatron-style training loop: the share of each iteration the training thread waits for data.
 
-The loop is the one docs/megatron.md shows a user: ``vlm_sft.build`` on one rank, an iterator over the loader, and a
-``get_batch`` that takes the next micro-batch and turns it into ``MimoModel``'s keyword arguments with ``mimo_batch``;
-the model step is a fixed length (a sleep, as a GPU step leaves the CPU thread waiting; ``--busy``: a busy CPU loop)
-after each micro-batch. Side by side in one run: read-ahead off (``read_ahead=0``), on (the default), and on with
-``mimo_batch`` made on the read-ahead thread too (``loader.prepare_with``), each with 2 and 8 processing workers.
-The data wait is the time ``get_batch`` takes, summed over the iterations after the warm-up, over their wall time.
+The loop is the one docs/megatron.md shows a user: ``vlm_sft.build`` on one rank, ``loader.prepare_with`` making
+``MimoModel``'s keyword arguments (``mimo_batch``) on the loader's read-ahead thread, an iterator over the loader,
+and a ``get_batch`` that takes the next one; the model step is a fixed length (a sleep, as a GPU step leaves the
+CPU thread waiting; ``--busy``: a busy CPU loop) after each micro-batch. Side by side in one run: read-ahead off
+(``read_ahead=0``, ``mimo_batch`` in ``get_batch``), on (the default) with ``mimo_batch`` in ``get_batch`` on the
+training thread, and on with ``prepare_with`` (the documented loop), each with the processing workers asked for
+(``default``: ``num_workers`` left unset, as many as the rank's cores allow). The data wait is the time
+``get_batch`` takes, summed over the iterations after the warm-up, over their wall time.
 
     python benchmarks/data_wait.py [--iteration-ms 60] [--microbatches 2] [--micro-batch-size 4] [--iterations 40]
-                                   [--workers 2,8] [--short] [--json PATH]
+                                   [--workers default,2] [--short] [--json PATH]
 
 Prints a markdown table (rows: read-ahead; columns: workers).
 """
@@ -25,7 +27,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-MODES = ("off", "on", "on + mimo_batch on its thread")
+MODES = ("off", "on, mimo_batch in get_batch", "on + prepare_with(mimo_batch) (docs/megatron.md)")
+DEFAULT = "default"  # --workers: num_workers left unset
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -36,7 +39,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seq-length", type=int, default=2048)
     parser.add_argument("--iterations", type=int, default=40, help="measured iterations per setting (after the warm-up)")
     parser.add_argument("--warmup", type=int, default=3, help="iterations left out at the start (the graph's start-up)")
-    parser.add_argument("--workers", default="2,8", help="comma-separated processing workers (num_workers)")
+    parser.add_argument("--workers", default="default,2",
+                        help="comma-separated processing workers (num_workers); 'default': left unset (the rank's cores)")
     parser.add_argument("--read-ahead", type=int, default=None, help="micro-batches read ahead when on (default: the library's)")
     parser.add_argument("--processing", choices=("thread", "process"), default="thread",
                         help="per-sample processing on threads or worker processes (vlm_sft.build's processing)")
@@ -46,11 +50,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.short:
         args.iterations, args.warmup = 8, 2
-    args.worker_counts = [int(w) for w in args.workers.split(",") if w.strip()]
+    try:
+        args.worker_counts = [None if w.strip() == DEFAULT else int(w) for w in args.workers.split(",") if w.strip()]
+    except ValueError:
+        parser.error(f"--workers: positive counts or '{DEFAULT}', got {args.workers!r}")
     for name in ("iterations", "microbatches", "micro_batch_size"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
-    if not args.worker_counts or min(args.worker_counts) < 1:
+    if not args.worker_counts or min((w for w in args.worker_counts if w is not None), default=1) < 1:
         parser.error(f"--workers: positive counts, got {args.workers!r}")
     return args
 
@@ -65,9 +72,10 @@ def model_step(seconds: float, busy: bool) -> None:
         pass
 
 
-def measure(args: argparse.Namespace, mode: str, workers: int) -> dict[str, Any]:
+def measure(args: argparse.Namespace, mode: str, workers: int | None) -> dict[str, Any]:
     """One setting: the loop of docs/megatron.md over ``warmup + iterations`` iterations."""
     from mimo_pipes.config import DEFAULT_READ_AHEAD, PipelineConfig
+    from mimo_pipes.config.workers import processing_workers
     from mimo_pipes.exchange import RankLayout
     from mimo_pipes.megatron import mimo_batch
     from mimo_pipes_recipes import vlm_sft
@@ -78,9 +86,9 @@ def measure(args: argparse.Namespace, mode: str, workers: int) -> dict[str, Any]
                             seq_length=args.seq_length, num_workers=workers, read_ahead=read_ahead,
                             embedded_samples=max(512, args.micro_batch_size * args.microbatches * total))
     loader = vlm_sft.build(config, RankLayout(dp_rank=0, dp_size=1, grid_size=1), processing=args.processing)
-    get_batch: Callable[[Any], Any] = lambda iterator: mimo_batch(next(iterator))  # noqa: E731 - as docs/megatron.md's get_batch
+    get_batch: Callable[[Any], Any] = lambda iterator: mimo_batch(next(iterator))  # noqa: E731 - mimo_batch on the training thread
     if mode == MODES[2]:
-        loader.prepare_with(mimo_batch)  # made on the read-ahead thread: get_batch only takes it
+        loader.prepare_with(mimo_batch)  # docs/megatron.md's loop: made on the read-ahead thread, get_batch only takes it
         get_batch = next
     step_s = args.iteration_ms / 1e3 / args.microbatches
     waits, walls = [], []
@@ -98,17 +106,19 @@ def measure(args: argparse.Namespace, mode: str, workers: int) -> dict[str, Any]
     finally:
         loader.close()
     waits, walls = waits[args.warmup:], walls[args.warmup:]
-    return {"mode": mode, "workers": workers, "read_ahead": read_ahead, "wait_percent": 100.0 * sum(waits) / sum(walls),
+    return {"mode": mode, "workers": DEFAULT if workers is None else workers, "resolved_workers": processing_workers(workers), "read_ahead": read_ahead, "wait_percent": 100.0 * sum(waits) / sum(walls),
             "median_wait_ms": statistics.median(waits) * 1e3, "median_iteration_ms": statistics.median(walls) * 1e3}
 
 
-def table(results: list[dict[str, Any]], worker_counts: list[int]) -> str:
+def table(results: list[dict[str, Any]], worker_counts: list[int | None]) -> str:
+    keys = [DEFAULT if w is None else w for w in worker_counts]
     by = {(r["mode"], r["workers"]): r for r in results}
-    lines = ["| read-ahead | " + " | ".join(f"{w} workers: wait % (median ms / iteration)" for w in worker_counts) + " |",
-             "|---|" + "---:|" * len(worker_counts)]
+    heads = [f"{by[MODES[0], k]['resolved_workers']} workers{' (default)' if k == DEFAULT else ''}" for k in keys]
+    lines = ["| read-ahead | " + " | ".join(f"{h}: wait % (median ms / iteration)" for h in heads) + " |",
+             "|---|" + "---:|" * len(keys)]
     for mode in MODES:
-        cells = [f"{by[mode, w]['wait_percent']:.1f}% ({by[mode, w]['median_wait_ms']:.1f} / {by[mode, w]['median_iteration_ms']:.1f})"
-                 for w in worker_counts]
+        cells = [f"{by[mode, k]['wait_percent']:.1f}% ({by[mode, k]['median_wait_ms']:.1f} / {by[mode, k]['median_iteration_ms']:.1f})"
+                 for k in keys]
         lines.append(f"| {mode} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -129,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     for workers in args.worker_counts:
         for mode in MODES:
             results.append(measure(args, mode, workers))
-            print(f"  {mode}, {workers} workers: {results[-1]['wait_percent']:.1f}% wait", file=sys.stderr, flush=True)
+            print(f"  {mode}, {results[-1]['resolved_workers']} workers: {results[-1]['wait_percent']:.1f}% wait", file=sys.stderr, flush=True)
     step = "busy CPU loop" if args.busy else "sleep"
     print(f"Data wait of a Megatron-style loop: {args.microbatches} micro-batches of {args.micro_batch_size} per iteration, "
           f"model step {args.iteration_ms:.0f} ms per iteration ({step}), {args.iterations} iterations after {args.warmup} of "

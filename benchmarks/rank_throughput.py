@@ -14,11 +14,14 @@ fresh process of its own, for 1, 2, 4, ... workers up to the cores:
   exchange by RowProcessor; ``samples``: processed before it by torchdata's mapper) and method (``thread``,
   ``process``).
 
-Each run takes micro-batches as fast as they come for ``--seconds`` after ``--warmup`` of them and reports
+Each run takes micro-batches as fast as they come for ``--seconds`` after ``--warmup`` of them (default: twice the
+workers, at least 3: the anchor's workers each make a whole micro-batch and hand them over in bursts, its queue
+holding two a worker; the warm-up drains the first burst, so that what is measured is the steady rate) and reports
 samples/s, and the consumer thread's CPU milliseconds per micro-batch (the serial work a rank's consumer does:
 balance, collation, padding, what it waits on under the GIL).
 
     python benchmarks/rank_throughput.py                     # workers 1, 2, 4, ... up to the cores; docs section
+    python benchmarks/rank_throughput.py --workers 1,4,14 --variants anchor,rows/thread --seconds 30   # the 16-core host
     python benchmarks/rank_throughput.py --smoke --no-docs   # a tiny run (CI)
 """
 
@@ -262,10 +265,19 @@ def worker_counts(cores: int) -> list[int]:
     return counts
 
 
+def warmup_microbatches(workers: int) -> int:
+    """Micro-batches taken before the clock starts: twice the workers (the anchor's first burst), at least 3."""
+    return max(3, 2 * workers)
+
+
 def run_one(args: argparse.Namespace, variant: str, workers: int) -> dict:
+    warmup = args.warmup if args.warmup is not None else warmup_microbatches(workers)
     command = [sys.executable, __file__, "--one", variant, "--one-workers", str(workers), "--data", str(args.data),
-               "--images", str(args.images), "--rows", str(args.rows), "--seconds", str(args.seconds), "--warmup", str(args.warmup)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
+               "--images", str(args.images), "--rows", str(args.rows), "--seconds", str(args.seconds), "--warmup", str(warmup)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout or 240 + 2 * args.seconds)
+    except subprocess.TimeoutExpired as expired:
+        return {"variant": variant, "workers": workers, "error": f"no result within {expired.timeout:.0f} s"}
     if done.returncode != 0:
         return {"variant": variant, "workers": workers, "error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed"}
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -273,7 +285,7 @@ def run_one(args: argparse.Namespace, variant: str, workers: int) -> dict:
 
 def table(results: list[dict], variants: list[str], counts: list[int]) -> str:
     by = {(r["variant"], r["workers"]): r for r in results}
-    lines = ["| pipeline | " + " | ".join(f"{w} worker{'s' if w > 1 else ''}" for w in counts) + " | at most / 1 worker |",
+    lines = ["| pipeline | " + " | ".join(f"{w} worker{'s' if w > 1 else ''}" for w in counts) + f" | {counts[-1]} / {counts[0]} |",
              "|---|" + "---:|" * (len(counts) + 1)]
     for variant in variants:
         cells, rates = [], []
@@ -284,8 +296,18 @@ def table(results: list[dict], variants: list[str], counts: list[int]) -> str:
                 continue
             rates.append(r["samples_per_s"])
             cells.append(f"{r['samples_per_s']:.1f} ({r['consumer_cpu_ms_per_microbatch']:.0f} ms)")
-        ratio = f"{max(rates) / rates[0]:.1f}x" if len(rates) > 1 else "-"
+        first, last = by.get((variant, counts[0]), {}), by.get((variant, counts[-1]), {})
+        ratio = f"{last['samples_per_s'] / first['samples_per_s']:.1f}x" if len(counts) > 1 and "samples_per_s" in first and "samples_per_s" in last else "-"
         lines.append(f"| {variant} | " + " | ".join(cells) + f" | {ratio} |")
+    for variant in variants:  # each of ours against the anchor, same workers
+        if variant == "anchor":
+            continue
+        cells = []
+        for w in counts:
+            ours, anchor = by.get((variant, w), {}), by.get(("anchor", w), {})
+            cells.append(f"{ours['samples_per_s'] / anchor['samples_per_s']:.2f}x" if "samples_per_s" in ours and "samples_per_s" in anchor else "-")
+        if any(cell != "-" for cell in cells):
+            lines.append(f"| {variant} / anchor | " + " | ".join(cells) + " | |")
     return "\n".join(lines)
 
 
@@ -317,8 +339,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
     parser.add_argument("--seconds", type=float, default=60.0,
                         help="measured seconds per run (default 60: a row of this data takes 0.3-0.6 s of CPU)")
-    parser.add_argument("--warmup", type=int, default=3, help="micro-batches before the clock starts (default 3)")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds one run may take (default 300)")
+    parser.add_argument("--warmup", type=int, default=None,
+                        help="micro-batches before the clock starts (default: twice the workers, at least 3)")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds one run may take, start-up and warm-up included (default: 240 + twice --seconds)")
     parser.add_argument("--smoke", action="store_true", help="tiny (CI): 4 images, 24 rows, 2 workers, anchor and rows, 1 second each")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--label", default="this machine", help="the docs block's name (one block per machine)")
@@ -353,7 +377,8 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(["python benchmarks/rank_throughput.py", *(argv if argv is not None else sys.argv[1:])])
     text = (f"`{command}` on {machine()}, "
             f"{time.strftime('%Y-%m-%d', time.gmtime())}: {args.images} image files, {args.rows} rows, micro-batch {MICRO_BATCH}, "
-            f"{args.seconds:g} s measured after {args.warmup} micro-batches. Samples/s (the consumer thread's CPU ms per micro-batch).\n\n"
+            f"{args.seconds:g} s measured after "
+            f"{args.warmup if args.warmup is not None else 'max(3, 2 x workers)'} micro-batches. Samples/s (the consumer thread's CPU ms per micro-batch).\n\n"
             + table(results, variants, counts))
     print(text)
     if args.out is not None:
