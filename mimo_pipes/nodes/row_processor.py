@@ -27,7 +27,6 @@ from mimo_pipes.observe.observer import ExchangeRecord
 from mimo_pipes.samples import handover
 from mimo_pipes.samples.collate import lend_rows
 from mimo_pipes.samples.masking import mask_failed
-from mimo_pipes.samples.pixel_destination import pixels_into
 from mimo_pipes.samples.sample import SAMPLE_ID, STEP, Sample, Window
 
 PIXELS = "pixel_values"  # the field worker processes write straight into their micro-batch's buffer
@@ -278,17 +277,13 @@ def _gathered(window: Window, rows: list[list[Future[Sample]]]) -> Window:
 
 
 def _process_into(process: Callable[[Sample], Sample], row: Sample, target: torch.Tensor | None) -> Sample:
-    """On a worker thread: the row processed, its pixels in ``target`` (its slice of the micro-batch's buffer) and
-    replaced by it, when they have exactly the shape and dtype counted; else the sample as it is. The pixel table
-    lays them out there itself (:mod:`~mimo_pipes.samples.pixel_destination`); pixels made any
-    other way are copied there."""
-    with pixels_into(target.numpy() if target is not None and target.dtype == torch.float32 else None):
-        sample = process(row)
+    """On a worker thread: the row processed, its pixels copied into ``target`` (its slice of the micro-batch's
+    buffer) and replaced by it, when they have exactly the shape and dtype counted; else the sample as it is."""
+    sample = process(row)
     value = sample.get(PIXELS)
     if target is None or not isinstance(value, torch.Tensor) or value.shape != target.shape or value.dtype != target.dtype:
         return sample
-    if value.data_ptr() != target.data_ptr():
-        target.copy_(value)
+    target.copy_(value)
     sample[PIXELS] = target
     return sample
 

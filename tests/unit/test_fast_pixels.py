@@ -169,24 +169,3 @@ def test_large_photos_and_scans_get_the_processors_pixels(family, height, width,
     assert image.size == expected.size and image.mode == "RGB" and np.array_equal(np.asarray(image), np.asarray(expected))
     assert_same(family, [image])
     assert_same(family, [image, expected.resize((width // 5, height // 7))])  # two images of a row, one small
-
-
-def test_pixels_go_straight_into_a_given_destination_of_their_shape_once(family):
-    """Under ``pixels_into`` (a RowProcessor worker's slice of its micro-batch's buffer) the table writes the
-    processor's values there itself, for one row; another shape, or a second row, gets an array of its own."""
-    from mimo_pipes.samples.pixel_destination import pixels_into
-
-    rng = np.random.default_rng(3)
-    images = [Image.fromarray(rng.integers(0, 256, (300, 420, 3), dtype=np.uint8), "RGB")]
-    expected, _ = processors_own(family, images)
-    buffer = np.full((expected.shape[0] + 2, expected.shape[1]), np.nan, dtype=np.float32)
-    destination = buffer[1:-1]  # a slice of a larger buffer, as a row's part of its micro-batch's
-    with pixels_into(destination):
-        first, _ = family.pixel_table.pixels(images)
-        second, _ = family.pixel_table.pixels(images)
-    assert np.shares_memory(first, destination) and not np.shares_memory(second, buffer)
-    assert np.array_equal(destination, expected) and np.array_equal(second, expected)  # bit for bit
-    assert np.isnan(buffer[0]).all() and np.isnan(buffer[-1]).all()  # nothing beyond its rows
-    with pixels_into(np.empty((expected.shape[0] + 1, expected.shape[1]), dtype=np.float32)):
-        other, _ = family.pixel_table.pixels(images)
-    assert np.array_equal(other, expected) and other.shape == expected.shape
