@@ -130,8 +130,20 @@ def test_data_wait_benchmark_runs_small(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert "| read-ahead | 1 workers: wait % (median ms / iteration) |" in result.stdout
     figures = json.loads(out.read_text())["results"]
-    assert [(r["mode"], r["read_ahead"] > 0) for r in figures] == [("off", False), ("on", True), ("on + mimo_batch on its thread", True)]
+    assert [(r["mode"], r["read_ahead"] > 0) for r in figures] == [
+        ("off", False), ("on, mimo_batch in get_batch", True), ("on + prepare_with(mimo_batch) (docs/megatron.md)", True)]
     assert all(0 <= r["wait_percent"] <= 100 and r["median_iteration_ms"] >= 20 for r in figures)
+
+
+def test_data_wait_benchmark_measures_the_serial_cpu_with_default_workers():
+    from mimo_pipes.config.workers import processing_workers
+
+    result = subprocess.run([sys.executable, "benchmarks/data_wait.py", "--serial-cpu", "--workers", "default", "--warmup", "1",
+                             "--micro-batch-size", "2"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert figures["workers"] == processing_workers(None)  # num_workers left unset: the rank's cores
+    assert figures["next"] > 0 and figures["mimo_batch"] > 0 and figures["state_dict"] > 0
 
 
 def test_s3_rows_benchmark_runs_small():
