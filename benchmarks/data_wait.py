@@ -49,8 +49,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--serial-cpu", action="store_true",
                         help="instead: the CPU a micro-batch costs the thread that makes it (read-ahead off, the workers "
                              "given time to run ahead): the graph's next, mimo_batch, the loader's state")
+    parser.add_argument("--documented-only", action="store_true",
+                        help="only the documented loop (read-ahead on, prepare_with(mimo_batch)), not the other two rows")
+    parser.add_argument("--switch-interval", type=float, default=None,
+                        help="Python's thread switch interval in ms for the run (sys.setswitchinterval; Python's default 5)")
     parser.add_argument("--json", default=None, help="also write the figures here")
     args = parser.parse_args(argv)
+    if args.switch_interval is not None and args.switch_interval <= 0:
+        parser.error(f"--switch-interval: must be > 0 ms, got {args.switch_interval}")
     if args.short:
         args.iterations, args.warmup = 8, 2
     try:
@@ -116,10 +122,11 @@ def measure(args: argparse.Namespace, mode: str, workers: int | None) -> dict[st
 def table(results: list[dict[str, Any]], worker_counts: list[int | None]) -> str:
     keys = [DEFAULT if w is None else w for w in worker_counts]
     by = {(r["mode"], r["workers"]): r for r in results}
-    heads = [f"{by[MODES[0], k]['resolved_workers']} workers{' (default)' if k == DEFAULT else ''}" for k in keys]
+    modes = [mode for mode in MODES if (mode, keys[0]) in by]
+    heads = [f"{by[modes[0], k]['resolved_workers']} workers{' (default)' if k == DEFAULT else ''}" for k in keys]
     lines = ["| read-ahead | " + " | ".join(f"{h}: wait % (median ms / iteration)" for h in heads) + " |",
              "|---|" + "---:|" * len(keys)]
-    for mode in MODES:
+    for mode in modes:
         cells = [f"{by[mode, k]['wait_percent']:.1f}% ({by[mode, k]['median_wait_ms']:.1f} / {by[mode, k]['median_iteration_ms']:.1f})"
                  for k in keys]
         lines.append(f"| {mode} | " + " | ".join(cells) + " |")
@@ -177,9 +184,11 @@ def main(argv: list[str] | None = None) -> int:
         for workers in args.worker_counts:
             print(json.dumps(serial_cpu(args, workers)))
         return 0
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval / 1e3)
     results = []
     for workers in args.worker_counts:
-        for mode in MODES:
+        for mode in MODES[2:] if args.documented_only else MODES:
             results.append(measure(args, mode, workers))
             print(f"  {mode}, {results[-1]['resolved_workers']} workers: {results[-1]['wait_percent']:.1f}% wait", file=sys.stderr, flush=True)
     step = "busy CPU loop" if args.busy else "sleep"
