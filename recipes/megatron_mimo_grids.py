@@ -231,7 +231,7 @@ def module_norms(model: Any, place: Place) -> dict[str, float]:
     """Each module's gradient norm, before clipping, on every rank (each module's ranks give their own)."""
     names = [colocated.MODALITY, LANGUAGE]
     norms = place.zeros(len(names))
-    norms[names.index(place.module)] = module_grad_norm(place.module_of(model), place.pgs.mp)
+    norms[names.index(place.module)] = module_grad_norm(place.module_of(model), place.pgs)
     dist.all_reduce(norms, op=dist.ReduceOp.MAX)
     return {name: float(norm) for name, norm in zip(names, norms.tolist())}
 

@@ -1,8 +1,10 @@
 """The non-colocated recipe (``megatron_mimo_grids``: the vision module and the language model on their own ranks,
 megatron-core's bridge and 1F1B schedule) trains exactly as the colocated one (``megatron_mimo_train``: one rank,
 megatron-core's schedule without pipelining): same settings, seed and data, per-iteration losses within 1e-5
-relative and per-module gradient norms equal, reordering off and on, windows across micro-batches. On CPU ranks
-over Gloo (``--device cpu``), megatron-core 0.19 or later (Python 3.12: the 3.12 tier, ``scripts/test312.sh``)."""
+relative and per-module gradient norms equal, reordering off and on (a window of two micro-batches whose samples
+move between them), and with the language model split over two tensor-parallel ranks or two pipeline stages (both
+recipes from one set of full weights). On CPU ranks over Gloo (``--device cpu``), megatron-core 0.19 or later
+(Python 3.12: the 3.12 tier, ``scripts/test312.sh``)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from dist_pool import GLOO_WORLD, DistPool, shared_pool
-from scenarios_megatron_equivalence import colocated_run, grids_run
+from scenarios_megatron_equivalence import colocated_run, grids_run, save_initial_weights
 
 from mimo_pipes_recipes import megatron_mimo_grids as grids
 
@@ -18,7 +20,8 @@ pytestmark = pytest.mark.skipif(grids.megatron_core_problem() is not None, reaso
 
 RELATIVE = 1e-5
 LAYOUTS = {"images dp 1 + language dp 2": (1, 2), "images dp 2 + language dp 4": (2, 4)}
-CASES = [("images dp 1 + language dp 2", "off"), ("images dp 1 + language dp 2", "on"), ("images dp 2 + language dp 4", "on")]
+MODEL_PARALLEL = {"language tp 2": {"language_tp": 2}, "language pp 2": {"language_pp": 2}}  # images dp 1, language dp 1: 3 ranks
+TWO_LAYERS = ["--lm-layers", "2"]  # a layer for each pipeline stage
 
 
 @pytest.fixture(scope="module")
@@ -32,12 +35,17 @@ def pools() -> dict[int, DistPool]:
         pool.close()
 
 
-def train_both(pools: dict[int, DistPool], images_dp: int, language_dp: int, **settings) -> dict:
+def train_both(pools: dict[int, DistPool], images_dp: int, language_dp: int, parallel: dict | None = None, weights: str | None = None,
+               **settings) -> dict:
     """Both recipes at once, each on its own pool (the colocated rank beside the non-colocated ranks, which mostly
-    wait on each other)."""
+    wait on each other); ``parallel``: the language model's tp and pp sizes, ``weights``: the full weights the
+    non-colocated recipe starts from (the colocated one's, as built)."""
+    parallel = parallel or {}
+    ranks = images_dp + language_dp * parallel.get("language_tp", 1) * parallel.get("language_pp", 1)
     with ThreadPoolExecutor(2) as runner:
         alone = runner.submit(pools[1].run, colocated_run, timeout=600, **settings)
-        split = runner.submit(pools[images_dp + language_dp].run, grids_run, images_dp=images_dp, language_dp=language_dp, timeout=600, **settings)
+        split = runner.submit(pools[ranks].run, grids_run, images_dp=images_dp, language_dp=language_dp, weights=weights, timeout=600,
+                              **parallel, **settings)
         outcome = alone.result()[0]
         return {"colocated": outcome["training"], "samples": outcome["samples"], "grids": split.result()[0]}
 
@@ -54,7 +62,39 @@ def assert_same_training(outcome: dict) -> None:
     assert colocated[0][0] != colocated[-1][0]  # it trains: the loss moves
 
 
-@pytest.mark.parametrize(("layout", "reorder"), CASES)
-def test_the_noncolocated_recipe_trains_as_the_colocated_one(pools, layout, reorder):
-    images_dp, language_dp = LAYOUTS[layout]
-    assert_same_training(train_both(pools, images_dp, language_dp, reorder=reorder, iterations=2))
+def assert_samples_move_between_micro_batches(off: list[list[list[int]]], on: list[list[list[int]]]) -> None:
+    """Per iteration (one window) the same samples, and some micro-batch of the balanced window holds samples the
+    reading order put in another: the window spans micro-batches."""
+    assert len(off) == len(on) > 0
+    for plain, balanced in zip(off, on):
+        assert sorted(sample for batch in plain for sample in batch) == sorted(sample for batch in balanced for sample in batch)
+    assert any({*plain_batch} != {*balanced_batch} for plain, balanced in zip(off, on) for plain_batch, balanced_batch in zip(plain, balanced))
+
+
+def test_the_noncolocated_recipe_trains_as_the_colocated_one_with_windows_across_micro_batches(pools):
+    """images dp 1 + language dp 2, reordering off and on: each equal to the colocated run; the balanced window moves
+    samples between its micro-batches, and a window's loss (every sample of the window, per token) does not move."""
+    outcomes = {reorder: train_both(pools, 1, 2, reorder=reorder, iterations=2) for reorder in ("off", "on")}
+    for outcome in outcomes.values():
+        assert_same_training(outcome)
+    assert_samples_move_between_micro_batches(outcomes["off"]["samples"], outcomes["on"]["samples"])
+    for (plain, _), (balanced, _) in zip(outcomes["off"]["colocated"], outcomes["on"]["colocated"]):
+        assert balanced == pytest.approx(plain, rel=RELATIVE)
+
+
+def test_the_noncolocated_recipe_trains_as_the_colocated_one_on_more_ranks(pools):
+    assert_same_training(train_both(pools, *LAYOUTS["images dp 2 + language dp 4"], reorder="on", iterations=2))
+
+
+@pytest.fixture(scope="module")
+def two_layer_weights(pools, tmp_path_factory) -> str:
+    """The colocated recipe's two-layer model as built, saved whole (what both recipes start from below)."""
+    path = str(tmp_path_factory.mktemp("weights") / "initial.pt")
+    assert pools[1].run(save_initial_weights, path=path, extra=TWO_LAYERS, timeout=300)[0] > 0
+    return path
+
+
+@pytest.mark.parametrize("parallel", MODEL_PARALLEL)
+def test_a_model_parallel_language_model_trains_as_the_colocated_one_from_the_same_weights(pools, two_layer_weights, parallel):
+    outcome = train_both(pools, 1, 1, MODEL_PARALLEL[parallel], weights=two_layer_weights, reorder="on", iterations=2, extra=TWO_LAYERS)
+    assert_same_training(outcome)

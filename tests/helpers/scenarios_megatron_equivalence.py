@@ -1,19 +1,23 @@
 """Scenarios of the two Megatron recipes trained on the CPU (``--device cpu``) from the same settings, seed and
 data, megatron-core's CUDA assumptions stood in for (:mod:`megatron_on_cpu`): the colocated recipe on a pool of one
-rank, the non-colocated one on a pool of exactly ``images dp + language dp`` ranks (megatron-core's optimizers
-gather over the whole world)."""
+rank, the non-colocated one on a pool of exactly ``images dp + language tp x pp x dp`` ranks (megatron-core's
+optimizers gather over the whole world). With language tensor or pipeline parallelism both start from one set of
+full weights (:mod:`megatron_weights`): megatron-core seeds each tensor-parallel rank and pipeline stage apart."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
 
+import torch
 import torch.distributed as dist
-from megatron_on_cpu import megatron_on_cpu
+from megatron_on_cpu import _swapped, megatron_on_cpu
+from megatron_weights import full_weights, load_part, unwrapped
 
 from mimo_pipes.megatron.device import TrainingDevice
 from mimo_pipes_recipes import megatron_mimo_grids as grids
 from mimo_pipes_recipes import megatron_mimo_train as colocated
+from mimo_pipes_recipes import vlm_sft
 
 TINY = ["--lm-layers", "1", "--lm-hidden", "64", "--lm-heads", "4", "--vision-depth", "1", "--vision-width", "32", "--vision-heads", "2",
         "--micro-batch-size", "4", "--microbatches", "2", "--embedded-samples", "64", "--num-workers", "1",
@@ -50,12 +54,51 @@ def colocated_run(*, reorder: str, iterations: int, extra: list[str] | None = No
     return {"training": [(record.loss, record.module_grad_norms) for record in records], "samples": [record.sample_ids for record in records]}
 
 
-def grids_run(*, images_dp: int, language_dp: int, reorder: str, iterations: int, extra: list[str] | None = None) -> list | None:
-    """The non-colocated recipe on a world of ``images_dp + language_dp`` ranks; rank 0 returns per iteration
-    ``(loss, {module: gradient norm})`` (every rank has them), the others None."""
-    args = grids.parse_args([*settings(reorder, iterations, extra), "--images-dp", str(images_dp), "--language-dp", str(language_dp)])
+def save_initial_weights(*, path: str, extra: list[str] | None = None) -> int:
+    """The colocated recipe's model as it is built (seeded, before any step), its full weights saved to ``path``;
+    returns how many tensors."""
+    args = colocated.parse_args(settings("off", 1, extra))
+    device = TrainingDevice(args.device)
+    with megatron_scenario():
+        config = colocated.pipeline_config(args, "off")
+        vlm_sft.prepare(config, log=lambda line: None)
+        processor = vlm_sft.open_processor(config)
+        model, _ = colocated.build_model(args, device, colocated.join(device), len(processor.tokenizer), processor.image_token_id, {})
+        weights = full_weights(model)
+    torch.save(weights, path)
+    return len(weights)
+
+
+@contextlib.contextmanager
+def loading_weights(path: str | None) -> Iterator[None]:
+    """The non-colocated recipe's model, as built, given its rank's part of the full weights at ``path`` (none:
+    as seeded)."""
+    if path is None:
+        yield
+        return
+    weights = torch.load(path)
+    build = grids.build_model
+
+    def built(args, place, *rest):
+        model, language, optimizer = build(args, place, *rest)
+        prefix = "language_model." if place.is_language else f"modality_submodules.{colocated.MODALITY}."
+        loaded = load_part(unwrapped(place.module_of(model)), weights, prefix=prefix, tp_rank=place.pgs.tp.rank(), tp_size=place.pgs.tp.size())
+        assert loaded > 0
+        return model, language, optimizer
+
+    with _swapped(grids, "build_model", built):
+        yield
+
+
+def grids_run(*, images_dp: int, language_dp: int, reorder: str, iterations: int, extra: list[str] | None = None, language_tp: int = 1,
+              language_pp: int = 1, weights: str | None = None) -> list | None:
+    """The non-colocated recipe on a world of ``images_dp + language_tp x language_pp x language_dp`` ranks (from
+    the full weights at ``weights``, if given); rank 0 returns per iteration ``(loss, {module: gradient norm})``
+    (every rank has them), the others None."""
+    args = grids.parse_args([*settings(reorder, iterations, extra), "--images-dp", str(images_dp), "--language-dp", str(language_dp),
+                             "--language-tp", str(language_tp), "--language-pp", str(language_pp)])
     problem = grids.world_problem(args, dist.get_world_size())
     assert problem is None, problem
-    with megatron_scenario():
+    with megatron_scenario(), loading_weights(weights):
         runs = grids.train_run(args, grids.join(args), reorder)
     return [(record["loss"], record["module_grad_norms"]) for record in runs] if dist.get_rank() == 0 else None
