@@ -9,6 +9,7 @@ recipes from one set of full weights). On CPU ranks over Gloo (``--device cpu``)
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from dist_pool import GLOO_WORLD, DistPool, shared_pool
@@ -36,18 +37,18 @@ def pools() -> dict[int, DistPool]:
 
 
 def train_both(pools: dict[int, DistPool], images_dp: int, language_dp: int, parallel: dict | None = None, weights: str | None = None,
-               **settings) -> dict:
+               saving: list[str] | None = None, **settings) -> dict:
     """Both recipes at once, each on its own pool (the colocated rank beside the non-colocated ranks, which mostly
     wait on each other); ``parallel``: the language model's tp and pp sizes, ``weights``: the full weights the
-    non-colocated recipe starts from (the colocated one's, as built)."""
+    non-colocated recipe starts from (the colocated one's, as built), ``saving``: its flags of its own (``--save``)."""
     parallel = parallel or {}
     ranks = images_dp + language_dp * parallel.get("language_tp", 1) * parallel.get("language_pp", 1)
     with ThreadPoolExecutor(2) as runner:
         alone = runner.submit(pools[1].run, colocated_run, timeout=600, **settings)
         split = runner.submit(pools[ranks].run, grids_run, images_dp=images_dp, language_dp=language_dp, weights=weights, timeout=600,
-                              **parallel, **settings)
-        outcome = alone.result()[0]
-        return {"colocated": outcome["training"], "samples": outcome["samples"], "grids": split.result()[0]}
+                              **parallel, **{**settings, "extra": [*settings.get("extra", []), *(saving or [])]})
+        outcome, grid = alone.result()[0], split.result()[0]
+        return {"colocated": outcome["training"], "samples": outcome["samples"], "grids": grid["training"], "grid_samples": grid["samples"]}
 
 
 def assert_same_training(outcome: dict) -> None:
@@ -63,27 +64,46 @@ def assert_same_training(outcome: dict) -> None:
 
 
 def assert_samples_move_between_micro_batches(off: list[list[list[int]]], on: list[list[list[int]]]) -> None:
-    """Per iteration (one window) the same samples, and some micro-batch of the balanced window holds samples the
-    reading order put in another: the window spans micro-batches."""
-    assert len(off) == len(on) > 0
+    """Per iteration (one window) the same samples, and some global micro-batch of the balanced window holds
+    samples the reading order put in another: the window spans micro-batches."""
+    assert off and on
     for plain, balanced in zip(off, on):
         assert sorted(sample for batch in plain for sample in batch) == sorted(sample for batch in balanced for sample in batch)
     assert any({*plain_batch} != {*balanced_batch} for plain, balanced in zip(off, on) for plain_batch, balanced_batch in zip(plain, balanced))
 
 
-def test_the_noncolocated_recipe_trains_as_the_colocated_one_with_windows_across_micro_batches(pools):
-    """images dp 1 + language dp 2, reordering off and on: each equal to the colocated run; the balanced window moves
-    samples between its micro-batches, and a window's loss (every sample of the window, per token) does not move."""
-    outcomes = {reorder: train_both(pools, 1, 2, reorder=reorder, iterations=2) for reorder in ("off", "on")}
+@pytest.fixture(scope="module")
+def balanced(pools, tmp_path_factory) -> tuple[dict, Path]:
+    """images dp 1 + language dp 2, reordering on, three iterations, each saved into Megatron's checkpoint folder
+    (the model, the optimizer and the pipeline's state inside the iteration folder), beside the colocated run."""
+    folder = tmp_path_factory.mktemp("megatron-save")
+    outcome = train_both(pools, *LAYOUTS["images dp 1 + language dp 2"], reorder="on", iterations=3,
+                         saving=["--save", str(folder), "--save-interval", "1"])
+    return outcome, folder
+
+
+def test_the_noncolocated_recipe_trains_as_the_colocated_one_with_windows_across_micro_batches(pools, balanced):
+    """images dp 1 + language dp 2, reordering off and on: each equal to the colocated run (whose one rank keeps the
+    reading order either way). Off, the global micro-batches are the colocated ones; on, the balanced window moves
+    samples between its micro-batches, and each window's loss (every sample of the window, per token) stays."""
+    outcomes = {"off": train_both(pools, *LAYOUTS["images dp 1 + language dp 2"], reorder="off", iterations=2), "on": balanced[0]}
     for outcome in outcomes.values():
         assert_same_training(outcome)
-    assert_samples_move_between_micro_batches(outcomes["off"]["samples"], outcomes["on"]["samples"])
-    for (plain, _), (balanced, _) in zip(outcomes["off"]["colocated"], outcomes["on"]["colocated"]):
-        assert balanced == pytest.approx(plain, rel=RELATIVE)
+    plain = outcomes["off"]
+    assert [[sorted(batch) for batch in window] for window in plain["grid_samples"]] == [[sorted(batch) for batch in window] for window in plain["samples"]]
+    assert_samples_move_between_micro_batches(plain["samples"], outcomes["on"]["grid_samples"])
 
 
-def test_the_noncolocated_recipe_trains_as_the_colocated_one_on_more_ranks(pools):
-    assert_same_training(train_both(pools, *LAYOUTS["images dp 2 + language dp 4"], reorder="on", iterations=2))
+def test_a_resume_from_megatrons_checkpoint_folder_on_another_layout_continues_the_training(pools, balanced):
+    """The run above resumed on images dp 2 + language dp 4 from its folder's latest committed iteration (the first:
+    the later ones taken back, as if the job had died before their commits): iterations 2 and 3 equal to the
+    uninterrupted colocated run's (iteration 3's loss needs the optimizer's state of iteration 1 restored too)."""
+    outcome, folder = balanced
+    assert sorted(path.name for path in folder.iterdir()) == ["iter_0000001", "iter_0000002", "iter_0000003", "latest_checkpointed_iteration.txt"]
+    (folder / "latest_checkpointed_iteration.txt").write_text("1")
+    resumed = pools[6].run(grids_run, images_dp=2, language_dp=4, reorder="on", iterations=3, extra=["--load", str(folder)], timeout=600)[0]
+    assert len(resumed["training"]) == 2
+    assert_same_training({"colocated": outcome["colocated"][1:], "grids": resumed["training"]})
 
 
 @pytest.fixture(scope="module")

@@ -90,15 +90,46 @@ def loading_weights(path: str | None) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def recording_samples(taken: list[list[int]]) -> Iterator[None]:
+    """Each micro-batch's sample ids, in the order this rank's loader makes them, appended to ``taken``."""
+    made = grids.mimo_batch
+
+    def recorded(batch, settings):
+        taken.append([int(sample) for sample in batch["sample_ids"]])
+        return made(batch, settings)
+
+    with _swapped(grids, "mimo_batch", recorded):
+        yield
+
+
+def global_micro_batches(parts: list[tuple[int, list[list[int]]]], microbatches: int) -> list[list[list[int]]]:
+    """Per iteration, each global micro-batch's sample ids: the language replicas' micro-batches (``parts``: their
+    DP rank and micro-batches) concatenated in DP order."""
+    ordered = [batches for _, batches in sorted(parts)]
+    merged = [[sample for batches in ordered for sample in batches[index]] for index in range(len(ordered[0]))]
+    return [merged[start:start + microbatches] for start in range(0, len(merged), microbatches)]
+
+
 def grids_run(*, images_dp: int, language_dp: int, reorder: str, iterations: int, extra: list[str] | None = None, language_tp: int = 1,
-              language_pp: int = 1, weights: str | None = None) -> list | None:
+              language_pp: int = 1, weights: str | None = None) -> dict | None:
     """The non-colocated recipe on a world of ``images_dp + language_tp x language_pp x language_dp`` ranks (from
     the full weights at ``weights``, if given); rank 0 returns per iteration ``(loss, {module: gradient norm})``
-    (every rank has them), the others None."""
+    (every rank has them) and the sample ids of each global micro-batch (from the language replicas), the others
+    None."""
     args = grids.parse_args([*settings(reorder, iterations, extra), "--images-dp", str(images_dp), "--language-dp", str(language_dp),
                              "--language-tp", str(language_tp), "--language-pp", str(language_pp)])
     problem = grids.world_problem(args, dist.get_world_size())
     assert problem is None, problem
-    with megatron_scenario(), loading_weights(weights):
-        runs = grids.train_run(args, grids.join(args), reorder)
-    return [(record["loss"], record["module_grad_norms"]) for record in runs] if dist.get_rank() == 0 else None
+    taken: list[list[int]] = []
+    with megatron_scenario(), loading_weights(weights), recording_samples(taken):
+        place = grids.join(args)
+        runs = grids.train_run(args, place, reorder)
+        reads = place.is_language and place.pgs.tp.rank() == 0 and place.pgs.pp.rank() == 0
+        mine = (place.pgs.dp.rank(), taken[:len(runs) * args.microbatches]) if reads else None  # not what the loader read ahead
+    parts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, mine)
+    if dist.get_rank() != 0:
+        return None
+    return {"training": [(record["loss"], record["module_grad_norms"]) for record in runs],
+            "samples": global_micro_batches([part for part in parts if part is not None], args.microbatches)}
