@@ -8,19 +8,20 @@ recipes from one set of full weights). On CPU ranks over Gloo (``--device cpu``)
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from dist_pool import GLOO_WORLD, DistPool, shared_pool
-from scenarios_megatron_equivalence import colocated_run, grids_run, save_initial_weights
+from scenarios_megatron_equivalence import colocated_run, grids_run
 
 from mimo_pipes_recipes import megatron_mimo_grids as grids
 
 pytestmark = pytest.mark.skipif(grids.megatron_core_problem() is not None, reason="needs megatron-core 0.19 or later (Python 3.12)")
 
 RELATIVE = 1e-5
-LAYOUTS = {"images dp 1 + language dp 2": (1, 2), "images dp 2 + language dp 4": (2, 4)}
+LAYOUTS = {"images dp 1 + language dp 2": {"images_dp": 1, "language_dp": 2}, "images dp 2 + language dp 4": {"images_dp": 2, "language_dp": 4}}
 MODEL_PARALLEL = {"language tp 2": {"language_tp": 2}, "language pp 2": {"language_pp": 2}}  # images dp 1, language dp 1: 3 ranks
 TWO_LAYERS = ["--lm-layers", "2"]  # a layer for each pipeline stage
 
@@ -29,26 +30,29 @@ TWO_LAYERS = ["--lm-layers", "2"]  # a layer for each pipeline stage
 def pools() -> dict[int, DistPool]:
     """Warm pools of exactly the ranks each recipe's world has (megatron-core's optimizers gather over the whole
     world): one rank for the colocated recipe, each layout's for the non-colocated one."""
-    sizes = {1, *(sum(layout) for layout in LAYOUTS.values())}
+    sizes = {1, *(sum(layout.values()) for layout in LAYOUTS.values())}
     started = {size: DistPool(size) for size in sizes if size != GLOO_WORLD}
     yield {**started, **({GLOO_WORLD: shared_pool()} if GLOO_WORLD in sizes else {})}  # the shared pool when it is the size
     for pool in started.values():
         pool.close()
 
 
-def train_both(pools: dict[int, DistPool], images_dp: int, language_dp: int, parallel: dict | None = None, weights: str | None = None,
-               saving: list[str] | None = None, **settings) -> dict:
-    """Both recipes at once, each on its own pool (the colocated rank beside the non-colocated ranks, which mostly
-    wait on each other); ``parallel``: the language model's tp and pp sizes, ``weights``: the full weights the
-    non-colocated recipe starts from (the colocated one's, as built), ``saving``: its flags of its own (``--save``)."""
-    parallel = parallel or {}
-    ranks = images_dp + language_dp * parallel.get("language_tp", 1) * parallel.get("language_pp", 1)
-    with ThreadPoolExecutor(2) as runner:
-        alone = runner.submit(pools[1].run, colocated_run, timeout=600, **settings)
-        split = runner.submit(pools[ranks].run, grids_run, images_dp=images_dp, language_dp=language_dp, weights=weights, timeout=600,
-                              **parallel, **{**settings, "extra": [*settings.get("extra", []), *(saving or [])]})
-        outcome, grid = alone.result()[0], split.result()[0]
-        return {"colocated": outcome["training"], "samples": outcome["samples"], "grids": grid["training"], "grid_samples": grid["samples"]}
+@pytest.fixture(scope="module")
+def colocated(pools, tmp_path_factory) -> Iterator[dict[str, Future]]:
+    """The colocated references, trained on the one-rank pool while the non-colocated runs train beside it: the
+    one-layer model in reading order (its one rank keeps the reading order with reordering on too: nothing to
+    balance), and the two-layer model, whose full weights as built both model-parallel layouts start from."""
+    weights = str(tmp_path_factory.mktemp("weights") / "initial.pt")
+    with ThreadPoolExecutor(1) as runner:  # one after the other, on the one rank
+        yield {"one layer": runner.submit(pools[1].run, colocated_run, reorder="off", iterations=3, timeout=900),
+               "two layers": runner.submit(pools[1].run, colocated_run, reorder="on", iterations=2, extra=TWO_LAYERS, save_weights=weights,
+                                           timeout=900),
+               "weights": weights}
+
+
+def reference(colocated: dict[str, Future], name: str, iterations: int | None = None) -> dict:
+    outcome = colocated[name].result()[0]
+    return {"colocated": outcome["training"][:iterations], "samples": outcome["samples"][:iterations]}
 
 
 def assert_same_training(outcome: dict) -> None:
@@ -75,46 +79,42 @@ def assert_samples_move_between_micro_batches(off: list[list[list[int]]], on: li
 @pytest.fixture(scope="module")
 def balanced(pools, tmp_path_factory) -> tuple[dict, Path]:
     """images dp 1 + language dp 2, reordering on, three iterations, each saved into Megatron's checkpoint folder
-    (the model, the optimizer and the pipeline's state inside the iteration folder), beside the colocated run."""
+    (the model, the optimizer and the pipeline's state inside the iteration folder)."""
     folder = tmp_path_factory.mktemp("megatron-save")
-    outcome = train_both(pools, *LAYOUTS["images dp 1 + language dp 2"], reorder="on", iterations=3,
-                         saving=["--save", str(folder), "--save-interval", "1"])
+    outcome = pools[3].run(grids_run, **LAYOUTS["images dp 1 + language dp 2"], reorder="on", iterations=3,
+                           extra=["--save", str(folder), "--save-interval", "1"], timeout=900)[0]
     return outcome, folder
 
 
-def test_the_noncolocated_recipe_trains_as_the_colocated_one_with_windows_across_micro_batches(pools, balanced):
-    """images dp 1 + language dp 2, reordering off and on: each equal to the colocated run (whose one rank keeps the
-    reading order either way). Off, the global micro-batches are the colocated ones; on, the balanced window moves
-    samples between its micro-batches, and each window's loss (every sample of the window, per token) stays."""
-    outcomes = {"off": train_both(pools, *LAYOUTS["images dp 1 + language dp 2"], reorder="off", iterations=2), "on": balanced[0]}
-    for outcome in outcomes.values():
-        assert_same_training(outcome)
-    plain = outcomes["off"]
-    assert [[sorted(batch) for batch in window] for window in plain["grid_samples"]] == [[sorted(batch) for batch in window] for window in plain["samples"]]
-    assert_samples_move_between_micro_batches(plain["samples"], outcomes["on"]["grid_samples"])
+def test_the_noncolocated_recipe_trains_as_the_colocated_one_with_windows_across_micro_batches(pools, colocated, balanced):
+    """images dp 1 + language dp 2, reordering off and on, each equal to the colocated run in reading order. Off, the
+    global micro-batches are the colocated ones; on, the balanced window moves samples between its micro-batches
+    and each window's loss (every sample of the window, per token) stays."""
+    plain = pools[3].run(grids_run, **LAYOUTS["images dp 1 + language dp 2"], reorder="off", iterations=2, timeout=900)[0]
+    reading_order = reference(colocated, "one layer")
+    assert_same_training({**reading_order, "colocated": reading_order["colocated"][:2], "grids": plain["training"]})
+    assert_same_training({**reading_order, "grids": balanced[0]["training"]})
+    as_sets = [[sorted(batch) for batch in window] for window in reading_order["samples"][:2]]
+    assert [[sorted(batch) for batch in window] for window in plain["samples"]] == as_sets
+    assert_samples_move_between_micro_batches(reading_order["samples"], balanced[0]["samples"])
 
 
-def test_a_resume_from_megatrons_checkpoint_folder_on_another_layout_continues_the_training(pools, balanced):
+def test_a_resume_from_megatrons_checkpoint_folder_on_another_layout_continues_the_training(pools, colocated, balanced):
     """The run above resumed on images dp 2 + language dp 4 from its folder's latest committed iteration (the first:
     the later ones taken back, as if the job had died before their commits): iterations 2 and 3 equal to the
-    uninterrupted colocated run's (iteration 3's loss needs the optimizer's state of iteration 1 restored too)."""
-    outcome, folder = balanced
+    uninterrupted run's (iteration 3's loss needs the optimizer's state of iteration 1 restored too)."""
+    _, folder = balanced
     assert sorted(path.name for path in folder.iterdir()) == ["iter_0000001", "iter_0000002", "iter_0000003", "latest_checkpointed_iteration.txt"]
     (folder / "latest_checkpointed_iteration.txt").write_text("1")
-    resumed = pools[6].run(grids_run, images_dp=2, language_dp=4, reorder="on", iterations=3, extra=["--load", str(folder)], timeout=600)[0]
+    resumed = pools[6].run(grids_run, **LAYOUTS["images dp 2 + language dp 4"], reorder="on", iterations=3, extra=["--load", str(folder)],
+                           timeout=900)[0]
     assert len(resumed["training"]) == 2
-    assert_same_training({"colocated": outcome["colocated"][1:], "grids": resumed["training"]})
-
-
-@pytest.fixture(scope="module")
-def two_layer_weights(pools, tmp_path_factory) -> str:
-    """The colocated recipe's two-layer model as built, saved whole (what both recipes start from below)."""
-    path = str(tmp_path_factory.mktemp("weights") / "initial.pt")
-    assert pools[1].run(save_initial_weights, path=path, extra=TWO_LAYERS, timeout=300)[0] > 0
-    return path
+    assert_same_training({"colocated": reference(colocated, "one layer")["colocated"][1:], "grids": resumed["training"]})
 
 
 @pytest.mark.parametrize("parallel", MODEL_PARALLEL)
-def test_a_model_parallel_language_model_trains_as_the_colocated_one_from_the_same_weights(pools, two_layer_weights, parallel):
-    outcome = train_both(pools, 1, 1, MODEL_PARALLEL[parallel], weights=two_layer_weights, reorder="on", iterations=2, extra=TWO_LAYERS)
-    assert_same_training(outcome)
+def test_a_model_parallel_language_model_trains_as_the_colocated_one_from_the_same_weights(pools, colocated, parallel):
+    training = reference(colocated, "two layers")["colocated"]  # its weights saved once it is built
+    split = pools[3].run(grids_run, images_dp=1, language_dp=1, weights=colocated["weights"], reorder="on", iterations=2, extra=TWO_LAYERS,
+                         **MODEL_PARALLEL[parallel], timeout=900)[0]
+    assert_same_training({"colocated": training, "grids": split["training"]})

@@ -17,7 +17,6 @@ from megatron_weights import full_weights, load_part, unwrapped
 from mimo_pipes.megatron.device import TrainingDevice
 from mimo_pipes_recipes import megatron_mimo_grids as grids
 from mimo_pipes_recipes import megatron_mimo_train as colocated
-from mimo_pipes_recipes import vlm_sft
 
 TINY = ["--lm-layers", "1", "--lm-hidden", "64", "--lm-heads", "4", "--vision-depth", "1", "--vision-width", "32", "--vision-heads", "2",
         "--micro-batch-size", "4", "--microbatches", "2", "--embedded-samples", "64", "--num-workers", "1",
@@ -45,28 +44,30 @@ def settings(reorder: str, iterations: int, extra: list[str] | None = None) -> l
     return [*TINY, "--iterations", str(iterations), "--reorder", reorder, *(extra or [])]
 
 
-def colocated_run(*, reorder: str, iterations: int, extra: list[str] | None = None) -> dict:
+def colocated_run(*, reorder: str, iterations: int, extra: list[str] | None = None, save_weights: str | None = None) -> dict:
     """The colocated recipe on a world of one rank: per iteration ``(loss, {module: gradient norm})`` and the
-    sample ids of each micro-batch."""
+    sample ids of each micro-batch; with ``save_weights``, its model's full weights as built saved there first."""
     args = colocated.parse_args(settings(reorder, iterations, extra))
-    with megatron_scenario():
+    with megatron_scenario(), saving_weights(save_weights):
         records = colocated.train_run(args, reorder, colocated.join(TrainingDevice(args.device)), log=lambda line: None)
     return {"training": [(record.loss, record.module_grad_norms) for record in records], "samples": [record.sample_ids for record in records]}
 
 
-def save_initial_weights(*, path: str, extra: list[str] | None = None) -> int:
-    """The colocated recipe's model as it is built (seeded, before any step), its full weights saved to ``path``;
-    returns how many tensors."""
-    args = colocated.parse_args(settings("off", 1, extra))
-    device = TrainingDevice(args.device)
-    with megatron_scenario():
-        config = colocated.pipeline_config(args, "off")
-        vlm_sft.prepare(config, log=lambda line: None)
-        processor = vlm_sft.open_processor(config)
-        model, _ = colocated.build_model(args, device, colocated.join(device), len(processor.tokenizer), processor.image_token_id, {})
-        weights = full_weights(model)
-    torch.save(weights, path)
-    return len(weights)
+@contextlib.contextmanager
+def saving_weights(path: str | None) -> Iterator[None]:
+    """The colocated recipe's model, as built (seeded, before any step), saved whole to ``path`` (none: not saved)."""
+    if path is None:
+        yield
+        return
+    build = colocated.build_model
+
+    def built(*args, **kwargs):
+        model, optimizer = build(*args, **kwargs)
+        torch.save(full_weights(model), path)
+        return model, optimizer
+
+    with _swapped(colocated, "build_model", built):
+        yield
 
 
 @contextlib.contextmanager
