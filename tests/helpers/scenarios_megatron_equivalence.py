@@ -20,8 +20,10 @@ from mimo_pipes_recipes import megatron_mimo_train as colocated
 
 TINY = ["--lm-layers", "1", "--lm-hidden", "64", "--lm-heads", "4", "--vision-depth", "1", "--vision-width", "32", "--vision-heads", "2",
         "--micro-batch-size", "4", "--microbatches", "2", "--embedded-samples", "64", "--num-workers", "1",
-        "--device", "cpu"]
-"""Cheap model sizes: a one-layer language model of width 64 and a one-block vision tower of width 32."""
+        "--seq-length", "1536", "--device", "cpu"]
+"""Cheap model sizes: a one-layer language model of width 64 and a one-block vision tower of width 32; rows padded to
+1536 tokens, above the longest of these 64 embedded samples (1459), not the default 2048: the per-token losses are
+the same, each run takes about half the time."""
 
 
 @contextlib.contextmanager
