@@ -41,10 +41,12 @@ def _trainer(**members) -> type:
 
 
 @pytest.mark.parametrize(("members", "problem"), [
-    ({"build": lambda config, layout: None}, "build() takes no consumed_microbatches= keyword"),
-    ({"build": lambda config, layout, *, consumed_microbatches: None}, "build() needs consumed_microbatches, which may be left out"),
-    ({"build": lambda layout, config, *, consumed_microbatches=0: None}, "build() takes no config as parameter 1"),
-    ({"prepare": lambda config: None}, "prepare() takes no log as parameter 2"),
+    ({"build": lambda config: None}, "build() takes no layout as parameter 2"),
+    ({"build": lambda config, layout, *, consumed_microbatches: None}, "build() needs consumed_microbatches, which is never passed"),
+    ({"build": lambda layout, config: None}, "build() takes no config as parameter 1"),
+    ({"row_counts": lambda config, *, real_tokens, runs: None}, "row_counts() takes no progress= keyword"),
+    ({"failed_after_exchange": lambda config, rows: None}, "failed_after_exchange() takes no progress as parameter 3"),
+    ({"prepare": lambda config: None}, "prepare() takes no log= keyword"),
     ({"row_counts": lambda config, *, real_tokens, runs, progress=None, cache: None}, "row_counts() needs cache, which is never passed"),
     ({"check_layout": lambda: None}, "check_layout() takes no topology as parameter 1"),
     ({"Trainer": _trainer(close=None)}, "Trainer has no close()"),
@@ -58,12 +60,16 @@ def test_a_member_that_falls_short_is_named(members, problem):
 
 def test_extra_parameters_with_defaults_and_catch_alls_are_accepted():
     lenient = _recipe(build=lambda config, layout, *, consumed_microbatches=0, processing="thread": None,
-                      row_counts=lambda config, **options: None, prepare=lambda *args: None)
+                      row_counts=lambda config, **options: None, prepare=lambda *args, **kwargs: None,
+                      failed_after_exchange=lambda *args: None)
     assert contract_problems(lenient, (*EVERY, "Trainer")) == []
 
 
 def test_a_recipe_file_that_falls_short_is_refused_naming_the_member(tmp_path):
-    path = tmp_path / "old_build.py"
-    path.write_text("def build(config, layout):\n    return None\n")
-    with pytest.raises(ConfigError, match=r"^--recipe: .*old_build.py build\(\) takes no consumed_microbatches= keyword, which `mimo-pipes run` calls"):
+    path = tmp_path / "one_argument.py"
+    path.write_text("def build(config):\n    return None\n")
+    with pytest.raises(ConfigError, match=r"^--recipe: .*one_argument.py build\(\) takes no layout as parameter 2, which `mimo-pipes run` calls"):
         load_recipe(str(path))
+    path = tmp_path / "plain_build.py"
+    path.write_text("def build(config, layout):\n    return None\n")
+    assert load_recipe(str(path)).build(None, None) is None  # what the commands call: consumed_microbatches= is the recipe's own

@@ -58,11 +58,14 @@ class Trainer(Protocol):
 
 
 class Recipe(Protocol):
-    """A recipe module. ``build`` is what every command calls; the rest as the commands need them:
+    """A recipe module, each member as the commands call it (a parameter they pass by keyword may be taken either
+    way; more parameters are fine with defaults). ``build`` is what every command calls; the rest as the commands
+    need them:
 
     * ``prepare`` (optional): once, before any rank starts: check the user's paths, build what every rank then only
       loads (the embedded data and processor). Raises ConfigError naming the flag.
-    * ``build``: on every rank, its loader; ``consumed_microbatches`` resumes from a Megatron-style count.
+    * ``build``: on every rank, its loader, called as ``build(config, layout)`` (the project's recipes also take
+      ``consumed_microbatches=``, a Megatron-style count to resume from: for callers of their own).
     * ``row_counts`` (``analyze``): every dataset row's counts as ``build``'s graph would make them;
       ``progress(description, total)`` gives the callback that takes the rows done. With
       ``config.skip_bad_samples`` the rows ``build``'s graph would replace are listed in ``bad_rows`` (row -> why)
@@ -76,15 +79,14 @@ class Recipe(Protocol):
 
     Trainer: type[Trainer]
 
-    def prepare(self, config: PipelineConfig, log: Callable[[str], None]) -> None: ...
+    def prepare(self, config: PipelineConfig, *, log: Callable[[str], None]) -> None: ...
 
-    def build(self, config: PipelineConfig, layout: RankLayout, *, consumed_microbatches: int = 0) -> GraphLoader: ...
+    def build(self, config: PipelineConfig, layout: RankLayout) -> GraphLoader: ...
 
     def row_counts(self, config: PipelineConfig, *, real_tokens: bool, runs: bool,
-                   progress: Callable[[str, int], Callable[[int], None]] | None = None) -> RowCounts: ...
+                   progress: Callable[[str, int], Callable[[int], None]] | None) -> RowCounts: ...
 
-    def failed_after_exchange(self, config: PipelineConfig, rows: Iterable[int],
-                              progress: Callable[[int], None] | None = None) -> dict[int, str]: ...
+    def failed_after_exchange(self, config: PipelineConfig, rows: Iterable[int], progress: Callable[[int], None] | None) -> dict[int, str]: ...
 
     def check_layout(self, topology: Topology) -> None: ...
 
