@@ -17,6 +17,12 @@ The loss is per token over the iteration: the loss tokens of the language model'
 DP replicas, divide both modules' gradients. Every micro-batch reaches ``MimoModel.forward`` through
 :func:`mimo_pipes.megatron.mimo_batch` alone, with the keys its pipeline stage takes.
 
+With ``--save DIR --save-interval N`` every N-th iteration is saved into Megatron's folder layout (``DIR/iter_{k:07d}/``:
+each module's model and optimizer part, :mod:`mimo_pipes.megatron.model_state`, and the pipeline's state,
+:mod:`mimo_pipes.megatron.checkpoint`), committed by Megatron's tracker file once every rank has written its part;
+``--load DIR`` resumes from the iteration the tracker names, on any data-parallel sizes of the same tp and pp, and
+trains on to ``--iterations``.
+
 Run with one process per GPU, E + tp * pp * dp GPUs (``--reorder off,on`` runs both from the same weights)::
 
     torchrun --nproc-per-node 3 -m mimo_pipes_recipes.megatron_mimo_grids --images-dp 1 --language-dp 2 --reorder off,on
@@ -46,9 +52,11 @@ from mimo_pipes.config import PipelineConfig
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.graph.loader import GraphLoader
 from mimo_pipes.megatron import MimoBatchSettings, mimo_batch, require_mrope_and_packing, stage_of
+from mimo_pipes.megatron.checkpoint import commit_iteration, latest_iteration, load_pipeline_state, save_pipeline_state
 from mimo_pipes.megatron.device import TrainingDevice, init_distributed, to_device
 from mimo_pipes.megatron.grids import grid_layout, rank_layout
 from mimo_pipes.megatron.groups import module_grid, pg_collection
+from mimo_pipes.megatron.model_state import load_model_state, save_model_state
 from mimo_pipes.megatron.step import forward_step, module_grad_norm, summed_loss
 from mimo_pipes_recipes import megatron_mimo_train as colocated
 from mimo_pipes_recipes import vlm_sft
@@ -64,14 +72,18 @@ MINIMUM_MEGATRON_CORE = (0, 19)
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The colocated recipe's settings (``--device`` among them) plus each module's parallel sizes."""
     own = argparse.ArgumentParser(add_help=False)
-    for flag, default in (("--images-dp", 1), ("--language-dp", 2), ("--language-tp", 1), ("--language-pp", 1)):
+    for flag, default in (("--images-dp", 1), ("--language-dp", 2), ("--language-tp", 1), ("--language-pp", 1), ("--save-interval", 1)):
         own.add_argument(flag, type=int, default=default)
+    own.add_argument("--save", default=None, help="Megatron's checkpoint folder to save into (every --save-interval iterations)")
+    own.add_argument("--load", default=None, help="Megatron's checkpoint folder to resume from (its latest committed iteration)")
     known, rest = own.parse_known_args(list(sys.argv[1:] if argv is None else argv))
-    for name in ("images_dp", "language_dp", "language_tp", "language_pp"):
+    for name in ("images_dp", "language_dp", "language_tp", "language_pp", "save_interval"):
         if getattr(known, name) < 1:
             own.error(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(known, name)}")
     args = colocated.parse_args(rest)
-    for name in ("images_dp", "language_dp", "language_tp", "language_pp"):
+    if (known.save or known.load) and len(args.reorder_modes) > 1:
+        own.error("--save / --load: one --reorder mode per run (each mode trains from the start)")
+    for name in ("images_dp", "language_dp", "language_tp", "language_pp", "save_interval", "save", "load"):
         setattr(args, name, getattr(known, name))
     return args
 
@@ -231,7 +243,7 @@ def module_norms(model: Any, place: Place) -> dict[str, float]:
     """Each module's gradient norm, before clipping, on every rank (each module's ranks give their own)."""
     names = [colocated.MODALITY, LANGUAGE]
     norms = place.zeros(len(names))
-    norms[names.index(place.module)] = module_grad_norm(place.module_of(model), place.pgs.mp)
+    norms[names.index(place.module)] = module_grad_norm(place.module_of(model), place.pgs)
     dist.all_reduce(norms, op=dist.ReduceOp.MAX)
     return {name: float(norm) for name, norm in zip(names, norms.tolist())}
 
@@ -267,6 +279,26 @@ def everywhere(loss_sum: torch.Tensor, place: Place) -> torch.Tensor:
     return loss_sum
 
 
+def resume(args: argparse.Namespace, place: Place, model: Any, optimizer: Any, loader: GraphLoader, config: PipelineConfig) -> int:
+    """With ``--load``: the model, optimizer and loader as the latest committed iteration left them; returns that
+    iteration (0: nothing to resume)."""
+    iteration = latest_iteration(args.load) if args.load else None
+    if iteration is None:
+        return 0
+    load_model_state(args.load, iteration, module=place.module, pgs=place.pgs, model=place.module_of(model).module, optimizer=optimizer)
+    loader.load_state_dict(load_pipeline_state(args.load, iteration, config=config, consumed_microbatches=iteration * args.microbatches))
+    return iteration
+
+
+def save(args: argparse.Namespace, place: Place, iteration: int, model: Any, optimizer: Any, loader: GraphLoader, config: PipelineConfig) -> None:
+    """Iteration ``iteration`` into ``--save``: each module's part, then the pipeline's state (collective: past it
+    every rank has written), then Megatron's tracker names it."""
+    save_model_state(args.save, iteration, module=place.module, pgs=place.pgs, model=place.module_of(model).module, optimizer=optimizer)
+    save_pipeline_state(args.save, iteration, loader.state_dict(), config=config, consumed_microbatches=iteration * args.microbatches)
+    if place.rank == 0:
+        commit_iteration(args.save, iteration)
+
+
 def train_run(args: argparse.Namespace, place: Place, reorder: str) -> list[dict[str, Any]]:
     components = grid_layout(place.grids, micro_batch_size=args.micro_batch_size).components
     config = pipeline_config(args, reorder, components)
@@ -287,11 +319,14 @@ def train_run(args: argparse.Namespace, place: Place, reorder: str) -> list[dict
     loader = vlm_sft.build(config, rank_layout(place.grids, micro_batch_size=args.micro_batch_size))
     records = []
     try:
+        done = resume(args, place, model, optimizer, loader, config)
         inputs = forward_inputs(loader, settings, place.device)
-        for number in range(1, args.iterations + 1):
+        for number in range(done + 1, args.iterations + 1):
             record = iteration(args, model, optimizer, inputs, comm, groups, place, totals)
             loss = float(everywhere(record.pop("loss_sum"), place)) / max(record["tokens"], 1.0)
             records.append({"iteration": number, "loss": loss, **record})
+            if args.save and number % args.save_interval == 0:
+                save(args, place, number, model, optimizer, loader, config)
             if place.rank == 0 and (number == 1 or number % 10 == 0):
                 print(f"reorder {reorder} iteration {number}: loss {loss:.4f} ({record['ms']:.0f} ms)", flush=True)
     finally:

@@ -334,10 +334,10 @@ class Taken:
         return to_device(item.kwargs, self.device)
 
 
-def module_norms(model: Any, group: Any) -> dict[str, float]:
+def module_norms(model: Any, pgs: Any) -> dict[str, float]:
     """Each module's gradient norm (the language model and each modality's submodule), before clipping."""
-    norms = {name: module_grad_norm(module, group) for name, module in model.module.modality_submodules.items()}
-    return {**norms, "language": module_grad_norm(model.module.language_model, group)}
+    norms = {name: module_grad_norm(module, pgs) for name, module in model.module.modality_submodules.items()}
+    return {**norms, "language": module_grad_norm(model.module.language_model, pgs)}
 
 
 def iteration_step(model: Any, optimizer: Any, source: Iterator[Prepared], microbatches: int, device: TrainingDevice,
@@ -355,7 +355,7 @@ def iteration_step(model: Any, optimizer: Any, source: Iterator[Prepared], micro
     taken = Taken(source, device.torch_device())
     losses = forward_backward_no_pipelining(forward_step_func=forward_step, data_iterator=taken, model=model, num_microbatches=microbatches,
                                             seq_length=0, micro_batch_size=0, forward_only=False, pg_collection=pgs)  # sizes: pipelining's
-    norms = module_norms(model, pgs.mp)
+    norms = module_norms(model, pgs)
     updated, grad_norm, _ = optimizer.step()
     tokens = totals["tokens"]
     loss = float(summed_loss(losses)) / tokens

@@ -10,7 +10,7 @@ if [ -z "${SKIP_SETUP312:-}" ] || [ ! -x .venv312/bin/python ]; then
 fi
 unset PYTHONDONTWRITEBYTECODE
 # The routing and resume scenarios share the warm pool of tests/helpers/dist_pool.py (6 ranks); the equivalence
-# tests train in pools of exactly each recipe's world (1 rank, and 3), started once for the module.
+# tests train in pools of exactly each recipe's world (1 rank, 3, and that pool's 6), started once for the module.
 SECONDS=0
 status=0
 .venv312/bin/python -m pytest -q -p no:cacheprovider --durations=10 -m "not launch" \

@@ -38,13 +38,15 @@ def summed_loss(records: list[dict[str, torch.Tensor]] | None) -> torch.Tensor:
     return total
 
 
-def module_grad_norm(module: torch.nn.Module, model_parallel_group: Any) -> float:
+def module_grad_norm(module: torch.nn.Module, pgs: Any) -> float:
     """The L2 norm of ``module``'s reduced gradients (megatron-core's ``main_grad``) over its model-parallel
-    group, each tensor-parallel duplicate counted once: after the schedule's ``finalize_model_grads_func``, before
-    the optimizer clips them."""
+    group (``pgs``: the module's ``ProcessGroupCollection``), each tensor-parallel duplicate counted once, on the
+    module's own tensor-parallel group (megatron-core's global one is the wrong one under ``module_to_grid_map``):
+    after the schedule's ``finalize_model_grads_func``, before the optimizer clips them."""
     from megatron.core.optimizer.clip_grads import get_grad_norm_fp32
     from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
     grads = [param.main_grad for param in module.parameters()
-             if param.requires_grad and getattr(param, "main_grad", None) is not None and param_is_not_tensor_parallel_duplicate(param)]
-    return float(get_grad_norm_fp32(grads, grad_stats_parallel_group=model_parallel_group))
+             if param.requires_grad and getattr(param, "main_grad", None) is not None
+             and param_is_not_tensor_parallel_duplicate(param, tp_group=pgs.tp)]
+    return float(get_grad_norm_fp32(grads, grad_stats_parallel_group=pgs.mp))

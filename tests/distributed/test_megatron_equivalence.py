@@ -1,12 +1,16 @@
 """The non-colocated recipe (``megatron_mimo_grids``: the vision module and the language model on their own ranks,
 megatron-core's bridge and 1F1B schedule) trains exactly as the colocated one (``megatron_mimo_train``: one rank,
 megatron-core's schedule without pipelining): same settings, seed and data, per-iteration losses within 1e-5
-relative and per-module gradient norms equal, reordering off and on, windows across micro-batches. On CPU ranks
-over Gloo (``--device cpu``), megatron-core 0.19 or later (Python 3.12: the 3.12 tier, ``scripts/test312.sh``)."""
+relative and per-module gradient norms equal, reordering off and on (a window of two micro-batches whose samples
+move between them), and with the language model split over two tensor-parallel ranks or two pipeline stages (both
+recipes from one set of full weights). On CPU ranks over Gloo (``--device cpu``), megatron-core 0.19 or later
+(Python 3.12: the 3.12 tier, ``scripts/test312.sh``)."""
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from dist_pool import GLOO_WORLD, DistPool, shared_pool
@@ -17,29 +21,38 @@ from mimo_pipes_recipes import megatron_mimo_grids as grids
 pytestmark = pytest.mark.skipif(grids.megatron_core_problem() is not None, reason="needs megatron-core 0.19 or later (Python 3.12)")
 
 RELATIVE = 1e-5
-LAYOUTS = {"images dp 1 + language dp 2": (1, 2), "images dp 2 + language dp 4": (2, 4)}
-CASES = [("images dp 1 + language dp 2", "off"), ("images dp 1 + language dp 2", "on"), ("images dp 2 + language dp 4", "on")]
+LAYOUTS = {"images dp 1 + language dp 2": {"images_dp": 1, "language_dp": 2}, "images dp 2 + language dp 4": {"images_dp": 2, "language_dp": 4}}
+MODEL_PARALLEL = {"language tp 2": {"language_tp": 2}, "language pp 2": {"language_pp": 2}}  # images dp 1, language dp 1: 3 ranks
+TWO_LAYERS = ["--lm-layers", "2"]  # a layer for each pipeline stage
 
 
 @pytest.fixture(scope="module")
 def pools() -> dict[int, DistPool]:
     """Warm pools of exactly the ranks each recipe's world has (megatron-core's optimizers gather over the whole
     world): one rank for the colocated recipe, each layout's for the non-colocated one."""
-    sizes = {1, *(sum(layout) for layout in LAYOUTS.values())}
+    sizes = {1, *(sum(layout.values()) for layout in LAYOUTS.values())}
     started = {size: DistPool(size) for size in sizes if size != GLOO_WORLD}
     yield {**started, **({GLOO_WORLD: shared_pool()} if GLOO_WORLD in sizes else {})}  # the shared pool when it is the size
     for pool in started.values():
         pool.close()
 
 
-def train_both(pools: dict[int, DistPool], images_dp: int, language_dp: int, **settings) -> dict:
-    """Both recipes at once, each on its own pool (the colocated rank beside the non-colocated ranks, which mostly
-    wait on each other)."""
-    with ThreadPoolExecutor(2) as runner:
-        alone = runner.submit(pools[1].run, colocated_run, timeout=600, **settings)
-        split = runner.submit(pools[images_dp + language_dp].run, grids_run, images_dp=images_dp, language_dp=language_dp, timeout=600, **settings)
-        outcome = alone.result()[0]
-        return {"colocated": outcome["training"], "samples": outcome["samples"], "grids": split.result()[0]}
+@pytest.fixture(scope="module")
+def colocated(pools, tmp_path_factory) -> Iterator[dict[str, Future]]:
+    """The colocated references, trained on the one-rank pool while the non-colocated runs train beside it: the
+    one-layer model in reading order (its one rank keeps the reading order with reordering on too: nothing to
+    balance), and the two-layer model, whose full weights as built both model-parallel layouts start from."""
+    weights = str(tmp_path_factory.mktemp("weights") / "initial.pt")
+    with ThreadPoolExecutor(1) as runner:  # one after the other, on the one rank
+        yield {"one layer": runner.submit(pools[1].run, colocated_run, reorder="off", iterations=3, timeout=900),
+               "two layers": runner.submit(pools[1].run, colocated_run, reorder="on", iterations=2, extra=TWO_LAYERS, save_weights=weights,
+                                           timeout=900),
+               "weights": weights}
+
+
+def reference(colocated: dict[str, Future], name: str, iterations: int | None = None) -> dict:
+    outcome = colocated[name].result()[0]
+    return {"colocated": outcome["training"][:iterations], "samples": outcome["samples"][:iterations]}
 
 
 def assert_same_training(outcome: dict) -> None:
@@ -54,7 +67,54 @@ def assert_same_training(outcome: dict) -> None:
     assert colocated[0][0] != colocated[-1][0]  # it trains: the loss moves
 
 
-@pytest.mark.parametrize(("layout", "reorder"), CASES)
-def test_the_noncolocated_recipe_trains_as_the_colocated_one(pools, layout, reorder):
-    images_dp, language_dp = LAYOUTS[layout]
-    assert_same_training(train_both(pools, images_dp, language_dp, reorder=reorder, iterations=2))
+def assert_samples_move_between_micro_batches(off: list[list[list[int]]], on: list[list[list[int]]]) -> None:
+    """Per iteration (one window) the same samples, and some global micro-batch of the balanced window holds
+    samples the reading order put in another: the window spans micro-batches."""
+    assert off and on
+    for plain, balanced in zip(off, on):
+        assert sorted(sample for batch in plain for sample in batch) == sorted(sample for batch in balanced for sample in batch)
+    assert any({*plain_batch} != {*balanced_batch} for plain, balanced in zip(off, on) for plain_batch, balanced_batch in zip(plain, balanced))
+
+
+@pytest.fixture(scope="module")
+def balanced(pools, tmp_path_factory) -> tuple[dict, Path]:
+    """images dp 1 + language dp 2, reordering on, three iterations, each saved into Megatron's checkpoint folder
+    (the model, the optimizer and the pipeline's state inside the iteration folder)."""
+    folder = tmp_path_factory.mktemp("megatron-save")
+    outcome = pools[3].run(grids_run, **LAYOUTS["images dp 1 + language dp 2"], reorder="on", iterations=3,
+                           extra=["--save", str(folder), "--save-interval", "1"], timeout=900)[0]
+    return outcome, folder
+
+
+def test_the_noncolocated_recipe_trains_as_the_colocated_one_with_windows_across_micro_batches(pools, colocated, balanced):
+    """images dp 1 + language dp 2, reordering off and on, each equal to the colocated run in reading order. Off, the
+    global micro-batches are the colocated ones; on, the balanced window moves samples between its micro-batches
+    and each window's loss (every sample of the window, per token) stays."""
+    plain = pools[3].run(grids_run, **LAYOUTS["images dp 1 + language dp 2"], reorder="off", iterations=2, timeout=900)[0]
+    reading_order = reference(colocated, "one layer")
+    assert_same_training({**reading_order, "colocated": reading_order["colocated"][:2], "grids": plain["training"]})
+    assert_same_training({**reading_order, "grids": balanced[0]["training"]})
+    as_sets = [[sorted(batch) for batch in window] for window in reading_order["samples"][:2]]
+    assert [[sorted(batch) for batch in window] for window in plain["samples"]] == as_sets
+    assert_samples_move_between_micro_batches(reading_order["samples"], balanced[0]["samples"])
+
+
+def test_a_resume_from_megatrons_checkpoint_folder_on_another_layout_continues_the_training(pools, colocated, balanced):
+    """The run above resumed on images dp 2 + language dp 4 from its folder's latest committed iteration (the first:
+    the later ones taken back, as if the job had died before their commits): iterations 2 and 3 equal to the
+    uninterrupted run's (iteration 3's loss needs the optimizer's state of iteration 1 restored too)."""
+    _, folder = balanced
+    assert sorted(path.name for path in folder.iterdir()) == ["iter_0000001", "iter_0000002", "iter_0000003", "latest_checkpointed_iteration.txt"]
+    (folder / "latest_checkpointed_iteration.txt").write_text("1")
+    resumed = pools[6].run(grids_run, **LAYOUTS["images dp 2 + language dp 4"], reorder="on", iterations=3, extra=["--load", str(folder)],
+                           timeout=900)[0]
+    assert len(resumed["training"]) == 2
+    assert_same_training({"colocated": reference(colocated, "one layer")["colocated"][1:], "grids": resumed["training"]})
+
+
+@pytest.mark.parametrize("parallel", MODEL_PARALLEL)
+def test_a_model_parallel_language_model_trains_as_the_colocated_one_from_the_same_weights(pools, colocated, parallel):
+    training = reference(colocated, "two layers")["colocated"]  # its weights saved once it is built
+    split = pools[3].run(grids_run, images_dp=1, language_dp=1, weights=colocated["weights"], reorder="on", iterations=2, extra=TWO_LAYERS,
+                         **MODEL_PARALLEL[parallel], timeout=900)[0]
+    assert_same_training({"colocated": training, "grids": split["training"]})

@@ -77,6 +77,20 @@ def test_the_grids_recipe_lays_the_pipeline_out_from_its_own_grids(monkeypatch: 
         grids.parse_args(["--images-dp", "0"])
 
 
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--save", "out", "--save-interval", "0"], "--save-interval: must be >= 1, got 0"),
+    (["--save", "out", "--reorder", "off,on"], "--save / --load: one --reorder mode per run"),
+    (["--load", "out", "--reorder", "off,on"], "--save / --load: one --reorder mode per run"),
+])
+def test_the_grids_recipes_checkpoint_flags_are_checked(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        grids.parse_args(argv)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+    args = grids.parse_args(["--save", "out", "--load", "in", "--save-interval", "5"])
+    assert (args.save, args.load, args.save_interval) == ("out", "in", 5)
+    assert grids.parse_args([]).save is None and grids.parse_args([]).load is None
+
+
 @pytest.mark.parametrize(("installed", "refused"), [("0.16.1", True), ("0.18.0", True), ("0.19.2", False), ("0.20.0rc1", False), ("x.y", True)])
 def test_the_grids_recipe_needs_megatron_core_0_19(installed: str, refused: bool) -> None:
     problem = grids.megatron_core_problem(installed)
