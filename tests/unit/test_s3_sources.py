@@ -88,6 +88,27 @@ def test_transient_faults_lose_and_repeat_nothing(s3):
     assert faults.fired == {"503": 4, "cut": 2, "slow": 1}
 
 
+def test_images_fetched_ahead_are_those_processing_reads_and_a_failed_fetch_is_fetched_again(s3):
+    import time
+
+    from mimo_pipes.data.storage.s3_images import prefetch_media
+
+    server, specs = s3
+    spec = specs["llava"]
+    dataset = open_source(spec["s3"])
+    server.proxy.faults.cuts["images/002-0.png"] = 2  # the fetch ahead fails for good (2 attempts), processing retries
+    with s3_environment(server.env(MIMO_PIPES_S3_ATTEMPTS="2", MIMO_PIPES_S3_BACKOFF_S="0.01")):
+        rows = [{**dataset[i]} for i in range(4)]
+        started = sum(prefetch_media(row, spec["s3_images"]) for row in rows)
+        assert started == 4 and sum(prefetch_media(row, spec["s3_images"]) for row in rows) < 4  # held or on their way
+        deadline = time.monotonic() + 20
+        while (server.proxy.faults.gets.total() < 3 or server.proxy.faults.fired["cut"] < 2) and time.monotonic() < deadline:
+            time.sleep(0.05)  # the three whole fetches ahead and the failed one done
+        gets = server.proxy.faults.gets.total()
+        assert [encoded_media(row, spec["s3_images"], i) for i, row in enumerate(rows)] == rows_of(spec["local"], spec["images"])[:4]
+        assert server.proxy.faults.gets.total() == gets + 1  # only the image whose fetch ahead failed
+
+
 def test_a_missing_image_is_the_rows_missing_image(s3):
     _, specs = s3
     with pytest.raises(SampleError, match=r"dataset row 3: image 0 'nope.png' does not exist under the image folder s3://data/llava/images"):
