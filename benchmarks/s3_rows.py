@@ -5,7 +5,7 @@ Writes ``--rows`` rows, one JPEG each (96 to 320 px a side), in two layouts: Par
 (``paths``: one request per image). Puts them on a local S3 server (moto's server mode on 127.0.0.1, in its own
 process) behind a proxy that adds ``--delay-ms`` to every request. A rank's graph head is timed as a run builds it:
 the canonical reader (DP 1), for images in S3 the media prefetch (each row's files fetched as it is read,
-``--prefetch-rows`` ahead, ``--concurrency`` requests in flight), then N processing threads (``--threads``, as
+``--grid`` gives the requests in flight and the rows ahead), then N processing threads (``--threads``, as
 ``--num-workers`` sets them) running the embedded processor. The disk rate is measured at every N; the goal is S3
 at >= 80% of it.
 
@@ -93,8 +93,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=512)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 4, 16], help="processing threads (--num-workers)")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64], help="S3 requests in flight (MIMO_PIPES_S3_CONCURRENCY)")
-    parser.add_argument("--prefetch-rows", type=int, nargs="+", default=[0, 64], help="rows whose images are fetched ahead (MIMO_PIPES_S3_PREFETCH_ROWS)")
+    parser.add_argument("--grid", nargs="+", default=["1:64", "4:64", "16:64", "64:64", "16:0"],
+                        help="images by path: CONCURRENCY:PREFETCH_ROWS pairs (MIMO_PIPES_S3_CONCURRENCY, MIMO_PIPES_S3_PREFETCH_ROWS)")
     parser.add_argument("--layouts", nargs="+", default=["bytes", "paths"], choices=["bytes", "paths"])
     parser.add_argument("--delay-ms", type=float, default=20.0)
     parser.add_argument("--repeats", type=int, default=2, help="measurements of each side at each thread count (the best is kept)")
@@ -144,7 +144,7 @@ def measure(folder: Path, urls: dict, args: argparse.Namespace) -> None:
     for layout in args.layouts:
         disk = open_source(str(folder / f"{layout}.parquet"))
         # Images in the Parquet file: one range request per row group, nothing for the concurrency to spread.
-        grid = [(c, p) for c in args.concurrency for p in args.prefetch_rows] if layout == "paths" else [(16, 64)]
+        grid = [tuple(int(v) for v in pair.split(":")) for pair in args.grid] if layout == "paths" else [(16, 64)]
         for workers in args.threads:
             on_disk = max(rate(disk, processors["disk"], workers, args.rows) for _ in range(args.repeats))
             for concurrency, ahead in grid:

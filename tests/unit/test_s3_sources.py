@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import shutil
 
 import pytest
 
@@ -260,3 +261,25 @@ def test_a_parquet_source_in_s3_pickles_for_worker_processes(s3):
     dataset = open_source(specs["parquet"]["s3"])
     copy = pickle.loads(pickle.dumps(dataset))
     assert len(copy) == len(dataset) and copy[5] == dataset[5] and copy.cache is not dataset.cache
+
+
+def test_the_local_copies_stay_within_their_bound_and_a_copy_over_it_is_refused(s3):
+    from mimo_pipes.data.storage.disk_copies import copies_root, folder_bytes
+
+    server, specs = s3
+    copied = ("jsonl", "llava", "disk")  # annotation files (with their Arrow conversion) and a save_to_disk folder
+    rows = {fmt: len(open_source(specs[fmt]["s3"])) for fmt in copied}
+    sizes = sorted(folder_bytes(copy) for copy in copies_root().iterdir())
+    assert len(sizes) == 3 and all(rows[fmt] == SIZE for fmt in copied)
+    bound = sizes[-1] + sizes[0] // 2  # the largest copy fits, not two of the larger ones
+    for copy in copies_root().iterdir():
+        shutil.rmtree(copy)
+    with s3_environment(server.env(MIMO_PIPES_S3_DISK_MB=str(bound / 2**20))):
+        for fmt in copied * 2:
+            dataset = open_source(specs[fmt]["s3"])
+            held = [copy for copy in copies_root().iterdir() if not copy.name.startswith(".")]
+            assert sum(folder_bytes(copy) for copy in held) <= bound
+            assert len(dataset) == SIZE and dataset[SIZE - 1] == open_source(specs[fmt]["local"])[SIZE - 1]
+        assert len(held) < 3
+    with s3_environment(server.env(MIMO_PIPES_S3_DISK_MB="0.001")), pytest.raises(ConfigError, match=r"MIMO_PIPES_S3_DISK_MB.*s3://data/jsonl.*MiB"):
+        open_source(specs["jsonl"]["s3"])

@@ -48,8 +48,9 @@ def is_remote_energon(spec: str) -> bool:
 
 
 def local_meta(spec: str) -> Path:
-    """A local folder holding the dataset's ``.nv-meta/`` and ``*.tar.idx`` files, copied once (per their sizes)."""
-    from mimo_pipes.data.cache import build_atomically, cache_root
+    """A local folder holding the dataset's ``.nv-meta/`` and ``*.tar.idx`` files, copied once (per their sizes), among
+    the bounded copies of :mod:`~mimo_pipes.data.storage.disk_copies`."""
+    from mimo_pipes.data.storage.disk_copies import bounded_copy
 
     root = epath(spec)
     try:
@@ -65,7 +66,7 @@ def local_meta(spec: str) -> Path:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(path.read_bytes())
 
-    return build_atomically(cache_root() / "energon" / digest, copy)
+    return bounded_copy(f"energon-{digest}", sum(size for _, size in listing), copy, spec)
 
 
 class RemoteShard:

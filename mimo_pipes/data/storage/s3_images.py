@@ -17,21 +17,21 @@ from mimo_pipes.data.storage.s3_store import StorageError, store
 from mimo_pipes.data.storage.s3_url import join_inside
 from mimo_pipes.errors import SampleError
 
-_CACHES: dict[int, tuple[ByteBoundedCache[bytes], ThreadPoolExecutor]] = {}
+_HELD: list[tuple[Any, ByteBoundedCache[bytes], ThreadPoolExecutor]] = []  # (store, its cache, its pool): one
 _LOCK = threading.Lock()
 
 
 def _cache_and_pool() -> tuple[ByteBoundedCache[bytes], ThreadPoolExecutor]:
-    """This store's cache of files and its pool of fetches ahead of need (made again with a new store)."""
+    """This store's cache of files and its pool of fetches ahead of need (made again with a new store: the store
+    itself is held, so a new one is never taken for the old one)."""
     client = store()
     with _LOCK:
-        if id(client) not in _CACHES:
-            for _, pool in _CACHES.values():
+        if not _HELD or _HELD[0][0] is not client:
+            for _, _, pool in _HELD:
                 pool.shutdown(wait=False, cancel_futures=True)
-            _CACHES.clear()
-            pool = ThreadPoolExecutor(client.settings.concurrency, thread_name_prefix="mimo-pipes-s3-fetch")
-            _CACHES[id(client)] = (ByteBoundedCache(client.settings.cache_bytes, len), pool)
-        return _CACHES[id(client)]
+            _HELD[:] = [(client, ByteBoundedCache(client.settings.cache_bytes, len),
+                         ThreadPoolExecutor(client.settings.concurrency, thread_name_prefix="mimo-pipes-s3-fetch"))]
+        return _HELD[0][1], _HELD[0][2]
 
 
 def _cache() -> ByteBoundedCache[bytes]:
