@@ -283,3 +283,39 @@ def test_the_local_copies_stay_within_their_bound_and_a_copy_over_it_is_refused(
         assert len(held) < 3
     with s3_environment(server.env(MIMO_PIPES_S3_DISK_MB="0.001")), pytest.raises(ConfigError, match=r"MIMO_PIPES_S3_DISK_MB.*s3://data/jsonl.*MiB"):
         open_source(specs["jsonl"]["s3"])
+
+
+@pytest.fixture(scope="module")
+def energon_blend(server, tmp_path_factory):
+    pytest.importorskip("megatron.energon")
+    from energon_data import crude_sample, write_real_rows, write_shards
+
+    s3, _ = server
+    root = tmp_path_factory.mktemp("blend")
+    write_real_rows(root / "ds", SIZE, per_shard=5)
+    write_shards(root / "small", [crude_sample(100 + i) for i in range(3)], 2, "__class__: CrudeWebdataset\n")
+    (root / "blend.yaml").write_text(
+        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
+        "      - weight: 3\n        path: ds\n      - weight: 1\n        path: small\n")
+    return s3.upload(root, "s3://blends/root") + "/blend.yaml", str(root / "blend.yaml")
+
+
+def test_an_energon_metadataset_in_s3_blends_as_on_disk_through_energons_storage_layer(s3, energon_blend):
+    from mimo_pipes.data.sources.energon_blend import EnergonBlend
+
+    url, local = energon_blend
+    check_source(url)
+    remote, on_disk = open_source(url), open_source(local)
+    assert isinstance(remote, EnergonBlend) and len(remote) == len(on_disk) == SIZE + 4
+    assert all(name.startswith("msc://_s3-blends/root/") for name in remote.names)
+    assert [remote[k] for k in range(len(remote))] == [on_disk[k] for k in range(len(on_disk))]
+
+
+def test_a_metadataset_in_s3_naming_a_missing_dataset_is_one_line(s3, energon_blend):
+    server, _ = s3
+    server.client.put_object(Bucket="blends", Key="root/bad.yaml", Body=(
+        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
+        "      - weight: 1\n        path: ds\n      - weight: 1\n        path: nope\n").encode())
+    with pytest.raises(ConfigError, match=r"bad.yaml.*nope") as error:
+        check_source("s3://blends/root/bad.yaml")
+    assert "\n" not in str(error.value)

@@ -135,7 +135,8 @@ def _check_rows(spec: str | Path, ds):
 
 def open_energon(spec: str | Path, split: str = "train"):
     """An Energon dataset folder or metadataset YAML file as a map-style source of conversation rows."""
-    if is_s3(spec) or str(spec).startswith("msc://") or Path(spec).expanduser().is_dir():
+    remote = is_s3(spec) or str(spec).startswith("msc://")
+    if (remote and Path(str(spec)).suffix.lower() not in (".yaml", ".yml")) or (not remote and Path(spec).expanduser().is_dir()):
         return EnergonDataset(spec, split)
     from mimo_pipes.data.sources.energon_blend import EnergonBlend
 
