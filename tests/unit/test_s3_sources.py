@@ -314,8 +314,8 @@ def test_an_energon_metadataset_in_s3_blends_as_on_disk_through_energons_storage
 def test_a_metadataset_in_s3_naming_a_missing_dataset_is_one_line(s3, energon_blend):
     server, _ = s3
     server.client.put_object(Bucket="blends", Key="root/bad.yaml", Body=(
-        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
-        "      - weight: 1\n        path: ds\n      - weight: 1\n        path: nope\n").encode())
+        b"__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
+        b"      - weight: 1\n        path: ds\n      - weight: 1\n        path: nope\n"))
     with pytest.raises(ConfigError, match=r"bad.yaml.*nope") as error:
         check_source("s3://blends/root/bad.yaml")
     assert "\n" not in str(error.value)
