@@ -319,3 +319,18 @@ def test_a_metadataset_in_s3_naming_a_missing_dataset_is_one_line(s3, energon_bl
     with pytest.raises(ConfigError, match=r"bad.yaml.*nope") as error:
         check_source("s3://blends/root/bad.yaml")
     assert "\n" not in str(error.value)
+
+
+def test_analyze_starts_each_rows_image_fetches_once_ahead_of_counting_it(s3, monkeypatch):
+    from mimo_pipes.analysis.row_counts import count_rows
+    from mimo_pipes.data.embedded.builtin_processor import default_processor_path
+    from mimo_pipes.data.processing.processor import load_processor
+    from mimo_pipes.data.storage import s3_images
+
+    _, specs = s3
+    spec = specs["llava"]
+    started, fetch = [], s3_images.prefetch_media
+    monkeypatch.setattr(s3_images, "prefetch_media", lambda row, folder: started.append(row["sample_id"]) or fetch(row, folder))
+    counts = {side: count_rows(open_source(spec[side]), load_processor(default_processor_path(), 1024, image_folder=spec[folder]),
+                               use_cache=False).image_tokens.tolist() for side, folder in (("s3", "s3_images"), ("local", "images"))}
+    assert started == list(range(SIZE)) and counts["s3"] == counts["local"] and any(counts["s3"])
