@@ -35,6 +35,9 @@ def data(tmp_path_factory):
             url = s3.upload(root / fmt, f"s3://runs/{fmt}")
             sources[fmt] = {"disk": ["--dataset", spec, "--image-folder", str(images)],
                             "s3": ["--dataset", spec.replace(str(root / fmt), url), "--image-folder", f"{url}/images"]}
+        # Rows that keep their images' paths across the exchange: the rank that trains on a row fetches its files.
+        paths = ["--exchange-image-paths"]
+        sources["llava-paths"] = {side: [*flags, *paths] for side, flags in sources["llava"].items()}
         try:
             from energon_data import write_real_rows
 
@@ -63,7 +66,7 @@ def s3(data, tmp_path):
     return s3
 
 
-@pytest.mark.parametrize("fmt", ["parquet", "llava", "jsonl", "disk", "energon", "blend"])
+@pytest.mark.parametrize("fmt", ["parquet", "llava", "llava-paths", "jsonl", "disk", "energon", "blend"])
 def test_run_on_s3_consumes_what_it_consumes_on_the_same_files_on_disk(gloo_pool, data, s3, fmt, tmp_path):
     _, sources, _ = data
     if fmt not in sources:
