@@ -2,13 +2,14 @@
 
 Writes ``--rows`` rows, one JPEG each (96 to 320 px a side), in two layouts: Parquet holding the image bytes
 (``bytes``: a row group of 64 rows is one range request) and Parquet naming image files under ``images/``
-(``paths``: one request per image, on the processing threads). Puts them on a local S3 server (moto's server mode
-on 127.0.0.1, in its own process) behind a proxy that adds ``--delay-ms`` to every request. A rank's graph head is
-timed as a run builds it: the canonical reader (DP 1) and N processing threads (``--num-workers``) running the
-embedded processor; for images by path the threads are the concurrency of the fetches. The disk rate is measured
-at every N too; the goal is S3 at >= 80% of the best disk rate.
+(``paths``: one request per image). Puts them on a local S3 server (moto's server mode on 127.0.0.1, in its own
+process) behind a proxy that adds ``--delay-ms`` to every request. A rank's graph head is timed as a run builds it:
+the canonical reader (DP 1), for images in S3 the media prefetch (each row's files fetched as it is read,
+``--grid`` gives the requests in flight and the rows ahead), then N processing threads (``--threads``, as
+``--num-workers`` sets them) running the embedded processor. The disk rate is measured at every N; the goal is S3
+at >= 80% of it.
 
-    python benchmarks/s3_rows.py --rows 384 --concurrency 1 4 16 32 64
+    python benchmarks/s3_rows.py --rows 384
 """
 
 from __future__ import annotations
@@ -63,13 +64,21 @@ def serve(port_file: str, delay_ms: float, lifetime_s: float) -> None:
 
 
 def rate(dataset, processor, workers: int, rows: int) -> float:
-    """Rows per second through the reader and ``workers`` processing threads (the embedded processor)."""
+    """Rows per second through a rank's head as the run builds it: the reader, then (images in S3) the media
+    prefetch, then ``workers`` processing threads running the embedded processor."""
+    import functools
+
     from torchdata.nodes import ParallelMapper
 
+    from mimo_pipes.data.storage.s3_images import prefetch_media, prefetch_rows
+    from mimo_pipes.data.storage.s3_url import is_s3
     from mimo_pipes.nodes import CanonicalShardReader, SnapshotGuard
+    from mimo_pipes.nodes.media_prefetch import MediaPrefetch
 
-    reader = CanonicalShardReader(dataset, micro_batch_size=8, dp_rank=0, dp_size=1, grid_size=1, seed=3, dataloader_type="single")
-    node = ParallelMapper(SnapshotGuard(reader), processor, num_workers=workers, in_order=True, method="thread")
+    node = CanonicalShardReader(dataset, micro_batch_size=8, dp_rank=0, dp_size=1, grid_size=1, seed=3, dataloader_type="single")
+    if is_s3(processor.image_folder):
+        node = MediaPrefetch(node, start=functools.partial(prefetch_media, image_folder=processor.image_folder), ahead=prefetch_rows())
+    node = ParallelMapper(SnapshotGuard(node), processor, num_workers=workers, in_order=True, method="thread")
     node.reset()
     node.next()  # the first row group and the threads started before the clock
     start = time.perf_counter()
@@ -83,7 +92,10 @@ def rate(dataset, processor, workers: int, rows: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=512)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 32, 64])
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 4, 16], help="processing threads (--num-workers)")
+    parser.add_argument("--grid", nargs="+", default=["1:64", "4:64", "16:64", "64:64", "16:0"],
+                        help="images by path: CONCURRENCY:PREFETCH_ROWS pairs (MIMO_PIPES_S3_CONCURRENCY, MIMO_PIPES_S3_PREFETCH_ROWS)")
+    parser.add_argument("--layouts", nargs="+", default=["bytes", "paths"], choices=["bytes", "paths"])
     parser.add_argument("--delay-ms", type=float, default=20.0)
     parser.add_argument("--repeats", type=int, default=2, help="measurements of each side at each thread count (the best is kept)")
     parser.add_argument("--serve", help=argparse.SUPPRESS)
@@ -127,24 +139,24 @@ def measure(folder: Path, urls: dict, args: argparse.Namespace) -> None:
     processors = {side: load_processor(default_processor_path(), 1024, image_folder=where)
                   for side, where in (("disk", str(folder / "images")), ("s3", "s3://bench/images"))}
     print(f"{args.rows} rows, {args.delay_ms:g} ms added to every request; {os.cpu_count()} cores, {platform.processor() or platform.machine()}")
-    print("| layout | threads | disk rows/s | S3 rows/s | S3 / disk | S3 / best disk | S3 requests (last pass) |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for layout in ("bytes", "paths"):
+    print("| layout | threads | S3 concurrency | prefetch rows | disk rows/s | S3 rows/s | S3 / disk | S3 requests |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for layout in args.layouts:
         disk = open_source(str(folder / f"{layout}.parquet"))
-        results = []
-        for workers in args.concurrency:
-            os.environ["MIMO_PIPES_S3_CONCURRENCY"] = str(max(16, workers))
-            reset_store()
-            on_disk, on_s3 = 0.0, 0.0
-            for _ in range(args.repeats):  # alternating, best of each: the cores are shared, the best is the least disturbed
-                on_disk = max(on_disk, rate(disk, processors["disk"], workers, args.rows))
-                reset_store()  # a cold cache: every row group and image read from the server again
-                s3 = open_source(f"s3://bench/{layout}.parquet")
-                on_s3 = max(on_s3, rate(s3, processors["s3"], workers, args.rows))
-            results.append((workers, on_disk, on_s3, store().requests))
-        best = max(r[1] for r in results)
-        for workers, on_disk, on_s3, requests in results:
-            print(f"| {layout} | {workers} | {on_disk:.0f} | {on_s3:.0f} | {on_s3 / on_disk:.0%} | {on_s3 / best:.0%} | {requests} |", flush=True)
+        # Images in the Parquet file: one range request per row group, nothing for the concurrency to spread.
+        grid = [tuple(int(v) for v in pair.split(":")) for pair in args.grid] if layout == "paths" else [(16, 64)]
+        for workers in args.threads:
+            on_disk = max(rate(disk, processors["disk"], workers, args.rows) for _ in range(args.repeats))
+            for concurrency, ahead in grid:
+                os.environ.update({"MIMO_PIPES_S3_CONCURRENCY": str(concurrency), "MIMO_PIPES_S3_PREFETCH_ROWS": str(ahead)})
+                on_s3 = 0.0
+                for _ in range(args.repeats):  # the best of each: the cores are shared, the best is the least disturbed
+                    on_disk = max(on_disk, rate(disk, processors["disk"], workers, args.rows))
+                    reset_store()  # a cold cache: every row group and image read from the server again
+                    s3 = open_source(f"s3://bench/{layout}.parquet")
+                    on_s3 = max(on_s3, rate(s3, processors["s3"], workers, args.rows))
+                print(f"| {layout} | {workers} | {concurrency} | {ahead} | {on_disk:.0f} | {on_s3:.0f} | {on_s3 / on_disk:.0%} | {store().requests} |",
+                      flush=True)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ mappers, then appends the library's tail (costs, windows, the exchange, micro-ba
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -20,17 +21,20 @@ from mimo_pipes.config.counts import as_count
 from mimo_pipes.config.tail_settings import resolve_pipeline_tail
 from mimo_pipes.config.transport import check_read_ahead
 from mimo_pipes.data.bad_rows.skipping import SkipBadRows
-from mimo_pipes.data.from_config import dataset_path, open_processor, processor_path
+from mimo_pipes.data.from_config import dataset_path, image_folder, open_processor, processor_path
 from mimo_pipes.data.processing.module_processor import ModuleProcessor
 from mimo_pipes.data.processing.processor import check_processor_path
 from mimo_pipes.data.processing.row_counter import RowCounter
 from mimo_pipes.data.sources.open_source import check_source, open_source, report_problems
+from mimo_pipes.data.storage.s3_images import prefetch_media, prefetch_rows
+from mimo_pipes.data.storage.s3_url import is_s3
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.graph.loader import GraphLoader
 from mimo_pipes.graph.tail import balanced_tail
 from mimo_pipes.nodes import CanonicalShardReader, SnapshotGuard
 from mimo_pipes.nodes.canonical_shard_reader import MapStyleDataset
+from mimo_pipes.nodes.media_prefetch import MediaPrefetch
 from mimo_pipes.samples.collate import FieldSpec
 from mimo_pipes.samples.module_fields import module_fields
 from mimo_pipes.samples.sample import Sample
@@ -78,9 +82,14 @@ def pipeline(
         dataloader_type=config.dataloader_type,
     )
     if map_fn is not None:
+        method = "thread" if tail.processing.rows else processing
+        folder = image_folder(config)
+        if is_s3(folder) and method == "thread":
+            # Images named by path in object storage: each row's files fetched as it is read, ahead of the mappers,
+            # on the store's own pool (its concurrency, not the mappers'), into the cache the mappers read.
+            node = MediaPrefetch(node, start=functools.partial(prefetch_media, image_folder=folder), ahead=prefetch_rows())
         # Processing, or with rows the counting (cheap: on threads). ParallelMapper keeps its source's state
         # as snapshots without copying: SnapshotGuard hands it copies.
-        method = "thread" if tail.processing.rows else processing
         node = ParallelMapper(
             SnapshotGuard(node), map_fn, num_workers=tail.processing.workers, in_order=True, method=method,
             multiprocessing_context="spawn" if method == "process" else None,

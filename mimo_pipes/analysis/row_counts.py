@@ -28,6 +28,7 @@ from mimo_pipes.data.cache import cache_root
 from mimo_pipes.data.processing.processor import SampleProcessor
 from mimo_pipes.data.processing.row_counter import RowCount, RowCounter
 from mimo_pipes.data.sources.open_source import read_rows
+from mimo_pipes.data.storage.s3_url import is_s3
 from mimo_pipes.errors import SampleError, row_reason
 from mimo_pipes.samples.cost import image_token_count, placeholder_runs, real_token_count
 from mimo_pipes.samples.sample import SAMPLE_ID
@@ -218,6 +219,24 @@ def _without_runs(row_counter: CustomCounter) -> Callable[[Mapping[str, Any]], R
     return lambda row: (*row_counter(row), [])
 
 
+def _fetcher(processor: Any) -> Callable[[list, int], None]:
+    """With images by path in object storage, what starts fetching the files of the rows ``MIMO_PIPES_S3_PREFETCH_ROWS``
+    after the one counted next (as a run's graph fetches them ahead of its processing threads); otherwise nothing."""
+    folder = getattr(processor, "image_folder", None)
+    if not is_s3(folder):
+        return lambda rows, offset: None
+    from mimo_pipes.data.storage.s3_images import prefetch_media, prefetch_rows
+
+    ahead = prefetch_rows()
+
+    def fetch(rows: list, offset: int) -> None:
+        for later in rows[(0 if offset == 0 else offset + ahead): offset + ahead + 1]:
+            if isinstance(later, dict):
+                prefetch_media(later, str(folder))
+
+    return fetch
+
+
 def _count_all(dataset: Any, processor: Any, row_counter: CustomCounter | None, real: bool, runs: bool,
                progress: Callable[[int], None] | None, skip_bad: bool = False, decode: bool = False, whole_files: bool = False) -> RowCounts:
     size = len(dataset)
@@ -228,6 +247,7 @@ def _count_all(dataset: Any, processor: Any, row_counter: CustomCounter | None, 
     counter = _row_counter(processor, row_counter, runs, decode, whole_files)
     sized = isinstance(counter, _SizeCounter)
     bad: dict[int, str] = {}  # with skip_bad: a row that cannot be counted counts 0, and why is kept
+    fetch_ahead = _fetcher(processor)
     for start in range(0, size, CHUNK_ROWS):
         stop = min(start + CHUNK_ROWS, size)
         # Rows counted from their sizes are read a chunk at a time, images left encoded; a processor gets them as indexed.
@@ -237,6 +257,7 @@ def _count_all(dataset: Any, processor: Any, row_counter: CustomCounter | None, 
                 row.setdefault("sample_id", start + offset)
         counts = []
         for offset, row in enumerate(rows):
+            fetch_ahead(rows, offset)
             try:
                 counts.append(counter(row))
             except SampleError as error:

@@ -65,6 +65,15 @@ class CountsRows(Protocol):
     def counted_rows(self, row: Sample) -> int | None: ...
 
 
+@runtime_checkable
+class StartsFetches(Protocol):
+    """A row processing that can start fetching what a row names (its image files in object storage) without
+    waiting: called for every row of a window as the window is handed to the workers, so the fetches run with
+    their own concurrency rather than one per worker."""
+
+    def start_fetches(self, row: Sample) -> None: ...
+
+
 class Masking(NamedTuple):
     """How a row that fails after the exchange is masked (see :mod:`mimo_pipes.samples.masking`): what the
     module trains on in its place, and the group of the job's ranks the failures are agreed on (None: this
@@ -145,6 +154,10 @@ class RowProcessor(GraphNode[Window]):
     def _submit(self, window: Window, state_after: Any) -> _Pending:
         pool, gathering = self._executors()
         if self.method == "thread":
+            if isinstance(self.process, StartsFetches):
+                for microbatch in window.microbatches:
+                    for row in microbatch:
+                        self.process.start_fetches(row)
             rows = [self._submit_into(pool, microbatch) for microbatch in window.microbatches]
         else:
             rows = [self._submit_placed(pool, microbatch) for microbatch in window.microbatches]

@@ -1,6 +1,7 @@
 """`mimo-pipes run` with ``--dataset s3://...`` (its per-rank body in the warm Gloo pool) against a real S3 server on
 127.0.0.1: the same micro-batches (``--dump-assignments``) as on the same files on disk, for Parquet read in place,
-a LLaVA list with its images fetched per row and an Energon dataset read through Energon's storage layer; exact
+JSON-lines and LLaVA lists with their images fetched per row, a save_to_disk folder, an Energon dataset and a
+metadataset blending it, both read through Energon's storage layer; exact
 resume, on the same layout and on another one; a burst
 of 503s and cut connections during the run lose and repeat nothing."""
 
@@ -29,16 +30,24 @@ def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("s3-run")
     with local_s3() as s3:
         sources = {}
-        for fmt in ("parquet", "llava"):
+        for fmt in ("parquet", "llava", "jsonl", "disk"):
             spec, images = write_dataset(root / fmt, fmt, SIZE)
             url = s3.upload(root / fmt, f"s3://runs/{fmt}")
             sources[fmt] = {"disk": ["--dataset", spec, "--image-folder", str(images)],
                             "s3": ["--dataset", spec.replace(str(root / fmt), url), "--image-folder", f"{url}/images"]}
+        # Rows that keep their images' paths across the exchange: the rank that trains on a row fetches its files.
+        paths = ["--exchange-image-paths"]
+        sources["llava-paths"] = {side: [*flags, *paths] for side, flags in sources["llava"].items()}
         try:
             from energon_data import write_real_rows
 
             energon = write_real_rows(root / "energon", SIZE, per_shard=5)
             sources["energon"] = {"disk": ["--dataset", str(energon)], "s3": ["--dataset", s3.upload(energon, "s3://runs/energon")]}
+            # A metadataset blending that dataset with itself at another weight, stored beside it.
+            (root / "blend.yaml").write_text("__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
+                                             "      - weight: 2\n        path: energon\n      - weight: 1\n        path: energon\n")
+            s3.client.put_object(Bucket="runs", Key="blend.yaml", Body=(root / "blend.yaml").read_bytes())
+            sources["blend"] = {"disk": ["--dataset", str(root / "blend.yaml")], "s3": ["--dataset", "s3://runs/blend.yaml"]}
         except ImportError:  # no energon extra
             pass
         yield s3, sources, root
@@ -57,7 +66,7 @@ def s3(data, tmp_path):
     return s3
 
 
-@pytest.mark.parametrize("fmt", ["parquet", "llava", "energon"])
+@pytest.mark.parametrize("fmt", ["parquet", "llava", "llava-paths", "jsonl", "disk", "energon", "blend"])
 def test_run_on_s3_consumes_what_it_consumes_on_the_same_files_on_disk(gloo_pool, data, s3, fmt, tmp_path):
     _, sources, _ = data
     if fmt not in sources:

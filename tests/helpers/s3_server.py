@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import socket
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,19 +52,28 @@ class LocalS3:
 def local_s3() -> Iterator[LocalS3]:
     """moto's server on a free loopback port, the fault proxy before it; both stopped on exit."""
     import boto3
-    from moto.server import ThreadedMotoServer
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+    from werkzeug.serving import make_server
+
+    class Handler(MotoRequestHandler):
+        # werkzeug writes an answer's headers and body apart: with Nagle's algorithm the body waits for the
+        # proxy's delayed ACK of the headers (40 to 200 ms a request, dwarfing what the server spends).
+        disable_nagle_algorithm = True
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
+    server = make_server("127.0.0.1", 0, DomainDispatcherApplication(create_backend_app), threaded=True, request_handler=Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True, name="local-s3")
+    thread.start()
+    port = server.server_address[1]
     try:
         with FaultProxy(f"http://127.0.0.1:{port}") as proxy:
             client = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
                                   aws_access_key_id="testing", aws_secret_access_key="testing")
             yield LocalS3(f"http://127.0.0.1:{port}", proxy, client)
     finally:
-        server.stop()
+        server.shutdown()
+        server.server_close()
+        thread.join()
 
 
 @contextlib.contextmanager

@@ -84,6 +84,35 @@ def test_windows_ahead_queue_its_rows_behind_the_window_waited_for(rows_per_wind
     assert ahead == AHEAD or (ahead - 1) * rows_per_window < ROWS_AHEAD  # and no window more than that needs
 
 
+class Fetching:
+    """A processing that says when each row's fetches start and when it is processed."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, int]] = []
+        self.lock = threading.Lock()
+
+    def start_fetches(self, row: dict) -> None:
+        with self.lock:
+            self.events.append(("fetch", int(row[SAMPLE_ID])))
+
+    def __call__(self, row: dict) -> dict:
+        with self.lock:
+            self.events.append(("process", int(row[SAMPLE_ID])))
+        return process(row)
+
+
+def test_each_rows_fetches_start_when_its_window_goes_to_the_workers_before_any_of_them_is_processed():
+    fetching = Fetching()
+    got = take(row_processor(fn=fetching), None)
+    assert_same(got, expected())
+    fetched = [sid for kind, sid in fetching.events if kind == "fetch"]
+    assert sorted(fetched) == sorted(sid for kind, sid in fetching.events if kind == "process") and len(set(fetched)) == len(fetched)
+    for window in got:  # every row of a window: fetch started before the first of them is processed
+        ids = {row[SAMPLE_ID] for mb in window.microbatches for row in mb}
+        first = min(k for k, (kind, sid) in enumerate(fetching.events) if kind == "process" and sid in ids)
+        assert ids <= {sid for kind, sid in fetching.events[:first] if kind == "fetch"}
+
+
 @pytest.mark.launch  # starts worker processes
 def test_worker_processes_give_the_threads_stream():
     threads = take(row_processor(steps=4), None)

@@ -88,6 +88,27 @@ def test_transient_faults_lose_and_repeat_nothing(s3):
     assert faults.fired == {"503": 4, "cut": 2, "slow": 1}
 
 
+def test_images_fetched_ahead_are_those_processing_reads_and_a_failed_fetch_is_fetched_again(s3):
+    import time
+
+    from mimo_pipes.data.storage.s3_images import prefetch_media
+
+    server, specs = s3
+    spec = specs["llava"]
+    dataset = open_source(spec["s3"])
+    server.proxy.faults.cuts["images/002-0.png"] = 2  # the fetch ahead fails for good (2 attempts), processing retries
+    with s3_environment(server.env(MIMO_PIPES_S3_ATTEMPTS="2", MIMO_PIPES_S3_BACKOFF_S="0.01")):
+        rows = [{**dataset[i]} for i in range(4)]
+        assert sum(prefetch_media(row, spec["s3_images"]) for row in rows) == 4
+        deadline = time.monotonic() + 20
+        while (server.proxy.faults.gets.total() < 3 or server.proxy.faults.fired["cut"] < 2) and time.monotonic() < deadline:
+            time.sleep(0.05)  # the three whole fetches ahead and the failed one done
+        assert [prefetch_media(row, spec["s3_images"]) for row in (rows[0], rows[1], rows[3])] == [0, 0, 0]  # held: nothing to start
+        gets = server.proxy.faults.gets.total()
+        assert [encoded_media(row, spec["s3_images"], i) for i, row in enumerate(rows)] == rows_of(spec["local"], spec["images"])[:4]
+        assert server.proxy.faults.gets.total() == gets + 1  # only the image whose fetch ahead failed
+
+
 def test_a_missing_image_is_the_rows_missing_image(s3):
     _, specs = s3
     with pytest.raises(SampleError, match=r"dataset row 3: image 0 'nope.png' does not exist under the image folder s3://data/llava/images"):
@@ -239,3 +260,77 @@ def test_a_parquet_source_in_s3_pickles_for_worker_processes(s3):
     dataset = open_source(specs["parquet"]["s3"])
     copy = pickle.loads(pickle.dumps(dataset))
     assert len(copy) == len(dataset) and copy[5] == dataset[5] and copy.cache is not dataset.cache
+
+
+def test_the_local_copies_stay_within_their_bound_and_a_copy_over_it_is_refused(s3):
+    from mimo_pipes.data.storage.disk_copies import copies_root, folder_bytes
+
+    server, specs = s3
+
+    def held() -> dict[str, int]:
+        return {copy.name: folder_bytes(copy) for copy in copies_root().iterdir() if not copy.name.startswith(".")}
+
+    open_source(specs["jsonl"]["s3"])  # annotation files with their Arrow conversion
+    (jsonl,) = held()
+    open_source(specs["disk"]["s3"])  # a save_to_disk folder
+    sizes = held()
+    assert len(sizes) == 2
+    bound = max(sizes.values()) + min(sizes.values()) // 2  # room for either copy, not for both
+    with s3_environment(server.env(MIMO_PIPES_S3_DISK_MB=str(bound / 2**20))):
+        for fmt, kept in (("jsonl", {jsonl}), ("disk", set(sizes) - {jsonl})):  # used again: the other one goes
+            dataset = open_source(specs[fmt]["s3"])
+            assert set(held()) == kept and sum(held().values()) <= bound
+            assert len(dataset) == SIZE and dataset[SIZE - 1] == open_source(specs[fmt]["local"])[SIZE - 1]
+    with s3_environment(server.env(MIMO_PIPES_S3_DISK_MB="0.001")), pytest.raises(ConfigError, match=r"MIMO_PIPES_S3_DISK_MB.*s3://data/jsonl.*MiB"):
+        open_source(specs["jsonl"]["s3"])
+
+
+@pytest.fixture(scope="module")
+def energon_blend(server, tmp_path_factory):
+    pytest.importorskip("megatron.energon")
+    from energon_data import crude_sample, write_real_rows, write_shards
+
+    s3, _ = server
+    root = tmp_path_factory.mktemp("blend")
+    write_real_rows(root / "ds", SIZE, per_shard=5)
+    write_shards(root / "small", [crude_sample(100 + i) for i in range(3)], 2, "__class__: CrudeWebdataset\n")
+    (root / "blend.yaml").write_text(
+        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
+        "      - weight: 3\n        path: ds\n      - weight: 1\n        path: small\n")
+    return s3.upload(root, "s3://blends/root") + "/blend.yaml", str(root / "blend.yaml")
+
+
+def test_an_energon_metadataset_in_s3_blends_as_on_disk_through_energons_storage_layer(s3, energon_blend):
+    from mimo_pipes.data.sources.energon_blend import EnergonBlend
+
+    url, local = energon_blend
+    check_source(url)
+    remote, on_disk = open_source(url), open_source(local)
+    assert isinstance(remote, EnergonBlend) and len(remote) == len(on_disk) == SIZE + 4
+    assert all(name.startswith("msc://_s3-blends/root/") for name in remote.names)
+    assert [remote[k] for k in range(len(remote))] == [on_disk[k] for k in range(len(on_disk))]
+
+
+def test_a_metadataset_in_s3_naming_a_missing_dataset_is_one_line(s3, energon_blend):
+    server, _ = s3
+    server.client.put_object(Bucket="blends", Key="root/bad.yaml", Body=(
+        b"__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
+        b"      - weight: 1\n        path: ds\n      - weight: 1\n        path: nope\n"))
+    with pytest.raises(ConfigError, match=r"bad.yaml.*nope") as error:
+        check_source("s3://blends/root/bad.yaml")
+    assert "\n" not in str(error.value)
+
+
+def test_analyze_starts_each_rows_image_fetches_once_ahead_of_counting_it(s3, monkeypatch):
+    from mimo_pipes.analysis.row_counts import count_rows
+    from mimo_pipes.data.embedded.builtin_processor import default_processor_path
+    from mimo_pipes.data.processing.processor import load_processor
+    from mimo_pipes.data.storage import s3_images
+
+    _, specs = s3
+    spec = specs["llava"]
+    started, fetch = [], s3_images.prefetch_media
+    monkeypatch.setattr(s3_images, "prefetch_media", lambda row, folder: started.append(row["sample_id"]) or fetch(row, folder))
+    counts = {side: count_rows(open_source(spec[side]), load_processor(default_processor_path(), 1024, image_folder=spec[folder]),
+                               use_cache=False).image_tokens.tolist() for side, folder in (("s3", "s3_images"), ("local", "images"))}
+    assert started == list(range(SIZE)) and counts["s3"] == counts["local"] and any(counts["s3"])

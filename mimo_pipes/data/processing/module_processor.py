@@ -18,6 +18,7 @@ from mimo_pipes.data.processing.conversation import row_videos
 from mimo_pipes.data.processing.media_sizes import MediaSizes, media_sizes
 from mimo_pipes.data.processing.processor import CONSUMED_KEYS, SampleProcessor, token_fields
 from mimo_pipes.data.processing.row_layout import IDS, RUNS, TRAINED, compact_layout, expanded, header_layout, row_name
+from mimo_pipes.data.storage.s3_url import is_s3
 from mimo_pipes.errors import SampleError
 from mimo_pipes.samples.handover import for_caller
 from mimo_pipes.samples.module_fields import ModuleFields
@@ -54,6 +55,15 @@ class ModuleProcessor:
         out.update(token_fields(*expanded(layout)))
         out.update((name, value) for name, value in layout.items() if name not in (IDS, TRAINED, RUNS))
         return for_caller(out, self.processor.owner)
+
+    def start_fetches(self, row: dict) -> None:
+        """Starts fetching the image files ``row`` names by path under an ``s3://`` image folder, when this module
+        processes pixels (rows keep paths across the exchange with ``--exchange-image-paths``); returns at once."""
+        folder = self.processor.image_folder
+        if self.fields.pixels and is_s3(folder):
+            from mimo_pipes.data.storage.s3_images import prefetch_media
+
+            prefetch_media(row, str(folder))
 
     def counted_rows(self, row: dict) -> int | None:
         """The rows of ``pixel_values`` processing ``row`` gives, from its image tokens counted before the exchange

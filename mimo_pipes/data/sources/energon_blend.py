@@ -80,7 +80,10 @@ class EnergonBlend:
     """A metadataset's ``split``: ``len`` (one pass) and ``blend[k]`` -> the row of blend sample ``k``."""
 
     def __init__(self, path: str | Path, split: str = "train") -> None:
-        self.path = Path(path).expanduser()
+        from mimo_pipes.data.sources.energon_remote import epath, is_remote
+
+        # A metadataset in object storage is read through Energon's storage layer (an EPath), as are the datasets it names.
+        self.path = epath(str(path)) if is_remote(str(path)) else Path(path).expanduser()
         leaves = _leaves(self.path, split)
         self.parts = [_part(leaf) for leaf in leaves]
         sizes = [len(part) for part in self.parts]
@@ -137,7 +140,7 @@ class Leaf:
     """One dataset a metadataset blends: its folder, split part, (mode, weight or repetitions), and where the
     metadataset names it (``blend.yaml: splits.train.blend[1] (path vqa)``, nested files chained)."""
 
-    folder: Path
+    folder: Path | str  # a URL (msc://...) for a dataset in object storage
     split: str
     share: tuple[str, Fraction]
     entry: str
@@ -181,6 +184,9 @@ def _entry_naming(path: Path, missing: Path, depth: int = 0) -> str | None:
 
         tree = yaml.safe_load(path.read_text())
     except Exception:  # noqa: BLE001
+        return None
+
+    if not isinstance(path, Path):  # in object storage: the error names the path alone
         return None
 
     def walk(node: Any, at: str) -> str | None:
@@ -232,14 +238,17 @@ def _node_leaves(node: Any, path: Path, split: str, scale: Fraction, at: str) ->
             raise ConfigError("--dataset", f"{named}: joins and subsets are not read; blend whole datasets")
         if getattr(ref, "dataset_config", None) not in (None, "dataset.yaml") or getattr(ref, "split_config", None) not in (None, "split.yaml"):
             raise ConfigError("--dataset", f"{named}: only dataset.yaml and split.yaml configs are read")
-        target = Path(str(ref.path))
+        remote = not ref.path.is_local()  # named in object storage (an EPath on the multi-storage client)
+        target = ref.path if remote else Path(str(ref.path))
         part_split = ref.split_part or split
         if target.is_file():  # a nested metadataset
             leaves += _leaves(target, part_split, factor, within=f"{named}: ")
-        elif is_energon(target):
-            leaves.append(Leaf(target, part_split, (mode, factor), f"{named}, split_part {part_split!r}"))
-        elif not target.exists():
+        elif is_energon(str(target) if remote else target):
+            leaves.append(Leaf(str(target) if remote else target, part_split, (mode, factor), f"{named}, split_part {part_split!r}"))
+        elif not (target.is_dir() or target.is_file()):
             raise ConfigError("--dataset", f"{named}: {target} does not exist")
+        elif remote:
+            raise ConfigError("--dataset", f"{named}: {target} is not a prepared Energon dataset (it has no .nv-meta/dataset.yaml)")
         else:
             raise ConfigError("--dataset", f"{named}: {unprepared(target) or f'{target} is not a prepared Energon dataset (it has no .nv-meta/)'}")
     return leaves

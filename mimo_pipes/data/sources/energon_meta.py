@@ -73,7 +73,8 @@ def read_yaml(path: Path, what: str) -> object:
     import yaml
 
     try:
-        return yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        # read_bytes: a local Path and Energon's EPath (a file in object storage) both have it
+        return yaml.load(path.read_bytes().decode("utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
         raise ConfigError("--dataset", f"cannot read {path} ({what}): {' '.join(str(error).split())[:300]}") from None
 

@@ -34,22 +34,36 @@ def epath(spec: str) -> Any:
     return EPath(spec.rstrip("/"))
 
 
+def is_metadataset_url(spec: str) -> bool:
+    """Whether ``spec`` names a metadataset file (YAML) by its suffix."""
+    return Path(spec).suffix.lower() in (".yaml", ".yml")
+
+
 @functools.lru_cache(maxsize=64)
 def is_remote_energon(spec: str) -> bool:
-    """Whether the folder URL ``spec`` holds a prepared Energon dataset (its ``.nv-meta/dataset.yaml``; one request)."""
+    """Whether the URL ``spec`` is a folder that holds a prepared Energon dataset (its ``.nv-meta/dataset.yaml``) or
+    an Energon metadataset file (YAML) that exists; one request."""
     import glob as globbing
 
-    if globbing.has_magic(spec) or Path(spec).suffix.lower() in (".parquet", ".json", ".jsonl", ".yaml", ".yml"):
+    if globbing.has_magic(spec) or Path(spec).suffix.lower() in (".parquet", ".json", ".jsonl"):
         return False
     try:
+        if is_metadataset_url(spec):
+            return bool(epath(spec).is_file())
         return bool((epath(spec) / META / "dataset.yaml").is_file())
     except Exception:  # noqa: BLE001 - no MSC, no such bucket, no endpoint: not an Energon dataset (the S3 checks say why)
         return False
 
 
+def remote_text(spec: str) -> str:
+    """The text of the object ``spec`` names, read through Energon's storage layer."""
+    return epath(spec).read_text()
+
+
 def local_meta(spec: str) -> Path:
-    """A local folder holding the dataset's ``.nv-meta/`` and ``*.tar.idx`` files, copied once (per their sizes)."""
-    from mimo_pipes.data.cache import build_atomically, cache_root
+    """A local folder holding the dataset's ``.nv-meta/`` and ``*.tar.idx`` files, copied once (per their sizes), among
+    the bounded copies of :mod:`~mimo_pipes.data.storage.disk_copies`."""
+    from mimo_pipes.data.storage.disk_copies import bounded_copy
 
     root = epath(spec)
     try:
@@ -65,7 +79,7 @@ def local_meta(spec: str) -> Path:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(path.read_bytes())
 
-    return build_atomically(cache_root() / "energon" / digest, copy)
+    return bounded_copy(f"energon-{digest}", sum(size for _, size in listing), copy, spec)
 
 
 class RemoteShard:

@@ -93,9 +93,10 @@ def report_problems(dataset, *, skip_bad: bool, log) -> None:
         log(f"--dataset: {problem.text}: {problem.kind}: {problem.reason}; its rows are replaced (--skip-bad-samples)")
 
 
-def open_source(spec: str | Path, split: str = "train"):
+def open_source(spec: str | Path, split: str = "train", *, arrow_cache: Path | None = None):
     """``spec`` as a :class:`datasets.Dataset` with a conversation column, images left undecoded (an
-    Energon dataset as :func:`open_energon` opens it, its ``split`` part: ``--split-part``)."""
+    Energon dataset as :func:`open_energon` opens it, its ``split`` part: ``--split-part``). ``arrow_cache``: where
+    JSON files are converted to Arrow (default: the cache's ``datasets`` folder)."""
     if is_energon(spec):  # before datasets is imported: an Energon source does without it
         return open_energon(spec, split)
     check_split(spec, split)
@@ -113,7 +114,7 @@ def open_source(spec: str | Path, split: str = "train"):
         builder, files = data_files(str(spec))
         try:
             with quiet_datasets():  # no "Generating train split" bar on every rank
-                ds = datasets.load_dataset(builder, data_files=files, split="train", cache_dir=str(cache_root() / "datasets"))
+                ds = datasets.load_dataset(builder, data_files=files, split="train", cache_dir=str(arrow_cache or cache_root() / "datasets"))
         except Exception as e:  # noqa: BLE001 - any parsing failure is a bad --dataset
             raise ConfigError("--dataset", f"cannot read {str(spec)!r} as {builder}: {why_unreadable(builder, files, e)}") from e
     return _images_undecoded(_check_rows(spec, ds))
@@ -134,7 +135,8 @@ def _check_rows(spec: str | Path, ds):
 
 def open_energon(spec: str | Path, split: str = "train"):
     """An Energon dataset folder or metadataset YAML file as a map-style source of conversation rows."""
-    if is_s3(spec) or str(spec).startswith("msc://") or Path(spec).expanduser().is_dir():
+    remote = is_s3(spec) or str(spec).startswith("msc://")
+    if (remote and Path(str(spec)).suffix.lower() not in (".yaml", ".yml")) or (not remote and Path(spec).expanduser().is_dir()):
         return EnergonDataset(spec, split)
     from mimo_pipes.data.sources.energon_blend import EnergonBlend
 

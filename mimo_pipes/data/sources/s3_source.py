@@ -11,6 +11,8 @@ import posixpath
 from collections.abc import Callable
 from pathlib import Path
 
+from mimo_pipes.data.storage.disk_copies import ARROW, bounded_copy, trim
+from mimo_pipes.data.storage.s3_settings import settings_from_env
 from mimo_pipes.data.storage.s3_store import S3Store, StorageError, store
 from mimo_pipes.data.storage.s3_url import bucket_and_key, suffix
 from mimo_pipes.errors import ConfigError
@@ -104,8 +106,6 @@ def open_s3_parquet(spec: str):
 def local_copy(spec: str) -> tuple[str, str]:
     """JSON files or a ``save_to_disk`` folder copied once into the local cache (per object version): the local
     spec to open in its place, and a fingerprint of the objects (names, sizes, versions)."""
-    from mimo_pipes.data.cache import build_atomically, cache_root
-
     client = store()
     if is_file_spec(spec):
         _, objects = s3_files(spec)
@@ -121,8 +121,8 @@ def local_copy(spec: str) -> tuple[str, str]:
             raise ConfigError("--dataset", f"{error.url}: {error.reason}") from None
         names = [(o, o["name"][len(prefix):]) for o in objects]
     fingerprint = "s3:" + ",".join(f"{o['name']}@{o['size']}:{o.get('ETag', '')}" for o, _ in names)
-    folder = cache_root() / "s3" / hashlib.sha256(fingerprint.encode()).hexdigest()[:24]
-    build_atomically(folder, _downloader(client, names))
+    name = hashlib.sha256(fingerprint.encode()).hexdigest()[:24]
+    folder = bounded_copy(name, sum(int(o["size"]) for o, _ in names), _downloader(client, names), spec)
     local = str(folder / "*") if is_file_spec(spec) else str(folder)
     return local, fingerprint
 
@@ -158,11 +158,14 @@ def _downloader(client: S3Store, names: list[tuple[dict, str]]) -> Callable[[Pat
     return download
 
 
-def open_s3_source(spec: str, open_local: Callable[[str], object]):
-    """``spec``'s rows: Parquet read in place, anything else opened by ``open_local`` from its local copy."""
+def open_s3_source(spec: str, open_local: Callable[..., object]):
+    """``spec``'s rows: Parquet read in place, anything else opened by ``open_local(local, arrow_cache=...)`` from
+    its local copy (JSON files converted to Arrow inside the copy, so that the copies' bound covers them)."""
     if is_file_spec(spec) and s3_files(spec)[0] == "parquet":
         return open_s3_parquet(spec)
     local, fingerprint = local_copy(spec)
-    dataset = open_local(local)
+    folder = Path(local).parent if is_file_spec(spec) else Path(local)
+    dataset = open_local(local, arrow_cache=folder / ARROW)
+    trim(settings_from_env().disk_bytes, keep=folder)  # the conversion made the copy larger
     dataset._fingerprint = fingerprint  # the objects' versions, not the copy's place or time: equal on every node
     return dataset

@@ -27,6 +27,11 @@ class ByteBoundedCache(Generic[V]):
     def held_bytes(self) -> int:
         return self._held
 
+    def __contains__(self, key: Hashable) -> bool:
+        """Whether ``key``'s value is held or being built."""
+        with self._lock:
+            return key in self._items or key in self._building
+
     def get(self, key: Hashable, build: Callable[[], V]) -> V:
         """The value of ``key``, built once with ``build()`` when it is not held (other threads asking for the
         same key meanwhile wait for that build rather than repeat the request)."""
@@ -40,7 +45,12 @@ class ByteBoundedCache(Generic[V]):
                 if key in self._items:
                     self._items.move_to_end(key)
                     return self._items[key][0]
-            value = build()
+            try:
+                value = build()
+            except BaseException:
+                with self._lock:
+                    self._building.pop(key, None)
+                raise
             with self._lock:
                 self.loads += 1
                 self._building.pop(key, None)

@@ -15,6 +15,10 @@ TRANSIENT_NAMES = {
     "EndpointConnectionError", "ConnectionClosedError", "ResponseStreamingError", "ProtocolError", "ContentLengthError",
 }
 
+# What obstore's errors (one class, GenericError, for most failures) say of a transient failure.
+TRANSIENT_TEXT = ("503", "500 Internal", "SlowDown", "Service Unavailable", "Connection reset", "timed out", "IncompleteBody",
+                  "body error", "connection closed", "error sending request")
+
 
 def is_transient(error: BaseException) -> bool:
     """Whether ``error``, or one it was raised from, is worth another try: a 5xx / SlowDown answer, a reset or cut
@@ -31,7 +35,7 @@ def is_transient(error: BaseException) -> bool:
             if code in TRANSIENT_CODES or status in TRANSIENT_CODES:
                 return True
         text = str(error)
-        if any(marker in text for marker in ("503", "SlowDown", "Service Unavailable", "Connection reset", "timed out")):
+        if any(marker in text for marker in TRANSIENT_TEXT):
             return True
         error = error.__cause__ or error.__context__  # type: ignore[assignment]
     return False
