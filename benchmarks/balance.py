@@ -523,6 +523,45 @@ def render_windows_vs_best(rows, mixes, reps: int) -> list[str]:
     return lines
 
 
+def render_windows(window: int, windows) -> list[str]:
+    """The "Windows of W micro-batches" part: per (G, B/G) and over all windows."""
+    lines = [
+        f"### Windows of {window} micro-batches",
+        "",
+        "Critical path (sum over the window's micro-batches of the heaviest slot) divided by",
+        "sum(all costs)/G, average / worst; `across` = `balance_window(..., across_microbatches=True)`;",
+        "the last column is `across` against the window lower bound.",
+        "",
+        "| G | B/G | naive | LPT per micro-batch | ours per micro-batch | across | across vs lower bound |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    every = {name: [] for name in ("naive", "lpt", "ours", "across", "across_lb")}
+    for num_slots, per_slot, ratios in windows:
+        for name in every:
+            every[name] += ratios[name]
+
+        def cell(name, ratios=ratios):
+            return f"{statistics.fmean(ratios[name]):.3f} / {max(ratios[name]):.3f}"
+
+        lines.append(
+            f"| {num_slots} | {per_slot} | {cell('naive')} | {cell('lpt')} | {cell('ours')} | "
+            f"**{cell('across')}** | {cell('across_lb')} |"
+        )
+    multi = [r for r in windows if r[1] > 1]
+    across_multi = [x for r in multi for x in r[2]["across"]]
+    lpt_multi = [x for r in multi for x in r[2]["lpt"]]
+    return lines + [
+        "",
+        "All windows: " + ", ".join(
+            f"{label} {statistics.fmean(every[name]):.3f}x"
+            for name, label in (("naive", "naive"), ("lpt", "LPT"), ("ours", "ours per micro-batch"),
+                                ("across", "across"))
+        )
+        + f" of sum/G; across {statistics.fmean(every['across_lb']):.3f}x of the lower bound. With B/G >= 2: "
+        f"across {statistics.fmean(across_multi):.3f}x, LPT {statistics.fmean(lpt_multi):.3f}x.",
+    ]
+
+
 def render(args, micro, windows, best_rows, times, elapsed: float) -> str:
     rows, overall, overall_proven, spreads, counts = micro
     lines = [SECTION, ""]
@@ -580,39 +619,10 @@ def render(args, micro, windows, best_rows, times, elapsed: float) -> str:
         f"Ours reaches the reference in {counts['ours_optimal_or_best']} of {counts['instances']} micro-batches "
         f"and is worse than LPT by (heaviest, spread) in {counts['ours_worse_than_lpt']}.",
         "",
-        f"### Windows of {args.window} micro-batches",
-        "",
-        "Critical path (sum over the window's micro-batches of the heaviest slot) divided by",
-        "sum(all costs)/G, average / worst; `across` = `balance_window(..., across_microbatches=True)`;",
-        "the last column is `across` against the window lower bound.",
-        "",
-        "| G | B/G | naive | LPT per micro-batch | ours per micro-batch | across | across vs lower bound |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    every = {name: [] for name in ("naive", "lpt", "ours", "across", "across_lb")}
-    for num_slots, per_slot, ratios in windows:
-        for name in every:
-            every[name] += ratios[name]
-
-        def cell(name, ratios=ratios):
-            return f"{statistics.fmean(ratios[name]):.3f} / {max(ratios[name]):.3f}"
-
-        lines.append(
-            f"| {num_slots} | {per_slot} | {cell('naive')} | {cell('lpt')} | {cell('ours')} | "
-            f"**{cell('across')}** | {cell('across_lb')} |"
-        )
-    multi = [r for r in windows if r[1] > 1]
-    across_multi = [x for r in multi for x in r[2]["across"]]
-    lpt_multi = [x for r in multi for x in r[2]["lpt"]]
+    lines += render_windows(args.window, windows)
+    every = {name: [x for _, _, ratios in windows for x in ratios[name]] for name in ("across", "lpt")}
     lines += [
-        "",
-        "All windows: " + ", ".join(
-            f"{label} {statistics.fmean(every[name]):.3f}x"
-            for name, label in (("naive", "naive"), ("lpt", "LPT"), ("ours", "ours per micro-batch"),
-                                ("across", "across"))
-        )
-        + f" of sum/G; across {statistics.fmean(every['across_lb']):.3f}x of the lower bound. With B/G >= 2: "
-        f"across {statistics.fmean(across_multi):.3f}x, LPT {statistics.fmean(lpt_multi):.3f}x.",
         "",
         "### Windows across micro-batches against exact optima",
         "",
@@ -714,10 +724,15 @@ def main() -> int:
     parser.add_argument("--search-max", type=int, default=512, help="largest B given the three-slot search")
     parser.add_argument("--quick", action="store_true", help="1 micro-batch per mix, no docs update")
     parser.add_argument("--no-write", action="store_true", help="print the section instead of writing it")
+    parser.add_argument("--windows-only", action="store_true",
+                        help="only the table of windows of --window micro-batches (the section's seed); print it")
     parser.add_argument("--windows-vs-exact", action="store_true",
                         help="only compare the across-micro-batch planner with exact optima / best known plans, "
                         "and time it; print the table")
     args = parser.parse_args()
+    if args.windows_only:
+        print("\n".join(render_windows(args.window, window_quality(args.window_reps, args.seed + 1, args.window))))
+        return 0
     if args.windows_vs_exact:
         rows = windows_vs_best(args.seed + 3, args.best_reps)
         print("\n".join(render_windows_vs_best(*rows, args.best_reps)))

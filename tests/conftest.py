@@ -16,6 +16,11 @@ import sys
 
 import pytest
 
+# One intra-op thread per test process, as every rank of a job runs (the launcher sets the same): the units'
+# tensors are tiny, and two threads a process under `-n 2` on two cores spent most of their CPU time spinning at
+# barriers (the packed-attention tests: 5.9 s of CPU with two, 0.2 s with one). Set before anything imports torch.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # Collecting imports torch, transformers and every test module: some 400,000 long-lived objects that each full pass
 # of the garbage collector would scan again. Paused until collection ends, then they are frozen out of its scans.
 gc.disable()

@@ -2,31 +2,44 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 
 def every_path(costs: list[int], count: int, num_slots: int, floor: int) -> int:
-    """The least critical path over every split of ``costs`` into count * num_slots bins of equal size:
-    bins heaviest first, cut into runs of num_slots (the best grouping for given bin loads)."""
-    per_bin = len(costs) // (count * num_slots)
-    best = None
+    """The least critical path over every split of ``costs`` into ``count`` micro-batches of equal size, each
+    split into ``num_slots`` bins of equal size: the sum over micro-batches of max(floor, heaviest bin).
 
-    def split(rest: tuple[int, ...], loads: list[int]) -> None:
-        nonlocal best
-        if not rest:
-            tops = sorted(loads, reverse=True)[::num_slots]
-            path = sum(max(floor, top) for top in tops)
-            best = path if best is None else min(best, path)
-            return
-        first, others = rest[0], rest[1:]
-        for partners in itertools.combinations(range(len(others)), per_bin - 1):
-            chosen = set(partners)
-            load = costs[first] + sum(costs[others[p]] for p in partners)
-            split(tuple(x for p, x in enumerate(others) if p not in chosen), loads + [load])
+    Exhaustive, with each set of samples solved once (samples as bits of a mask): the best path of the samples
+    left does not depend on how the ones placed were grouped, nor the best heaviest bin of a micro-batch on
+    the micro-batches around it. Every candidate group holds the lowest sample left, so each split is met once."""
+    size = len(costs) // count
+    per_bin = size // num_slots
 
-    split(tuple(range(len(costs))), [])
-    assert best is not None
-    return best
+    def groups(mask: int, group_size: int):
+        """Every subset of ``mask`` of ``group_size`` samples holding its lowest sample."""
+        low = mask & -mask
+        rest = [i for i in range(len(costs)) if mask >> i & 1 and 1 << i != low]
+        for partners in itertools.combinations(rest, group_size - 1):
+            yield low | sum(1 << i for i in partners)
+
+    @functools.cache
+    def load(mask: int) -> int:
+        return sum(costs[i] for i in range(len(costs)) if mask >> i & 1)
+
+    @functools.cache
+    def heaviest_bin(mask: int) -> int:
+        if not mask:
+            return 0
+        return min(max(load(group), heaviest_bin(mask & ~group)) for group in groups(mask, per_bin))
+
+    @functools.cache
+    def path(mask: int) -> int:
+        if not mask:
+            return 0
+        return min(max(floor, heaviest_bin(group)) + path(mask & ~group) for group in groups(mask, size))
+
+    return path((1 << len(costs)) - 1)
 
 
 def path_of_bins(costs: list[int], bins: list[int], count: int, num_slots: int, floor: int) -> int:

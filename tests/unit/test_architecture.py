@@ -4,6 +4,7 @@ imports the command line, and the pure modules reach nothing that moves bytes.""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -13,16 +14,22 @@ PACKAGE = Path(__file__).resolve().parents[2] / "mimo_pipes"
 ALLOWED = ("exchange/", "demo_model/")
 
 
-def _imports(path: Path) -> list[str]:
+@functools.cache  # every check reads the same tree: each file is parsed once a run
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), filename=str(path))
+
+
+@functools.cache
+def _imports(path: Path) -> tuple[str, ...]:
     """Every module ``path`` imports (``from a.b import c`` gives ``a.b`` and ``a.b.c``), at any depth."""
     names: list[str] = []
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in ast.walk(_tree(path)):
         if isinstance(node, ast.Import):
             names.extend(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module is not None and node.level == 0:
             names.append(node.module)
             names.extend(f"{node.module}.{alias.name}" for alias in node.names)
-    return names
+    return tuple(names)
 
 
 def _imports_distributed(path: Path) -> bool:
@@ -55,19 +62,19 @@ def test_the_library_never_imports_the_command_line() -> None:
     assert offenders == []
 
 
-def _imports_megatron(names: list[str]) -> bool:
+def _imports_megatron(names: tuple[str, ...] | list[str]) -> bool:
     """megatron-core, that is: megatron-energon (the optional extra that reads Energon datasets) is apart."""
     return any(name.split(".")[0] == "megatron" and not name.startswith("megatron.energon") for name in names)
 
 
-def _imports_energon(names: list[str]) -> bool:
+def _imports_energon(names: tuple[str, ...] | list[str]) -> bool:
     return any(name.startswith("megatron.energon") for name in names)
 
 
 def _module_level_imports(path: Path) -> list[str]:
     """The modules ``path`` imports when it is imported (its top-level statements, not function bodies)."""
     names: list[str] = []
-    for node in ast.parse(path.read_text(), filename=str(path)).body:
+    for node in _tree(path).body:
         if isinstance(node, ast.Import):
             names.extend(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module is not None and node.level == 0:
@@ -145,7 +152,7 @@ def _collating_files() -> set[str]:
     """Files that call a collator's ``window()`` or ``microbatch()`` (a receiver named like ``collator``)."""
     found = set()
     for path in sorted(PACKAGE.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        for node in ast.walk(_tree(path)):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("window", "microbatch"):
                 receiver = node.func.value
                 name = receiver.attr if isinstance(receiver, ast.Attribute) else getattr(receiver, "id", "")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import pytest
 from mimo_pipes.cli.main import build_parser
 
 
+@functools.cache  # one fresh interpreter a command, however many tests read its help
 def help_text(command: str) -> str:
     result = subprocess.run([sys.executable, "-m", "mimo_pipes.cli.main", command, "--help"],
                             capture_output=True, text=True, timeout=120)
