@@ -2,16 +2,22 @@
 megatron-core's bridge and 1F1B schedule) trains exactly as the colocated one (``megatron_mimo_train``: one rank,
 megatron-core's schedule without pipelining): same settings, seed and data, per-iteration losses within 1e-5
 relative and per-module gradient norms equal, reordering off and on, windows across micro-batches. On CPU ranks
-over Gloo (``--device cpu``), megatron-core 0.19 or later (Python 3.12: the 3.12 tier, ``scripts/test312.sh``)."""
+over Gloo (``--device cpu``), megatron-core 0.19 or later (Python 3.12: the 3.12 tier, ``scripts/test312.sh``).
+
+And Megatron-Bridge 0.6.2's own MIMO loop (``pretrain_megatron_mimo``), fed by the pipeline through
+``mimo_pipes_recipes.megatron_bridge``, trains exactly as the non-colocated recipe on the same model, seed and data,
+and resumes from its own checkpoint (the pipeline's state inside it) with the same losses."""
 
 from __future__ import annotations
 
+import importlib.util
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from dist_pool import GLOO_WORLD, DistPool, shared_pool
 from scenarios_megatron_equivalence import colocated_run, grids_run
 
+from mimo_pipes.megatron.checkpoint import pipeline_state_folder
 from mimo_pipes_recipes import megatron_mimo_grids as grids
 
 pytestmark = pytest.mark.skipif(grids.megatron_core_problem() is not None, reason="needs megatron-core 0.19 or later (Python 3.12)")
@@ -58,3 +64,21 @@ def assert_same_training(outcome: dict) -> None:
 def test_the_noncolocated_recipe_trains_as_the_colocated_one(pools, layout, reorder):
     images_dp, language_dp = LAYOUTS[layout]
     assert_same_training(train_both(pools, images_dp, language_dp, reorder=reorder, iterations=2))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("megatron.bridge") is None, reason="Megatron-Bridge is not installed (scripts/setup312.sh installs it)")
+def test_bridge_mimo_loop_fed_by_the_pipeline_trains_as_the_recipe_and_resumes(pools, tmp_path):
+    """Images dp 1 + language dp 2, reordering on: Bridge's loss per iteration (its ``lm loss``, the per-token loss
+    of the iteration) equals the recipe's; Bridge's checkpoint of iteration 2 holds the pipeline's state, and a run
+    resumed from it continues with the losses of the uninterrupted one."""
+    from scenarios_megatron_bridge import bridge_run
+
+    pool, save = pools[3], str(tmp_path / "checkpoints")
+    recipe = [loss for loss, _norms in pool.run(grids_run, images_dp=1, language_dp=2, reorder="on", iterations=3, timeout=600)[0]]
+    whole = pool.run(bridge_run, images_dp=1, language_dp=2, reorder="on", iterations=3, save=save, save_interval=2, timeout=600)[-1]
+    assert len(whole) == len(recipe) == 3 and recipe[0] != recipe[-1]
+    for number, (loss, recipe_loss) in enumerate(zip(whole, recipe), start=1):
+        assert loss == pytest.approx(recipe_loss, rel=RELATIVE), f"iteration {number}: Bridge's loss {loss} != the recipe's {recipe_loss}"
+    assert any(pipeline_state_folder(save, 2).iterdir())  # the loader state, inside Bridge's iteration folder
+    resumed = pool.run(bridge_run, images_dp=1, language_dp=2, reorder="on", iterations=3, load=save, timeout=600)[-1]
+    assert resumed == whole[2:], f"resumed from iteration 2: {resumed}, the uninterrupted run: {whole[2:]}"
