@@ -30,9 +30,10 @@ CASES = [("images dp 1 + language dp 2", "off"), ("images dp 1 + language dp 2",
 @pytest.fixture(scope="module")
 def pools() -> dict[int, DistPool]:
     """Warm pools of exactly the ranks each recipe's world has (megatron-core's optimizers gather over the whole
-    world): one rank for the colocated recipe, each layout's for the non-colocated one."""
+    world): one rank for the colocated recipe, each layout's for the non-colocated one. Their ranks are not
+    daemonic: megatron-core's checkpoint writer, which Bridge's save calls, starts a process of its own."""
     sizes = {1, *(sum(layout) for layout in LAYOUTS.values())}
-    started = {size: DistPool(size) for size in sizes if size != GLOO_WORLD}
+    started = {size: DistPool(size, daemon=False) for size in sizes if size != GLOO_WORLD}
     yield {**started, **({GLOO_WORLD: shared_pool()} if GLOO_WORLD in sizes else {})}  # the shared pool when it is the size
     for pool in started.values():
         pool.close()

@@ -80,6 +80,10 @@ BRIDGE_PATCHES = (
                 "the CUDA generator's state saved and restored (torch.cuda.get_rng_state / set_rng_state); the tracker's "
                 'iteration all-reduced on device="cuda"',
                 "that file's torch makes CPU tensors; its CUDA generator is the CPU one (saved beside it as torch_rng_state)"),
+    BridgePatch("megatron/core/dist_checkpointing/strategies/{filesystem_async,async_utils,state_dict_saver,fully_parallel}.py",
+                "FileSystemWriterAsync.preload_tensors, the save's verification and its completion checks",
+                "torch.cuda.synchronize(); flags all-reduced on torch.cuda.current_device() (megatron-core's torch_dist save, "
+                "reached through Bridge's save_checkpoint)", "those files' torch makes CPU tensors, synchronizes nothing"),
     BridgePatch("megatron/bridge/training/megatron_mimo_step.py", "get_batch._move_to_cuda",
                 "every batch tensor moved with .cuda()", "not called: mimo_pipes_recipes.megatron_bridge.forward_step moves to the CPU"),
 )
@@ -159,6 +163,7 @@ def bridge_on_cpu() -> Iterator[None]:
     from megatron.bridge.training import checkpointing, train_megatron_mimo
     from megatron.bridge.training.utils import train_utils
     from megatron.core import timers
+    from megatron.core.dist_checkpointing.strategies import async_utils, filesystem_async, fully_parallel, state_dict_saver
     from megatron.core.hyper_comm_grid import HyperCommGrid
     from megatron_on_cpu import CpuTorch, _swapped, megatron_on_cpu
 
@@ -176,7 +181,7 @@ def bridge_on_cpu() -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         stack.enter_context(_swapped(build_model, "torch", one_device))
         stack.enter_context(megatron_on_cpu())
-        for module in (train_megatron_mimo, train_utils, timers):
+        for module in (train_megatron_mimo, train_utils, timers, filesystem_async, async_utils, state_dict_saver, fully_parallel):
             stack.enter_context(_swapped(module, "torch", cpu_torch))
         stack.enter_context(_swapped(checkpointing, "torch", cpu_generator))
         stack.enter_context(_swapped(torch, "tensor", cpu_torch.tensor))

@@ -37,7 +37,8 @@ def bridge_config(args: Any, *, iterations: int, save: str | None, save_interval
     )
     from megatron.bridge.training.tokenizers.config import TokenizerConfig
 
-    processor = vlm_sft.open_processor(grids.pipeline_config(args, "off", ("language=dp=1",)))
+    pipeline = grids.pipeline_config(args, "off", ("language=dp=1",))
+    processor = vlm_sft.open_processor(pipeline)
     model = colocated.mimo_model_config(args, len(processor.tokenizer), processor.image_token_id)
     language = model.language_model_spec.params["config"]
     language.calculate_per_token_loss = True  # as the recipe: the loss per token of the iteration
@@ -60,7 +61,7 @@ def bridge_config(args: Any, *, iterations: int, save: str | None, save_interval
         scheduler=SchedulerConfig(lr_decay_style="constant", lr_warmup_iters=0, start_weight_decay=0.0, end_weight_decay=0.0),
         ddp=DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=False),
         dataset=HFMegatronMIMODatasetProvider(seq_length=args.seq_length, hf_dataset_path="unused", hf_tokenizer_path="unused",
-                                              num_workers=args.num_workers, dataloader_type="single"),
+                                              num_workers=args.num_workers, dataloader_type=pipeline.dataloader_type),
         logger=LoggerConfig(log_interval=1),
         tokenizer=TokenizerConfig(tokenizer_type="NullTokenizer", vocab_size=len(processor.tokenizer)),
         checkpoint=CheckpointConfig(save=save, save_interval=save_interval, load=load, ckpt_format="torch_dist", async_save=False),
