@@ -27,24 +27,42 @@ LAYOUTS = {"images dp 1 + language dp 2": (1, 2), "images dp 2 + language dp 4":
 CASES = [("images dp 1 + language dp 2", "off"), ("images dp 1 + language dp 2", "on"), ("images dp 2 + language dp 4", "on")]
 
 
+class Pools(dict):
+    """Warm pools by world size, each started when a test first asks for it (a selection of tests starts only
+    the pools it uses): the shared pool for its own size, else a pool of exactly that many ranks, not daemonic
+    (megatron-core's checkpoint writer, which Bridge's save calls, starts a process of its own)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started: list[DistPool] = []
+
+    def __missing__(self, size: int) -> DistPool:
+        if size == GLOO_WORLD:
+            pool = shared_pool()
+        else:
+            pool = DistPool(size, daemon=False)
+            self.started.append(pool)
+        self[size] = pool
+        return pool
+
+
 @pytest.fixture(scope="module")
-def pools() -> dict[int, DistPool]:
-    """Warm pools of exactly the ranks each recipe's world has (megatron-core's optimizers gather over the whole
-    world): one rank for the colocated recipe, each layout's for the non-colocated one. Their ranks are not
-    daemonic: megatron-core's checkpoint writer, which Bridge's save calls, starts a process of its own."""
-    sizes = {1, *(sum(layout) for layout in LAYOUTS.values())}
-    started = {size: DistPool(size, daemon=False) for size in sizes if size != GLOO_WORLD}
-    yield {**started, **({GLOO_WORLD: shared_pool()} if GLOO_WORLD in sizes else {})}  # the shared pool when it is the size
-    for pool in started.values():
+def pools() -> Pools:
+    """Pools of exactly the ranks each recipe's world has (megatron-core's optimizers gather over the whole world):
+    one rank for the colocated recipe, each layout's for the non-colocated one."""
+    started = Pools()
+    yield started
+    for pool in started.started:
         pool.close()
 
 
-def train_both(pools: dict[int, DistPool], images_dp: int, language_dp: int, **settings) -> dict:
+def train_both(pools: Pools, images_dp: int, language_dp: int, **settings) -> dict:
     """Both recipes at once, each on its own pool (the colocated rank beside the non-colocated ranks, which mostly
     wait on each other)."""
+    alone_pool, split_pool = pools[1], pools[images_dp + language_dp]  # started here, one after the other
     with ThreadPoolExecutor(2) as runner:
-        alone = runner.submit(pools[1].run, colocated_run, timeout=600, **settings)
-        split = runner.submit(pools[images_dp + language_dp].run, grids_run, images_dp=images_dp, language_dp=language_dp, timeout=600, **settings)
+        alone = runner.submit(alone_pool.run, colocated_run, timeout=600, **settings)
+        split = runner.submit(split_pool.run, grids_run, images_dp=images_dp, language_dp=language_dp, timeout=600, **settings)
         outcome = alone.result()[0]
         return {"colocated": outcome["training"], "samples": outcome["samples"], "grids": split.result()[0]}
 

@@ -90,6 +90,35 @@ def losses_seen(into: list) -> Iterator[None]:
         train_megatron_mimo.training_log = logged
 
 
+@contextlib.contextmanager
+def gradients_cleared_each_step() -> Iterator[None]:
+    """Not a CPU matter, a Megatron-Bridge 0.6.2 one: its MIMO step (``train_megatron_mimo.py``,
+    ``train_step_megatron_mimo``) zeroes the DDP gradient buffers (``zero_grad_buffer_for_multimodule``) but never
+    calls ``optimizer.zero_grad()``, which its standard ``train_step`` does. With fp32 parameters megatron-core's
+    ``FP32Optimizer.prepare_grads`` leaves each ``param.grad`` aliasing its ``main_grad``, so from the second
+    iteration on the first micro-batch's gradient is added twice (autograd into the alias, then DDP's hook adds
+    ``param.grad`` to ``main_grad``); bf16 and fp16 (Bridge's default) keep separate main parameters and are not
+    affected. While inside, the buffers' zeroing also clears each parameter's ``.grad``, as ``optimizer.zero_grad()``
+    does: the recipe's step and Bridge's standard one."""
+    from megatron.bridge.training import train_megatron_mimo
+    from megatron.bridge.training.megatron_mimo_parallel_utils import is_current_rank_in_grid
+
+    zero_buffers = train_megatron_mimo.zero_grad_buffer_for_multimodule
+
+    def zero_buffers_and_grads(module_to_grid_tuple: list) -> None:
+        zero_buffers(module_to_grid_tuple)
+        for module, grid in module_to_grid_tuple:
+            if module is not None and is_current_rank_in_grid(grid):
+                for param in module.parameters():
+                    param.grad = None
+
+    train_megatron_mimo.zero_grad_buffer_for_multimodule = zero_buffers_and_grads
+    try:
+        yield
+    finally:
+        train_megatron_mimo.zero_grad_buffer_for_multimodule = zero_buffers
+
+
 def bridge_run(*, images_dp: int, language_dp: int, reorder: str, iterations: int, save: str | None = None,
                save_interval: int | None = None, load: str | None = None) -> list[float] | None:
     """Bridge's ``pretrain_megatron_mimo`` with the integration's forward step, data iterators and checkpoint
@@ -103,7 +132,7 @@ def bridge_run(*, images_dp: int, language_dp: int, reorder: str, iterations: in
     pipeline = grids.pipeline_config(args, reorder, ("language=dp=1",))  # the layout comes from Bridge's grids
     losses: list[float] = []
     try:
-        with megatron_scenario(), bridge_on_cpu(), losses_seen(losses):
+        with megatron_scenario(), bridge_on_cpu(), gradients_cleared_each_step(), losses_seen(losses):
             pretrain(cfg, megatron_bridge.forward_step, partial(megatron_bridge.build_data_iterators, pipeline=pipeline))
     finally:
         _forget_bridge_globals()
