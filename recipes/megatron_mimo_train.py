@@ -148,10 +148,15 @@ def vision_overrides(args: argparse.Namespace) -> dict[str, Any]:
 class QwenVisionEncoder(torch.nn.Module):
     """The encoder of the vision submodule: a Qwen2-VL-style tower (``mimo_pipes.demo_model.encoders``) taking the
     keywords ``mimo_batch`` gives (``hidden_states``: patch rows, ``grid_thw``: one row per image) and
-    returning one row per placeholder token."""
+    returning one row per placeholder token.
 
-    def __init__(self, overrides: dict[str, Any], seed: int) -> None:
+    ``config`` is the transformer config its module's DDP is built with (megatron-core's per-token loss setting,
+    bucket sizes): Megatron-Bridge wraps each modality in DDP over its first encoder's ``config`` and builds every
+    encoder with its module's ``pg_collection`` (the tower is not split, so it needs none)."""
+
+    def __init__(self, overrides: dict[str, Any], seed: int, config: Any = None, pg_collection: Any = None) -> None:
         super().__init__()
+        self.config = config
         from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
 
         config = vision_tower_config("tiny", **overrides)
@@ -162,6 +167,14 @@ class QwenVisionEncoder(torch.nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
         return encode(self.tower, hidden_states, grid_thw)
+
+
+class InputProjection(torch.nn.Linear):
+    """The vision submodule's projection to the language model's width: a linear layer that takes (and needs no)
+    ``tp_group``, which Megatron-Bridge gives every input projection it builds."""
+
+    def __init__(self, in_features: int, out_features: int, tp_group: Any = None) -> None:
+        super().__init__(in_features, out_features)
 
 
 def language_config(args: argparse.Namespace) -> Any:
@@ -190,8 +203,9 @@ def mimo_model_config(args: argparse.Namespace, vocab_size: int, image_token_id:
     from megatron.core.models.mimo.submodules.vision import VisionModalitySubmodules
     from megatron.core.transformer.spec_utils import ModuleSpec
 
+    config = language_config(args)
     language = ModuleSpec(module=GPTModel, params={
-        "config": language_config(args),
+        "config": config,
         "transformer_layer_spec": get_gpt_layer_local_spec(),
         "vocab_size": vocab_size,
         "max_sequence_length": args.seq_length,
@@ -199,8 +213,8 @@ def mimo_model_config(args: argparse.Namespace, vocab_size: int, image_token_id:
         "share_embeddings_and_output_weights": False,
     })
     vision = ModuleSpec(module=VisionModalitySubmodules, submodules={
-        "encoders": {ENCODER_KEY: ModuleSpec(module=QwenVisionEncoder, params={"overrides": vision_overrides(args), "seed": args.seed})},
-        "input_projections": [ModuleSpec(module=torch.nn.Linear, params={"in_features": args.lm_hidden, "out_features": args.lm_hidden})],
+        "encoders": {ENCODER_KEY: ModuleSpec(module=QwenVisionEncoder, params={"overrides": vision_overrides(args), "seed": args.seed, "config": config})},
+        "input_projections": [ModuleSpec(module=InputProjection, params={"in_features": args.lm_hidden, "out_features": args.lm_hidden})],
     })
     options: dict[str, Any] = {} if module_to_grid_map is None else {"module_to_grid_map": module_to_grid_map}
     return MimoModelConfig(language_model_spec=language, modality_submodules_spec={MODALITY: vision},

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The Python 3.12 tier: megatron-core 0.19.2 (what Megatron users run) in .venv312, every Megatron test and the
-# recipes' equivalence tests (the non-colocated recipe against the colocated one, trained on CPU ranks over Gloo).
+# recipes' equivalence tests (the non-colocated recipe against the colocated one, and Megatron-Bridge 0.6.2's own MIMO
+# loop fed by the pipeline against the non-colocated recipe, trained on CPU ranks over Gloo).
 # Sets .venv312 up first when it is missing (scripts/setup312.sh); SKIP_SETUP312=1 uses it as it is. Works where
 # torch has CUDA too: the tier trains on the CPU either way. Extra arguments go to pytest.
 set -euo pipefail

@@ -71,6 +71,19 @@ BRIDGE_PATCHES = (
                 "torch.tensor makes CPU tensors while inside (the function's own import is torch itself)"),
     BridgePatch("megatron/bridge/training/train_megatron_mimo.py", "train_step_megatron_mimo",
                 'the loss source rank all-reduced on device="cuda"; the loss dict moved with .cuda()', "that file's torch makes CPU tensors"),
+    BridgePatch("megatron/core/timers.py", "Timer.start / Timer.stop, Timers._get_elapsed_time_all_ranks",
+                "torch.cuda.synchronize() on every barrier; the ranks' times gathered on torch.cuda.current_device() "
+                "(megatron-core's, reached only through Bridge's loop)", "that file's torch makes CPU tensors, synchronizes nothing"),
+    BridgePatch("megatron/bridge/training/utils/train_utils.py", "training_log",
+                'the running loss sums made on device="cuda"', "that file's torch makes CPU tensors"),
+    BridgePatch("megatron/bridge/training/checkpointing.py", "get_rng_state, read_metadata, _load_checkpoint_from_path",
+                "the CUDA generator's state saved and restored (torch.cuda.get_rng_state / set_rng_state); the tracker's "
+                'iteration all-reduced on device="cuda"',
+                "that file's torch makes CPU tensors; its CUDA generator is the CPU one (saved beside it as torch_rng_state)"),
+    BridgePatch("megatron/core/dist_checkpointing/strategies/{filesystem_async,async_utils,state_dict_saver,fully_parallel}.py",
+                "FileSystemWriterAsync.preload_tensors, the save's verification and its completion checks",
+                "torch.cuda.synchronize(); flags all-reduced on torch.cuda.current_device() (megatron-core's torch_dist save, "
+                "reached through Bridge's save_checkpoint)", "those files' torch makes CPU tensors, synchronizes nothing"),
     BridgePatch("megatron/bridge/training/megatron_mimo_step.py", "get_batch._move_to_cuda",
                 "every batch tensor moved with .cuda()", "not called: mimo_pipes_recipes.megatron_bridge.forward_step moves to the CPU"),
 )
@@ -147,7 +160,10 @@ def import_bridge() -> types.ModuleType:
 def bridge_on_cpu() -> Iterator[None]:
     """``BRIDGE_PATCHES`` stood in for while inside, with megatron-core's (``megatron_on_cpu``)."""
     from megatron.bridge.models.megatron_mimo import build_model
-    from megatron.bridge.training import train_megatron_mimo
+    from megatron.bridge.training import checkpointing, train_megatron_mimo
+    from megatron.bridge.training.utils import train_utils
+    from megatron.core import timers
+    from megatron.core.dist_checkpointing.strategies import async_utils, filesystem_async, fully_parallel, state_dict_saver
     from megatron.core.hyper_comm_grid import HyperCommGrid
     from megatron_on_cpu import CpuTorch, _swapped, megatron_on_cpu
 
@@ -157,12 +173,17 @@ def bridge_on_cpu() -> Iterator[None]:
         made(self, *args, **{**kwargs, "backend": "gloo"})
 
     cpu_torch = CpuTorch()
+    cpu_generator = CpuTorch()  # the CPU run's only generator stands for the CUDA one Bridge saves and restores
+    cpu_generator.cuda.get_rng_state = torch.get_rng_state
+    cpu_generator.cuda.set_rng_state = torch.set_rng_state
     one_device = CpuTorch()
     one_device.cuda.device_count = lambda: 1
     with contextlib.ExitStack() as stack:
         stack.enter_context(_swapped(build_model, "torch", one_device))
         stack.enter_context(megatron_on_cpu())
-        stack.enter_context(_swapped(train_megatron_mimo, "torch", cpu_torch))
+        for module in (train_megatron_mimo, train_utils, timers, filesystem_async, async_utils, state_dict_saver, fully_parallel):
+            stack.enter_context(_swapped(module, "torch", cpu_torch))
+        stack.enter_context(_swapped(checkpointing, "torch", cpu_generator))
         stack.enter_context(_swapped(torch, "tensor", cpu_torch.tensor))
         stack.enter_context(_swapped(HyperCommGrid, "__init__", gloo_grid))
         yield

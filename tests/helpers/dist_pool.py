@@ -79,7 +79,9 @@ class DistPool:
     """``world_size`` ranks (Gloo by default; ``"cpu:gloo,cuda:nccl"`` on GPUs); ``run(fn, ...)`` calls ``fn``
     on every rank and returns the results by rank."""
 
-    def __init__(self, world_size: int, start_timeout: float = 180.0, backend: str = "gloo") -> None:
+    def __init__(self, world_size: int, start_timeout: float = 180.0, backend: str = "gloo", daemon: bool = True) -> None:
+        """``daemon`` False: ranks that may start processes of their own (a daemonic process may not), such as
+        megatron-core's checkpoint writer; such a pool must be closed, as every fixture here does."""
         context = mp.get_context("spawn")
         port = free_port()
         self.world_size = world_size
@@ -87,7 +89,7 @@ class DistPool:
         self.processes = []
         for rank in range(world_size):
             parent, child = context.Pipe()
-            process = context.Process(target=_worker, args=(rank, world_size, port, child, backend), daemon=True)
+            process = context.Process(target=_worker, args=(rank, world_size, port, child, backend), daemon=daemon)
             process.start()
             self.connections.append(parent)
             self.processes.append(process)

@@ -1,5 +1,5 @@
 """The Megatron-Bridge integration against Megatron-Bridge 0.6.2 itself (the Python 3.12 tier, after
-scripts/setup_bridge.sh): Bridge's own checkpoint-manager factory takes :class:`PipelineCheckpointManager`, Bridge's
+scripts/setup312.sh installs it): Bridge's own checkpoint-manager factory takes :class:`PipelineCheckpointManager`, Bridge's
 forward-step wrapper injects its state into :func:`forward_step`, which hands a ``MimoModel`` the pipeline's
 micro-batch through ``mimo_batch`` and takes Bridge's own loss, and Bridge's config classes map to the pipeline's.
 Skipped where Bridge is not installed (the 3.11 tier)."""
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("megatron.bridge") is None,
-                                reason="Megatron-Bridge is not installed (scripts/setup_bridge.sh installs it into .venv312)")
+                                reason="Megatron-Bridge is not installed (scripts/setup312.sh installs it into .venv312)")
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,7 @@ def bridge_modules():
 
 
 def test_bridge_factory_builds_the_pipeline_checkpoint_manager(bridge_modules, tmp_path) -> None:
-    from mimo_pipes.megatron import bridge
+    from mimo_pipes_recipes import megatron_bridge as bridge
 
     cfg = SimpleNamespace(checkpoint=bridge_modules.checkpointing.CheckpointConfig(save=str(tmp_path), load=str(tmp_path)))
     bridge.use_pipeline_checkpoints(cfg)
@@ -44,7 +44,7 @@ def test_bridge_resume_call_reaches_build_data_iterators(bridge_modules) -> None
     """Bridge's set-up refuses to resume through a builder whose signature lacks ``train_state``: the partial a
     recipe passes keeps it."""
     from mimo_pipes.config import PipelineConfig
-    from mimo_pipes.megatron import bridge
+    from mimo_pipes_recipes import megatron_bridge as bridge
 
     builder = partial(bridge.build_data_iterators, pipeline=PipelineConfig())
     assert "train_state" in inspect.signature(builder).parameters
@@ -74,8 +74,9 @@ def test_forward_step_feeds_mimo_batch_and_takes_bridge_loss(bridge_modules) -> 
 
     from mimo_pipes.config import PipelineConfig
     from mimo_pipes.exchange import RankLayout
-    from mimo_pipes.megatron import bridge, mimo_batch
+    from mimo_pipes.megatron import mimo_batch
     from mimo_pipes.megatron.settings import MimoBatchSettings
+    from mimo_pipes_recipes import megatron_bridge as bridge
     from mimo_pipes_recipes import vlm_sft
 
     config = PipelineConfig(components=("language=dp=1",), micro_batch_size=2, seq_length=2048, embedded_samples=8, num_workers=1)
@@ -107,7 +108,7 @@ def test_forward_step_feeds_mimo_batch_and_takes_bridge_loss(bridge_modules) -> 
 def test_bridge_config_classes_map_to_the_pipeline(bridge_modules) -> None:
     from megatron.bridge.training.config import RNGConfig, TrainingConfig
 
-    from mimo_pipes.megatron import bridge
+    from mimo_pipes_recipes import megatron_bridge as bridge
 
     grids = {name: SimpleNamespace(shape=[1, 1, dp, 1], dim_names=["tp", "cp", "dp", "pp"], rank_offset=offset)  # Bridge's builder's order
              for name, dp, offset in (("images", 1, 0), ("language", 2, 1))}
