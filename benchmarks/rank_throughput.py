@@ -66,37 +66,39 @@ def _photo(seed: int, megapixels: float, path: Path) -> None:
     Image.fromarray(np.clip(scene, 0, 255).astype(np.uint8)).save(path, format="JPEG", quality=88)
 
 
-def _scan(seed: int, path: Path) -> None:
-    """An A4 page scanned at 300 dpi (2480 x 3508): lines of dark strokes on paper, in colour, as scanners save."""
+def _scan(seed: int, path: Path, scale: float = 1.0) -> None:
+    """An A4 page scanned at 300 dpi (2480 x 3508; ``scale`` times that at a lower resolution): lines of dark
+    strokes on paper, in colour, as scanners save."""
     import numpy as np
     from PIL import Image, ImageDraw
 
     rng = np.random.default_rng(seed)
-    width, height = 2480, 3508
+    width, height = int(2480 * scale), int(3508 * scale)
     page = Image.new("RGB", (width, height), (246, 244, 238))
     draw = ImageDraw.Draw(page)
-    for y in range(180, height - 180, 58):
-        x = 200
-        while x < width - 200:
-            word = int(rng.integers(40, 260))
+    for y in range(int(180 * scale), height - int(180 * scale), max(int(58 * scale), 4)):
+        x = int(200 * scale)
+        while x < width - int(200 * scale):
+            word = int(rng.integers(40, 260) * scale) + 1
             shade = int(rng.integers(20, 90))
-            draw.rectangle([x, y, x + word, y + 30], fill=(shade, shade, shade + 10))
-            x += word + 28
+            draw.rectangle([x, y, x + word, y + int(30 * scale)], fill=(shade, shade, shade + 10))
+            x += word + max(int(28 * scale), 2)
     noisy = np.asarray(page, dtype=np.int16) + rng.integers(-4, 5, (height, width, 1), dtype=np.int16)
     Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8)).save(path, format="JPEG", quality=90)
 
 
-def _image(args: tuple[int, str, float, str]) -> None:
-    seed, kind, megapixels, path = args
+def _image(args: tuple[int, str, float, str, float]) -> None:
+    seed, kind, megapixels, path, scale = args
     if kind == "scan":
-        _scan(seed, Path(path))
+        _scan(seed, Path(path), scale)
     else:
-        _photo(seed, megapixels, Path(path))
+        _photo(seed, megapixels * scale * scale, Path(path))
 
 
-def generate(folder: Path, images: int, rows: int, seed: int = 0) -> Path:
+def generate(folder: Path, images: int, rows: int, seed: int = 0, scale: float = 1.0) -> Path:
     """``folder/data.jsonl`` naming JPEG files beside it: ``images`` distinct files (a third of them scans), and
-    ``rows`` rows of 2-4 of them (22% text only). Built once per size."""
+    ``rows`` rows of 2-4 of them (22% text only). Built once per size. ``scale`` < 1 shrinks every image's sides
+    (the smoke run's small data: the same kinds of rows at a fraction of the CPU)."""
     import multiprocessing
 
     import numpy as np
@@ -110,7 +112,7 @@ def generate(folder: Path, images: int, rows: int, seed: int = 0) -> Path:
     for k in range(images):
         kind = "scan" if k % 3 == 2 else "photo"
         megapixels = float(math.exp(rng.uniform(math.log(0.3), math.log(12.0))))
-        jobs.append((seed * 100003 + k, kind, megapixels, str(folder / f"{kind}{k:04d}.jpg")))
+        jobs.append((seed * 100003 + k, kind, megapixels, str(folder / f"{kind}{k:04d}.jpg"), scale))
     with multiprocessing.get_context("spawn").Pool(min(os.cpu_count() or 1, len(jobs))) as pool:
         pool.map(_image, jobs)
     lines = []
@@ -273,7 +275,8 @@ def warmup_microbatches(workers: int) -> int:
 def run_one(args: argparse.Namespace, variant: str, workers: int) -> dict:
     warmup = args.warmup if args.warmup is not None else warmup_microbatches(workers)
     command = [sys.executable, __file__, "--one", variant, "--one-workers", str(workers), "--data", str(args.data),
-               "--images", str(args.images), "--rows", str(args.rows), "--seconds", str(args.seconds), "--warmup", str(warmup)]
+               "--images", str(args.images), "--rows", str(args.rows), "--seconds", str(args.seconds), "--warmup", str(warmup),
+               "--scale", repr(args.scale)]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout or 240 + 2 * args.seconds)
     except subprocess.TimeoutExpired as expired:
@@ -343,19 +346,21 @@ def main(argv: list[str] | None = None) -> int:
                         help="micro-batches before the clock starts (default: twice the workers, at least 3)")
     parser.add_argument("--timeout", type=float, default=None,
                         help="seconds one run may take, start-up and warm-up included (default: 240 + twice --seconds)")
-    parser.add_argument("--smoke", action="store_true", help="tiny (CI): 4 images, 24 rows, 2 workers, anchor and rows, 1 second each")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny (CI): 4 images at a third of their sides, 24 rows, 2 workers, anchor and rows, 1 second each")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--label", default="this machine", help="the docs block's name (one block per machine)")
     parser.add_argument("--no-docs", action="store_true", help="do not write docs/benchmarks.md")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--one-workers", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--scale", type=float, default=1.0, help=argparse.SUPPRESS)  # the image sides' scale (--smoke: a third)
     args = parser.parse_args(argv)
     if args.smoke:
-        args.images, args.rows, args.seconds, args.warmup = 4, 24, 1.0, 1
+        args.images, args.rows, args.seconds, args.warmup, args.scale = 4, 24, 1.0, 1, 1 / 3
         args.workers = args.workers or "2"
         args.variants = "anchor,rows/thread,rows/process" if args.variants == ",".join(VARIANTS) else args.variants
-    folder = args.data / f"images{args.images}-rows{args.rows}"
-    dataset = generate(folder, args.images, args.rows)
+    folder = args.data / f"images{args.images}-rows{args.rows}{'' if args.scale == 1 else f'-scale{args.scale:.3f}'}"
+    dataset = generate(folder, args.images, args.rows, scale=args.scale)
     from mimo_pipes.data.embedded.builtin_processor import default_processor_path
 
     processor = str(default_processor_path())
