@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 import torch
 
 from mimo_pipes.samples.sample import Sample
+from mimo_pipes.samples.worker_copy import copy_into
 
 SEGMENT_PREFIX = "mimo-pipes-sample-"
 ALIGN = 64  # every tensor starts on a cache line: views of any dtype are aligned
@@ -103,7 +104,7 @@ def _written_segment(sample: dict, owner: int) -> tuple:
             buffer = torch.frombuffer(mapped, dtype=torch.uint8)
             for key, dtype, shape, offset, nbytes in places:
                 if nbytes:
-                    buffer[offset:offset + nbytes].view(dtype).view(shape).copy_(sample[key])
+                    copy_into(buffer[offset:offset + nbytes].view(dtype).view(shape), sample[key])
             del buffer  # the mapping closes only once nothing views it
     except BaseException:
         os.unlink(path)
@@ -208,7 +209,7 @@ def placed(sample: Sample, field: str, place: Placed | None) -> Sample:
                 return sample
             with mmap.mmap(fd, place.size) as mapped:
                 target = torch.frombuffer(mapped, dtype=torch.uint8, count=nbytes, offset=place.offset)
-                target.view(value.dtype).view(value.shape).copy_(value)
+                copy_into(target.view(value.dtype).view(value.shape), value)
                 del target
         finally:
             os.close(fd)
