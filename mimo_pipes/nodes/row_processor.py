@@ -28,7 +28,6 @@ from mimo_pipes.samples import handover
 from mimo_pipes.samples.collate import lend_rows
 from mimo_pipes.samples.masking import mask_failed
 from mimo_pipes.samples.sample import SAMPLE_ID, STEP, Sample, Window
-from mimo_pipes.samples.worker_copy import copy_into, one_thread_per_worker
 
 PIXELS = "pixel_values"  # the field worker processes write straight into their micro-batch's buffer
 AHEAD = 1
@@ -284,7 +283,7 @@ def _process_into(process: Callable[[Sample], Sample], row: Sample, target: torc
     value = sample.get(PIXELS)
     if target is None or not isinstance(value, torch.Tensor) or value.shape != target.shape or value.dtype != target.dtype:
         return sample
-    copy_into(target, value)  # on this worker's core: torch's copy_ would split it over a team of intra-op threads
+    target.copy_(value)
     sample[PIXELS] = target
     return sample
 
@@ -331,10 +330,8 @@ _installed: Callable[[Sample], Sample] | None = None
 
 
 def _install(process: Callable[[Sample], Sample]) -> None:
-    """Worker process set-up: the processing function arrives once, not with every row; torch's intra-op
-    threads down to one (the workers are the parallelism: samples/worker_copy.py)."""
+    """Worker process set-up: the processing function arrives once, not with every row."""
     global _installed
-    one_thread_per_worker()
     _installed = process
 
 

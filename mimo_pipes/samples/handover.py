@@ -31,7 +31,6 @@ from typing import Any, NamedTuple
 import torch
 
 from mimo_pipes.samples.sample import Sample
-from mimo_pipes.samples.worker_copy import copy_into
 
 SEGMENT_PREFIX = "mimo-pipes-sample-"
 ALIGN = 64  # every tensor starts on a cache line: views of any dtype are aligned
@@ -104,7 +103,7 @@ def _written_segment(sample: dict, owner: int) -> tuple:
             buffer = torch.frombuffer(mapped, dtype=torch.uint8)
             for key, dtype, shape, offset, nbytes in places:
                 if nbytes:
-                    copy_into(buffer[offset:offset + nbytes].view(dtype).view(shape), sample[key])
+                    buffer[offset:offset + nbytes].view(dtype).view(shape).copy_(sample[key])
             del buffer  # the mapping closes only once nothing views it
     except BaseException:
         os.unlink(path)
@@ -209,7 +208,7 @@ def placed(sample: Sample, field: str, place: Placed | None) -> Sample:
                 return sample
             with mmap.mmap(fd, place.size) as mapped:
                 target = torch.frombuffer(mapped, dtype=torch.uint8, count=nbytes, offset=place.offset)
-                copy_into(target.view(value.dtype).view(value.shape), value)
+                target.view(value.dtype).view(value.shape).copy_(value)
                 del target
         finally:
             os.close(fd)
