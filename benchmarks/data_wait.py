@@ -12,7 +12,10 @@ training thread, and on with ``prepare_with`` (the documented loop), each with t
     python benchmarks/data_wait.py [--iteration-ms 60] [--microbatches 2] [--micro-batch-size 4] [--iterations 40]
                                    [--workers default,2] [--short] [--json PATH]
 
-Prints a markdown table (rows: read-ahead; columns: workers).
+Prints a markdown table (rows: read-ahead; columns: workers). ``--thread-cpu`` instead takes the documented loop's
+loader alone as fast as it goes (``--iterations`` micro-batches, no model step) and prints, per worker count, one
+JSON line: samples/s and each thread's CPU milliseconds per sample (a thread's figure bounds the rate at
+1000 / ms; CPU time, so a machine shared with other work still measures it).
 """
 
 from __future__ import annotations
@@ -49,6 +52,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--serial-cpu", action="store_true",
                         help="instead: the CPU a micro-batch costs the thread that makes it (read-ahead off, the workers "
                              "given time to run ahead): the graph's next, mimo_batch, the loader's state")
+    parser.add_argument("--thread-cpu", action="store_true",
+                        help="instead: the loader alone (documented loop, no model step) as fast as it goes: samples/s and "
+                             "each thread's CPU milliseconds per sample (this process's threads, by name)")
     parser.add_argument("--documented-only", action="store_true",
                         help="only the documented loop (read-ahead on, prepare_with(mimo_batch)), not the other two rows")
     parser.add_argument("--switch-interval", type=float, default=None,
@@ -178,8 +184,75 @@ def serial_cpu(args: argparse.Namespace, workers: int | None, microbatches: int 
     return {"workers": processing_workers(workers), **{k: 1e3 * v / microbatches for k, v in parts.items()}}
 
 
+def threads_cpu_s() -> dict[int, tuple[str, float]]:
+    """This process's threads: id -> (name, CPU seconds, user + system), named by ``threading`` where Python made
+    them ("native" otherwise: torch's and the libraries' own threads)."""
+    import threading
+
+    names = {thread.native_id: thread.name for thread in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        out[int(tid)] = (names.get(int(tid), "native"), (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+def thread_group(name: str) -> str:
+    """A thread's name without its number: the pool's threads together (``mimo-pipes-process_3`` -> ``_N``)."""
+    import re
+
+    return re.sub(r"-\d+ \(", "-N (", re.sub(r"_\d+$", "_N", name))
+
+
+def thread_cpu(args: argparse.Namespace, workers: int | None, microbatches: int = 60) -> dict[str, Any]:
+    """The documented loop's loader alone, taken as fast as it goes: samples per second (wall) and each thread
+    group's CPU milliseconds per sample. A single thread's figure bounds the rate at 1000 / ms samples/s."""
+    import collections
+
+    from mimo_pipes.config import DEFAULT_READ_AHEAD, PipelineConfig
+    from mimo_pipes.config.workers import processing_workers
+    from mimo_pipes.exchange import RankLayout
+    from mimo_pipes.megatron import mimo_batch
+    from mimo_pipes_recipes import vlm_sft
+
+    read_ahead = args.read_ahead if args.read_ahead is not None else DEFAULT_READ_AHEAD
+    config = PipelineConfig(components=("language=tp=1,pp=1,dp=1,rank_offset=0",), micro_batch_size=args.micro_batch_size,
+                            seq_length=args.seq_length, num_workers=workers, read_ahead=read_ahead,
+                            embedded_samples=max(512, args.micro_batch_size * (microbatches + args.warmup)))
+    loader = vlm_sft.build(config, RankLayout(dp_rank=0, dp_size=1, grid_size=1), processing=args.processing)
+    loader.prepare_with(mimo_batch)
+    try:
+        iterator = iter(loader)
+        for _ in range(args.warmup):
+            next(iterator)
+        before, began, cpu_began = threads_cpu_s(), time.perf_counter(), time.process_time()
+        for _ in range(microbatches):
+            next(iterator)
+        after, wall, cpu = threads_cpu_s(), time.perf_counter() - began, time.process_time() - cpu_began
+    finally:
+        loader.close()
+    samples = microbatches * args.micro_batch_size
+    groups: dict[str, list[float]] = collections.defaultdict(list)
+    for tid, (name, seconds) in after.items():
+        groups[thread_group(name)].append(seconds - before.get(tid, (name, 0.0))[1])
+    per_thread = {name: {"threads": len(cpus), "ms_per_sample": 1e3 * sum(cpus) / samples,
+                         "busiest_thread_ms_per_sample": 1e3 * max(cpus) / samples}
+                  for name, cpus in sorted(groups.items(), key=lambda item: -sum(item[1]))}
+    return {"workers": processing_workers(workers), "processing": args.processing, "samples": samples,
+            "samples_per_s": samples / wall, "process_cpu_ms_per_sample": 1e3 * cpu / samples, "threads": per_thread}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.thread_cpu:
+        for workers in args.worker_counts:
+            print(json.dumps(thread_cpu(args, workers, microbatches=args.iterations)))
+        return 0
     if args.serial_cpu:
         for workers in args.worker_counts:
             print(json.dumps(serial_cpu(args, workers)))

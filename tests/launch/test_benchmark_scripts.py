@@ -146,6 +146,18 @@ def test_data_wait_benchmark_measures_the_serial_cpu_with_default_workers():
     assert figures["next"] > 0 and figures["mimo_batch"] > 0 and figures["state_dict"] > 0
 
 
+def test_data_wait_benchmark_measures_each_threads_cpu():
+    result = subprocess.run([sys.executable, "benchmarks/data_wait.py", "--thread-cpu", "--workers", "1", "--warmup", "1",
+                             "--iterations", "4", "--micro-batch-size", "2"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert figures["workers"] == 1 and figures["samples"] == 8 and figures["samples_per_s"] > 0
+    threads = figures["threads"]
+    assert threads["mimo-pipes-process_N"]["threads"] == 1  # the one worker, its number folded into the group
+    assert threads["mimo-pipes-process_N"]["ms_per_sample"] > 0  # the worker did the processing
+    assert "mimo-pipes-read-ahead" in threads and "MainThread" in threads
+
+
 def test_s3_rows_benchmark_runs_small():
     pytest.importorskip("moto.server")
     result = subprocess.run([sys.executable, "benchmarks/s3_rows.py", "--rows", "24", "--concurrency", "2", "--repeats", "1"], cwd=ROOT,
