@@ -160,12 +160,12 @@ def test_data_wait_benchmark_measures_each_threads_cpu():
 
 def test_s3_rows_benchmark_runs_small():
     pytest.importorskip("moto.server")
-    result = subprocess.run([sys.executable, "benchmarks/s3_rows.py", "--rows", "24", "--concurrency", "2", "--repeats", "1"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run([sys.executable, "benchmarks/s3_rows.py", "--rows", "24", "--threads", "2", "--grid", "2:8", "--repeats", "1"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
-    rows = [line.split("|") for line in result.stdout.splitlines() if line.startswith(("| bytes |", "| paths |"))]
-    assert [row[1].strip() for row in rows] == ["bytes", "paths"]
-    assert all(float(row[4]) > 0 for row in rows)  # S3 rows per second measured
+    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in result.stdout.splitlines() if line.startswith(("| bytes |", "| paths |"))]
+    assert [(row[0], row[1], row[2], row[3]) for row in rows] == [("bytes", "2", "16", "64"), ("paths", "2", "2", "8")]
+    assert all(float(row[4]) > 0 and float(row[5]) > 0 for row in rows)  # disk and S3 rows per second measured
     assert int(rows[1][7]) >= 24  # images by path: a request per row at least
 
 
