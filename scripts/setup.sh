@@ -15,15 +15,8 @@ if [ -z "${TORCH_SPEC:-}" ] && python -c 'import sys; sys.exit(sys.version_info[
     echo "scripts/setup.sh: .venv has Python $(python -c 'import platform; print(platform.python_version())'); torch 2.13.0's CPU build here is for 3.11 (Python 3.12: bash scripts/setup312.sh, or set TORCH_SPEC)" >&2
     exit 1
 fi
-log=$(mktemp)
-trap 'rm -f "$log"' EXIT
-step() {
-    if ! "$@" >"$log" 2>&1; then
-        cat "$log" >&2
-        echo "set-up failed: $*" >&2
-        exit 1
-    fi
-}
+SETUP_NAME=.venv
+. scripts/quiet_step.sh
 step python -m pip install -q --upgrade pip
 # pip compiles every module it installs (transformers alone has some 3,000, most of them models never imported):
 # a third of the set-up. Where Python may write compiled modules, it compiles the ones imported, once, as they are

@@ -31,15 +31,8 @@ if [ ! -x .venv312/bin/python ]; then
     $PYTHON312 -m venv .venv312
 fi
 py=.venv312/bin/python
-log=$(mktemp)
-trap 'rm -f "$log"' EXIT
-step() {
-    if ! "$@" >"$log" 2>&1; then
-        cat "$log" >&2
-        echo "set-up of .venv312 failed: $*" >&2
-        exit 1
-    fi
-}
+SETUP_NAME=.venv312
+. scripts/quiet_step.sh
 step "$py" -m pip install -q --upgrade pip
 compile=()
 if [ -z "${PYTHONDONTWRITEBYTECODE:-}" ]; then compile=(--no-compile); fi
