@@ -13,13 +13,13 @@ configuration (one line naming the flag).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections import Counter, deque
 from collections.abc import Iterator
 
 from mimo_pipes.cli.job.args import add_data_arguments, add_seq_length_argument
 from mimo_pipes.cli.job.launcher import EXIT_CONFIG, EXIT_FAILED
+from mimo_pipes.config.workers import rank_cores
 from mimo_pipes.errors import ConfigError
 
 BATCH_ROWS = 64  # rows a worker checks at a time: small enough to keep both cores busy on small files
@@ -46,13 +46,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
 def run(args: argparse.Namespace) -> int:
     from mimo_pipes.config import PipelineConfig
     from mimo_pipes.data.bad_rows.row_check import RowChecker
@@ -62,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from mimo_pipes.data.sources.source_rows import open_rows
 
     try:
-        workers = _cores() if args.num_workers is None else args.num_workers
+        workers = rank_cores() if args.num_workers is None else args.num_workers
         if workers < 1:
             raise ConfigError("--num-workers", f"must be >= 1, got {workers}")
         config = PipelineConfig(dataset=args.dataset, processor=args.processor, image_folder=args.image_folder, seq_length=args.seq_length,
