@@ -57,12 +57,24 @@ def _parse_sample_message(line: str) -> tuple[object, str | None, str] | None:
     return sample_id, split[0], split[1][2:]
 
 
+def _as_named(setting: str) -> str:
+    """A setting given by its flag (``--dataset``), named as the caller wrote it: the flag inside a command, the
+    field (``dataset``) from Python, for the settings that are fields (see :data:`SETTING_NAMES`)."""
+    if not setting.startswith("--") or os.environ.get(SETTING_NAMES) == "flags":
+        return setting
+    from mimo_pipes.config.flags import field_of  # here: the config package imports this module
+
+    return field_of(setting) or setting
+
+
 class ConfigError(ValueError):
-    """A configuration value is invalid. ``setting`` names the flag or field at fault."""
+    """A configuration value is invalid. ``setting`` names the flag or field at fault: a flag given here is named
+    by its field outside a command (the data sources name ``--dataset``; a Python caller reads ``dataset``)."""
 
     def __init__(self, setting: str, message: str | None = None) -> None:
         if message is None:  # rebuilt from the message alone: "setting: message"
             setting, _, message = _own_line(type(self), setting).partition(": ")
+        setting = _as_named(setting)
         self.setting = setting
         super().__init__(f"{setting}: {message}")
 

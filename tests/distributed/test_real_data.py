@@ -91,11 +91,15 @@ def count_images(sample) -> int:
     return int(sample["image_grid_thw"].shape[0]) if "image_grid_thw" in sample else 0
 
 
-def test_bad_sources_are_refused_naming_the_flag(tmp_path, sources):
+def test_bad_sources_are_refused_naming_the_setting(tmp_path, sources, monkeypatch):
     (tmp_path / "a.csv").write_text("x\n1\n")
     for spec in (str(tmp_path / "a.csv"), str(tmp_path / "none-*.jsonl"), str(tmp_path / "missing.json")):
-        with pytest.raises(ConfigError, match="--dataset"):
+        with pytest.raises(ConfigError, match="^dataset: "):  # from Python: the field
             open_source(spec)
+        monkeypatch.setenv("MIMO_PIPES_SETTING_NAMES", "flags")
+        with pytest.raises(ConfigError, match="^--dataset: "):  # inside a command: its flag
+            open_source(spec)
+        monkeypatch.delenv("MIMO_PIPES_SETTING_NAMES")
     (tmp_path / "cols.jsonl").write_text(json.dumps({"question": "q"}) + "\n")
     with pytest.raises(ConfigError, match="none of the columns messages, conversations"):
         open_source(str(tmp_path / "cols.jsonl"))

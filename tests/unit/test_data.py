@@ -520,7 +520,7 @@ def test_check_processor_path(tmp_path, processor_dir):
     assert check_processor_path(processor_dir) == processor_dir
     with pytest.raises(ConfigError) as info:
         check_processor_path(tmp_path / "missing")
-    assert info.value.setting == "--processor" and "does not exist" in str(info.value)
+    assert info.value.setting == "processor" and "does not exist" in str(info.value)
     with pytest.raises(ConfigError, match="no tokenizer"):
         check_processor_path(tmp_path)
     (tmp_path / "tokenizer.json").write_text("{}")
@@ -528,7 +528,7 @@ def test_check_processor_path(tmp_path, processor_dir):
         check_processor_path(tmp_path)
     with pytest.raises(ConfigError) as info:
         load_processor(tmp_path / "missing", 128)
-    assert info.value.setting == "--processor"
+    assert info.value.setting == "processor"
 
 
 def test_check_dataset_path(tmp_path, small_dataset_dir):
@@ -536,14 +536,14 @@ def test_check_dataset_path(tmp_path, small_dataset_dir):
     for bad, words in ((tmp_path / "missing", "does not exist"), (tmp_path, "save_to_disk")):
         with pytest.raises(ConfigError) as info:
             check_dataset_path(bad)
-        assert info.value.setting == "--dataset" and words in str(info.value)
+        assert info.value.setting == "dataset" and words in str(info.value)
 
 
 def test_open_dataset_checks_columns_and_splits(tmp_path):
     datasets.Dataset.from_dict({"prompt": ["a"], "answer": ["b"]}).save_to_disk(str(tmp_path / "cols"))
     with pytest.raises(ConfigError, match="response") as info:
         open_source(tmp_path / "cols")
-    assert info.value.setting == "--dataset"
+    assert info.value.setting == "dataset"
     text = datasets.Dataset.from_dict({"prompt": ["a"], "response": ["b"]})
     datasets.DatasetDict({"train": text, "test": text}).save_to_disk(str(tmp_path / "dict"))
     assert open_dataset(tmp_path / "dict")[0] == {"prompt": "a", "response": "b"}

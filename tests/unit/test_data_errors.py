@@ -33,19 +33,19 @@ def _line(row: dict) -> str:
 
 def test_an_empty_json_lines_file_is_named(tmp_path):
     (tmp_path / "rows.jsonl").write_text("")
-    with pytest.raises(ConfigError, match=r"^--dataset: .*rows\.jsonl holds no rows \(the file is empty\)$"):
+    with pytest.raises(ConfigError, match=r"^dataset: .*rows\.jsonl holds no rows \(the file is empty\)$"):
         open_source(str(tmp_path / "rows.jsonl"))
 
 
 def test_a_malformed_line_is_named_with_its_number(tmp_path):
     (tmp_path / "rows.jsonl").write_text(_line({"messages": CHAT}) * 2 + '{"messages": [oops\n' + _line({"messages": CHAT}))
-    with pytest.raises(ConfigError, match=r"^--dataset: .*rows\.jsonl line 3: invalid JSON: Expecting value at column 15$"):
+    with pytest.raises(ConfigError, match=r"^dataset: .*rows\.jsonl line 3: invalid JSON: Expecting value at column 15$"):
         open_source(str(tmp_path / "rows.jsonl"))
 
 
 def test_a_malformed_annotation_list_is_named_with_its_line(tmp_path):
     (tmp_path / "llava.json").write_text('[\n {"conversations": []},\n {"conversations": [}\n]\n')
-    with pytest.raises(ConfigError, match=r"^--dataset: .*llava\.json line 3: invalid JSON: "):
+    with pytest.raises(ConfigError, match=r"^dataset: .*llava\.json line 3: invalid JSON: "):
         open_source(str(tmp_path / "llava.json"))
 
 
@@ -55,7 +55,7 @@ def test_parts_whose_columns_conflict_are_named_with_the_column(tmp_path):
     with pytest.raises(ConfigError) as info:
         open_source(str(tmp_path / "part-*.parquet"))
     message = str(info.value)
-    assert message.startswith("--dataset: ") and "\n" not in message
+    assert message.startswith("dataset: ") and "\n" not in message
     assert "part-1.parquet" in message and "part-0.parquet" in message and "column 'images'" in message
     assert "list<element: binary>" in message and "An error occurred while generating the dataset" not in message
 

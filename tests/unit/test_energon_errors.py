@@ -111,7 +111,7 @@ def test_a_missing_shard_of_a_blend_is_named_once_with_its_dataset(vqa, tmp_path
     blend = tmp_path / "blend.yaml"
     blend.write_text(f"__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
                      f"      - weight: 3\n        path: {vqa}\n      - weight: 1\n        path: {captions}\n")
-    with pytest.raises(ConfigError, match=rf"--dataset: .*1 shard\(s\) cannot be read \(8 rows\): {vqa}: shard-0000.tar \(8 samples, "
+    with pytest.raises(ConfigError, match=rf"dataset: .*1 shard\(s\) cannot be read \(8 rows\): {vqa}: shard-0000.tar \(8 samples, "
                                           r"dataset rows 0..7\); 8 rows of the blend: missing shard"):
         prepared(str(blend))
     status, stdout, _ = command("check", "--dataset", str(blend))
@@ -134,7 +134,7 @@ def test_a_folder_of_tars_without_nv_meta_is_an_energon_dataset_not_prepared(vqa
 @pytest.mark.parametrize("piece", ["dataset.yaml", "split.yaml", ".info.json"])
 def test_a_dataset_prepared_in_part_names_the_missing_piece(vqa, piece):
     (vqa / ".nv-meta" / piece).unlink()
-    with pytest.raises(ConfigError, match=rf"--dataset: .* is an Energon dataset that was not prepared to the end: \.nv-meta/ has no "
+    with pytest.raises(ConfigError, match=rf"dataset: .* is an Energon dataset that was not prepared to the end: \.nv-meta/ has no "
                                           rf"{piece} .*; prepare it with Energon: energon prepare {vqa}$"):
         open_source(str(vqa))
 
@@ -201,7 +201,7 @@ def test_a_split_part_a_metadataset_entry_lacks_names_the_metadataset_and_the_en
     blend = metadataset(tmp_path, f"      - weight: 1\n        path: {vqa}\n        split_part: val\n")
     with pytest.raises(ConfigError) as info:
         open_source(str(blend))
-    assert str(info.value) == (f"--dataset: {blend}: splits.train.blend[0] (path {vqa}), split_part 'val': {str(vqa)!r} has no 'val' "
+    assert str(info.value) == (f"dataset: {blend}: splits.train.blend[0] (path {vqa}), split_part 'val': {str(vqa)!r} has no 'val' "
                                "split: its .nv-meta/split.yaml has train")
     assert "prepare" not in str(info.value)
 
@@ -213,14 +213,14 @@ def test_a_nested_metadataset_entry_is_named_through_the_outer_one(vqa, tmp_path
     (tmp_path / "gone" / "shard-0.tar").write_bytes(b"")
     with pytest.raises(ConfigError) as info:
         open_source(str(outer))
-    assert str(info.value).startswith(f"--dataset: {outer}: splits.train.blend[1] (path inner.yaml): {inner}: splits.train.blend[1] "
+    assert str(info.value).startswith(f"dataset: {outer}: splits.train.blend[1] (path inner.yaml): {inner}: splits.train.blend[1] "
                                       f"(path gone): {str(tmp_path / 'gone')!r} holds 1 tar shard(s) (shard-0.tar) but no .nv-meta/")
     assert str(info.value).endswith(f"energon prepare {tmp_path / 'gone'}")
 
 
 def test_a_split_a_metadataset_lacks_is_named_with_the_ones_it_has(vqa, tmp_path):
     blend = metadataset(tmp_path, f"      - weight: 1\n        path: {vqa}\n")
-    with pytest.raises(ConfigError, match=rf"^--split-part: the metadataset {blend} has no 'test' split: its splits are train$"):
+    with pytest.raises(ConfigError, match=rf"^split_part: the metadataset {blend} has no 'test' split: its splits are train$"):
         open_source(str(blend), "test")
 
 

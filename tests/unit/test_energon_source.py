@@ -94,7 +94,7 @@ def test_vqa_and_captioning_samples_are_one_exchange_like_their_llava_rows(tmp_p
 
 def test_other_sample_types_and_sample_excludes_are_refused_in_one_line(tmp_path):
     folder = write_shards(tmp_path / "ocr", [crude_sample(1)], 1, "sample_type:\n  __class__: OCRSample\nfield_map:\n  image: png\n")
-    with pytest.raises(ConfigError, match=r"--dataset: .*dataset.yaml declares samples of type 'OCRSample'; mimo-pipes reads VQASample"):
+    with pytest.raises(ConfigError, match=r"dataset: .*dataset.yaml declares samples of type 'OCRSample'; mimo-pipes reads VQASample"):
         open_source(str(folder))
     folder = write_shards(tmp_path / "vqa", [crude_sample(1)], 1, "sample_type:\n  __class__: VQASample\nfield_map:\n  image: 0.png\n")
     with pytest.raises(ConfigError, match="the field_map lacks context, answers"):
@@ -103,7 +103,7 @@ def test_other_sample_types_and_sample_excludes_are_refused_in_one_line(tmp_path
 
 def test_the_missing_extra_is_named(monkeypatch, pair):
     monkeypatch.setitem(sys.modules, "megatron.energon", None)
-    with pytest.raises(ConfigError, match=r'--dataset: reading Energon datasets needs megatron-energon: pip install "mimo-pipes\[energon\]"'):
+    with pytest.raises(ConfigError, match=r'dataset: reading Energon datasets needs megatron-energon: pip install "mimo-pipes\[energon\]"'):
         open_source(pair[0])
 
 

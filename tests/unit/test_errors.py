@@ -39,10 +39,10 @@ def test_sample_error_raised_in_a_mapper_worker_is_a_sample_error(method):
 
 
 def test_config_error_raised_in_a_mapper_worker_is_a_config_error():
-    mapper = ParallelMapper(IterableWrapper(range(4)), fail_on(2, ConfigError("--seq-length", "too short")), num_workers=2)
+    mapper = ParallelMapper(IterableWrapper(range(4)), fail_on(2, ConfigError("seq_length", "too short")), num_workers=2)
     with pytest.raises(ConfigError) as info:
         list(mapper)
-    assert info.value.setting == "--seq-length" and str(info.value) == "--seq-length: too short"
+    assert info.value.setting == "seq_length" and str(info.value) == "seq_length: too short"
 
 
 @given(
@@ -74,3 +74,16 @@ def _env() -> dict[str, str]:
     import os
 
     return {key: value for key, value in os.environ.items() if key != "MIMO_PIPES_TRACEBACK"}
+
+
+@pytest.mark.parametrize(("given", "from_python"), [("--dataset", "dataset"), ("--split-part", "split_part"),
+                                                    ("--image-folder", "image_folder"), ("--exchange-timeout", "exchange_timeout_s"),
+                                                    ("--reorder-window-size", "reorder_window_size"), ("--save", "--save")])
+def test_a_setting_raised_by_its_flag_is_named_as_the_caller_wrote_it(monkeypatch, given, from_python):
+    # The data sources raise with the flag; a Python caller set the field, a command's user the flag.
+    monkeypatch.delenv("MIMO_PIPES_SETTING_NAMES", raising=False)
+    error = ConfigError(given, "no such file")
+    assert (error.setting, str(error)) == (from_python, f"{from_python}: no such file")
+    monkeypatch.setenv("MIMO_PIPES_SETTING_NAMES", "flags")
+    error = ConfigError(given, "no such file")
+    assert (error.setting, str(error)) == (given, f"{given}: no such file")

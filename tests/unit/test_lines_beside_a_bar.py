@@ -60,6 +60,7 @@ def test_without_a_bar_nothing_comes_before_the_line(monkeypatch):
 
 @pytest.mark.parametrize("progress", [True, False])
 def test_a_ranks_last_words_start_their_own_line(monkeypatch, progress):
+    monkeypatch.setenv("MIMO_PIPES_SETTING_NAMES", "flags")  # as inside the command, whose ranks name flags
     stream = io.StringIO()
     monkeypatch.setattr("sys.stderr", stream)
     _unfinished_bar(stream)

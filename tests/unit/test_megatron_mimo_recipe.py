@@ -250,6 +250,7 @@ def test_a_seq_length_too_short_for_the_data_is_refused_before_the_model_is_buil
     from mimo_pipes.errors import ConfigError
 
     monkeypatch.setattr(recipe, "build_model", lambda *args, **kwargs: pytest.fail("built the model"))
+    monkeypatch.setenv("MIMO_PIPES_SETTING_NAMES", "flags")  # the recipe's command names its flags
     args = recipe.parse_args([*TINY, "--seq-length", "512", "--device", "cpu"])
     with pytest.raises(ConfigError, match=r"^--seq-length: .*dataset row \d+: needs \d+ tokens for its images.* more than --seq-length 512") as error:
         recipe.train_run(args, "off", pgs=None, log=lambda line: None)

@@ -33,7 +33,7 @@ def test_opening_a_json_source_draws_no_progress_bar(tmp_path, capfd):
 
 def test_a_bad_source_is_still_an_error(tmp_path):
     (tmp_path / "rows.jsonl").write_text("{not json\n")
-    with pytest.raises(ConfigError, match="--dataset"):
+    with pytest.raises(ConfigError, match="^dataset: "):
         open_source(str(tmp_path / "rows.jsonl"))
 
 
