@@ -13,7 +13,9 @@ module DP rank in the forward step; the pair here gives each rank its own balanc
   ``MimoModel.forward``'s keyword arguments by :func:`~mimo_pipes.megatron.mimo_batch` for its stage, not sliced.
 - :class:`PipelineCheckpointManager` (``cfg.checkpoint.custom_manager_class``, set by :func:`use_pipeline_checkpoints`):
   Bridge's default checkpoint manager, which first writes every rank's loader state into the iteration folder
-  (:func:`~mimo_pipes.megatron.checkpoint.save_pipeline_state`), so Bridge's tracker commits both at once.
+  (:func:`~mimo_pipes.megatron.checkpoint.save_pipeline_state`), so Bridge's tracker commits both at once, and
+  saves and loads every module's optimizer state (:mod:`~mimo_pipes.megatron.optimizer_common`), so that a resume
+  continues exactly. Checkpoints must be ``torch_dist`` (:data:`RESUMABLE_FORMAT`).
 
 Bridge is imported only inside these functions; :func:`bridge_problem` is the version rule, checked before
 anything is built.

@@ -1,7 +1,8 @@
 """Scenarios of Megatron-Bridge 0.6.2's own MIMO loop (``pretrain_megatron_mimo``) fed by the pipeline through
 :mod:`mimo_pipes_recipes.megatron_bridge`, on CPU ranks over Gloo (:mod:`bridge_cpu`), with the model, seed and
 data of the non-colocated recipe's scenarios (:mod:`scenarios_megatron_equivalence`): the recipe's own model
-specs handed to Bridge's ``MegatronMIMOProvider``, its settings to Bridge's ``ConfigContainer``."""
+specs handed to Bridge's ``MegatronMIMOProvider``, its settings to Bridge's ``ConfigContainer``, and the
+integration wired by exactly the lines docs/megatron.md shows a Bridge user (:func:`documented_lines`)."""
 
 from __future__ import annotations
 
