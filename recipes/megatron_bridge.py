@@ -13,7 +13,9 @@ module DP rank in the forward step; the pair here gives each rank its own balanc
   ``MimoModel.forward``'s keyword arguments by :func:`~mimo_pipes.megatron.mimo_batch` for its stage, not sliced.
 - :class:`PipelineCheckpointManager` (``cfg.checkpoint.custom_manager_class``, set by :func:`use_pipeline_checkpoints`):
   Bridge's default checkpoint manager, which first writes every rank's loader state into the iteration folder
-  (:func:`~mimo_pipes.megatron.checkpoint.save_pipeline_state`), so Bridge's tracker commits both at once.
+  (:func:`~mimo_pipes.megatron.checkpoint.save_pipeline_state`), so Bridge's tracker commits both at once, and
+  saves and loads every module's optimizer state (:mod:`~mimo_pipes.megatron.optimizer_common`), so that a resume
+  continues exactly. Checkpoints must be ``torch_dist`` (:data:`RESUMABLE_FORMAT`).
 
 Bridge is imported only inside these functions; :func:`bridge_problem` is the version rule, checked before
 anything is built.
@@ -36,6 +38,7 @@ from mimo_pipes.megatron.consumed import microbatches_from_samples
 from mimo_pipes.megatron.device import to_device
 from mimo_pipes.megatron.forward import release
 from mimo_pipes.megatron.grids import grid_layout, rank_layout
+from mimo_pipes.megatron.optimizer_common import with_every_module_common_state
 from mimo_pipes.megatron.settings import MimoBatchSettings
 from mimo_pipes.megatron.stages import FIRST, LAST, MIDDLE, ONLY
 from mimo_pipes_recipes import vlm_sft
@@ -46,6 +49,9 @@ ACCEPTED_RELEASES = ((0, 6),)
 follows (0.6.2 is the one tested); the MIMO loop first shipped in 0.6 and its calls may change in 0.7."""
 LANGUAGE = "language"  # megatron-core's fixed key of the language module
 MANAGER = "mimo_pipes_recipes.megatron_bridge.PipelineCheckpointManager"
+RESUMABLE_FORMAT = "torch_dist"
+"""The one ``checkpoint.ckpt_format`` Bridge 0.6.2's MIMO loop both saves and loads (``checkpointing.py``,
+``_load_checkpoint_from_path``: ``torch_dist`` or ``fsdp_dtensor``; the latter only under Megatron FSDP)."""
 NO_DATA = dict.fromkeys(("input_ids", "position_ids", "attention_mask", "labels", "loss_mask", "modality_inputs"))
 
 
@@ -251,19 +257,33 @@ def _stage(role: Any) -> tuple[str, bool]:
 # ------------------------------------------------------------------------------------------------ checkpoints
 
 
+def checkpoint_format_problem(ckpt_format: Any) -> str | None:
+    """Why Bridge's MIMO loop cannot resume from checkpoints of ``ckpt_format`` (None: it can)."""
+    if ckpt_format == RESUMABLE_FORMAT:
+        return None
+    return (f"{ckpt_format!r}: Megatron-Bridge 0.6's MIMO loop resumes only from {RESUMABLE_FORMAT!r} checkpoints "
+            "(it loads no 'torch' checkpoint; 'fsdp_dtensor' needs Megatron FSDP)")
+
+
 def use_pipeline_checkpoints(cfg: Any) -> None:
     """Make Bridge save the pipeline's state in its checkpoints: ``cfg.checkpoint.custom_manager_class`` names
-    :class:`PipelineCheckpointManager` (allowed through Bridge's target allow-list)."""
+    :class:`PipelineCheckpointManager` (allowed through Bridge's target allow-list). ConfigError naming
+    ``checkpoint.ckpt_format`` for a format the MIMO loop cannot resume from."""
     from megatron.bridge.utils.instantiate_utils import register_allowed_target_prefix
 
     require_bridge()
+    problem = checkpoint_format_problem(cfg.checkpoint.ckpt_format)
+    if problem is not None:
+        raise ConfigError("checkpoint.ckpt_format", problem)
     register_allowed_target_prefix("mimo_pipes_recipes.")
     cfg.checkpoint.custom_manager_class = MANAGER
 
 
 class PipelineCheckpointManager:
     """Bridge's ``DefaultCheckpointManager``, saving the train loader's state into each persistent checkpoint's
-    iteration folder before Bridge writes the rest and commits the iteration (its tracker file)."""
+    iteration folder before Bridge writes the rest and commits the iteration (its tracker file), and handing
+    Bridge's save and load the ``MimoOptimizer`` with every module's common state sharded by module
+    (:mod:`~mimo_pipes.megatron.optimizer_common`: ``torch_dist`` keeps global rank 0's alone)."""
 
     def __init__(self, checkpoint_config: Any) -> None:
         from megatron.bridge.training.checkpointing import DefaultCheckpointManager
@@ -280,10 +300,10 @@ class PipelineCheckpointManager:
         if isinstance(loader, BridgeLoader) and not ctx.non_persistent_ckpt and self.checkpoint_config.save:
             save_pipeline_state(self.checkpoint_config.save, int(ctx.state.train_state.step), loader.loader.state_dict(), config=loader.config,
                                 consumed_microbatches=consumed_microbatches(loader.cfg, ctx.state.train_state))
-        self.default.save(ctx, callback_manager)
+        self.default.save(dataclasses.replace(ctx, optimizer=with_every_module_common_state(ctx.optimizer)), callback_manager)
 
     def load(self, ctx: Any) -> tuple[int, int]:
-        return self.default.load(ctx)
+        return self.default.load(dataclasses.replace(ctx, optimizer=with_every_module_common_state(ctx.optimizer)))
 
     def finalize_async_saves(self, state: Any, blocking: bool = False, terminate: bool = False) -> None:
         self.default.finalize_async_saves(state, blocking=blocking, terminate=terminate)

@@ -8,11 +8,12 @@ recipes from one set of full weights). On CPU ranks over Gloo (``--device cpu``)
 
 And Megatron-Bridge 0.6.2's own MIMO loop (``pretrain_megatron_mimo``), fed by the pipeline through
 ``mimo_pipes_recipes.megatron_bridge``, trains exactly as the non-colocated recipe on the same model, seed and data,
-its checkpoint holding the pipeline's state."""
+and resumes from its own checkpoint (the pipeline's state inside it) exactly."""
 
 from __future__ import annotations
 
 import importlib.util
+import shutil
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -145,26 +146,31 @@ def test_a_model_parallel_language_model_trains_as_the_colocated_one_from_the_sa
 
 
 @pytest.mark.skipif(importlib.util.find_spec("megatron.bridge") is None, reason="Megatron-Bridge is not installed (scripts/setup312.sh installs it)")
-def test_bridge_mimo_loop_fed_by_the_pipeline_trains_as_the_recipe(pools, balanced, tmp_path):
-    """Images dp 1 + language dp 2, reordering on: Bridge's loss per iteration (its ``lm loss``, the per-token loss
-    of the iteration) equals the recipe's (the balanced run above), and Bridge's checkpoint of iteration 2 holds the
-    pipeline's state.
-
-    Resuming it is refused by Bridge 0.6.2 itself, on any device: megatron-core's ``torch_dist`` save keeps the
-    common (unsharded) state of global rank 0 alone, here the vision module's optimizer parameter groups, so a
-    language rank's ``MimoOptimizer.load_state_dict`` (Bridge's ``_load_checkpoint_from_path``) finds none of its
-    own (its language ranks raise ``Could not find parameter group``; its vision rank waits for them). The test
-    holds the cause, read from the checkpoint, so that it fails, and is turned into the resume check, once Bridge
-    saves every module's state."""
-    from megatron.core.dist_checkpointing.serialization import load_common_state_dict
+def test_bridge_mimo_loop_fed_by_the_pipeline_trains_as_the_recipe_and_resumes_exactly(pools, balanced, tmp_path):
+    """Images dp 1 + language dp 2, reordering on, wired by exactly the docs' lines: Bridge's loss per iteration (its
+    ``lm loss``, the per-token loss of the iteration) equals the recipe's (the balanced run above). Resumed from
+    Bridge's checkpoint of iteration 2 (iteration 4's taken back, as if the job had died before its commit),
+    iterations 3 and 4 are the uninterrupted run's, bit for bit: the data stream continues from the pipeline's state
+    in the iteration folder, and iteration 4's loss needs every module's optimizer state of iteration 2 restored
+    (Adam's moments and step; ``torch_dist`` keeps global rank 0's common state alone, the integration shards each
+    module's)."""
     from scenarios_megatron_bridge import bridge_run
 
-    save = str(tmp_path / "checkpoints")
+    save = tmp_path / "checkpoints"
     recipe = [loss for loss, _norms in balanced[0]["training"]]
-    whole = pools[3].run(bridge_run, images_dp=1, language_dp=2, reorder="on", iterations=3, save=save, save_interval=2, timeout=600)[-1]
-    assert len(whole) == len(recipe) == 3 and recipe[0] != recipe[-1]
+    whole = pools[3].run(bridge_run, images_dp=1, language_dp=2, reorder="on", iterations=4, save=str(save), save_interval=2, timeout=600)[-1]
+    assert len(whole) == 4 and len(recipe) == 3 and recipe[0] != recipe[-1]
     for number, (loss, recipe_loss) in enumerate(zip(whole, recipe), start=1):
         assert loss == pytest.approx(recipe_loss, rel=RELATIVE), f"iteration {number}: Bridge's loss {loss} != the recipe's {recipe_loss}"
     assert any(pipeline_state_folder(save, 2).iterdir())  # the loader state, inside Bridge's iteration folder
-    optimizers = load_common_state_dict(str(iteration_folder(save, 2)))["optimizer"]
-    assert optimizers["images"]["param_groups"] and optimizers["language"] == {}  # rank 0's module only
+    roll_back_bridge_tracker(save, 2, later=4)
+    resumed = pools[3].run(bridge_run, images_dp=1, language_dp=2, reorder="on", iterations=4, load=str(save), timeout=600)[-1]
+    assert resumed == whole[2:], f"resumed at iteration 2: {resumed}, the uninterrupted run's iterations 3 and 4: {whole[2:]}"
+
+
+def roll_back_bridge_tracker(folder: Path, iteration: int, *, later: int) -> None:
+    """Bridge's trackers (``latest_train_state.pt``, its own; ``latest_checkpointed_iteration.txt``, Megatron-LM's)
+    back at ``iteration``, its iteration ``later`` removed: the folder as a job that died before that commit left it."""
+    shutil.copyfile(iteration_folder(folder, iteration) / "train_state.pt", folder / "latest_train_state.pt")
+    (folder / "latest_checkpointed_iteration.txt").write_text(str(iteration))
+    shutil.rmtree(iteration_folder(folder, later))

@@ -1,13 +1,14 @@
 """Scenarios of Megatron-Bridge 0.6.2's own MIMO loop (``pretrain_megatron_mimo``) fed by the pipeline through
 :mod:`mimo_pipes_recipes.megatron_bridge`, on CPU ranks over Gloo (:mod:`bridge_cpu`), with the model, seed and
 data of the non-colocated recipe's scenarios (:mod:`scenarios_megatron_equivalence`): the recipe's own model
-specs handed to Bridge's ``MegatronMIMOProvider``, its settings to Bridge's ``ConfigContainer``."""
+specs handed to Bridge's ``MegatronMIMOProvider``, its settings to Bridge's ``ConfigContainer``, and the
+integration wired by exactly the lines docs/megatron.md shows a Bridge user (:func:`documented_lines`)."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
@@ -16,6 +17,9 @@ from scenarios_megatron_equivalence import megatron_scenario, settings
 from mimo_pipes_recipes import megatron_bridge, vlm_sft
 from mimo_pipes_recipes import megatron_mimo_grids as grids
 from mimo_pipes_recipes import megatron_mimo_train as colocated
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "megatron.md"
+SECTION = "## From Megatron-Bridge"
 
 
 def bridge_config(args: Any, *, iterations: int, save: str | None, save_interval: int | None, load: str | None) -> Any:
@@ -119,21 +123,33 @@ def gradients_cleared_each_step() -> Iterator[None]:
         train_megatron_mimo.zero_grad_buffer_for_multimodule = zero_buffers
 
 
+def documented_lines() -> str:
+    """The lines docs/megatron.md's "From Megatron-Bridge" section adds to a Bridge MIMO recipe: the ``+`` lines of
+    the section's first block, as the recipe runs them."""
+    text = DOCS.read_text()
+    section = text[text.index(f"\n{SECTION}\n"):]
+    start = section.index("```text\n") + len("```text\n")
+    block = section[start:section.index("\n```", start)]
+    return "\n".join(line[2:] for line in block.splitlines() if line.startswith("+ "))
+
+
 def bridge_run(*, images_dp: int, language_dp: int, reorder: str, iterations: int, save: str | None = None,
                save_interval: int | None = None, load: str | None = None) -> list[float] | None:
     """Bridge's ``pretrain_megatron_mimo`` with the integration's forward step, data iterators and checkpoint
-    manager; the last rank returns each iteration's loss (Bridge's ``lm loss``), the others None."""
+    manager, wired by exactly the docs' lines (:func:`documented_lines`, run with the recipe's ``cfg``, ``pipeline``
+    and ``pretrain_megatron_mimo``); the last rank returns each iteration's loss (Bridge's ``lm loss``), the
+    others None."""
     from bridge_cpu import bridge_on_cpu, import_bridge
 
     pretrain = import_bridge().pretrain_megatron_mimo
     args = grids.parse_args([*settings(reorder, iterations), "--images-dp", str(images_dp), "--language-dp", str(language_dp)])
-    cfg = bridge_config(args, iterations=iterations, save=save, save_interval=save_interval, load=load)
-    megatron_bridge.use_pipeline_checkpoints(cfg)
-    pipeline = grids.pipeline_config(args, reorder, ("language=dp=1",))  # the layout comes from Bridge's grids
+    recipe = {"cfg": bridge_config(args, iterations=iterations, save=save, save_interval=save_interval, load=load),
+              "pipeline": grids.pipeline_config(args, reorder, ("language=dp=1",)),  # the layout comes from Bridge's grids
+              "pretrain_megatron_mimo": pretrain}
     losses: list[float] = []
     try:
         with megatron_scenario(), bridge_on_cpu(), gradients_cleared_each_step(), losses_seen(losses):
-            pretrain(cfg, megatron_bridge.forward_step, partial(megatron_bridge.build_data_iterators, pipeline=pipeline))
+            exec(compile(documented_lines(), f"{DOCS} ({SECTION})", "exec"), recipe)
     finally:
         _forget_bridge_globals()
     return losses if dist.get_rank() == dist.get_world_size() - 1 else None

@@ -1,4 +1,4 @@
-"""The Megatron-Bridge integration's pure logic, without Bridge: its version rule, Bridge's config mapped to the
+"""The Megatron-Bridge integration's pure logic, without Bridge: its version and checkpoint-format rules, Bridge's config mapped to the
 pipeline's, the consumed count from Bridge's train state, and ``mimo_batch``'s settings from Bridge's provider.
 Bridge's config objects are stood in for by plain namespaces holding the attributes the mapping reads."""
 
@@ -13,7 +13,15 @@ from hypothesis import strategies as st
 from mimo_pipes.config import PipelineConfig
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.megatron.grids import GridMapError
-from mimo_pipes_recipes.megatron_bridge import ACCEPTED_RELEASES, batch_settings, bridge_problem, consumed_microbatches, pipeline_config
+from mimo_pipes_recipes.megatron_bridge import (
+    ACCEPTED_RELEASES,
+    RESUMABLE_FORMAT,
+    batch_settings,
+    bridge_problem,
+    checkpoint_format_problem,
+    consumed_microbatches,
+    pipeline_config,
+)
 
 
 def grid(shape: list[int], offset: int) -> SimpleNamespace:
@@ -150,3 +158,10 @@ def test_resume_prefers_the_loader_state_in_bridge_iteration_then_the_count(tmp_
         _resume_state(cfg, config, SimpleNamespace(step=3, consumed_train_samples=32))
     cfg.checkpoint.load = None
     assert _resume_state(cfg, config, SimpleNamespace(step=3, consumed_train_samples=24)) == 6
+
+
+@pytest.mark.parametrize("ckpt_format", ["torch", "fsdp_dtensor", "zarr", None])
+def test_only_torch_dist_checkpoints_resume_in_bridges_mimo_loop(ckpt_format):
+    assert checkpoint_format_problem(RESUMABLE_FORMAT) is None
+    problem = checkpoint_format_problem(ckpt_format)
+    assert problem.startswith(f"{ckpt_format!r}: ") and "'torch_dist'" in problem and "\n" not in problem

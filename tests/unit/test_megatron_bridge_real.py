@@ -117,3 +117,25 @@ def test_bridge_config_classes_map_to_the_pipeline(bridge_modules) -> None:
     config = bridge.pipeline_config(cfg, grids)
     assert (config.micro_batch_size, config.global_batch_size, config.seq_length, config.seed, config.num_workers) == (4, 8, 640, 11, 1)
     assert config.validate(3).grid_size == 2
+
+
+def test_bridge_loads_no_torch_format_checkpoint(bridge_modules, tmp_path) -> None:
+    """Why the integration requires ``torch_dist``: Bridge 0.6.2's load (``_load_checkpoint_from_path``) refuses a
+    ``torch`` checkpoint before reading anything (its save writes one through megatron-core's dist_checkpointing)."""
+    cfg = SimpleNamespace(checkpoint=SimpleNamespace(ckpt_format="torch", load=str(tmp_path)))
+    with pytest.raises(NotImplementedError, match="Checkpoint format 'torch' is not supported"):
+        bridge_modules.checkpointing._load_checkpoint_from_path(str(tmp_path), SimpleNamespace(cfg=cfg), [], None, None,
+                                                               pg_collection=SimpleNamespace())
+
+
+@pytest.mark.parametrize("ckpt_format", ["torch", "fsdp_dtensor"])
+def test_use_pipeline_checkpoints_refuses_a_format_the_mimo_loop_cannot_resume(bridge_modules, ckpt_format) -> None:
+    from mimo_pipes.errors import ConfigError
+    from mimo_pipes_recipes import megatron_bridge as bridge
+
+    cfg = SimpleNamespace(checkpoint=bridge_modules.checkpointing.CheckpointConfig(ckpt_format=ckpt_format))
+    with pytest.raises(ConfigError) as refused:
+        bridge.use_pipeline_checkpoints(cfg)
+    message = str(refused.value)
+    assert "checkpoint.ckpt_format" in message and repr(ckpt_format) in message and "'torch_dist'" in message and "\n" not in message
+    assert cfg.checkpoint.custom_manager_class is None  # nothing set
