@@ -129,13 +129,24 @@ def main() -> None:
     parser.add_argument("--delay-ms", type=float, default=20.0)
     parser.add_argument("--servers", type=int, default=4, help="local S3 front ends (processes) behind one port")
     parser.add_argument("--repeats", type=int, default=2, help="measurements of each side at each thread count (the best is kept)")
+    parser.add_argument("--client-cpus", type=int, default=0,
+                        help="the benchmark's own process (both sides) on this many CPUs, the front ends on the others (0: all on all)")
     parser.add_argument("--json", help="also write every cell's figures to this file")
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--cpus", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
+        if args.cpus:
+            os.sched_setaffinity(0, [int(cpu) for cpu in args.cpus.split(",")])
         serve(args.serve, args.port, args.delay_ms, lifetime_s=1800)
         return
+    cpus = sorted(os.sched_getaffinity(0))
+    if 0 < args.client_cpus < len(cpus):
+        # As if the servers were other machines: they never take the client's cores, on disk or S3. Set before any
+        # thread starts, so that every thread of this process inherits it.
+        os.sched_setaffinity(0, cpus[: args.client_cpus])
+        cpus = cpus[args.client_cpus:]
     from s3_server import free_port
 
     with tempfile.TemporaryDirectory(prefix="s3-rows-") as tmp:
@@ -143,7 +154,7 @@ def main() -> None:
         generate(folder / "data", args.rows)
         port = free_port()
         infos = [folder / f"front-end-{k}.json" for k in range(args.servers)]
-        command = [sys.executable, __file__, "--port", str(port), "--delay-ms", str(args.delay_ms), "--serve"]
+        command = [sys.executable, __file__, "--port", str(port), "--delay-ms", str(args.delay_ms), "--cpus", ",".join(map(str, cpus)), "--serve"]
         servers = [subprocess.Popen([*command, str(info)]) for info in infos]
         try:
             fronts = [started(info, server) for info, server in zip(infos, servers)]
@@ -191,8 +202,10 @@ def measure(folder: Path, fronts: list[dict], endpoint: str, args: argparse.Name
                   for side, where in (("disk", str(folder / "data" / "images")), ("s3", "s3://bench/images"))}
     pids = [front["pid"] for front in fronts]
     machine = {"cores": os.cpu_count(), "cpu": cpu_model(), "python": platform.python_version(), "servers": len(fronts),
+               "client_cpus": sorted(os.sched_getaffinity(0)),
                "load_start": os.getloadavg()[0], "rows": args.rows, "delay_ms": args.delay_ms, "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
-    print(f"{args.rows} rows, {args.delay_ms:g} ms added to every request, {len(fronts)} S3 front ends; {os.cpu_count()} cores, "
+    print(f"{args.rows} rows, {args.delay_ms:g} ms added to every request, {len(fronts)} S3 front ends; {os.cpu_count()} cores "
+          f"(this process on {len(machine['client_cpus'])}), "
           f"{machine['cpu']}, 1-minute load average {machine['load_start']:.2f}")
     print("| layout | threads | S3 concurrency | prefetch rows | disk rows/s | S3 rows/s | S3 / disk | S3 requests | server CPU ms / request | client CPU ms / row, disk | S3 |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
