@@ -11,7 +11,8 @@ head is timed as a run builds it: the canonical reader (DP 1), for images in S3 
 files fetched as it is read, ``--grid`` gives the requests in flight and the rows ahead), then N processing
 threads (``--threads``, as ``--num-workers`` sets them) running the embedded processor. The disk rate is measured
 at every N; the goal is S3 at >= 80% of it. Beside the rates: the servers' CPU per request and the client's CPU
-per row (Linux ``/proc``).
+per row (Linux ``/proc``). ``--client-cpus N`` keeps the benchmark's own process (disk and S3 alike) on N CPUs and
+the front ends on the others, as if they were other machines, on a machine too small to hold both apart.
 
     python benchmarks/s3_rows.py --rows 384
 """
