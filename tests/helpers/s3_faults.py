@@ -58,10 +58,18 @@ class Faults:
         return None
 
 
-class FaultProxy:
-    """Forwards every request to ``upstream`` (``http://127.0.0.1:PORT``) with :class:`Faults` applied."""
+class SharedPortServer(ThreadingHTTPServer):
+    """A server whose port other processes may listen on too (``SO_REUSEPORT``): the kernel hands each new
+    connection to one of them, as a load balancer spreads clients over an object store's front ends."""
 
-    def __init__(self, upstream: str) -> None:
+    allow_reuse_port = True
+
+
+class FaultProxy:
+    """Forwards every request to ``upstream`` (``http://127.0.0.1:PORT``) with :class:`Faults` applied; listens on
+    ``port`` (0: a free one), shared with other processes' proxies when ``shared``."""
+
+    def __init__(self, upstream: str, port: int = 0, shared: bool = False) -> None:
         self.faults = Faults()
         target = urlsplit(upstream)
         faults = self.faults
@@ -150,7 +158,7 @@ class FaultProxy:
 
             do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _forward
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = (SharedPortServer if shared else ThreadingHTTPServer)(("127.0.0.1", port), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)

@@ -48,11 +48,11 @@ class LocalS3:
         return url.rstrip("/")
 
 
-@contextlib.contextmanager
-def local_s3() -> Iterator[LocalS3]:
-    """moto's server on a free loopback port, the fault proxy before it; both stopped on exit."""
-    import boto3
-    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+def moto_s3_server(port: int = 0) -> tuple[object, str]:
+    """moto's S3 service (alone: not its dispatcher over every AWS service, which looks the service up again on
+    every request, about 45% of the server's CPU per GET) on ``port`` of 127.0.0.1, serving from a daemon thread;
+    returns the server (``shutdown()`` stops it) and its URL."""
+    from moto.moto_server.werkzeug_app import MotoRequestHandler, create_backend_app
     from werkzeug.serving import make_server
 
     class Handler(MotoRequestHandler):
@@ -61,19 +61,25 @@ def local_s3() -> Iterator[LocalS3]:
         disable_nagle_algorithm = True
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
-    server = make_server("127.0.0.1", 0, DomainDispatcherApplication(create_backend_app), threaded=True, request_handler=Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True, name="local-s3")
-    thread.start()
-    port = server.server_address[1]
+    server = make_server("127.0.0.1", port, create_backend_app("s3"), threaded=True, request_handler=Handler)
+    threading.Thread(target=server.serve_forever, daemon=True, name="local-s3").start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+@contextlib.contextmanager
+def local_s3() -> Iterator[LocalS3]:
+    """moto's server on a free loopback port, the fault proxy before it; both stopped on exit."""
+    import boto3
+
+    server, url = moto_s3_server()
     try:
-        with FaultProxy(f"http://127.0.0.1:{port}") as proxy:
-            client = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
+        with FaultProxy(url) as proxy:
+            client = boto3.client("s3", endpoint_url=url, region_name="us-east-1",
                                   aws_access_key_id="testing", aws_secret_access_key="testing")
-            yield LocalS3(f"http://127.0.0.1:{port}", proxy, client)
+            yield LocalS3(url, proxy, client)
     finally:
         server.shutdown()
         server.server_close()
-        thread.join()
 
 
 @contextlib.contextmanager

@@ -158,15 +158,33 @@ def test_data_wait_benchmark_measures_each_threads_cpu():
     assert "mimo-pipes-read-ahead" in threads and "MainThread" in threads
 
 
-def test_s3_rows_benchmark_runs_small():
+def test_s3_rows_benchmark_runs_small(tmp_path):
     pytest.importorskip("moto.server")
-    result = subprocess.run([sys.executable, "benchmarks/s3_rows.py", "--rows", "24", "--threads", "2", "--grid", "2:8", "--repeats", "1"],
+    result = subprocess.run([sys.executable, "benchmarks/s3_rows.py", "--rows", "24", "--threads", "2", "--grid", "2:8", "--repeats", "1",
+                             "--servers", "2", "--client-cpus", "1", "--json", str(tmp_path / "s3.json")],
                             cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in result.stdout.splitlines() if line.startswith(("| bytes |", "| paths |"))]
     assert [(row[0], row[1], row[2], row[3]) for row in rows] == [("bytes", "2", "16", "64"), ("paths", "2", "2", "8")]
     assert all(float(row[4]) > 0 and float(row[5]) > 0 for row in rows)  # disk and S3 rows per second measured
     assert int(rows[1][7]) >= 24  # images by path: a request per row at least
+    figures = json.loads((tmp_path / "s3.json").read_text())
+    assert figures["machine"]["servers"] == 2 and len(figures["machine"]["front_end_cpu_s"]) == 2
+    if len(os.sched_getaffinity(0)) > 1:
+        assert len(figures["machine"]["client_cpus"]) == 1  # --client-cpus 1: the benchmark's process on one CPU
+    assert [cell["layout"] for cell in figures["cells"]] == ["bytes", "paths"]
+    assert all(abs(cell["s3_rows_s"] - float(row[5])) <= 1 for cell, row in zip(figures["cells"], rows))  # the table's figures
+    assert figures["cells"][1]["client_cpu_ms_per_row_s3"] > 0  # the client's CPU per row read from /proc
+
+
+def test_s3_server_cost_benchmark_runs_small():
+    pytest.importorskip("moto.server")
+    result = subprocess.run([sys.executable, "benchmarks/s3_server_cost.py", "--gets", "40", "--objects", "8", "--delay-ms", "1"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in result.stdout.splitlines() if line.startswith(("| s3 |", "| dispatcher |"))]
+    assert [(row[0], row[1].split(",")[0]) for row in rows] == [("s3", "direct"), ("s3", "proxy"), ("dispatcher", "direct"), ("dispatcher", "proxy")]
+    assert all(int(row[2]) > 0 and float(row[3]) >= 0 and float(row[5]) > 0 for row in rows)  # GETs/s and CPU per GET measured
 
 
 def test_rank_throughput_benchmark_smoke(tmp_path):
