@@ -48,9 +48,20 @@ def truncated_image_dataset(folder) -> tuple[str, int]:
     return str(folder), bad
 
 
-def test_a_row_whose_pixels_do_not_decode_fails_every_rank_of_the_encoder_module(gloo_pool, tmp_path):
+def test_rows_resume_exactly_with_every_window_in_flight(gloo_pool):
+    # 16 workers: RowProcessor holds 2 rows a worker ahead, more than the 8 steps' windows (2 rows each on a
+    # rank): the whole stream is read and exchanged before the first window is handed out, and again on resume.
+    for result in (r for r in gloo_pool.run(payload_streams, LAYOUTS["dp2+2"], steps=8, window=1, stop_at=3, workers=16) if r is not None):
+        rows, samples = result["rows"], result["samples"]
+        assert rows["prints"] == samples["prints"] and rows["resumed"] == rows["prints"][3:], result["module"]
+
+
+# 16 workers: every window of the 10 steps is in flight before the first is handed out, so the bad row fails
+# after the module's last exchange (its end agreed): the agreement after the end still fails the encoder's peer.
+@pytest.mark.parametrize("workers", [2, 16])
+def test_a_row_whose_pixels_do_not_decode_fails_every_rank_of_the_encoder_module(gloo_pool, tmp_path, workers):
     path, bad = truncated_image_dataset(tmp_path / "data")
-    outcomes = gloo_pool.run_collect(consume_rows, LAYOUTS["dp2+2"], path, steps=10)
+    outcomes = gloo_pool.run_collect(consume_rows, LAYOUTS["dp2+2"], path, steps=10, workers=workers)
     language, images = outcomes[:2], outcomes[2:4]
     assert [status for status, _ in language] == ["ok", "ok"], language  # its fields need no pixel
     assert [status for status, _ in images] == ["error", "error"], images
