@@ -13,7 +13,8 @@ fresh process of its own, for 1, 2, 4, ... workers up to the cores:
   (``PipelineConfig.num_workers``), global micro-batch 8, for each payload (``rows``: processed after the
   exchange by RowProcessor; ``samples``: processed before it by torchdata's mapper) and method (``thread``,
   ``process``); ``rows/thread/ahead1`` is ``rows/thread`` with RowProcessor's rows in flight as they were before
-  they followed the workers (one window ahead), for a side-by-side comparison.
+  they followed the workers (one window ahead), ``.../copied`` with each resized image's pixels copied out of PIL
+  as before (``np.asarray``) instead of viewed, for side-by-side comparisons.
 
 ``--light`` (``--scale 0.25``: every image's sides a quarter) makes rows of the issue's kind, about 50 ms of the
 anchor's CPU a row instead of 0.3-0.6 s, where the anchor reaches hundreds of samples/s on 16 cores and the
@@ -48,7 +49,8 @@ from typing import Any
 
 MARKER = "rank_throughput.py results"
 SECTION = "## One rank's throughput by workers (`benchmarks/rank_throughput.py`)"
-VARIANTS = ("anchor", "rows/thread", "rows/process", "samples/thread", "samples/process", "rows/thread/ahead1")
+VARIANTS = ("anchor", "rows/thread", "rows/process", "samples/thread", "samples/process", "rows/thread/ahead1",
+            "rows/thread/copied", "rows/thread/ahead1/copied")
 LIGHT_SCALE = 0.25
 MICRO_BATCH = 8
 SEQ_LENGTH = 8192
@@ -242,11 +244,17 @@ def measure(variant: str, workers: int, dataset: Path, processor: str, warmup: i
     if variant == "anchor":
         loader = _anchor_loader(dataset, processor, workers)
     else:
-        payload, method, *ahead = variant.split("/")
-        if ahead:  # rows in flight as before they followed the workers: one window ahead
+        payload, method, *before = variant.split("/")
+        if "ahead1" in before:  # rows in flight as before they followed the workers: one window ahead
             from mimo_pipes.nodes import row_processor
 
             row_processor.windows_ahead = lambda workers, rows_per_window: 1
+        if "copied" in before:  # resized pixels copied out of PIL (tobytes, holding the GIL) as before
+            import numpy as np
+
+            from mimo_pipes.data.processing import fast_pixels
+
+            fast_pixels.rgb_pixels = np.asarray
         loader = _mimo_loader(dataset, workers, payload, method)
     batches = iter(loader)
     start = time.perf_counter()
