@@ -62,6 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--windows-ahead", type=int, default=None,
                         help="RowProcessor's windows ahead, fixed (default: the library's, rows enough for every worker; "
                              "1: as before they followed the workers)")
+    parser.add_argument("--copied-pixels", action="store_true",
+                        help="each resized image's pixels copied out of PIL (np.asarray), as before they were viewed")
     parser.add_argument("--json", default=None, help="also write the figures here")
     args = parser.parse_args(argv)
     if args.switch_interval is not None and args.switch_interval <= 0:
@@ -256,6 +258,12 @@ def main(argv: list[str] | None = None) -> int:
         from mimo_pipes.nodes import row_processor
 
         row_processor.windows_ahead = lambda workers, rows_per_window: args.windows_ahead
+    if args.copied_pixels:
+        import numpy as np
+
+        from mimo_pipes.data.processing import fast_pixels
+
+        fast_pixels.rgb_pixels = np.asarray
     if args.thread_cpu:
         for workers in args.worker_counts:
             print(json.dumps(thread_cpu(args, workers, microbatches=args.iterations)))
