@@ -64,6 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "1: as before they followed the workers)")
     parser.add_argument("--copied-pixels", action="store_true",
                         help="each resized image's pixels copied out of PIL (np.asarray), as before they were viewed")
+    parser.add_argument("--held-encode", action="store_true", help="text tokenized holding the GIL (encode), as before")
     parser.add_argument("--json", default=None, help="also write the figures here")
     args = parser.parse_args(argv)
     if args.switch_interval is not None and args.switch_interval <= 0:
@@ -264,6 +265,10 @@ def main(argv: list[str] | None = None) -> int:
         from mimo_pipes.data.processing import fast_pixels
 
         fast_pixels.rgb_pixels = np.asarray
+    if args.held_encode:
+        from mimo_pipes.data.processing.processor import SampleProcessor
+
+        SampleProcessor._encode = lambda self, text: self._tokenizer.encode(text, add_special_tokens=False).ids
     if args.thread_cpu:
         for workers in args.worker_counts:
             print(json.dumps(thread_cpu(args, workers, microbatches=args.iterations)))

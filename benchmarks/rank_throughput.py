@@ -14,7 +14,8 @@ fresh process of its own, for 1, 2, 4, ... workers up to the cores:
   exchange by RowProcessor; ``samples``: processed before it by torchdata's mapper) and method (``thread``,
   ``process``); ``rows/thread/ahead1`` is ``rows/thread`` with RowProcessor's rows in flight as they were before
   they followed the workers (one window ahead), ``.../copied`` with each resized image's pixels copied out of PIL
-  as before (``np.asarray``) instead of viewed, for side-by-side comparisons.
+  as before (``np.asarray``) instead of viewed, ``.../held`` with text tokenized holding the GIL as before; all
+  three (``rows/thread/ahead1/copied/held``) is the code before, for side-by-side comparisons.
 
 ``--light`` (``--scale 0.25``: every image's sides a quarter) makes rows of the issue's kind, about 50 ms of the
 anchor's CPU a row instead of 0.3-0.6 s, where the anchor reaches hundreds of samples/s on 16 cores and the
@@ -50,7 +51,7 @@ from typing import Any
 MARKER = "rank_throughput.py results"
 SECTION = "## One rank's throughput by workers (`benchmarks/rank_throughput.py`)"
 VARIANTS = ("anchor", "rows/thread", "rows/process", "samples/thread", "samples/process", "rows/thread/ahead1",
-            "rows/thread/copied", "rows/thread/ahead1/copied")
+            "rows/thread/copied", "rows/thread/ahead1/copied", "rows/thread/held", "rows/thread/ahead1/copied/held")
 LIGHT_SCALE = 0.25
 MICRO_BATCH = 8
 SEQ_LENGTH = 8192
@@ -255,6 +256,10 @@ def measure(variant: str, workers: int, dataset: Path, processor: str, warmup: i
             from mimo_pipes.data.processing import fast_pixels
 
             fast_pixels.rgb_pixels = np.asarray
+        if "held" in before:  # text tokenized holding the GIL (the tokenizer's encode) as before
+            from mimo_pipes.data.processing.processor import SampleProcessor
+
+            SampleProcessor._encode = lambda self, text: self._tokenizer.encode(text, add_special_tokens=False).ids
         loader = _mimo_loader(dataset, workers, payload, method)
     batches = iter(loader)
     start = time.perf_counter()
