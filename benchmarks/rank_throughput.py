@@ -381,14 +381,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--one-workers", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--scale", type=float, default=1.0, help="every image's sides times this (default 1; --smoke: a third)")
     parser.add_argument("--light", action="store_true", help=f"rows of the issue's kind: --scale {LIGHT_SCALE}")
-    parser.add_argument("--min-microbatches", type=int, default=20, help="micro-batches measured at least, however long (default 20)")
+    parser.add_argument("--min-microbatches", type=int, default=None,
+                        help="micro-batches measured at least, however long (default 20; --smoke: 2)")
     args = parser.parse_args(argv)
     if args.light:
         args.scale = LIGHT_SCALE
     if args.smoke:
-        args.images, args.rows, args.seconds, args.warmup, args.scale, args.min_microbatches = 4, 24, 1.0, 1, 1 / 3, 2
+        args.images, args.rows, args.seconds, args.warmup, args.scale = 4, 24, 1.0, 1, 1 / 3
         args.workers = args.workers or "2"
         args.variants = "anchor,rows/thread,rows/process" if args.variants == ",".join(VARIANTS) else args.variants
+    if args.min_microbatches is None:
+        args.min_microbatches = 2 if args.smoke else 20
     folder = args.data / f"images{args.images}-rows{args.rows}{'' if args.scale == 1 else f'-scale{args.scale:.3f}'}"
     dataset = generate(folder, args.images, args.rows, scale=args.scale)
     from mimo_pipes.data.embedded.builtin_processor import default_processor_path
