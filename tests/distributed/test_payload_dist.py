@@ -8,7 +8,7 @@ import json
 
 import pytest
 from job_runs import run_in_pool, summary_lines
-from scenarios_payload import consume_rows, payload_streams
+from scenarios_payload import consume_rows, consume_rows_failing_late, payload_streams
 
 from mimo_pipes.data.embedded.builtin_dataset import default_dataset_path
 from mimo_pipes.data.sources.open_source import open_source
@@ -71,6 +71,16 @@ def test_a_row_whose_pixels_do_not_decode_fails_every_rank_of_the_encoder_module
     failing = next(rank for rank, error in raised.items() if error.startswith(f"SampleError: sample {bad}, field 'images'"))
     peer = 5 - failing  # the other encoder rank (global ranks 2 and 3)
     assert raised[peer].startswith(f"PeerError: rank {failing} failed: SampleError: sample {bad}"), raised
+
+
+def test_a_row_failing_after_its_ranks_exchange_thread_agreed_on_the_end_fails_every_encoder_rank(gloo_pool, tmp_path):
+    path, bad = truncated_image_dataset(tmp_path / "data")
+    outcomes = gloo_pool.run_collect(consume_rows_failing_late, LAYOUTS["dp2+2"], path, steps=4, bad=bad)
+    images = outcomes[2:4]
+    assert [status for status, _ in images] == ["error", "error"], images
+    raised = {rank: value.split(": ", 1)[1] for rank, (_, value) in enumerate(images, start=2)}
+    failing = next(rank for rank, error in raised.items() if error.startswith(f"SampleError: sample {bad}, field 'images'"))
+    assert raised[5 - failing].startswith(f"PeerError: rank {failing} failed: SampleError: sample {bad}"), raised
 
 
 def test_run_writes_the_summary_as_json(gloo_pool, tmp_path):

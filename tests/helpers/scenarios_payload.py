@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 
 from scenarios_exchange import join_layout
 from scenarios_resume import fingerprint
@@ -74,3 +75,24 @@ def consume_rows(components, dataset: str, *, steps: int, workers: int = 2) -> d
     finally:
         loader.close()
     return {"module": position.module.name, "dp_rank": position.dp_rank, "sample_ids": ids}
+
+
+def consume_rows_failing_late(components, dataset: str, *, steps: int, bad: int, delay_s: float = 2.0) -> dict | None:
+    """As :func:`consume_rows` (2 workers), with the row ``bad`` failing only after ``delay_s``: its rank's exchange
+    thread has agreed on the end by then while its RowProcessor has not read it (the failure reaches the exchange
+    through abort, after the end)."""
+    from mimo_pipes.data.processing.module_processor import ModuleProcessor
+    from mimo_pipes.samples.sample import SAMPLE_ID
+
+    original = ModuleProcessor.__call__
+
+    def slow_when_bad(self, row):
+        if row.get(SAMPLE_ID) == bad:
+            time.sleep(delay_s)
+        return original(self, row)
+
+    ModuleProcessor.__call__ = slow_when_bad  # this pool process only, put back below
+    try:
+        return consume_rows(components, dataset, steps=steps)
+    finally:
+        ModuleProcessor.__call__ = original
