@@ -59,6 +59,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="only the documented loop (read-ahead on, prepare_with(mimo_batch)), not the other two rows")
     parser.add_argument("--switch-interval", type=float, default=None,
                         help="Python's thread switch interval in ms for the run (sys.setswitchinterval; Python's default 5)")
+    parser.add_argument("--windows-ahead", type=int, default=None,
+                        help="RowProcessor's windows ahead, fixed (default: the library's, rows enough for every worker; "
+                             "1: as before they followed the workers)")
+    parser.add_argument("--copied-pixels", action="store_true",
+                        help="each resized image's pixels copied out of PIL (np.asarray), as before they were viewed")
+    parser.add_argument("--held-encode", action="store_true", help="text tokenized holding the GIL (encode), as before")
     parser.add_argument("--json", default=None, help="also write the figures here")
     args = parser.parse_args(argv)
     if args.switch_interval is not None and args.switch_interval <= 0:
@@ -249,6 +255,20 @@ def thread_cpu(args: argparse.Namespace, workers: int | None, microbatches: int 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.windows_ahead is not None:
+        from mimo_pipes.nodes import row_processor
+
+        row_processor.windows_ahead = lambda workers, rows_per_window: args.windows_ahead
+    if args.copied_pixels:
+        import numpy as np
+
+        from mimo_pipes.data.processing import fast_pixels
+
+        fast_pixels.rgb_pixels = np.asarray
+    if args.held_encode:
+        from mimo_pipes.data.processing.processor import SampleProcessor
+
+        SampleProcessor._encode = lambda self, text: self._tokenizer.encode(text, add_special_tokens=False).ids
     if args.thread_cpu:
         for workers in args.worker_counts:
             print(json.dumps(thread_cpu(args, workers, microbatches=args.iterations)))

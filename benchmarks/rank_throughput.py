@@ -12,16 +12,25 @@ fresh process of its own, for 1, 2, 4, ... workers up to the cores:
 - mimo-pipes, one rank (``RankLayout(0, 1, 1)``), ``vlm_sft.build`` with the given workers
   (``PipelineConfig.num_workers``), global micro-batch 8, for each payload (``rows``: processed after the
   exchange by RowProcessor; ``samples``: processed before it by torchdata's mapper) and method (``thread``,
-  ``process``).
+  ``process``); ``rows/thread/ahead1`` is ``rows/thread`` with RowProcessor's rows in flight as they were before
+  they followed the workers (one window ahead), ``.../copied`` with each resized image's pixels copied out of PIL
+  as before (``np.asarray``) instead of viewed, ``.../held`` with text tokenized holding the GIL as before; all
+  three (``rows/thread/ahead1/copied/held``) is the code before, for side-by-side comparisons.
+
+``--light`` (``--scale 0.25``: every image's sides a quarter) makes rows of the issue's kind, about 50 ms of the
+anchor's CPU a row instead of 0.3-0.6 s, where the anchor reaches hundreds of samples/s on 16 cores and the
+pipeline's own ceiling shows.
 
 Each run takes micro-batches as fast as they come for ``--seconds`` after ``--warmup`` of them (default: twice the
 workers, at least 3: the anchor's workers each make a whole micro-batch and hand them over in bursts, its queue
 holding two a worker; the warm-up drains the first burst, so that what is measured is the steady rate) and reports
 samples/s, and the consumer thread's CPU milliseconds per micro-batch (the serial work a rank's consumer does:
-balance, collation, padding, what it waits on under the GIL).
+balance, collation, padding, what it waits on under the GIL). A run lasts at least ``--min-microbatches``
+micro-batches too, so that a slow cell (one worker) is measured over enough of them.
 
     python benchmarks/rank_throughput.py                     # workers 1, 2, 4, ... up to the cores; docs section
     python benchmarks/rank_throughput.py --workers 1,4,14 --variants anchor,rows/thread --seconds 30   # the 16-core host
+    python benchmarks/rank_throughput.py --light --workers 1,14 --variants anchor,rows/thread,rows/thread/ahead1 --seconds 15
     python benchmarks/rank_throughput.py --smoke --no-docs   # a tiny run (CI)
 """
 
@@ -41,7 +50,9 @@ from typing import Any
 
 MARKER = "rank_throughput.py results"
 SECTION = "## One rank's throughput by workers (`benchmarks/rank_throughput.py`)"
-VARIANTS = ("anchor", "rows/thread", "rows/process", "samples/thread", "samples/process")
+VARIANTS = ("anchor", "rows/thread", "rows/process", "samples/thread", "samples/process", "rows/thread/ahead1",
+            "rows/thread/copied", "rows/thread/ahead1/copied", "rows/thread/held", "rows/thread/ahead1/copied/held")
+LIGHT_SCALE = 0.25
 MICRO_BATCH = 8
 SEQ_LENGTH = 8192
 PROMPTS = ("Read the document and answer.", "What do these pictures show?", "Summarize the pages.", "Compare the images.")
@@ -228,12 +239,27 @@ def _mimo_from_rows(vlm_sft: Any, config: Any, layout: Any, dataset: Path, metho
                             processing=method, process_rows=process_rows)
 
 
-def measure(variant: str, workers: int, dataset: Path, processor: str, warmup: int, seconds: float) -> dict:
-    """Samples/s of ``variant`` with ``workers`` after ``warmup`` micro-batches, over at least ``seconds``."""
+def measure(variant: str, workers: int, dataset: Path, processor: str, warmup: int, seconds: float, least: int = 2) -> dict:
+    """Samples/s of ``variant`` with ``workers`` after ``warmup`` micro-batches, over at least ``seconds`` and ``least``
+    micro-batches."""
     if variant == "anchor":
         loader = _anchor_loader(dataset, processor, workers)
     else:
-        payload, method = variant.split("/")
+        payload, method, *before = variant.split("/")
+        if "ahead1" in before:  # rows in flight as before they followed the workers: one window ahead
+            from mimo_pipes.nodes import row_processor
+
+            row_processor.windows_ahead = lambda workers, rows_per_window: 1
+        if "copied" in before:  # resized pixels copied out of PIL (tobytes, holding the GIL) as before
+            import numpy as np
+
+            from mimo_pipes.data.processing import fast_pixels
+
+            fast_pixels.rgb_pixels = np.asarray
+        if "held" in before:  # text tokenized holding the GIL (the tokenizer's encode) as before
+            from mimo_pipes.data.processing.processor import SampleProcessor
+
+            SampleProcessor._encode = lambda self, text: self._tokenizer.encode(text, add_special_tokens=False).ids
         loader = _mimo_loader(dataset, workers, payload, method)
     batches = iter(loader)
     start = time.perf_counter()
@@ -242,7 +268,7 @@ def measure(variant: str, workers: int, dataset: Path, processor: str, warmup: i
     first = time.perf_counter() - start
     samples = taken = 0
     begin, thread_cpu = time.perf_counter(), time.thread_time()
-    while time.perf_counter() - begin < seconds or taken < 2:
+    while time.perf_counter() - begin < seconds or taken < least:
         batch = next(batches)
         samples += int(batch["input_ids"].shape[0])
         taken += 1
@@ -276,7 +302,7 @@ def run_one(args: argparse.Namespace, variant: str, workers: int) -> dict:
     warmup = args.warmup if args.warmup is not None else warmup_microbatches(workers)
     command = [sys.executable, __file__, "--one", variant, "--one-workers", str(workers), "--data", str(args.data),
                "--images", str(args.images), "--rows", str(args.rows), "--seconds", str(args.seconds), "--warmup", str(warmup),
-               "--scale", repr(args.scale)]
+               "--scale", repr(args.scale), "--min-microbatches", str(args.min_microbatches)]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout or 240 + 2 * args.seconds)
     except subprocess.TimeoutExpired as expired:
@@ -353,19 +379,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-docs", action="store_true", help="do not write docs/benchmarks.md")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--one-workers", type=int, default=1, help=argparse.SUPPRESS)
-    parser.add_argument("--scale", type=float, default=1.0, help=argparse.SUPPRESS)  # the image sides' scale (--smoke: a third)
+    parser.add_argument("--scale", type=float, default=1.0, help="every image's sides times this (default 1; --smoke: a third)")
+    parser.add_argument("--light", action="store_true", help=f"rows of the issue's kind: --scale {LIGHT_SCALE}")
+    parser.add_argument("--min-microbatches", type=int, default=None,
+                        help="micro-batches measured at least, however long (default 20; --smoke: 2)")
     args = parser.parse_args(argv)
+    if args.light:
+        args.scale = LIGHT_SCALE
     if args.smoke:
         args.images, args.rows, args.seconds, args.warmup, args.scale = 4, 24, 1.0, 1, 1 / 3
         args.workers = args.workers or "2"
         args.variants = "anchor,rows/thread,rows/process" if args.variants == ",".join(VARIANTS) else args.variants
+    if args.min_microbatches is None:
+        args.min_microbatches = 2 if args.smoke else 20
     folder = args.data / f"images{args.images}-rows{args.rows}{'' if args.scale == 1 else f'-scale{args.scale:.3f}'}"
     dataset = generate(folder, args.images, args.rows, scale=args.scale)
     from mimo_pipes.data.embedded.builtin_processor import default_processor_path
 
     processor = str(default_processor_path())
     if args.one is not None:
-        print(json.dumps(measure(args.one, args.one_workers, dataset, processor, args.warmup, args.seconds)))
+        print(json.dumps(measure(args.one, args.one_workers, dataset, processor, args.warmup, args.seconds, args.min_microbatches)))
         return 0
     args.data = args.data.resolve()
     counts = [int(w) for w in args.workers.split(",")] if args.workers else worker_counts(os.cpu_count() or 1)
@@ -382,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(["python benchmarks/rank_throughput.py", *(argv if argv is not None else sys.argv[1:])])
     text = (f"`{command}` on {machine()}, "
             f"{time.strftime('%Y-%m-%d', time.gmtime())}: {args.images} image files, {args.rows} rows, micro-batch {MICRO_BATCH}, "
-            f"{args.seconds:g} s measured after "
+            f"images at {args.scale:g} of their sides, {args.seconds:g} s (and {args.min_microbatches} micro-batches) measured after "
             f"{args.warmup if args.warmup is not None else 'max(3, 2 x workers)'} micro-batches. Samples/s (the consumer thread's CPU ms per micro-batch).\n\n"
             + table(results, variants, counts))
     print(text)

@@ -65,7 +65,7 @@ def balanced_tail(
         # Only exchanges; each window carries its record to the collator, which reports it when it hands the window on.
         # Samples may stay views of its buffers where the collator collates each window in place, before the next.
         node = exchange = BalanceExchange(node, settings=settings, layout=layout, collatable=not rows, report_on_delivery=False,
-                                          views_until_next=not rows)
+                                          views_until_next=not rows, agree_after_end=rows)
     if rows:
         # Rows become this module's samples here, on the rank that trains on them.
         assert process_rows is not None

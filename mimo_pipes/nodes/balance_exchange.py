@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -23,6 +24,7 @@ from mimo_pipes.exchange import (
 )
 from mimo_pipes.nodes.base import GraphNode
 from mimo_pipes.nodes.exchange_prefetch import ExchangePrefetchThread, Prefetched
+from mimo_pipes.nodes.module_end import ModuleEnd
 from mimo_pipes.nodes.window_exchange import ExchangeReport, ExchangeStart, WindowExchange
 from mimo_pipes.observe.metrics import MetricsAccumulator
 from mimo_pipes.observe.observer import ExchangeObserver, ExchangeRecord
@@ -50,7 +52,10 @@ class BalanceExchange(GraphNode[Window]):
     Every exchange carries where the loader started (:meth:`start_at`), so ranks of a module that start from
     different points are refused. A failure after this node (:meth:`abort`, from the loader: a window that
     cannot be processed or collated) is announced in place of the next exchange, so the module's other ranks
-    raise too, naming the rank, the cause and that it failed after the exchange.
+    raise too, naming the rank, the cause and that it failed after the exchange. With ``agree_after_end`` (the node
+    after it processes rows: RowProcessor, which still works on the last windows once every exchange is done) its
+    end is a :class:`~mimo_pipes.nodes.module_end.ModuleEnd`: one more agreement on the same group, after those
+    windows are processed (or in :meth:`abort`, where the failure came first), so such a failure fails every rank too.
 
     The state is the source's state after the last delivered window: plain counters, never samples, the
     windows delivered and the metrics' running totals (a few counts and sums), so cumulative figures continue
@@ -83,6 +88,7 @@ class BalanceExchange(GraphNode[Window]):
         observers: Sequence[ExchangeObserver] = (),
         report_on_delivery: bool = True,
         views_until_next: bool = False,
+        agree_after_end: bool = False,
     ) -> None:
         super().__init__(source if isinstance(source, BaseNode) else IterableWrapper(source))
         self.ctx = ctx = ExchangeContext.for_rank(layout, settings)
@@ -99,6 +105,10 @@ class BalanceExchange(GraphNode[Window]):
         self.start = ExchangeStart()  # see start_at()
         self._start_sequence = 0  # where a fresh start (reset(None)) begins; start_at() moves it
         self._ended = self._failed = False
+        self.agree_after_end = agree_after_end
+        self._end_sequence: int | None = None  # the exchange sequence the end was agreed at (None: not ended)
+        self._agreed_after_end = False
+        self._agreement = threading.Lock()  # the agreement after the end: once, from the rows' thread or abort()
         self.describe({
             "dp rank": ctx.dp_rank,
             "dp size": ctx.dp_size,
@@ -139,7 +149,8 @@ class BalanceExchange(GraphNode[Window]):
         self.shutdown()  # the thread reads the source: stopped before the source is reset
 
     def restore(self, initial_state: dict | None) -> None:
-        self._failed = self._ended = False
+        self._failed = self._ended = self._agreed_after_end = False
+        self._end_sequence = None
         self._sequence = self._start_sequence if initial_state is None else int(initial_state[self.SEQUENCE_KEY])
         self._state_after_delivered = copy.deepcopy(self.source.state_dict())
         # A state saved before the totals were kept (no METRICS_KEY) restores the stream and starts them at zero;
@@ -201,7 +212,11 @@ class BalanceExchange(GraphNode[Window]):
         waiting = time.perf_counter()
         try:
             (result, record), state_after = self._prefetcher.take()
-        except BaseException:  # the end, or a failure every rank of the module raises
+        except StopIteration:
+            ended_at = self._prefetcher.ended_at
+            self.shutdown()
+            raise self._end(ended_at) from None
+        except BaseException:  # a failure every rank of the module raises
             self.shutdown()
             raise
         waited = time.perf_counter() - waiting
@@ -213,7 +228,7 @@ class BalanceExchange(GraphNode[Window]):
             window = next(self.source)
         except StopIteration:
             announce_end(self.ctx, self._sequence)
-            raise
+            raise self._end(self._sequence) from None
         except Exception as error:  # noqa: BLE001 - made an exception on every rank
             announce_failure(self.ctx, self._sequence, error)
         assert self._sync_exchange is not None, "reset() builds the exchange"
@@ -222,19 +237,45 @@ class BalanceExchange(GraphNode[Window]):
         # On the training thread the exchange itself is the wait.
         return self._deliver(result, record, record.exchange_seconds if record is not None else 0.0)
 
+    def _end(self, sequence: int | None) -> StopIteration:
+        """The end, agreed at exchange ``sequence``: with ``agree_after_end`` a ModuleEnd owing the last agreement."""
+        if not self.agree_after_end or sequence is None:
+            return StopIteration()
+        self._end_sequence = sequence
+        return ModuleEnd(self._agree_after_end)
+
+    def _agree_after_end(self, error: BaseException | None) -> None:
+        """The module's last agreement, once per end (from the rows' node, or :meth:`abort`), on the exchange's group
+        after its last exchange (the prefetch thread has ended by then: no two threads issue collectives on it):
+        raises ``error`` itself, or a PeerError naming the rank whose processing failed."""
+        with self._agreement:
+            if self._end_sequence is None or self._agreed_after_end:
+                return
+            self._agreed_after_end = True
+        if error is None:
+            announce_end(self.ctx, self._end_sequence + 1)
+        else:
+            announce_failure(self.ctx, self._end_sequence + 1, error, AFTER_EXCHANGE)
+
     def abort(self, error: BaseException) -> None:
         """A failure after this node (processing a window it delivered, say; the loader tells it) becomes an
         exception on every rank of the module: the rank announces it in place of its next exchange, so its
         peers raise PeerError there (within the windows already prefetched) instead of waiting in that
-        exchange. Nothing when this node's own stream already ended or failed (every rank knows then)."""
-        if self._ended:
-            return
-        self._ended = self._failed = True
-        if self._prefetcher is not None:
-            self._prefetcher.fail(error)
-        else:
-            with contextlib.suppress(BaseException):  # raises ``error`` itself
-                announce_failure(self.ctx, self._sequence, error, AFTER_EXCHANGE)
+        exchange; after the end (``agree_after_end``), in the agreement after it. Nothing when this node's own
+        stream already failed, or ended without that agreement (every rank knows then)."""
+        if not self._ended:
+            self._ended = self._failed = True
+            if self._prefetcher is not None:
+                self._prefetcher.fail(error)
+                # Its thread may have agreed on the end before the failure reached it: the failure is then told in
+                # the agreement after the end, once the thread has ended.
+                if self.agree_after_end and self._prefetcher.end_agreed(ANNOUNCEMENT_WAIT_S):
+                    self._end(self._prefetcher.ended_at)
+            else:
+                with contextlib.suppress(BaseException):  # raises ``error`` itself
+                    announce_failure(self.ctx, self._sequence, error, AFTER_EXCHANGE)
+        with contextlib.suppress(BaseException):  # raises ``error`` itself
+            self._agree_after_end(error)
 
     def shutdown(self, join_timeout: float | None = None) -> None:
         """Stop the prefetch thread after the exchanges peers may depend on; joins it (None: no limit)."""

@@ -38,6 +38,7 @@ class ExchangePrefetchThread:
         self.exchange = exchange
         self.first_sequence = first_sequence
         self._attempted = 0  # exchanges begun on the thread (only the thread counts them)
+        self.ended_at: int | None = None  # the sequence the module agreed on the end at (set on the thread)
         device = exchange.ctx.device
         self.reader: ReadAhead[Any] = ReadAhead(self._exchanged, source.state_dict, PREFETCH_DEPTH, name="mimo-pipes-exchange",
                                                 device=device if device is not None and device.type == "cuda" else None)
@@ -50,6 +51,7 @@ class ExchangePrefetchThread:
             window = next(self.source)
         except StopIteration:
             announce_end(self.exchange.ctx, sequence)
+            self.ended_at = sequence
             raise
         except Exception as error:  # noqa: BLE001 - made an exception on every rank
             announce_failure(self.exchange.ctx, sequence, error)
@@ -70,6 +72,11 @@ class ExchangePrefetchThread:
         ctx, first = self.exchange.ctx, self.first_sequence
         # raises the failure itself, here already known: the thread suppresses it
         self.reader.interrupt(lambda made: announce_failure(ctx, first + made, error, AFTER_EXCHANGE))
+
+    def end_agreed(self, wait_s: float) -> bool:
+        """Whether the thread ended after agreeing on the end (waiting up to ``wait_s`` seconds for it to end)."""
+        self.reader.join(wait_s)
+        return not self.reader.alive and self.ended_at is not None
 
     def stop(self, join_timeout: float | None) -> None:
         self.reader.stop(join_timeout)

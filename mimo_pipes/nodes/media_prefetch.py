@@ -51,7 +51,7 @@ class MediaPrefetch(GraphNode[T]):
 
     def next(self) -> T:
         if not self._source_ended:
-            self._source_ended = not fill_ahead(self.source, self._pending, self.ahead, self._read)
+            self._source_ended = fill_ahead(self.source, self._pending, self.ahead, self._read) is not None
         if not self._pending:
             raise StopIteration
         ahead = self._pending.popleft()

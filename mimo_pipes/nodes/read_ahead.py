@@ -190,14 +190,16 @@ class ReadAhead(Generic[T]):
         return self._thread.is_alive()
 
 
-def fill_ahead(source: BaseNode[Window], pending: collections.deque[T], ahead: int, submit: Callable[[Window, Any], T]) -> bool:
+def fill_ahead(source: BaseNode[Window], pending: collections.deque[T], ahead: int,
+               submit: Callable[[Window, Any], T]) -> StopIteration | None:
     """Reads windows from ``source`` until ``pending`` holds ``ahead`` + 1 entries, each made by ``submit(window,
     state_after)`` (the source's state right after it handed the window out: what a state saved once the window
-    is delivered holds). False once the source has ended."""
+    is delivered holds). None while the source goes on; once it has ended, the StopIteration it ended with (which
+    may carry what its end still owes: :class:`~mimo_pipes.nodes.module_end.ModuleEnd`)."""
     while len(pending) <= ahead:
         try:
             window = next(source)
-        except StopIteration:
-            return False
+        except StopIteration as end:
+            return end
         pending.append(submit(window, copy.deepcopy(source.state_dict())))
-    return True
+    return None

@@ -22,6 +22,7 @@ from mimo_pipes.config.tail_settings import TailSettings
 from mimo_pipes.errors import MAX_REASON, PeerError, SampleError, row_reason
 from mimo_pipes.exchange.failure_agreement import agree_on_failures
 from mimo_pipes.nodes.base import GraphNode
+from mimo_pipes.nodes.module_end import ModuleEnd
 from mimo_pipes.nodes.read_ahead import fill_ahead
 from mimo_pipes.observe.observer import ExchangeRecord
 from mimo_pipes.samples import handover
@@ -30,12 +31,17 @@ from mimo_pipes.samples.masking import mask_failed
 from mimo_pipes.samples.sample import SAMPLE_ID, STEP, Sample, Window
 
 PIXELS = "pixel_values"  # the field worker processes write straight into their micro-batch's buffer
-AHEAD = 1
-"""Windows processed beyond the one the consumer waits for: decoding overlaps training. One, not more: a row
-that fails in processing fails its module's peers through an exchange still to come (the failing rank stops
-taking windows), so the windows processed ahead, whose exchanges are done, stay few. (Rows enough for every
-worker, 32 ahead, made no measurable difference on a 16-core host and let a failure near the end of the data
-end on the failing rank alone.)"""
+ROWS_AHEAD_PER_WORKER = 2
+"""Rows handed to the workers beyond the window the consumer waits for, per worker: enough that every worker
+has a row to take while the consumer waits for a window's slowest row (with one window of 4 rows ahead, 14
+workers were never more than 8 rows busy). Bounded: at most this many processed rows a worker wait ahead of
+the consumer (a DataLoader holds two micro-batches a worker)."""
+
+
+def windows_ahead(workers: int, rows_per_window: int) -> int:
+    """Windows processed beyond the one asked for: the fewest that hold :data:`ROWS_AHEAD_PER_WORKER` rows a
+    worker, and at least one (decoding overlaps training)."""
+    return max(1, -(-ROWS_AHEAD_PER_WORKER * workers // max(rows_per_window, 1)))
 
 
 class _Pending(NamedTuple):
@@ -78,10 +84,13 @@ class RowProcessor(GraphNode[Window]):
     :class:`~mimo_pipes.data.processing.module_processor.ModuleProcessor`) on ``settings.processing.workers``
     threads or worker processes (``method``), on the rank that trains on it, so decoding and resizing are
     balanced by the exchange's assignment. It reads :attr:`ahead` windows ahead of the one asked for
-    (:data:`AHEAD`); the windows it hands on are collated after it (:class:`~mimo_pipes.nodes.window_collator.WindowCollator`).
+    (:func:`windows_ahead`: rows enough for every worker); the windows it hands on are collated after it
+    (:class:`~mimo_pipes.nodes.window_collator.WindowCollator`).
 
     A row that cannot be processed raises here; the loader then tells the nodes before it
-    (:meth:`~mimo_pipes.nodes.BalanceExchange.abort` announces it to the module's other ranks). Each window
+    (:meth:`~mimo_pipes.nodes.BalanceExchange.abort` announces it to the module's other ranks in place of its next
+    exchange). Where the exchange has ended (:class:`~mimo_pipes.nodes.module_end.ModuleEnd`) the windows still
+    pending are processed and their outcome agreed on at once, so a failure among them fails every rank too. Each window
     from an exchange keeps its record (``Window.record``) on the window it hands on. With ``masking``
     (``settings.processing.mask_failed``: ``--skip-bad-samples``) a row whose processing raises its
     :class:`~mimo_pipes.errors.SampleError` is masked instead: every rank of the job says which of each
@@ -104,7 +113,7 @@ class RowProcessor(GraphNode[Window]):
         self.masked = 0  # samples masked so far (every failure of the job, as every module masks it)
         self.workers = settings.processing.workers
         self.method = settings.processing.method
-        self.ahead = AHEAD
+        self.ahead = windows_ahead(self.workers, settings.samples_per_rank * settings.plan.window_size)
         spec = settings.collator.vision_fields.get(PIXELS)  # (row shape, dtype): what a micro-batch's buffer holds
         self._pixels = (tuple(spec[0]), spec[1]) if spec is not None else None
         self._pool: Executor | None = None
@@ -120,19 +129,40 @@ class RowProcessor(GraphNode[Window]):
         self._source_ended = False
 
     def next(self) -> Window:
-        if not self._source_ended:
-            self._source_ended = not fill_ahead(self.source, self._pending, self.ahead, self._submit)
-        if not self._pending:
-            raise StopIteration
-        pending = self._pending.popleft()
         try:
+            if not self._source_ended:
+                end = fill_ahead(self.source, self._pending, self.ahead, self._submit)
+                if end is not None:
+                    self._source_ended = True
+                    self._agree_at_end(end)
+            if not self._pending:
+                raise StopIteration
+            pending = self._pending.popleft()
             window = pending.window.result()
+        except StopIteration:
+            raise
         except BaseException:
             self._drop_pending()
             raise  # the loader tells the nodes before this one (the exchange announces it to its peers)
         self._state_after_delivered = pending.state_after
         window.record = pending.record  # reported by the node that hands the window to the consumer
         return window
+
+    def _agree_at_end(self, end: StopIteration) -> None:
+        """The source ended: with a :class:`~mimo_pipes.nodes.module_end.ModuleEnd` (a module's exchange), every
+        window still pending is processed first and whether any failed is agreed on with the module's other
+        ranks, so a row failing after the last exchange fails every rank, not its own alone. At the same point of
+        the stream on every rank (where the end is read), whatever each rank's failures."""
+        if not isinstance(end, ModuleEnd):
+            return
+        error = None
+        for pending in self._pending:
+            try:
+                pending.window.result()
+            except BaseException as failure:  # noqa: BLE001 - agreed on, then raised (by agree itself)
+                error = failure
+                break
+        end.agree(error)
 
     def processed_ahead(self) -> list[Window]:
         """The windows processed and not yet handed out (what this node holds beyond the consumer)."""

@@ -8,7 +8,7 @@ import json
 
 import pytest
 from job_runs import run_in_pool, summary_lines
-from scenarios_payload import consume_rows, payload_streams
+from scenarios_payload import consume_rows, consume_rows_failing_late, payload_streams
 
 from mimo_pipes.data.embedded.builtin_dataset import default_dataset_path
 from mimo_pipes.data.sources.open_source import open_source
@@ -48,9 +48,22 @@ def truncated_image_dataset(folder) -> tuple[str, int]:
     return str(folder), bad
 
 
-def test_a_row_whose_pixels_do_not_decode_fails_every_rank_of_the_encoder_module(gloo_pool, tmp_path):
+def test_rows_resume_exactly_with_every_window_in_flight(gloo_pool):
+    # 16 workers: RowProcessor holds 2 rows a worker ahead, more than the 8 steps' windows (2 rows each on a
+    # rank): the whole stream is read and exchanged before the first window is handed out, and again on resume.
+    for result in (r for r in gloo_pool.run(payload_streams, LAYOUTS["dp2+2"], steps=8, window=1, stop_at=3, workers=16) if r is not None):
+        rows, samples = result["rows"], result["samples"]
+        assert rows["prints"] == samples["prints"] and rows["resumed"] == rows["prints"][3:], result["module"]
+
+
+# 8 workers: 9 windows of the 10 steps in flight at the first, the exchange's prefetch thread may agree on the end
+# before the failing rank hands the bad row's window out (it tells its failure through abort, after the end);
+# 16 workers: every window is in flight before the first is handed out, so the bad row fails after the module's
+# last exchange: the agreement after the end still fails the encoder's peer.
+@pytest.mark.parametrize("workers", [2, 8, 16])
+def test_a_row_whose_pixels_do_not_decode_fails_every_rank_of_the_encoder_module(gloo_pool, tmp_path, workers):
     path, bad = truncated_image_dataset(tmp_path / "data")
-    outcomes = gloo_pool.run_collect(consume_rows, LAYOUTS["dp2+2"], path, steps=10)
+    outcomes = gloo_pool.run_collect(consume_rows, LAYOUTS["dp2+2"], path, steps=10, workers=workers)
     language, images = outcomes[:2], outcomes[2:4]
     assert [status for status, _ in language] == ["ok", "ok"], language  # its fields need no pixel
     assert [status for status, _ in images] == ["error", "error"], images
@@ -58,6 +71,16 @@ def test_a_row_whose_pixels_do_not_decode_fails_every_rank_of_the_encoder_module
     failing = next(rank for rank, error in raised.items() if error.startswith(f"SampleError: sample {bad}, field 'images'"))
     peer = 5 - failing  # the other encoder rank (global ranks 2 and 3)
     assert raised[peer].startswith(f"PeerError: rank {failing} failed: SampleError: sample {bad}"), raised
+
+
+def test_a_row_failing_after_its_ranks_exchange_thread_agreed_on_the_end_fails_every_encoder_rank(gloo_pool, tmp_path):
+    path, bad = truncated_image_dataset(tmp_path / "data")
+    outcomes = gloo_pool.run_collect(consume_rows_failing_late, LAYOUTS["dp2+2"], path, steps=4, bad=bad)
+    images = outcomes[2:4]
+    assert [status for status, _ in images] == ["error", "error"], images
+    raised = {rank: value.split(": ", 1)[1] for rank, (_, value) in enumerate(images, start=2)}
+    failing = next(rank for rank, error in raised.items() if error.startswith(f"SampleError: sample {bad}, field 'images'"))
+    assert raised[5 - failing].startswith(f"PeerError: rank {failing} failed: SampleError: sample {bad}"), raised
 
 
 def test_run_writes_the_summary_as_json(gloo_pool, tmp_path):

@@ -196,3 +196,14 @@ def test_rank_throughput_benchmark_smoke(tmp_path):
     assert {(r["variant"], r["workers"]) for r in results} == {("anchor", 2), ("rows/thread", 2), ("rows/process", 2)}
     assert all(r["samples_per_s"] > 0 and r["microbatches"] >= 2 for r in results)
     assert "| rows/process | " in done.stdout
+
+
+def test_rank_throughput_benchmark_measures_the_code_before_beside_the_code(tmp_path):
+    out = tmp_path / "rank.json"
+    done = subprocess.run([sys.executable, "benchmarks/rank_throughput.py", "--smoke", "--no-docs", "--data", str(tmp_path / "data"),
+                           "--variants", "rows/thread,rows/thread/ahead1/copied/held", "--min-microbatches", "3", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(out.read_text())["results"]
+    assert [r["variant"] for r in results] == ["rows/thread", "rows/thread/ahead1/copied/held"]
+    assert all(r["samples_per_s"] > 0 and r["microbatches"] >= 3 for r in results)  # --min-microbatches holds

@@ -17,6 +17,8 @@ import datasets
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from mimo_pipes.data.cache import build_atomically
@@ -320,6 +322,13 @@ def test_bad_seq_length(processor_dir):
         with pytest.raises(ConfigError) as info, flag_names():
             load_processor(processor_dir, bad)
         assert info.value.setting == "--seq-length"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(max_size=300) | st.lists(st.sampled_from([*SPECIAL_TOKENS, " ", "word", "42", "\n", "é"]), max_size=40).map("".join))
+def test_text_is_tokenized_as_the_tokenizer_encodes_it(proc, text):
+    # _encode lets the GIL go (encode_batch) where encode holds it: the tokens must stay encode's, special tokens too
+    assert proc._encode(text) == proc._tokenizer.encode(text, add_special_tokens=False).ids
 
 
 def test_count_image_tokens():

@@ -11,6 +11,7 @@ from mimo_pipes.balance import balance_window
 from mimo_pipes.errors import StateMismatchError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.nodes import BalanceExchange, CanonicalShardReader, CostAnnotator, Windower
+from mimo_pipes.nodes.module_end import ModuleEnd
 from mimo_pipes.samples.collate import Collator
 from mimo_pipes.samples.sample import COST, SAMPLE_ID
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset, tail_settings
@@ -126,3 +127,20 @@ def test_totals_start_again_on_another_layout():
     node.reset(None)
     take(node, 1)
     assert node.metrics()["cumulative/windows"] == 1 and node.metrics()["cumulative/microbatches"] == node.metrics()["microbatches"]
+
+
+@pytest.mark.parametrize("agree_after_end", [False, True])
+def test_its_end_owes_the_agreement_after_it_only_where_rows_are_processed_after_it(agree_after_end):
+    settings = tail_settings(samples_per_rank=BATCH, window_size=WINDOW, reorder=True, collator=COLLATOR)
+    node = BalanceExchange(windows(), settings=settings, layout=RankLayout(0, 1, GRID), collatable=False, agree_after_end=agree_after_end)
+    for failure in (None, ValueError("bad row")):
+        node.reset(None)
+        assert len(take(node, 3)) == 3  # 7 micro-batches in windows of 3
+        with pytest.raises(StopIteration) as ended:
+            next(node)
+        assert isinstance(ended.value, ModuleEnd) == agree_after_end
+        if agree_after_end and failure is None:
+            ended.value.agree(None)  # DP 1: no peer to tell, nothing raised
+        elif agree_after_end:
+            with pytest.raises(ValueError, match="bad row"):  # a failure after the end is raised on the rank that had it
+                ended.value.agree(failure)

@@ -7,11 +7,15 @@ import threading
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from node_checks import assert_same, check_refused, check_save_load_everywhere, saved_after, take, tiny_samples
 
 from mimo_pipes.errors import SampleError
 from mimo_pipes.nodes import RowProcessor, Windower
-from mimo_pipes.nodes.row_processor import AHEAD
+from mimo_pipes.nodes.base import GraphNode
+from mimo_pipes.nodes.module_end import ModuleEnd
+from mimo_pipes.nodes.row_processor import ROWS_AHEAD_PER_WORKER, windows_ahead
 from mimo_pipes.samples.collate import Collator
 from mimo_pipes.samples.sample import SAMPLE_ID, Window
 from mimo_pipes.testing import tail_settings
@@ -59,7 +63,7 @@ def test_restores_at_every_position():
 @pytest.mark.parametrize(("per_microbatch", "window_size"), [(3, 1), (3, 3), (40, 1)])
 def test_reads_its_windows_ahead_of_the_one_it_hands_out(per_microbatch, window_size):
     node = row_processor(per_microbatch=per_microbatch, window_size=window_size, steps=9)
-    assert node.ahead == AHEAD
+    assert node.ahead == windows_ahead(2, per_microbatch * window_size) >= 1
     windows = 9 // window_size
     try:
         for delivered in range(1, windows + 1):
@@ -146,3 +150,76 @@ def test_shutdown_stops_its_workers_and_iterating_again_restarts_them():
 def test_refuses_a_state_made_for_other_settings(change, setting, saved, now):
     state = saved_after(row_processor(), 1)
     check_refused(lambda s: row_processor(**change).reset(s), state, "RowProcessor", setting, saved, now)
+
+
+@given(st.integers(1, 256), st.integers(1, 4096))
+def test_windows_ahead_hold_rows_enough_for_every_worker_and_no_window_more(workers, rows_per_window):
+    ahead = windows_ahead(workers, rows_per_window)
+    wanted = ROWS_AHEAD_PER_WORKER * workers
+    assert ahead >= 1 and ahead * rows_per_window >= wanted
+    assert ahead == 1 or (ahead - 1) * rows_per_window < wanted
+
+
+class Ending(GraphNode):
+    """Its source's windows, ending with a ModuleEnd (as a module's exchange does) whose agreements it records:
+    each with the rows processed by then; an error is raised back, as the real agreement raises it."""
+
+    def __init__(self, source, processed: list[int]) -> None:
+        super().__init__(source)
+        self.processed, self.agreed = processed, []
+        self.describe({})
+
+    def agree(self, error) -> None:
+        self.agreed.append((error, len(self.processed)))
+        if error is not None:
+            raise error
+
+    def next(self):
+        try:
+            return next(self.source)
+        except StopIteration:
+            raise ModuleEnd(self.agree) from None
+
+
+def ending_processor(fn, steps=7, workers=12):
+    processed: list[int] = []
+
+    def counted(row):
+        out = fn(row)
+        processed.append(int(row[SAMPLE_ID]))
+        return out
+
+    settings = settings_for(3, 1, workers=workers)
+    ending = Ending(Windower(tiny_samples(3, steps), settings=settings), processed)
+    return RowProcessor(ending, settings=settings, process=counted), ending
+
+
+def test_where_its_source_ends_it_agrees_once_after_every_window_read_is_processed():
+    node, ending = ending_processor(process)
+    try:
+        assert node.ahead >= 7  # 12 workers, 3 rows a window: the whole stream is read at the first window
+        first = take(node, 1)
+        assert ending.agreed == [(None, 21)]  # before the first window is handed out, once all 21 rows are done
+        assert_same(first + take(node, None), expected(3, 1))
+        assert len(ending.agreed) == 1
+    finally:
+        node.shutdown()
+
+
+def test_a_row_failing_after_its_source_ended_is_agreed_on_then_raised():
+    node, ending = ending_processor(fail_on_row_5)
+    try:
+        with pytest.raises(SampleError, match="sample 5"):
+            take(node, None)
+        [(error, _)] = ending.agreed
+        assert isinstance(error, SampleError) and "sample 5" in str(error)
+    finally:
+        node.shutdown()
+
+
+def test_without_a_module_end_nothing_is_agreed():
+    node = row_processor(per_microbatch=3, window_size=1, workers=8)
+    try:
+        assert_same(take(node, None), expected(3, 1))
+    finally:
+        node.shutdown()

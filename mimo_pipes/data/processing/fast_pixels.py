@@ -78,10 +78,10 @@ class PixelTable:
         resize that reads the same pixels. Here PIL resizes the decoded image itself, to the size the processor's
         rule gives, with its resampling: the same call on the same pixels (the probe holds it to the processor)."""
         if not self.do_resize:
-            return np.asarray(image)
+            return rgb_pixels(image)
         height, width = self.rule(image.height, image.width, factor=self.patch_size * self.merge_size,
                                   min_pixels=self.size.shortest_edge, max_pixels=self.size.longest_edge)
-        return np.asarray(image.resize((width, height), resample=self.resample, reducing_gap=None))
+        return rgb_pixels(image.resize((width, height), resample=self.resample, reducing_gap=None))
 
     def _patches_into(self, resized: np.ndarray, grid_h: int, grid_w: int, out: np.ndarray) -> None:
         """Lay ``resized`` [H, W, C] out as the processor's patches (merge blocks in row order, each patch
@@ -136,3 +136,20 @@ def probe(image_processor: Any) -> PixelTable | None:
         return table
     except Exception:  # noqa: BLE001 - any processor this path does not fit keeps its own path
         return None
+
+
+def rgb_pixels(image: Any) -> np.ndarray:
+    """An RGB PIL image's pixels as ``[height, width, 3]`` uint8: a view of PIL's own memory (its 4-byte pixels,
+    exported through Arrow's C data interface: no copy) where PIL can export it, else a copy (``np.asarray``).
+    The copy runs PIL's ``tobytes``, which holds the GIL throughout (about 1 ms a resized image): with many
+    worker threads that was one of the largest waits for the GIL of a row's processing."""
+    try:
+        import pyarrow
+
+        exported = pyarrow.array(image)  # the pixels as PIL holds them: [height * width] x 4 bytes (RGB and a pad byte)
+    except Exception:  # noqa: BLE001 - no pyarrow, an older PIL, or memory PIL cannot export in one piece
+        return np.asarray(image)
+    pixels = np.frombuffer(exported.buffers()[-1], dtype=np.uint8)  # the buffer keeps PIL's memory alive
+    if pixels.size != image.height * image.width * 4 or exported.offset:
+        return np.asarray(image)
+    return pixels.reshape(image.height, image.width, 4)[..., :CHANNELS]
