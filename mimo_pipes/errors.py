@@ -57,14 +57,20 @@ def _parse_sample_message(line: str) -> tuple[object, str | None, str] | None:
     return sample_id, split[0], split[1][2:]
 
 
+_FIELD_OF_FLAG: dict[str, str] = {}  # filled by the config package (name_flags_as_fields), which imports this module
+
+
+def name_flags_as_fields(fields_by_flag: dict[str, str]) -> None:
+    """Registers the configuration fields a flag sets (``--split-part`` -> ``split_part``), for :func:`_as_named`."""
+    _FIELD_OF_FLAG.update(fields_by_flag)
+
+
 def _as_named(setting: str) -> str:
     """A setting given by its flag (``--dataset``), named as the caller wrote it: the flag inside a command, the
     field (``dataset``) from Python, for the settings that are fields (see :data:`SETTING_NAMES`)."""
-    if not setting.startswith("--") or os.environ.get(SETTING_NAMES) == "flags":
+    if os.environ.get(SETTING_NAMES) == "flags":
         return setting
-    from mimo_pipes.config.flags import field_of  # here: the config package imports this module
-
-    return field_of(setting) or setting
+    return _FIELD_OF_FLAG.get(setting, setting)
 
 
 class ConfigError(ValueError):

@@ -33,20 +33,6 @@ def flag(field_name: str) -> str:
     return setting_name(field_name, cli_flag(field_name))
 
 
-def field_of(flag_text: str) -> str | None:
-    """The configuration field a command-line flag sets (``--split-part`` -> ``split_part``); None for a flag
-    that is no field of ``PipelineConfig`` or ``ReorderConfig`` (a command's own option, as ``--save``)."""
-    from dataclasses import fields
-
-    from mimo_pipes.config.pipeline import PipelineConfig, ReorderConfig  # here: pipeline.py imports this module
-
-    for config in (PipelineConfig, ReorderConfig):
-        for item in fields(config):
-            if cli_flag(item.name) == flag_text:
-                return item.name
-    return None
-
-
 @contextmanager
 def flag_names() -> Iterator[None]:
     """Errors raised inside name settings by their flags (a command line's words); restored on exit."""

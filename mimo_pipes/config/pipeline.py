@@ -14,15 +14,15 @@ import math
 import numbers
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from fractions import Fraction
 
 import numpy as np
 
 from mimo_pipes.config.counts import as_count
-from mimo_pipes.config.flags import flag
+from mimo_pipes.config.flags import cli_flag, flag
 from mimo_pipes.config.planner import planner_settings, two_level_groups
-from mimo_pipes.errors import ConfigError
+from mimo_pipes.errors import ConfigError, name_flags_as_fields
 from mimo_pipes.parallel.pairing import pairing_problem
 from mimo_pipes.parallel.topology import Topology, build_topology
 from mimo_pipes.samples.cost_range import check_cost_range
@@ -340,3 +340,7 @@ class PipelineConfig:
 def _in_s3(path: str) -> bool:
     """An ``s3://`` URL (as ``mimo_pipes.data.storage.s3_url.is_s3`` says; config sits below data and does not import it)."""
     return path.startswith("s3://")
+
+
+# The data sources name a setting by its flag (``--dataset``); from Python, errors name the field it sets.
+name_flags_as_fields({cli_flag(item.name): item.name for config in (PipelineConfig, ReorderConfig) for item in fields(config)})
