@@ -41,6 +41,13 @@ def _figure(analysis, topology, module: str):
     return build_figure(module_plot(analysis, topology.module(module), "test"))
 
 
+@functools.cache
+def _images_figure(dp: int):
+    """The images module's figure of ``_analysis(dp)``, built once: the band and the path tests only read it."""
+    analysis, topology = _analysis(dp)
+    return _figure(analysis, topology, "images")
+
+
 def _is_whole(values) -> bool:
     return all(float(v).is_integer() for v in values)
 
@@ -48,7 +55,7 @@ def _is_whole(values) -> bool:
 @pytest.mark.parametrize("dp", [2, 8, 64])
 def test_ranks_are_one_band_before_and_after_at_any_dp(dp):
     analysis, topology = _analysis(dp)
-    figure = _figure(analysis, topology, "images")
+    figure = _images_figure(dp)
     loads, what_ifs, path, spreads = figure.axes
     assert len(figure.axes) == 4
     bands = [c for c in loads.collections if isinstance(c, PolyCollection)]
@@ -74,7 +81,7 @@ def test_ranks_are_one_band_before_and_after_at_any_dp(dp):
 def test_critical_path_is_drawn_against_its_lower_bound(dp):
     analysis, topology = _analysis(dp)
     figures = analysis.figures["images"]
-    path = _figure(analysis, topology, "images").axes[2]
+    path = _images_figure(dp).axes[2]
     before, after, bound = path.lines
     assert before.get_ydata()[-1] == figures["critical_path_before"]
     assert after.get_ydata()[-1] == figures["critical_path_after"]
