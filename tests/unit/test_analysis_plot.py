@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import functools
 import struct
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -35,6 +37,14 @@ def _analysis(dp: int, *, time_model: str | None = None, window: int = 4, across
     real_tokens = image_tokens + rng.integers(20, 400, rows)
     encoder = np.array([MODEL.encoder_time_ns([t]) if t else 0 for t in image_tokens.tolist()], dtype=np.int64) if time_model else None
     return analyze(config, topology, image_tokens, real_tokens, start=0, stop=steps, encoder_costs=encoder), topology
+
+
+@functools.cache
+def _modelled_analysis(dp: int):
+    """``_analysis(dp)`` balanced on MODEL, made once for the plot's and the tables' tests (a model file of a
+    test's own folder made it anew in each); the file is needed only while analyze reads it."""
+    with tempfile.TemporaryDirectory() as folder:
+        return _analysis(dp, time_model=str(save_time_model(MODEL, Path(folder) / "model.json")))
 
 
 def _figure(analysis, topology, module: str):
@@ -119,9 +129,8 @@ def test_a_cut_window_has_no_bound_line():
     assert len(bound.get_xdata()) == 0 and "cut" in bound.get_label()
 
 
-def test_with_a_time_model_the_encoder_plots_modelled_ms(tmp_path):
-    model = str(save_time_model(MODEL, tmp_path / "model.json"))
-    analysis, topology = _analysis(8, time_model=model)
+def test_with_a_time_model_the_encoder_plots_modelled_ms():
+    analysis, topology = _modelled_analysis(8)
     modelled = analysis.figures["images"]["modelled_encoder_time"]
     images = _figure(analysis, topology, "images")
     loads, what_ifs, path, spreads = images.axes
