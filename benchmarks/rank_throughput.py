@@ -373,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=None,
                         help="seconds one run may take, start-up and warm-up included (default: 240 + twice --seconds)")
     parser.add_argument("--smoke", action="store_true",
-                        help="tiny (CI): 4 images at a third of their sides, 24 rows, 2 workers, anchor and rows, 1 second each")
+                        help="tiny (CI): 4 images at a third of their sides, 24 rows, 1 worker (a process of its own under anchor and "
+                             "rows/process), anchor and rows, 1 second each")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--label", default="this machine", help="the docs block's name (one block per machine)")
     parser.add_argument("--no-docs", action="store_true", help="do not write docs/benchmarks.md")
@@ -388,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         args.scale = LIGHT_SCALE
     if args.smoke:
         args.images, args.rows, args.seconds, args.warmup, args.scale = 4, 24, 1.0, 1, 1 / 3
-        args.workers = args.workers or "2"
+        args.workers = args.workers or "1"  # a second worker process cost ~10 s of CPU (torch and transformers imported again)
         args.variants = "anchor,rows/thread,rows/process" if args.variants == ",".join(VARIANTS) else args.variants
     if args.min_microbatches is None:
         args.min_microbatches = 2 if args.smoke else 20

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import functools
 import struct
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -37,8 +39,23 @@ def _analysis(dp: int, *, time_model: str | None = None, window: int = 4, across
     return analyze(config, topology, image_tokens, real_tokens, start=0, stop=steps, encoder_costs=encoder), topology
 
 
+@functools.cache
+def _modelled_analysis(dp: int):
+    """``_analysis(dp)`` balanced on MODEL, made once for the plot's and the tables' tests (a model file of a
+    test's own folder made it anew in each); the file is needed only while analyze reads it."""
+    with tempfile.TemporaryDirectory() as folder:
+        return _analysis(dp, time_model=str(save_time_model(MODEL, Path(folder) / "model.json")))
+
+
 def _figure(analysis, topology, module: str):
     return build_figure(module_plot(analysis, topology.module(module), "test"))
+
+
+@functools.cache
+def _images_figure(dp: int):
+    """The images module's figure of ``_analysis(dp)``, built once: the band and the path tests only read it."""
+    analysis, topology = _analysis(dp)
+    return _figure(analysis, topology, "images")
 
 
 def _is_whole(values) -> bool:
@@ -48,7 +65,7 @@ def _is_whole(values) -> bool:
 @pytest.mark.parametrize("dp", [2, 8, 64])
 def test_ranks_are_one_band_before_and_after_at_any_dp(dp):
     analysis, topology = _analysis(dp)
-    figure = _figure(analysis, topology, "images")
+    figure = _images_figure(dp)
     loads, what_ifs, path, spreads = figure.axes
     assert len(figure.axes) == 4
     bands = [c for c in loads.collections if isinstance(c, PolyCollection)]
@@ -74,7 +91,7 @@ def test_ranks_are_one_band_before_and_after_at_any_dp(dp):
 def test_critical_path_is_drawn_against_its_lower_bound(dp):
     analysis, topology = _analysis(dp)
     figures = analysis.figures["images"]
-    path = _figure(analysis, topology, "images").axes[2]
+    path = _images_figure(dp).axes[2]
     before, after, bound = path.lines
     assert before.get_ydata()[-1] == figures["critical_path_before"]
     assert after.get_ydata()[-1] == figures["critical_path_after"]
@@ -112,9 +129,8 @@ def test_a_cut_window_has_no_bound_line():
     assert len(bound.get_xdata()) == 0 and "cut" in bound.get_label()
 
 
-def test_with_a_time_model_the_encoder_plots_modelled_ms(tmp_path):
-    model = str(save_time_model(MODEL, tmp_path / "model.json"))
-    analysis, topology = _analysis(8, time_model=model)
+def test_with_a_time_model_the_encoder_plots_modelled_ms():
+    analysis, topology = _modelled_analysis(8)
     modelled = analysis.figures["images"]["modelled_encoder_time"]
     images = _figure(analysis, topology, "images")
     loads, what_ifs, path, spreads = images.axes

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 from job_runs import analyze_here
-from test_analysis_plot import MODEL, _analysis
+from test_analysis_plot import MODEL, _analysis, _modelled_analysis
 
 from mimo_pipes.analysis.table import format_analysis
 from mimo_pipes.data.embedded.builtin_processor import default_processor_path
@@ -40,9 +40,8 @@ def _ms(ns: int) -> str:
     return f"{ns / 1e6:,.1f}"
 
 
-def test_the_tables_show_modelled_ms_for_the_encoder_and_image_tokens_for_language(tmp_path):
-    model = str(save_time_model(MODEL, tmp_path / "model.json"))
-    analysis, _ = _analysis(8, time_model=model)
+def test_the_tables_show_modelled_ms_for_the_encoder_and_image_tokens_for_language():
+    analysis, _ = _modelled_analysis(8)
     run, what_ifs = _rows(format_analysis(analysis))
     language, images = analysis.figures["language"], analysis.figures["images"]["modelled_encoder_time"]
     assert run["language"][:3] == ["language", "8", "image tokens"]
@@ -68,9 +67,8 @@ def test_the_given_setting_is_marked_and_a_cut_window_has_no_bound():
     assert analysis.figures["images"]["critical_path_lower_bound"]["across_window_8"] is None
 
 
-def test_modelled_bounds_hold_and_json_keeps_exact_integers(tmp_path):
-    model = str(save_time_model(MODEL, tmp_path / "model.json"))
-    analysis, _ = _analysis(8, time_model=model)
+def test_modelled_bounds_hold_and_json_keeps_exact_integers():
+    analysis, _ = _modelled_analysis(8)
     figures = json.loads(json.dumps(analysis.figures))
     modelled = figures["images"]["modelled_encoder_time"]
     for block in (figures["images"], modelled):

@@ -11,6 +11,7 @@ import struct
 import zlib
 
 import pytest
+from fresh_cache import fresh_cache
 from job_runs import analyze_here
 from PIL import Image
 from real_data import write_dataset
@@ -163,7 +164,7 @@ def test_the_payload_decides_which_rows_skip_bad_samples_replaces(cut_image_data
 def test_counts_are_not_reused_from_another_image_folder(tmp_path, monkeypatch):
     """The same rows under two image folders whose files differ in size: the cached counts of one folder are
     not the other's (nor are its bad rows and their reasons, which name the folder)."""
-    monkeypatch.setenv("MIMO_PIPES_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("MIMO_PIPES_CACHE", str(fresh_cache(tmp_path / "cache")))  # no counts cached yet
     spec, images = write_dataset(tmp_path / "data", "jsonl", 16)
     larger = tmp_path / "larger"
     larger.mkdir()

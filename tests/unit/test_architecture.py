@@ -174,7 +174,9 @@ def test_checking_before_the_exchange_lives_apart_from_collating() -> None:
     assert defined == []
     checkout = [path for top in sorted(PACKAGE.parent.iterdir()) if top.is_dir() and not top.name.startswith(".")
                 for path in sorted(top.rglob("*.py"))]  # never the virtual environments (.venv, .venv312)
-    from_collate = [f"{path.relative_to(PACKAGE).as_posix()}: {name}" for path in checkout for name in _imports(path)
+    # Only a file that names the module can import from it: the others are not parsed (most of the checkout).
+    naming = [path for path in checkout if "mimo_pipes.samples.collate" in path.read_text(errors="replace")]
+    from_collate = [f"{path.relative_to(PACKAGE).as_posix()}: {name}" for path in naming for name in _imports(path)
                     if name.startswith("mimo_pipes.samples.collate.") and "check" in name.rsplit(".", 1)[-1]]
     assert from_collate == []
     for user in ("nodes/cost_annotator.py", "nodes/balance_exchange.py"):

@@ -306,7 +306,7 @@ def test_invalid_microbatch(costs, num_slots, fragment):
 # ---------------------------------------------------------------- windows
 
 
-@SETTINGS
+@settings(deadline=None, max_examples=30, suppress_health_check=[HealthCheck.too_slow])  # whole windows: ~40 ms an example
 @given(windows(), st.booleans())
 def test_window_conserves_samples_and_shapes(case, across):
     rows, num_slots = case

@@ -31,7 +31,7 @@ def refinement_cases(draw):
     return np.array(sorted(costs), dtype=np.int64), members
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(refinement_cases())
 def test_slot_by_slot_search_matches_the_dense_tables(case):
     sorted_costs, members = case

@@ -55,7 +55,7 @@ def windows(draw):
     return costs.tolist(), num_slots, floor
 
 
-@settings(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, max_examples=30, suppress_health_check=[HealthCheck.too_slow])
 @given(windows())
 def test_plans_are_permutations_and_never_worse_than_lpt(case):
     costs, num_slots, floor = case

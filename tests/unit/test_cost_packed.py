@@ -20,7 +20,7 @@ from mimo_pipes.testing import tail_settings
 weights = st.fractions(min_value=0, max_value=20, max_denominator=50)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(encoder=weights, language=weights.filter(lambda w: w > 0), crossover=st.integers(1, 10**6),
        lengths=st.lists(st.tuples(st.integers(0, 3000), st.integers(0, 8192)), min_size=1, max_size=20))
 def test_packed_cost_is_exact_and_adds_up_sample_by_sample(encoder, language, crossover, lengths):

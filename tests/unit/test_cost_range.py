@@ -148,7 +148,7 @@ def _check_plan(plan, costs, slots, floor=0):
     assert path <= still
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(encoder=weights, language=weights, packed=st.booleans(), crossover=st.integers(1, 2**40), model=time_models(),
        seq_length=st.integers(1, 4096), batch=st.sampled_from([1, 2, 4, 8]), window=st.integers(1, 4), data=st.data())
 def test_the_graph_refuses_or_prices_exactly(tmp_path, encoder, language, packed, crossover, model, seq_length, batch, window, data):
@@ -185,7 +185,7 @@ def test_the_graph_refuses_or_prices_exactly(tmp_path, encoder, language, packed
     _check_plan(balance_window(rows, 1, across_microbatches=True, floor=floor), rows, 1, floor)
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])  # a whole analyze each
 @given(encoder=weights, language=weights, packed=st.booleans(), model=time_models(), seq_length=st.integers(1, 4096),
        data=st.data())
 def test_analyze_refuses_or_replays_exactly(tmp_path, encoder, language, packed, model, seq_length, data):
@@ -246,7 +246,7 @@ def test_balance_answers_exactly_or_refuses_the_line(costs, slots, across):
     _check_plan(plan, window, slots)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(costs=st.lists(st.lists(big, min_size=2, max_size=2), min_size=1, max_size=4), floor=big)
 def test_the_window_planner_refuses_or_plans_exactly_with_any_floor(costs, floor):
     try:

@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 
+from fresh_cache import fresh_cache  # noqa: E402
 from real_data import write_dataset  # noqa: E402
 from s3_server import local_s3, s3_environment  # noqa: E402
 
@@ -40,7 +41,7 @@ def server(tmp_path_factory):
 @pytest.fixture
 def s3(server, tmp_path, monkeypatch):
     s3, specs = server
-    monkeypatch.setenv("MIMO_PIPES_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("MIMO_PIPES_CACHE", str(fresh_cache(tmp_path / "cache")))  # the S3 copies start empty
     s3.proxy.faults.__init__()
     with s3_environment(s3.env(MIMO_PIPES_S3_BACKOFF_S="0.01", MIMO_PIPES_S3_TIMEOUT_S="2")):
         yield s3, specs

@@ -233,7 +233,7 @@ def test_across_window_counts_the_floor_per_forward():
         assert _floored_path(rows, plan, floor) == exact_window_path(rows, 2, floor)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(
     st.integers(1, 4), st.sampled_from([(1, 2), (2, 2), (2, 3), (4, 2), (3, 1)]),
     st.data(), st.integers(0, 3000),

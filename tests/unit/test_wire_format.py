@@ -451,7 +451,8 @@ def test_bad_value_anywhere_is_located(path, sid):
         if isinstance(step, int):
             node = [0] * step + [node]
         else:
-            node = {step: node, "~": 1}
+            # The sibling first: a key drawn as "~" then replaces it rather than being replaced by it.
+            node = {"~": 1, step: node}
     # Keys join with ".", list positions with "[i]" (a key may itself hold "[": it is still a key).
     want = "root" + "".join(f"[{step}]" if isinstance(step, int) else f".{step}" for step in path)
     sample = {"sample_id": sid, "root": node}
