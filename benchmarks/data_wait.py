@@ -30,6 +30,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from _code_before import restore_code_before  # benchmarks/_code_before.py
+
 MODES = ("off", "on, mimo_batch in get_batch", "on + prepare_with(mimo_batch) (docs/megatron.md)")
 DEFAULT = "default"  # --workers: num_workers left unset
 
@@ -255,20 +257,7 @@ def thread_cpu(args: argparse.Namespace, workers: int | None, microbatches: int 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.windows_ahead is not None:
-        from mimo_pipes.nodes import row_processor
-
-        row_processor.windows_ahead = lambda workers, rows_per_window: args.windows_ahead
-    if args.copied_pixels:
-        import numpy as np
-
-        from mimo_pipes.data.processing import fast_pixels
-
-        fast_pixels.rgb_pixels = np.asarray
-    if args.held_encode:
-        from mimo_pipes.data.processing.processor import SampleProcessor
-
-        SampleProcessor._encode = lambda self, text: self._tokenizer.encode(text, add_special_tokens=False).ids
+    restore_code_before(windows_ahead=args.windows_ahead, copied_pixels=args.copied_pixels, held_encode=args.held_encode)
     if args.thread_cpu:
         for workers in args.worker_counts:
             print(json.dumps(thread_cpu(args, workers, microbatches=args.iterations)))

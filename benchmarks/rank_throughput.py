@@ -48,6 +48,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _code_before import restore_code_before  # benchmarks/_code_before.py
+
 MARKER = "rank_throughput.py results"
 SECTION = "## One rank's throughput by workers (`benchmarks/rank_throughput.py`)"
 VARIANTS = ("anchor", "rows/thread", "rows/process", "samples/thread", "samples/process", "rows/thread/ahead1",
@@ -246,20 +248,8 @@ def measure(variant: str, workers: int, dataset: Path, processor: str, warmup: i
         loader = _anchor_loader(dataset, processor, workers)
     else:
         payload, method, *before = variant.split("/")
-        if "ahead1" in before:  # rows in flight as before they followed the workers: one window ahead
-            from mimo_pipes.nodes import row_processor
-
-            row_processor.windows_ahead = lambda workers, rows_per_window: 1
-        if "copied" in before:  # resized pixels copied out of PIL (tobytes, holding the GIL) as before
-            import numpy as np
-
-            from mimo_pipes.data.processing import fast_pixels
-
-            fast_pixels.rgb_pixels = np.asarray
-        if "held" in before:  # text tokenized holding the GIL (the tokenizer's encode) as before
-            from mimo_pipes.data.processing.processor import SampleProcessor
-
-            SampleProcessor._encode = lambda self, text: self._tokenizer.encode(text, add_special_tokens=False).ids
+        restore_code_before(windows_ahead=1 if "ahead1" in before else None, copied_pixels="copied" in before,
+                            held_encode="held" in before)
         loader = _mimo_loader(dataset, workers, payload, method)
     batches = iter(loader)
     start = time.perf_counter()

@@ -1,0 +1,26 @@
+"""The library's per-sample processing as it was before rows in flight followed the workers, for benchmarks that
+measure the code before beside the code in the same run (``rank_throughput.py``'s ``.../ahead1/copied/held``
+variants, ``data_wait.py``'s ``--windows-ahead``, ``--copied-pixels``, ``--held-encode``). Each patch stands for one
+change, so each can be measured alone; they last for the process (each benchmark cell is one)."""
+
+from __future__ import annotations
+
+
+def restore_code_before(*, windows_ahead: int | None = None, copied_pixels: bool = False, held_encode: bool = False) -> None:
+    """``windows_ahead``: RowProcessor processes that many windows ahead whatever its workers (before: 1);
+    ``copied_pixels``: each resized image's pixels copied out of PIL (``np.asarray``: ``tobytes``, holding the GIL)
+    instead of viewed; ``held_encode``: text tokenized with the tokenizer's ``encode``, which holds the GIL."""
+    if windows_ahead is not None:
+        from mimo_pipes.nodes import row_processor
+
+        row_processor.windows_ahead = lambda workers, rows_per_window: windows_ahead
+    if copied_pixels:
+        import numpy as np
+
+        from mimo_pipes.data.processing import fast_pixels
+
+        fast_pixels.rgb_pixels = np.asarray
+    if held_encode:
+        from mimo_pipes.data.processing.processor import SampleProcessor
+
+        SampleProcessor._encode = lambda self, text: self._tokenizer.encode(text, add_special_tokens=False).ids
