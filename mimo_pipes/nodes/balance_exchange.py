@@ -270,7 +270,7 @@ class BalanceExchange(GraphNode[Window]):
                 # Its thread may have agreed on the end before the failure reached it: the failure is then told in
                 # the agreement after the end, once the thread has ended.
                 if self.agree_after_end and self._prefetcher.end_agreed(ANNOUNCEMENT_WAIT_S):
-                    self._end(self._prefetcher.ended_at)
+                    self._end_sequence = self._prefetcher.ended_at
             else:
                 with contextlib.suppress(BaseException):  # raises ``error`` itself
                     announce_failure(self.ctx, self._sequence, error, AFTER_EXCHANGE)
