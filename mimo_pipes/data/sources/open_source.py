@@ -135,8 +135,10 @@ def _check_rows(spec: str | Path, ds):
 
 def open_energon(spec: str | Path, split: str = "train"):
     """An Energon dataset folder or metadataset YAML file as a map-style source of conversation rows."""
+    from mimo_pipes.data.sources.energon_remote import is_metadataset_url
+
     remote = is_s3(spec) or str(spec).startswith("msc://")
-    if (remote and Path(str(spec)).suffix.lower() not in (".yaml", ".yml")) or (not remote and Path(spec).expanduser().is_dir()):
+    if (remote and not is_metadataset_url(str(spec))) or (not remote and Path(spec).expanduser().is_dir()):
         return EnergonDataset(spec, split)
     from mimo_pipes.data.sources.energon_blend import EnergonBlend
 
