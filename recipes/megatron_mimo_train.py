@@ -200,10 +200,14 @@ def language_config(args: argparse.Namespace) -> Any:
     return config
 
 
+def has_transformer_engine() -> bool:
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
 def packing_problem(args: argparse.Namespace) -> str | None:
     """Why ``--pack-sequences-in-batch`` cannot train here (None: it can, or packing is off): packed micro-batches
     (THD) need TransformerEngine's attention; megatron-core's local ``DotProductAttention`` refuses them."""
-    if not args.pack_sequences_in_batch or importlib.util.find_spec("transformer_engine") is not None:
+    if not args.pack_sequences_in_batch or has_transformer_engine():
         return None
     return ("--pack-sequences-in-batch: packed micro-batches (THD) need TransformerEngine's attention, and transformer_engine is not "
             "installed (megatron-core's local DotProductAttention refuses packed sequences); install it, or train without packing")
@@ -215,7 +219,7 @@ def language_layer_spec(args: argparse.Namespace) -> Any:
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     spec = get_gpt_layer_local_spec()
-    if args.pack_sequences_in_batch and importlib.util.find_spec("transformer_engine") is not None:
+    if args.pack_sequences_in_batch and has_transformer_engine():
         from megatron.core.extensions.transformer_engine import TEDotProductAttention
 
         spec.submodules.self_attention.submodules.core_attention = TEDotProductAttention

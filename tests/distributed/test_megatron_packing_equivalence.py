@@ -8,16 +8,17 @@ that holds its images.
 
 megatron-core's local attention takes packed rows on the CPU through the tests' stand-in for TransformerEngine's
 THD attention (:func:`megatron_on_cpu.thd_attention`). On CPU ranks over Gloo, megatron-core 0.19 or later (the
-3.12 tier, ``scripts/test312.sh``)."""
+3.12 tier, ``scripts/test312.sh``), in the warm pools of exactly each recipe's world that
+``test_megatron_equivalence.py`` trains in (:func:`dist_pool.exact_pool`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from dist_pool import exact_pool
 from scenarios_megatron_packing import colocated_packed_run, grids_packed_run
-from test_megatron_equivalence import LAYOUTS, Pools, assert_same_training, assert_samples_move_between_micro_batches
+from test_megatron_equivalence import LAYOUTS, assert_same_training, assert_samples_move_between_micro_batches
 
 from mimo_pipes_recipes import megatron_mimo_grids as grids
 
@@ -28,20 +29,12 @@ MICROBATCHES = 2  # TINY's window of micro-batches (scenarios_megatron_equivalen
 SAMPLES = 4  # TINY's micro-batch size: the colocated rank packs all four, each language replica of two its two
 
 
-@pytest.fixture(scope="module")
-def pools() -> Iterator[Pools]:
-    started = Pools()
-    yield started
-    for pool in started.started:
-        pool.close()
-
-
-def test_with_packing_on_the_noncolocated_recipe_trains_as_the_colocated_one(pools):
+def test_with_packing_on_the_noncolocated_recipe_trains_as_the_colocated_one():
     layout = LAYOUTS["images dp 1 + language dp 2"]
     settings = {"reorder": "on", "iterations": 2, "microbatches": MICROBATCHES, "extra": PACKED, "timeout": 900}
     with ThreadPoolExecutor(1) as runner:  # the colocated rank trains beside the non-colocated ones
-        reference = runner.submit(pools[1].run, colocated_packed_run, **settings)
-        packed = pools[3].run(grids_packed_run, **layout, **settings)[0]
+        reference = runner.submit(exact_pool(1).run, colocated_packed_run, **settings)
+        packed = exact_pool(3).run(grids_packed_run, **layout, **settings)[0]
         colocated = reference.result()[0]
     assert colocated["packed"] == [SAMPLES] * 2 * MICROBATCHES
     vision, *language = packed["packed"]  # images on rank 0, the language replicas after it
@@ -49,3 +42,4 @@ def test_with_packing_on_the_noncolocated_recipe_trains_as_the_colocated_one(poo
     assert language == [[SAMPLES // layout["language_dp"]] * 2 * MICROBATCHES] * layout["language_dp"]
     assert_same_training({"colocated": colocated["training"], "grids": packed["training"]})
     assert_samples_move_between_micro_batches(colocated["samples"], packed["samples"])
+
