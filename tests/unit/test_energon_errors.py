@@ -30,7 +30,7 @@ from mimo_pipes_recipes.vlm_sft import prepare  # noqa: E402
 
 COMMANDS = {  # every command that takes --dataset, with what it needs besides
     "run": ["--steps", "1", "--quiet"],
-    "analyze": ["--steps", "1", "--quiet"],
+    "analyze": ["--steps", "1", "--quiet", "--no-plots"],  # no test here looks at the PNGs, the slowest part of a small analysis
     "check": ["--quiet", "--num-workers", "1"],
     "train": ["--steps", "1", "--quiet"],
 }
