@@ -61,11 +61,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     gc.freeze()
-    # A full collection scans every object the tests keep alive (processors, caches, servers): once per ten
-    # young collections, as by default, it was most of the collector's time (2.4 of 3.4 CPU-s over the
-    # test_[a-d]* units). One per hundred leaves that to 0.9 s and the peak memory as it was; a test that
-    # needs garbage gone calls gc.collect() itself.
-    gc.set_threshold(700, 10, 100)
     gc.enable()
 
 
