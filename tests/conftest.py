@@ -15,6 +15,14 @@ import os
 import sys
 
 import pytest
+from hypothesis import settings
+
+# No per-example deadline for the properties: a deadline is a timing assertion, and on a shared or loaded machine
+# (two test processes on two cores, a first call that imports a module) an example that takes 200 ms once and
+# 0.2 ms when hypothesis replays it fails as "flaky". The properties that set their own settings already say
+# deadline=None; this covers the ones that keep hypothesis's defaults.
+settings.register_profile("mimo-pipes", deadline=None)
+settings.load_profile("mimo-pipes")
 
 # One intra-op thread per test process, as every rank of a job runs (the launcher sets the same): the units'
 # tensors are tiny, and two threads a process under `-n 2` on two cores spent most of their CPU time spinning at

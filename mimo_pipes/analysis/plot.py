@@ -74,7 +74,9 @@ def build_figure(plot: ModulePlot) -> Any:
     _critical_path(path, plot)
     _spreads(spreads, plot)
     figure.suptitle(plot.title, fontsize=10)
-    figure.tight_layout()
+    # Laid out when drawn (savefig, canvas.draw), as tight_layout() would lay it out now: a caller that only
+    # reads the figure's structure does not pay for measuring every label's text.
+    figure.set_layout_engine("tight")
     return figure
 
 

@@ -15,17 +15,18 @@ def every_path(costs: list[int], count: int, num_slots: int, floor: int) -> int:
     the micro-batches around it. Every candidate group holds the lowest sample left, so each split is met once."""
     size = len(costs) // count
     per_bin = size // num_slots
+    bits = [1 << i for i in range(len(costs))]
 
     def groups(mask: int, group_size: int):
         """Every subset of ``mask`` of ``group_size`` samples holding its lowest sample."""
         low = mask & -mask
-        rest = [i for i in range(len(costs)) if mask >> i & 1 and 1 << i != low]
+        rest = [bit for bit in bits if mask & bit and bit != low]
         for partners in itertools.combinations(rest, group_size - 1):
-            yield low | sum(1 << i for i in partners)
+            yield low + sum(partners)  # distinct bits: their sum is their union
 
     @functools.cache
     def load(mask: int) -> int:
-        return sum(costs[i] for i in range(len(costs)) if mask >> i & 1)
+        return sum(cost for cost, bit in zip(costs, bits) if mask & bit)
 
     @functools.cache
     def heaviest_bin(mask: int) -> int:

@@ -30,7 +30,7 @@ from mimo_pipes_recipes.vlm_sft import prepare  # noqa: E402
 
 COMMANDS = {  # every command that takes --dataset, with what it needs besides
     "run": ["--steps", "1", "--quiet"],
-    "analyze": ["--steps", "1", "--quiet"],
+    "analyze": ["--steps", "1", "--quiet", "--no-plots"],  # no test here looks at the PNGs, the slowest part of a small analysis
     "check": ["--quiet", "--num-workers", "1"],
     "train": ["--steps", "1", "--quiet"],
 }
@@ -60,10 +60,16 @@ def vqa_samples(count: int, start: int = 0) -> list[dict]:
             for i in range(start, start + count)]
 
 
+@pytest.fixture(scope="module")
+def prepared_vqa(tmp_path_factory) -> Path:
+    """The dataset of ``vqa``, written and prepared once for the module (energon's prepare forks a worker)."""
+    return write_shards(tmp_path_factory.mktemp("vqa") / "vqa", vqa_samples(40), 8, VQA_YAML)
+
+
 @pytest.fixture
-def vqa(tmp_path) -> Path:
-    """A VQA dataset of 40 samples in 5 shards of 8."""
-    return write_shards(tmp_path / "vqa", vqa_samples(40), 8, VQA_YAML)
+def vqa(prepared_vqa, tmp_path) -> Path:
+    """A VQA dataset of 40 samples in 5 shards of 8: a test's own copy, which it may break."""
+    return Path(shutil.copytree(prepared_vqa, tmp_path / "vqa"))
 
 
 def prepared(dataset: str, **settings) -> list[str]:

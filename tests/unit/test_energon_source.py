@@ -194,12 +194,15 @@ def _open_files() -> int:
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts open files through /proc")
-def test_open_files_stay_bounded_across_a_thousand_shards(tmp_path):
-    folder = write_shards(tmp_path, [{"__key__": f"{i:05d}", "json": b'{"conversations": []}'} for i in range(1000)], 1,
+def test_open_files_stay_bounded_across_eight_times_the_shards_kept_open(tmp_path):
+    # 256 shards of one sample read in a shuffled order, twice: nearly every read opens a shard and closes
+    # another (an unbounded reader would hold 512 files at the end).
+    shards = 8 * OPEN_SHARDS
+    folder = write_shards(tmp_path, [{"__key__": f"{i:05d}", "json": b'{"conversations": []}'} for i in range(shards)], 1,
                           "__class__: CrudeWebdataset\n")
     before = _open_files()
     dataset = EnergonDataset(folder)
-    order = list(range(1000)) * 2
+    order = list(range(shards)) * 2
     random.Random(0).shuffle(order)
     most = 0
     for k in order:
