@@ -141,7 +141,7 @@ def test_data_wait_benchmark_measures_the_serial_cpu_with_default_workers():
     from mimo_pipes.config.workers import processing_workers
 
     result = subprocess.run([sys.executable, "benchmarks/data_wait.py", "--serial-cpu", "--workers", "default", "--warmup", "1",
-                             "--micro-batch-size", "2"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+                             "--iterations", "4", "--micro-batch-size", "2"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     assert figures["workers"] == processing_workers(None)  # num_workers left unset: the rank's cores
