@@ -377,14 +377,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=None,
                         help="seconds one run may take, start-up and warm-up included (default: 240 + twice --seconds)")
     parser.add_argument("--smoke", action="store_true",
-                        help="tiny (CI): 4 images at a third of their sides, 24 rows, 1 worker (a process of its own under anchor and "
+                        help="tiny (CI): 4 images at a sixth of their sides, 24 rows, 1 worker (a process of its own under anchor and "
                              "rows/process), anchor and rows, 1 second each, every cell in one measuring process")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--label", default="this machine", help="the docs block's name (one block per machine)")
     parser.add_argument("--no-docs", action="store_true", help="do not write docs/benchmarks.md")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--one-workers", type=int, default=1, help=argparse.SUPPRESS)
-    parser.add_argument("--scale", type=float, default=1.0, help="every image's sides times this (default 1; --smoke: a third)")
+    parser.add_argument("--scale", type=float, default=1.0, help="every image's sides times this (default 1; --smoke: a sixth)")
     parser.add_argument("--light", action="store_true", help=f"rows of the issue's kind: --scale {LIGHT_SCALE}")
     parser.add_argument("--min-microbatches", type=int, default=None,
                         help="micro-batches measured at least, however long (default 20; --smoke: 2)")
@@ -392,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.light:
         args.scale = LIGHT_SCALE
     if args.smoke:
-        args.images, args.rows, args.seconds, args.warmup, args.scale = 4, 24, 1.0, 1, 1 / 3
+        args.images, args.rows, args.seconds, args.warmup, args.scale = 4, 24, 1.0, 1, 1 / 6
         args.workers = args.workers or "1"  # a second worker process cost ~10 s of CPU (torch and transformers imported again)
         args.variants = "anchor,rows/thread,rows/process" if args.variants == ",".join(VARIANTS) else args.variants
     if args.min_microbatches is None:
