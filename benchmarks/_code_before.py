@@ -1,15 +1,18 @@
 """The library's per-sample processing as it was before rows in flight followed the workers, for benchmarks that
 measure the code before beside the code in the same run (``rank_throughput.py``'s ``.../ahead1/copied/held``
-variants, ``data_wait.py``'s ``--windows-ahead``, ``--copied-pixels``, ``--held-encode``). Each patch stands for one
+variants, ``data_wait.py``'s ``--windows-ahead``, ``--copied-pixels``, ``--held-encode``, ``--fresh-buffers``). Each patch stands for one
 change, so each can be measured alone; they last for the process (each benchmark cell is one)."""
 
 from __future__ import annotations
 
 
-def restore_code_before(*, windows_ahead: int | None = None, copied_pixels: bool = False, held_encode: bool = False) -> None:
+def restore_code_before(*, windows_ahead: int | None = None, copied_pixels: bool = False, held_encode: bool = False,
+                        fresh_buffers: bool = False) -> None:
     """``windows_ahead``: RowProcessor processes that many windows ahead whatever its workers (before: 1);
     ``copied_pixels``: each resized image's pixels copied out of PIL (``np.asarray``: ``tobytes``, holding the GIL)
-    instead of viewed; ``held_encode``: text tokenized with the tokenizer's ``encode``, which holds the GIL."""
+    instead of viewed; ``held_encode``: text tokenized with the tokenizer's ``encode``, which holds the GIL;
+    ``fresh_buffers``: every micro-batch's pixel buffer made fresh (``torch.empty``) and unmapped by whichever
+    thread drops the micro-batch, instead of taken from and given back to RowProcessor's pool."""
     if windows_ahead is not None:
         from mimo_pipes.nodes import row_processor
 
@@ -24,3 +27,9 @@ def restore_code_before(*, windows_ahead: int | None = None, copied_pixels: bool
         from mimo_pipes.data.processing.processor import SampleProcessor
 
         SampleProcessor._encode = lambda self, text: self._tokenizer.encode(text, add_special_tokens=False).ids
+    if fresh_buffers:
+        import torch
+
+        from mimo_pipes.samples.buffer_pool import BufferPool
+
+        BufferPool.take = lambda self, numel, dtype: torch.empty(numel, dtype=dtype)

@@ -15,7 +15,8 @@ fresh process of its own, for 1, 2, 4, ... workers up to the cores:
   ``process``); ``rows/thread/ahead1`` is ``rows/thread`` with RowProcessor's rows in flight as they were before
   they followed the workers (one window ahead), ``.../copied`` with each resized image's pixels copied out of PIL
   as before (``np.asarray``) instead of viewed, ``.../held`` with text tokenized holding the GIL as before; all
-  three (``rows/thread/ahead1/copied/held``) is the code before, for side-by-side comparisons.
+  three (``rows/thread/ahead1/copied/held``) is the code before, for side-by-side comparisons;
+  ``rows/thread/fresh`` makes every micro-batch's pixel buffer fresh, as before RowProcessor's buffer pool.
 
 ``--light`` (``--scale 0.25``: every image's sides a quarter) makes rows of the issue's kind, about 50 ms of the
 anchor's CPU a row instead of 0.3-0.6 s, where the anchor reaches hundreds of samples/s on 16 cores and the
@@ -53,7 +54,8 @@ from _code_before import restore_code_before  # benchmarks/_code_before.py
 MARKER = "rank_throughput.py results"
 SECTION = "## One rank's throughput by workers (`benchmarks/rank_throughput.py`)"
 VARIANTS = ("anchor", "rows/thread", "rows/process", "samples/thread", "samples/process", "rows/thread/ahead1",
-            "rows/thread/copied", "rows/thread/ahead1/copied", "rows/thread/held", "rows/thread/ahead1/copied/held")
+            "rows/thread/copied", "rows/thread/ahead1/copied", "rows/thread/held", "rows/thread/ahead1/copied/held",
+            "rows/thread/fresh")
 LIGHT_SCALE = 0.25
 MICRO_BATCH = 8
 SEQ_LENGTH = 8192
@@ -249,7 +251,7 @@ def measure(variant: str, workers: int, dataset: Path, processor: str, warmup: i
     else:
         payload, method, *before = variant.split("/")
         restore_code_before(windows_ahead=1 if "ahead1" in before else None, copied_pixels="copied" in before,
-                            held_encode="held" in before)
+                            held_encode="held" in before, fresh_buffers="fresh" in before)
         loader = _mimo_loader(dataset, workers, payload, method)
     batches = iter(loader)
     start = time.perf_counter()

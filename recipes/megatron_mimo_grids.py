@@ -356,7 +356,7 @@ def refusal(args: argparse.Namespace) -> str | None:
     if problem is not None:
         return problem
     device = TrainingDevice(args.device)
-    problem = device.problem()
+    problem = device.problem() or colocated.packing_problem(args)
     if problem is not None:
         return problem
     problem = world_problem(args, int(os.environ.get("WORLD_SIZE", 1)))

@@ -30,6 +30,7 @@ layout is :mod:`mimo_pipes_recipes.megatron_mimo_grids`.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
 import sys
@@ -74,6 +75,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     data.add_argument("--embedded-samples", type=int, default=512)
     data.add_argument("--prefetch", type=int, default=2, help="micro-batches the loader reads ahead on its thread (the "
                       "pipeline's read_ahead; 0: read on the training thread, each when its forward starts)")
+    data.add_argument("--pack-sequences-in-batch", action="store_true", help="pack each language micro-batch into one THD row "
+                      "(PipelineConfig.pack_sequences_in_batch): attention by TransformerEngine's, the only one of megatron-core that takes it")
+    data.add_argument("--pack-pad-multiple", type=int, default=1, metavar="K", help="with packing, pad every sequence to a multiple of K")
     data.add_argument("--reorder", default="off", help="comma-separated runs: off (plain order), on (--scalable-dp --intra-microbatch-reorder "
                       "--reorder-across-microbatches over the window); each run starts from the same weights")
     model = parser.add_argument_group("model")
@@ -96,7 +100,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.reorder_modes = modes
     if args.prefetch < 0:
         parser.error(f"--prefetch: must be >= 0, got {args.prefetch}")
-    for name in ("iterations", "micro_batch_size", "microbatches", "seq_length", "lm_layers", "lm_hidden", "lm_heads",
+    for name in ("iterations", "micro_batch_size", "microbatches", "seq_length", "pack_pad_multiple", "lm_layers", "lm_hidden", "lm_heads",
                  "vision_depth", "vision_width", "vision_heads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
@@ -124,6 +128,8 @@ def pipeline_config(args: argparse.Namespace, reorder: str) -> PipelineConfig:
         seed=args.seed,
         reorder=balance,
         read_ahead=args.prefetch,  # the library's read-ahead: no thread of the recipe's own
+        pack_sequences_in_batch=args.pack_sequences_in_batch,
+        pack_pad_multiple=args.pack_pad_multiple,
     )
 
 
@@ -194,11 +200,36 @@ def language_config(args: argparse.Namespace) -> Any:
     return config
 
 
+def has_transformer_engine() -> bool:
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+def packing_problem(args: argparse.Namespace) -> str | None:
+    """Why ``--pack-sequences-in-batch`` cannot train here (None: it can, or packing is off): packed micro-batches
+    (THD) need TransformerEngine's attention; megatron-core's local ``DotProductAttention`` refuses them."""
+    if not args.pack_sequences_in_batch or has_transformer_engine():
+        return None
+    return ("--pack-sequences-in-batch: packed micro-batches (THD) need TransformerEngine's attention, and transformer_engine is not "
+            "installed (megatron-core's local DotProductAttention refuses packed sequences); install it, or train without packing")
+
+
+def language_layer_spec(args: argparse.Namespace) -> Any:
+    """megatron-core's local layer spec; with packing, its attention TransformerEngine's ``TEDotProductAttention`` where
+    TransformerEngine is installed (the only attention of megatron-core that takes packed sequences), the rest local."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    spec = get_gpt_layer_local_spec()
+    if args.pack_sequences_in_batch and has_transformer_engine():
+        from megatron.core.extensions.transformer_engine import TEDotProductAttention
+
+        spec.submodules.self_attention.submodules.core_attention = TEDotProductAttention
+    return spec
+
+
 def mimo_model_config(args: argparse.Namespace, vocab_size: int, image_token_id: int, module_to_grid_map: dict | None = None) -> Any:
     """megatron-core's ``MimoModelConfig`` of this recipe's model (``module_to_grid_map``: the
     non-colocated layout's grids)."""
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.mimo import MimoModelConfig
     from megatron.core.models.mimo.submodules.vision import VisionModalitySubmodules
     from megatron.core.transformer.spec_utils import ModuleSpec
@@ -206,7 +237,7 @@ def mimo_model_config(args: argparse.Namespace, vocab_size: int, image_token_id:
     config = language_config(args)
     language = ModuleSpec(module=GPTModel, params={
         "config": config,
-        "transformer_layer_spec": get_gpt_layer_local_spec(),
+        "transformer_layer_spec": language_layer_spec(args),
         "vocab_size": vocab_size,
         "max_sequence_length": args.seq_length,
         "position_embedding_type": "mrope",
@@ -482,7 +513,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     require_mrope_and_packing("megatron_mimo_train")  # the release and MimoModel.forward's signature, before anything is built
     device = TrainingDevice(args.device)
-    problem = device.problem()
+    problem = device.problem() or packing_problem(args)
     if problem is not None:
         print(f"megatron_mimo_train: {problem}", file=sys.stderr)
         return 2

@@ -11,7 +11,8 @@ if [ -z "${SKIP_SETUP312:-}" ] || [ ! -x .venv312/bin/python ]; then
 fi
 unset PYTHONDONTWRITEBYTECODE
 # The routing and resume scenarios share the warm pool of tests/helpers/dist_pool.py (6 ranks); the equivalence
-# tests train in pools of exactly each recipe's world (1 rank, 3, and that pool's 6), started once for the module.
+# tests (packing's among them) train in pools of exactly each recipe's world (1 rank, 3, and that pool's 6), each
+# started once for the run.
 SECONDS=0
 status=0
 .venv312/bin/python -m pytest -q -p no:cacheprovider --durations=10 -m "not launch" \

@@ -26,6 +26,7 @@ from mimo_pipes.nodes.module_end import ModuleEnd
 from mimo_pipes.nodes.read_ahead import fill_ahead
 from mimo_pipes.observe.observer import ExchangeRecord
 from mimo_pipes.samples import handover
+from mimo_pipes.samples.buffer_pool import BufferPool
 from mimo_pipes.samples.collate import lend_rows
 from mimo_pipes.samples.masking import mask_failed
 from mimo_pipes.samples.sample import SAMPLE_ID, STEP, Sample, Window
@@ -117,6 +118,7 @@ class RowProcessor(GraphNode[Window]):
         spec = settings.collator.vision_fields.get(PIXELS)  # (row shape, dtype): what a micro-batch's buffer holds
         self._pixels = (tuple(spec[0]), spec[1]) if spec is not None else None
         self._pool: Executor | None = None
+        self._buffers = BufferPool()  # micro-batch pixel buffers, used again once their micro-batch is gone
         self._gathering: ThreadPoolExecutor | None = None
         self._pending: collections.deque[_Pending] = collections.deque()
         self.describe({"module fields": settings.fields.role, **collation_settings(settings.collator)})
@@ -205,7 +207,7 @@ class RowProcessor(GraphNode[Window]):
         tail, dtype = self._pixels
         width = math.prod(tail)
         sizes = [count or 0 for count in counts]
-        buffer = torch.empty(sum(sizes) * width, dtype=dtype)  # not filled here: each worker touches its own part
+        buffer = self._buffers.take(sum(sizes) * width, dtype)  # not filled here: each worker writes its own part
         lend_rows(buffer)
         starts = itertools.accumulate(sizes, initial=0)
         return [_placing(pool.submit(_process_into, self.process, row, buffer[start * width:(start + size) * width].view(size, *tail) if size else None), None)
@@ -270,6 +272,7 @@ class RowProcessor(GraphNode[Window]):
 
     def _executors(self) -> tuple[Executor, ThreadPoolExecutor]:
         if self._pool is None or self._gathering is None:
+            self._buffers.reopen()
             if self.method == "thread":
                 self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="mimo-pipes-process")
             else:
@@ -294,6 +297,7 @@ class RowProcessor(GraphNode[Window]):
         self._drop_pending()
         pool, gathering = self._pool, self._gathering
         self._pool = self._gathering = None
+        self._buffers.clear()
         if pool is not None and gathering is not None:
             _shut_down(pool, gathering, self.masking is None)
 

@@ -19,7 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from dist_pool import GLOO_WORLD, DistPool, shared_pool
+from dist_pool import DistPool, exact_pool
 from scenarios_megatron_equivalence import colocated_run, grids_run
 
 from mimo_pipes.megatron.checkpoint import iteration_folder, pipeline_state_folder
@@ -34,32 +34,20 @@ TWO_LAYERS = ["--lm-layers", "2"]  # a layer for each pipeline stage
 
 
 class Pools(dict):
-    """Warm pools by world size, each started when a test first asks for it (a selection of tests starts only
-    the pools it uses): the shared pool for its own size, else a pool of exactly that many ranks, not daemonic
-    (megatron-core's checkpoint writer, which Bridge's save calls, starts a process of its own)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.started: list[DistPool] = []
+    """Warm pools by world size, each taken when a test first asks for it (a selection of tests starts only the
+    pools it uses): :func:`dist_pool.exact_pool`, started once for the whole run, so the packing equivalence
+    (``test_megatron_packing_equivalence.py``) trains on the same warm ranks."""
 
     def __missing__(self, size: int) -> DistPool:
-        if size == GLOO_WORLD:
-            pool = shared_pool()
-        else:
-            pool = DistPool(size, daemon=False)
-            self.started.append(pool)
-        self[size] = pool
+        pool = self[size] = exact_pool(size)
         return pool
 
 
 @pytest.fixture(scope="module")
-def pools() -> Iterator[Pools]:
+def pools() -> Pools:
     """Pools of exactly the ranks each recipe's world has (megatron-core's optimizers gather over the whole world):
     one rank for the colocated recipe, each layout's for the non-colocated one."""
-    started = Pools()
-    yield started
-    for pool in started.started:
-        pool.close()
+    return Pools()
 
 
 @pytest.fixture(scope="module")

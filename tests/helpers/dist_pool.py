@@ -171,7 +171,21 @@ def shared_pool() -> DistPool:
     return pool
 
 
+def exact_pool(size: int) -> DistPool:
+    """A pool of exactly ``size`` ranks for the whole test run (the shared pool when that is its size), for
+    scenarios whose collectives span the whole world (megatron-core's optimizers gather over it): each module that
+    asks for a size finds its ranks warm. Not daemonic: megatron-core's checkpoint writer, which Megatron-Bridge's
+    save calls, starts a process of its own. Replaced when it died, closed with the shared pool."""
+    if size == GLOO_WORLD:
+        return shared_pool()
+    key = f"exact {size}"
+    pool = _shared.get(key)
+    if pool is None or not pool.alive:
+        pool = _shared[key] = DistPool(size, daemon=False)
+    return pool
+
+
 def close_shared_pool() -> None:
-    pool = _shared.pop("pool", None)
-    if pool is not None:
-        pool.close()
+    """Every pool of the run: the shared one and those of :func:`exact_pool`."""
+    for key in list(_shared):
+        _shared.pop(key).close()

@@ -16,7 +16,12 @@ How each is stood in for:
 * ``backend='nccl'`` in the bridge's groups: that file's ``dist`` replaced by one whose groups are Gloo's;
 * the CUDA RNG tracker: its ``add`` and ``fork`` keep and swap CPU generator states;
 * clip_grads' ``torch.cuda.FloatTensor`` assertion: the function replaced by a CPU one (the same arithmetic:
-  gradients times ``max_norm / (total_norm + 1e-6)`` where that is below 1).
+  gradients times ``max_norm / (total_norm + 1e-6)`` where that is below 1);
+* the local layer spec's attention (``DotProductAttention.forward``), which refuses packed sequences (THD,
+  ``packed_seq_params``) because only TransformerEngine's attention, CUDA-only, takes them: :func:`thd_attention`
+  computes what TE's THD attention does (each packed sequence causal on its own, no attention across sequences,
+  each sequence's padding to the pack multiple left out and given zeros) and hands everything else to the local
+  attention as it is.
 """
 
 from __future__ import annotations
@@ -98,6 +103,8 @@ PATCHES = (
     Patch("megatron.core.models.mimo.model.base", "MimoModel._empty_encoder_output", "sizes on torch.cuda.current_device()", "07da6f4981339eed"),
     Patch("megatron.core.tensor_parallel.random", "CudaRNGStatesTracker.add", "torch.cuda.get_rng_state()", "e5e9ab39a7c1e085"),
     Patch("megatron.core.tensor_parallel.random", "CudaRNGStatesTracker.fork", "the CUDA generator's state", "6821e1e397253d43"),
+    Patch("megatron.core.transformer.dot_product_attention", "DotProductAttention.forward",
+          "refuses packed_seq_params (THD): only TransformerEngine's attention, CUDA-only, takes packed sequences", "1450046fe34ea330"),
 )
 """What is stood in for, by file and function. (A stand-in by module covers every function of that file.)"""
 
@@ -234,6 +241,55 @@ def clip_grad_by_total_norm_fp32(parameters: Any, max_norm: float, total_norm: f
             grad.detach().mul_(coefficient)
 
 
+LOCAL_ATTENTION: dict[str, Callable] = {}
+"""megatron-core's own ``DotProductAttention.forward``, kept while :func:`thd_attention` stands in for it."""
+
+
+def thd_attention(self: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any, attn_mask_type: Any = None,
+                  attention_bias: Any = None, packed_seq_params: Any = None) -> torch.Tensor:
+    """``DotProductAttention.forward`` taking packed sequences as TransformerEngine's THD attention does: ``query``,
+    ``key``, ``value`` ``[t, heads, head width]`` (megatron-core's attention squeezes the batch of one), sequence
+    ``i`` at rows ``cu_seqlens_q_padded[i]`` on (``cu_seqlens_q`` without padding), its ``cu_seqlens_q[i + 1] -
+    cu_seqlens_q[i]`` real tokens attending causally to the real tokens of the same sequence alone; the padding
+    rows after them (to the pack multiple) get zeros. Returns ``[t, heads x head width]``. Without
+    ``packed_seq_params``: the local attention, unchanged."""
+    if packed_seq_params is None:
+        return LOCAL_ATTENTION["forward"](self, query, key, value, attention_mask, attn_mask_type=attn_mask_type, attention_bias=attention_bias)
+    if packed_seq_params.qkv_format != "thd" or attention_bias is not None or self.config.softmax_type != "vanilla" or self.config.window_size:
+        raise NotImplementedError("the THD stand-in covers vanilla softmax without attention bias or sliding windows")
+    real = packed_seq_params.cu_seqlens_q.tolist()
+    if packed_seq_params.cu_seqlens_kv.tolist() != real:
+        raise NotImplementedError("the THD stand-in covers self-attention (cu_seqlens_kv equal to cu_seqlens_q)")
+    padded = real if packed_seq_params.cu_seqlens_q_padded is None else packed_seq_params.cu_seqlens_q_padded.tolist()
+    repeat = self.num_attention_heads_per_partition // self.num_query_groups_per_partition
+    key, value = key.repeat_interleave(repeat, dim=1), value.repeat_interleave(repeat, dim=1)
+    # The local attention divides its scale by the layer number with query-key layer scaling and its softmax
+    # multiplies it back: the product is the scale of the scores.
+    scale = self.softmax_scale * (self.layer_number if self.config.apply_query_key_layer_scaling else 1)
+    pieces, end = [], 0
+    for start, length in zip(padded[:-1], (after - before for before, after in zip(real, real[1:]))):
+        pieces.append(query.new_zeros(start - end, *query.shape[1:]))  # the previous sequence's padding
+        rows = slice(start, start + length)
+        q, k, v = (tensor[rows].transpose(0, 1) for tensor in (query, key, value))  # [heads, length, width]
+        scores = torch.matmul(q, k.transpose(1, 2)).float() * scale
+        scores = scores.masked_fill(torch.ones(length, length, dtype=torch.bool, device=scores.device).triu(1), float("-inf"))
+        probs = dropped(self, torch.softmax(scores, dim=-1).to(q.dtype))
+        pieces.append(torch.matmul(probs, v).transpose(0, 1))
+        end = start + length
+    pieces.append(query.new_zeros(query.size(0) - end, *query.shape[1:]))
+    return torch.cat(pieces).reshape(query.size(0), -1)
+
+
+def dropped(attention: Any, probs: torch.Tensor) -> torch.Tensor:
+    """The local attention's dropout of its probabilities, on the model-parallel random state as it draws it."""
+    from megatron.core import tensor_parallel
+
+    if attention.config.sequence_parallel:
+        return attention.attention_dropout(probs)
+    with tensor_parallel.get_cuda_rng_tracker().fork():
+        return attention.attention_dropout(probs)
+
+
 # ------------------------------------------------------------------------------------------- applying
 
 
@@ -254,6 +310,7 @@ def megatron_on_cpu() -> Iterator[None]:
     from megatron.core.optimizer import clip_grads, optimizer
     from megatron.core.pipeline_parallel import bridge_communicator
     from megatron.core.tensor_parallel import random
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
 
     cpu_torch = CpuTorch()
     with contextlib.ExitStack() as stack:
@@ -265,6 +322,8 @@ def megatron_on_cpu() -> Iterator[None]:
         stack.enter_context(_swapped(random.CudaRNGStatesTracker, "fork", _tracker_fork))
         for owner in (clip_grads, optimizer, mimo_optimizer):
             stack.enter_context(_swapped(owner, "clip_grad_by_total_norm_fp32", clip_grad_by_total_norm_fp32))
+        LOCAL_ATTENTION.setdefault("forward", DotProductAttention.forward)
+        stack.enter_context(_swapped(DotProductAttention, "forward", thd_attention))
         yield
 
 

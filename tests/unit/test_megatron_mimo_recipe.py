@@ -33,6 +33,7 @@ def test_defaults_and_reorder_modes() -> None:
     (["--vision-width", "100", "--vision-heads", "12"], "--vision-width"),
     (["--prefetch", "-1"], "--prefetch"),
     (["--iterations", "0"], "--iterations"),
+    (["--pack-pad-multiple", "0"], "--pack-pad-multiple"),
 ])
 def test_bad_settings_exit_2_naming_the_flag(argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
@@ -109,6 +110,34 @@ def test_without_cuda_the_grids_recipe_says_so_in_one_line(monkeypatch: pytest.M
     assert grids.main([]) == 2
     assert capsys.readouterr().err.strip() == ("megatron_mimo_grids: --device cuda: no CUDA GPU found (--device cpu trains on the CPU "
                                                "over Gloo: slow, for debugging and CI)")
+
+
+def test_packing_is_the_pipelines_setting() -> None:
+    plain = recipe.pipeline_config(recipe.parse_args([]), "on")
+    packed = recipe.pipeline_config(recipe.parse_args(["--pack-sequences-in-batch", "--pack-pad-multiple", "8"]), "on")
+    assert (plain.pack_sequences_in_batch, plain.pack_pad_multiple) == (False, 1)
+    assert (packed.pack_sequences_in_batch, packed.pack_pad_multiple) == (True, 8)
+
+
+def test_packing_without_transformer_engine_is_refused_in_one_line_before_anything_is_built(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Packed micro-batches need TransformerEngine's attention (megatron-core's local one refuses THD): without it
+    both recipes say so in one line, status 2; with it, or without packing, nothing is refused."""
+    monkeypatch.setattr(grids, "megatron_core_problem", lambda installed=None: None)
+    monkeypatch.setattr(recipe, "has_transformer_engine", lambda: False)
+    monkeypatch.setattr(grids.dist, "init_process_group", lambda *a, **k: pytest.fail("built something"))
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    packed = ["--device", "cpu", "--pack-sequences-in-batch"]
+    assert grids.main(packed) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("megatron_mimo_grids: --pack-sequences-in-batch: ") and "transformer_engine is not installed" in err and "\n" not in err
+    monkeypatch.setattr(recipe, "require_mrope_and_packing", lambda program: None)
+    assert recipe.main(packed) == 2
+    assert capsys.readouterr().err.strip() == err.replace("megatron_mimo_grids", "megatron_mimo_train")
+    assert grids.refusal(grids.parse_args(packed[:2])) is None
+    monkeypatch.setattr(recipe, "has_transformer_engine", lambda: True)
+    assert grids.refusal(grids.parse_args(packed)) is None
 
 
 def test_on_the_cpu_the_grids_recipe_asks_for_no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
