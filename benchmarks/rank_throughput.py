@@ -4,7 +4,7 @@ Generates document-heavy SFT data of its own (camera photos of 0.3-12 MP, A4 pag
 images a row, about 22% text-only rows; JPEG files named by a JSON-lines dataset, read through
 ``PipelineConfig.dataset`` with the default image folder), and the built-in processor (a Qwen2-VL image processor,
 PIL backend, at most 1280 placeholder tokens, about 1 MP, an image; built offline). Then, side by side, each in a
-fresh process of its own, for 1, 2, 4, ... workers up to the cores:
+fresh process of its own (``--smoke``: every cell in one), for 1, 2, 4, ... workers up to the cores:
 
 - ``anchor``: ``torch.utils.data.DataLoader`` with worker processes, each decoding a row's images as
   transformers' ``load_image`` does, running transformers' image processor and tokenizer on it, and
