@@ -42,7 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--microbatches", type=int, default=2, help="micro-batches per iteration")
     parser.add_argument("--micro-batch-size", type=int, default=4)
     parser.add_argument("--seq-length", type=int, default=2048)
-    parser.add_argument("--iterations", type=int, default=40, help="measured iterations per setting (after the warm-up)")
+    parser.add_argument("--iterations", type=int, default=None,
+                        help="measured iterations per setting (after the warm-up; default 40; --serial-cpu: micro-batches, default 30)")
     parser.add_argument("--warmup", type=int, default=3, help="iterations left out at the start (the graph's start-up)")
     parser.add_argument("--workers", default="default,2",
                         help="comma-separated processing workers (num_workers); 'default': left unset (the rank's cores)")
@@ -73,6 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.switch_interval is not None and args.switch_interval <= 0:
         parser.error(f"--switch-interval: must be > 0 ms, got {args.switch_interval}")
+    if args.iterations is None:
+        args.iterations = 30 if args.serial_cpu else 40
     if args.short:
         args.iterations, args.warmup = 8, 2
     try:
@@ -267,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.serial_cpu:
         for workers in args.worker_counts:
-            print(json.dumps(serial_cpu(args, workers)))
+            print(json.dumps(serial_cpu(args, workers, microbatches=args.iterations)))
         return 0
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval / 1e3)

@@ -4,7 +4,7 @@ Generates document-heavy SFT data of its own (camera photos of 0.3-12 MP, A4 pag
 images a row, about 22% text-only rows; JPEG files named by a JSON-lines dataset, read through
 ``PipelineConfig.dataset`` with the default image folder), and the built-in processor (a Qwen2-VL image processor,
 PIL backend, at most 1280 placeholder tokens, about 1 MP, an image; built offline). Then, side by side, each in a
-fresh process of its own, for 1, 2, 4, ... workers up to the cores:
+fresh process of its own (``--smoke``: every cell in one), for 1, 2, 4, ... workers up to the cores:
 
 - ``anchor``: ``torch.utils.data.DataLoader`` with worker processes, each decoding a row's images as
   transformers' ``load_image`` does, running transformers' image processor and tokenizer on it, and
@@ -290,18 +290,32 @@ def warmup_microbatches(workers: int) -> int:
     return max(3, 2 * workers)
 
 
-def run_one(args: argparse.Namespace, variant: str, workers: int) -> dict:
+def measuring_processes(variants: list[str], shared: bool) -> list[list[str]]:
+    """The cells each measuring process runs, in turn: one a process (no cell's figures disturbed by another's
+    start-up, caches or patches), or with ``shared`` (the smoke, whose figures don't matter but whose start-ups, torch
+    and transformers imported, are most of its CPU) every cell in one, the code before's patches lasting for the
+    process: a cell that restores code before comes last in its process, one a process."""
+    if not shared:
+        return [[variant] for variant in variants]
+    plain = [variant for variant in variants if len(variant.split("/")) <= 2]  # "payload/method/patch/...": code before
+    before = [variant for variant in variants if variant not in plain]
+    return [plain + before[:1], *([variant] for variant in before[1:])] if variants else []
+
+
+def run_one(args: argparse.Namespace, variants: list[str], workers: int) -> list[dict]:
+    """Each of ``variants`` measured in turn in one fresh process (see ``measuring_processes``)."""
     warmup = args.warmup if args.warmup is not None else warmup_microbatches(workers)
-    command = [sys.executable, __file__, "--one", variant, "--one-workers", str(workers), "--data", str(args.data),
+    command = [sys.executable, __file__, "--one", ",".join(variants), "--one-workers", str(workers), "--data", str(args.data),
                "--images", str(args.images), "--rows", str(args.rows), "--seconds", str(args.seconds), "--warmup", str(warmup),
                "--scale", repr(args.scale), "--min-microbatches", str(args.min_microbatches)]
+    timeout = (args.timeout or 240 + 2 * args.seconds) * len(variants)
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout or 240 + 2 * args.seconds)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as expired:
-        return {"variant": variant, "workers": workers, "error": f"no result within {expired.timeout:.0f} s"}
-    if done.returncode != 0:
-        return {"variant": variant, "workers": workers, "error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed"}
-    return json.loads(done.stdout.strip().splitlines()[-1])
+        return [{"variant": variant, "workers": workers, "error": f"no result within {expired.timeout:.0f} s"} for variant in variants]
+    measured = {r["variant"]: r for r in (json.loads(line) for line in done.stdout.splitlines() if line.startswith("{"))}
+    error = done.stderr.strip().splitlines()[-1] if done.returncode != 0 and done.stderr.strip() else "failed"
+    return [measured.get(variant, {"variant": variant, "workers": workers, "error": error}) for variant in variants]
 
 
 def table(results: list[dict], variants: list[str], counts: list[int]) -> str:
@@ -365,14 +379,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=None,
                         help="seconds one run may take, start-up and warm-up included (default: 240 + twice --seconds)")
     parser.add_argument("--smoke", action="store_true",
-                        help="tiny (CI): 4 images at a third of their sides, 24 rows, 1 worker (a process of its own under anchor and "
-                             "rows/process), anchor and rows, 1 second each")
+                        help="tiny (CI): 4 images at a sixth of their sides, 24 rows, 1 worker (a process of its own under anchor and "
+                             "rows/process), anchor and rows, 1 second each, every cell in one measuring process")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--label", default="this machine", help="the docs block's name (one block per machine)")
     parser.add_argument("--no-docs", action="store_true", help="do not write docs/benchmarks.md")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--one-workers", type=int, default=1, help=argparse.SUPPRESS)
-    parser.add_argument("--scale", type=float, default=1.0, help="every image's sides times this (default 1; --smoke: a third)")
+    parser.add_argument("--scale", type=float, default=1.0, help="every image's sides times this (default 1; --smoke: a sixth)")
     parser.add_argument("--light", action="store_true", help=f"rows of the issue's kind: --scale {LIGHT_SCALE}")
     parser.add_argument("--min-microbatches", type=int, default=None,
                         help="micro-batches measured at least, however long (default 20; --smoke: 2)")
@@ -380,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.light:
         args.scale = LIGHT_SCALE
     if args.smoke:
-        args.images, args.rows, args.seconds, args.warmup, args.scale = 4, 24, 1.0, 1, 1 / 3
+        args.images, args.rows, args.seconds, args.warmup, args.scale = 4, 24, 1.0, 1, 1 / 6
         args.workers = args.workers or "1"  # a second worker process cost ~10 s of CPU (torch and transformers imported again)
         args.variants = "anchor,rows/thread,rows/process" if args.variants == ",".join(VARIANTS) else args.variants
     if args.min_microbatches is None:
@@ -391,7 +405,9 @@ def main(argv: list[str] | None = None) -> int:
 
     processor = str(default_processor_path())
     if args.one is not None:
-        print(json.dumps(measure(args.one, args.one_workers, dataset, processor, args.warmup, args.seconds, args.min_microbatches)))
+        for variant in args.one.split(","):
+            print(json.dumps(measure(variant, args.one_workers, dataset, processor, args.warmup, args.seconds, args.min_microbatches)),
+                  flush=True)
         return 0
     args.data = args.data.resolve()
     counts = [int(w) for w in args.workers.split(",")] if args.workers else worker_counts(os.cpu_count() or 1)
@@ -401,10 +417,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
     results = []
     for workers in counts:
-        for variant in variants:
-            result = run_one(args, variant, workers)
-            results.append(result)
-            print(json.dumps(result), flush=True)
+        measured: dict[str, dict] = {}
+        for cells in measuring_processes(variants, shared=args.smoke):
+            for result in run_one(args, cells, workers):
+                measured[result["variant"]] = result
+                print(json.dumps(result), flush=True)
+        results.extend(measured[variant] for variant in variants)
     command = " ".join(["python benchmarks/rank_throughput.py", *(argv if argv is not None else sys.argv[1:])])
     text = (f"`{command}` on {machine()}, "
             f"{time.strftime('%Y-%m-%d', time.gmtime())}: {args.images} image files, {args.rows} rows, micro-batch {MICRO_BATCH}, "

@@ -26,11 +26,13 @@ def test_analyze_benchmark_runs_small():
 
 @pytest.mark.parametrize("command", ["check", "analyze"])
 def test_llava_paths_benchmark_runs_small(command):
-    result = subprocess.run([sys.executable, "benchmarks/llava_paths.py", command, "--rows", "100"], cwd=ROOT,
+    # 64 rows: one batch of check's (BATCH_ROWS), checked in its own process; its worker processes (two more fresh
+    # interpreters, two thirds of this run's CPU at 100 rows) are test_check.py's launch test's.
+    result = subprocess.run([sys.executable, "benchmarks/llava_paths.py", command, "--rows", "64"], cwd=ROOT,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "| 100 | " in result.stdout
-    assert ("`bad: none of 100 rows`" if command == "check" else "`costs: all 100 rows counted from their text and image headers") in result.stdout
+    assert "| 64 | " in result.stdout
+    assert ("`bad: none of 64 rows`" if command == "check" else "`costs: all 64 rows counted from their text and image headers") in result.stdout
 
 
 def test_encoder_step_benchmark_smoke(tmp_path) -> None:
@@ -139,7 +141,7 @@ def test_data_wait_benchmark_measures_the_serial_cpu_with_default_workers():
     from mimo_pipes.config.workers import processing_workers
 
     result = subprocess.run([sys.executable, "benchmarks/data_wait.py", "--serial-cpu", "--workers", "default", "--warmup", "1",
-                             "--micro-batch-size", "2"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+                             "--iterations", "4", "--micro-batch-size", "2"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     assert figures["workers"] == processing_workers(None)  # num_workers left unset: the rank's cores
