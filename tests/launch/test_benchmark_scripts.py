@@ -145,7 +145,7 @@ def test_data_wait_benchmark_measures_the_serial_cpu_with_default_workers():
     assert result.returncode == 0, result.stderr[-2000:]
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     assert figures["workers"] == processing_workers(None)  # num_workers left unset: the rank's cores
-    assert figures["next"] > 0 and figures["mimo_batch"] > 0 and figures["state_dict"] > 0
+    assert figures["next"] > 0 and figures["mimo_batch"] > 0 and figures["state_dict"] > 0 and figures["drop"] >= 0
 
 
 def test_data_wait_benchmark_measures_each_threads_cpu():
