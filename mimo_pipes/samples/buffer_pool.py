@@ -39,7 +39,7 @@ class BufferPool:
 
     def take(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """A flat tensor of ``numel`` elements of ``dtype``, uninitialised (as ``torch.empty``)."""
-        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        nbytes = numel * dtype.itemsize
         with self._lock:
             fitting = [i for i, base in enumerate(self._free) if base.nbytes >= nbytes]
             base = self._free.pop(min(fitting, key=lambda i: self._free[i].nbytes)) if fitting else None
