@@ -1,4 +1,5 @@
-"""The library's per-sample processing as it was before rows in flight followed the workers, for benchmarks that
+"""The library's per-sample processing as it was before each of its recent changes (rows in flight following the
+workers, pixels viewed, text tokenized without the GIL, micro-batch buffers used again), for benchmarks that
 measure the code before beside the code in the same run (``rank_throughput.py``'s ``.../ahead1/copied/held``
 variants, ``data_wait.py``'s ``--windows-ahead``, ``--copied-pixels``, ``--held-encode``, ``--fresh-buffers``). Each patch stands for one
 change, so each can be measured alone; they last for the process (each benchmark cell is one)."""

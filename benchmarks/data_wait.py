@@ -165,7 +165,8 @@ def machine() -> str:
 def serial_cpu(args: argparse.Namespace, workers: int | None, microbatches: int = 30) -> dict[str, Any]:
     """CPU milliseconds per micro-batch of the thread that makes it (``time.thread_time``), each part apart, with
     the workers 0.15 s ahead before every micro-batch so that nothing is waited for; ``drop``: the micro-batch let
-    go on that thread (its memory freed, or given back to the buffer pool)."""
+    go on that thread. With read-ahead off the collator still holds the window's micro-batches until the last is
+    handed out, so their memory goes later, inside a ``next`` (a fresh buffer's unmap is counted there)."""
     import copy
 
     from mimo_pipes.config import PipelineConfig
