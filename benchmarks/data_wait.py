@@ -135,7 +135,9 @@ def measure(args: argparse.Namespace, mode: str, workers: int | None) -> dict[st
         loader.close()
     waits, walls = waits[args.warmup:], walls[args.warmup:]
     return {"mode": mode, "workers": DEFAULT if workers is None else workers, "resolved_workers": processing_workers(workers), "read_ahead": read_ahead, "wait_percent": 100.0 * sum(waits) / sum(walls),
-            "median_wait_ms": statistics.median(waits) * 1e3, "median_iteration_ms": statistics.median(walls) * 1e3}
+            "median_wait_ms": statistics.median(waits) * 1e3, "median_iteration_ms": statistics.median(walls) * 1e3,
+            # every measured iteration's wait: whether the loop waits a little each time or a lot now and then
+            "waits_ms": [round(w * 1e3, 3) for w in waits]}
 
 
 def table(results: list[dict[str, Any]], worker_counts: list[int | None]) -> str:

@@ -44,6 +44,17 @@ def valid_for(node: str, settings: Mapping[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps({NODE: node, **settings}, default=_plain))
 
 
+def plain_copy(value: Any) -> Any:
+    """A copy of a JSON-plain value (what :func:`valid_for` makes): its dicts and lists new, the rest shared
+    (strings, numbers, booleans and None do not change). Several times faster than ``copy.deepcopy``, which a
+    state pays for every item read ahead."""
+    if isinstance(value, dict):
+        return {key: plain_copy(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [plain_copy(item) for item in value]
+    return value
+
+
 def collation_settings(collator: Any) -> dict[str, Any]:
     """A collator's settings (every field of the dataclass), named for :func:`valid_for`."""
     return {f"collation {field.name.replace('_', ' ')}": getattr(collator, field.name) for field in dataclasses.fields(collator)}

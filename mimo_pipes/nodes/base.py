@@ -29,7 +29,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 from torchdata.nodes import BaseNode
 
 from mimo_pipes.checkpoint.resume import ResumePoint
-from mimo_pipes.checkpoint.validity import VALID_FOR_KEY, check_valid_for, on_saved_layout, valid_for
+from mimo_pipes.checkpoint.validity import VALID_FOR_KEY, check_valid_for, on_saved_layout, plain_copy, valid_for
 
 T = TypeVar("T")
 
@@ -108,10 +108,15 @@ class GraphNode(BaseNode[T]):
         return self.source.state_dict()
 
     def get_state(self) -> dict[str, Any]:
+        # Called once per item under torchdata's prefetching nodes (their snapshots), on threads that share the
+        # GIL with the processing: copies are made only where something could change the saved values later.
         state: dict[str, Any] = {}
         if self.valid_for is not None:
-            state[self.VALID_FOR_KEY] = copy.deepcopy(self.valid_for)
+            state[self.VALID_FOR_KEY] = plain_copy(self.valid_for)
         if self.source is not None:
-            state[self.SOURCE_KEY] = copy.deepcopy(self.source_state())
+            if type(self).source_state is GraphNode.source_state and isinstance(self.source, GraphNode):
+                state[self.SOURCE_KEY] = self.source.state_dict()  # the live state, built afresh by that call
+            else:  # a kept snapshot, or a node not of this library (torchdata's keep theirs): copied
+                state[self.SOURCE_KEY] = copy.deepcopy(self.source_state())
         state.update(copy.deepcopy(self.own_state()))
         return state

@@ -11,6 +11,7 @@ from mimo_pipes.checkpoint.resume import ResumePoint
 from mimo_pipes.checkpoint.validity import on_saved_layout, source_fingerprint
 from mimo_pipes.errors import as_count
 from mimo_pipes.nodes.base import GraphNode
+from mimo_pipes.parallel.shard_rows import rows_together
 from mimo_pipes.parallel.sharding import global_microbatch_indices, microbatches_per_epoch
 from mimo_pipes.parallel.topology import owned_positions
 from mimo_pipes.samples.sample import SAMPLE_ID, SLOT, STEP, Sample
@@ -116,6 +117,8 @@ class CanonicalShardReader(GraphNode[Sample]):
         else:
             self._next_step = int(initial_state[self.NEXT_STEP_KEY])
             self._next_position = int(initial_state[self.NEXT_POSITION_KEY])
+        self._rows_step: int | None = None  # the step whose rows _rows holds (read together: see _step_rows)
+        self._rows: dict[int, dict] | None = None
 
     def next(self) -> Sample:
         step = self._next_step
@@ -123,7 +126,9 @@ class CanonicalShardReader(GraphNode[Sample]):
             raise StopIteration
         position = self.positions.start + self._next_position
         index = int(self._microbatch(step)[position])
-        row = dict(self.dataset[index])
+        if self._rows_step != step:
+            self._rows_step, self._rows = step, self._step_rows(step)
+        row = self._rows.pop(position) if self._rows is not None else dict(self.dataset[index])
         row[SAMPLE_ID] = index
         row[STEP] = step
         row[SLOT] = position // self.samples_per_slot
@@ -131,6 +136,16 @@ class CanonicalShardReader(GraphNode[Sample]):
         if self._next_position == len(self.positions):
             self._next_step, self._next_position = step + 1, 0
         return row
+
+    def _step_rows(self, step: int) -> dict[int, dict] | None:
+        """The rows of this rank's positions of ``step`` not yet read, by position, read together where the
+        dataset can (:func:`~mimo_pipes.parallel.shard_rows.rows_together`: under the GIL that the
+        processing threads share, a row at a time cost a Hugging Face dataset a query and a format each);
+        None: a row at a time."""
+        positions = range(self.positions.start + self._next_position, self.positions.stop)
+        indices = [int(i) for i in self._microbatch(step)[positions.start : positions.stop]]
+        rows = rows_together(self.dataset, indices)
+        return None if rows is None else dict(zip(positions, rows, strict=True))
 
     def own_state(self) -> dict[str, Any]:
         return {self.NEXT_STEP_KEY: self._next_step, self.NEXT_POSITION_KEY: self._next_position}

@@ -110,3 +110,54 @@ def test_fingerprint_reads_a_few_of_the_rank_s_own_rows_or_none():
     table = datasets.Dataset.from_dict({"prompt": ["a", "b", "c"], "response": ["x", "y", "z"]})
     assert source_fingerprint(table, [0]) == f"datasets:{table._fingerprint}"
     assert source_fingerprint(table.select([0, 2, 1]), [0]) != source_fingerprint(table, [0])
+
+
+class _CountedRows:
+    """A map-style dataset of plain rows that counts its reads; ``batched`` gives it torch's ``__getitems__``,
+    ``failing`` a row that cannot be read."""
+
+    def __init__(self, size: int, *, batched: bool, failing: int | None = None) -> None:
+        self.size, self.failing, self.single_reads, self.batched_reads = size, failing, 0, 0
+        if batched:
+            self.__getitems__ = self._getitems
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> dict:
+        self.single_reads += 1
+        if index == self.failing:
+            raise OSError(f"row {index} is unreadable")
+        return {"value": index * 10}
+
+    def _getitems(self, indices: list[int]) -> list[dict]:
+        self.batched_reads += 1
+        if self.failing in indices:
+            raise OSError("a row of the batch is unreadable")
+        return [{"value": i * 10} for i in indices]
+
+
+def test_a_step_s_rows_are_read_together_where_the_dataset_reads_batches():
+    # One __getitems__ call a step gives the stream a row at a time gives, restored at every position too.
+    batched = _CountedRows(40, batched=True)
+    ours = take(reader(batched, dataset_fingerprint="fixed"), 12)
+    single = take(reader(_CountedRows(40, batched=False), dataset_fingerprint="fixed"), 12)
+    assert [(s[SAMPLE_ID], s["value"]) for s in ours] == [(s[SAMPLE_ID], s["value"]) for s in single]
+    assert (batched.batched_reads, batched.single_reads) == (3, 0)
+    check_save_load_everywhere(lambda: reader(_CountedRows(40, batched=True), dataset_fingerprint="fixed"), 12)
+
+
+def test_a_hugging_face_dataset_gives_the_same_rows_read_together():
+    table = datasets.Dataset.from_dict({"text": [f"row {i}" for i in range(40)], "sizes": [[i, i + 1] for i in range(40)]})
+    ours = take(reader(table), 16)
+    assert [{k: v for k, v in s.items() if k in ("text", "sizes")} for s in ours] == [table[s[SAMPLE_ID]] for s in ours]
+
+
+def test_a_row_that_fails_in_a_batch_fails_at_its_own_turn():
+    # The batch fails; the step is read again a row at a time, so the rows before the bad one still come out.
+    indices = global_microbatch_indices(0, 40, 8, 5, True).tolist()[4:8]  # rank 1 of 2: positions 4..7 of step 0
+    dataset = _CountedRows(40, batched=True, failing=indices[2])
+    node = reader(dataset, dataset_fingerprint="fixed")
+    assert [next(node)[SAMPLE_ID] for _ in range(2)] == indices[:2]
+    with pytest.raises(OSError, match=f"row {indices[2]} is unreadable"):
+        next(node)

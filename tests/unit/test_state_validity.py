@@ -8,6 +8,8 @@ import json
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from node_checks import as_saved, assert_same, take
 from scenarios_exchange import PAD_VALUES
 from state_folders import save_job
@@ -16,7 +18,7 @@ from test_plugin_dist import reorder_config, single_rank_batches
 from mimo_pipes.adapters.microbatch_iterator import balance_iterator
 from mimo_pipes.adapters.torchdata_pipeline import balanced_loader
 from mimo_pipes.checkpoint import MANIFEST_FILE
-from mimo_pipes.checkpoint.validity import VALID_FOR_KEY, check_graph_state, check_valid_for, valid_for
+from mimo_pipes.checkpoint.validity import VALID_FOR_KEY, check_graph_state, check_valid_for, plain_copy, valid_for
 from mimo_pipes.cli.job.resume_checks import RESUME_EXEMPT, check_resume_dir, setting_flag
 from mimo_pipes.cli.main import build_parser
 from mimo_pipes.config import PipelineConfig, ReorderConfig
@@ -24,6 +26,8 @@ from mimo_pipes.config.flags import flag_names
 from mimo_pipes.config.job_options import JobOptions
 from mimo_pipes.errors import ConfigError, StateMismatchError
 from mimo_pipes.exchange import RankLayout
+from mimo_pipes.nodes import CanonicalShardReader, SnapshotGuard
+from mimo_pipes.nodes.base import GraphNode
 from mimo_pipes.testing import IMAGE_TOKEN_ID, SyntheticProcessedDataset
 from mimo_pipes_recipes.existing_pipeline import example_samples
 from mimo_pipes_recipes.vlm_sft import pipeline
@@ -232,3 +236,35 @@ def test_a_collator_with_declared_vision_fields_is_described_and_compared() -> N
     other = valid_for("MicroBatchAssembler", collation_settings(Collator(64, {"labels": -100}, {"pixel_values": ((1176,), torch.bfloat16)})))
     with pytest.raises(ConfigError, match="collation vision fields"):
         check_valid_for({VALID_FOR_KEY: described}, other)
+
+
+_PLAIN = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=4),
+                      lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3), max_leaves=12)
+
+
+def _containers(value):
+    if isinstance(value, (dict, list)):
+        yield value
+        for item in (value.values() if isinstance(value, dict) else value):
+            yield from _containers(item)
+
+
+@settings(max_examples=40, deadline=None)
+@given(_PLAIN)
+def test_plain_copy_is_equal_and_shares_no_container(value):
+    copied = plain_copy(value)
+    assert copied == value
+    assert not {id(c) for c in _containers(copied)} & {id(c) for c in _containers(value)}
+
+
+def test_a_saved_state_changed_later_changes_no_other_state():
+    # get_state copies less than it did (each node's state is built afresh); what it hands out is still the caller's.
+    node = CanonicalShardReader(SyntheticProcessedDataset(40, seed=3), micro_batch_size=8, dp_rank=0, dp_size=2, grid_size=2)
+    guard = SnapshotGuard(node)
+    next(guard)
+    first = guard.state_dict()
+    first[GraphNode.SOURCE_KEY][VALID_FOR_KEY]["seed"] = 99
+    first[VALID_FOR_KEY]["node"] = "changed"
+    second = guard.state_dict()
+    assert second[GraphNode.SOURCE_KEY][VALID_FOR_KEY]["seed"] == 0 and second[VALID_FOR_KEY]["node"] == "SnapshotGuard"
+    assert node.valid_for["seed"] == 0
