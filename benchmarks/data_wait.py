@@ -65,6 +65,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--windows-ahead", type=int, default=None,
                         help="RowProcessor's windows ahead, fixed (default: the library's, rows enough for every worker; "
                              "1: as before they followed the workers)")
+    parser.add_argument("--row-reads", action="store_true",
+                        help="the reader reads a row at a time and every state is deep-copied at every level, as before")
     parser.add_argument("--fresh-buffers", action="store_true",
                         help="every micro-batch's pixel buffer made fresh and unmapped where it is dropped, as before the pool")
     parser.add_argument("--copied-pixels", action="store_true",
@@ -270,7 +272,7 @@ def thread_cpu(args: argparse.Namespace, workers: int | None, microbatches: int 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     restore_code_before(windows_ahead=args.windows_ahead, copied_pixels=args.copied_pixels, held_encode=args.held_encode,
-                        fresh_buffers=args.fresh_buffers)
+                        fresh_buffers=args.fresh_buffers, row_reads=args.row_reads)
     if args.thread_cpu:
         for workers in args.worker_counts:
             print(json.dumps(thread_cpu(args, workers, microbatches=args.iterations)))

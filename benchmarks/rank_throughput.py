@@ -16,7 +16,9 @@ fresh process of its own (``--smoke``: every cell in one), for 1, 2, 4, ... work
   they followed the workers (one window ahead), ``.../copied`` with each resized image's pixels copied out of PIL
   as before (``np.asarray``) instead of viewed, ``.../held`` with text tokenized holding the GIL as before; all
   three (``rows/thread/ahead1/copied/held``) is the code before, for side-by-side comparisons;
-  ``rows/thread/fresh`` makes every micro-batch's pixel buffer fresh, as before RowProcessor's buffer pool.
+  ``rows/thread/fresh`` makes every micro-batch's pixel buffer fresh, as before RowProcessor's buffer pool;
+  ``rows/thread/perrow`` reads a row at a time and deep-copies every state, as before the reader read a step's rows
+  together.
 
 ``--light`` (``--scale 0.25``: every image's sides a quarter) makes rows of the issue's kind, about 50 ms of the
 anchor's CPU a row instead of 0.3-0.6 s, where the anchor reaches hundreds of samples/s on 16 cores and the
@@ -55,7 +57,7 @@ MARKER = "rank_throughput.py results"
 SECTION = "## One rank's throughput by workers (`benchmarks/rank_throughput.py`)"
 VARIANTS = ("anchor", "rows/thread", "rows/process", "samples/thread", "samples/process", "rows/thread/ahead1",
             "rows/thread/copied", "rows/thread/ahead1/copied", "rows/thread/held", "rows/thread/ahead1/copied/held",
-            "rows/thread/fresh")
+            "rows/thread/fresh", "rows/thread/perrow")
 LIGHT_SCALE = 0.25
 MICRO_BATCH = 8
 SEQ_LENGTH = 8192
@@ -251,7 +253,7 @@ def measure(variant: str, workers: int, dataset: Path, processor: str, warmup: i
     else:
         payload, method, *before = variant.split("/")
         restore_code_before(windows_ahead=1 if "ahead1" in before else None, copied_pixels="copied" in before,
-                            held_encode="held" in before, fresh_buffers="fresh" in before)
+                            held_encode="held" in before, fresh_buffers="fresh" in before, row_reads="perrow" in before)
         loader = _mimo_loader(dataset, workers, payload, method)
     batches = iter(loader)
     start = time.perf_counter()
@@ -259,16 +261,19 @@ def measure(variant: str, workers: int, dataset: Path, processor: str, warmup: i
         next(batches)
     first = time.perf_counter() - start
     samples = taken = 0
-    begin, thread_cpu = time.perf_counter(), time.thread_time()
+    begin, thread_cpu, process_cpu = time.perf_counter(), time.thread_time(), time.process_time()
     while time.perf_counter() - begin < seconds or taken < least:
         batch = next(batches)
         samples += int(batch["input_ids"].shape[0])
         taken += 1
     elapsed, thread_cpu = time.perf_counter() - begin, time.thread_time() - thread_cpu
+    process_cpu = time.process_time() - process_cpu
     if hasattr(loader, "close"):
         loader.close()
     return {"variant": variant, "workers": workers, "samples_per_s": samples / elapsed, "microbatches": taken,
-            "consumer_cpu_ms_per_microbatch": 1000 * thread_cpu / taken, "warmup_s": first}
+            "consumer_cpu_ms_per_microbatch": 1000 * thread_cpu / taken, "warmup_s": first,
+            # all of this process's threads (not worker processes'): the work a sample costs wherever it runs here
+            "process_cpu_ms_per_sample": 1000 * process_cpu / samples}
 
 
 # ----------------------------------------------------------------------------------------------------
