@@ -18,7 +18,8 @@ fresh process of its own (``--smoke``: every cell in one), for 1, 2, 4, ... work
   three (``rows/thread/ahead1/copied/held``) is the code before, for side-by-side comparisons;
   ``rows/thread/fresh`` makes every micro-batch's pixel buffer fresh, as before RowProcessor's buffer pool;
   ``rows/thread/perrow`` reads a row at a time and deep-copies every state, as before the reader read a step's rows
-  together.
+  together. Any variant may end in ``/si<ms>`` (``/si0p5``: 0.5 ms): the interpreter's switch interval set in its
+  process (``sys.setswitchinterval``), how long a thread waiting for the GIL waits before the holder must let go.
 
 ``--light`` (``--scale 0.25``: every image's sides a quarter) makes rows of the issue's kind, about 50 ms of the
 anchor's CPU a row instead of 0.3-0.6 s, where the anchor reaches hundreds of samples/s on 16 cores and the
@@ -44,6 +45,7 @@ import json
 import math
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -254,6 +256,9 @@ def measure(variant: str, workers: int, dataset: Path, processor: str, warmup: i
         payload, method, *before = variant.split("/")
         restore_code_before(windows_ahead=1 if "ahead1" in before else None, copied_pixels="copied" in before,
                             held_encode="held" in before, fresh_buffers="fresh" in before, row_reads="perrow" in before)
+        for token in before:  # /si1, /si0p5: the interpreter's switch interval in ms (0p5: 0.5), the GIL's hand-over
+            if token.startswith("si"):
+                sys.setswitchinterval(float(token[2:].replace("p", ".")) / 1e3)
         loader = _mimo_loader(dataset, workers, payload, method)
     batches = iter(loader)
     start = time.perf_counter()
@@ -417,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     args.data = args.data.resolve()
     counts = [int(w) for w in args.workers.split(",")] if args.workers else worker_counts(os.cpu_count() or 1)
     variants = [v for v in args.variants.split(",") if v]
-    unknown = [v for v in variants if v not in VARIANTS]
+    unknown = [v for v in variants if re.sub(r"/si[0-9p]+$", "", v) not in VARIANTS]  # any variant may end in /si<ms>
     if unknown:
         parser.error(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
     results = []
