@@ -19,7 +19,8 @@ fresh process of its own (``--smoke``: every cell in one), for 1, 2, 4, ... work
   ``rows/thread/fresh`` makes every micro-batch's pixel buffer fresh, as before RowProcessor's buffer pool;
   ``rows/thread/perrow`` reads a row at a time and deep-copies every state, as before the reader read a step's rows
   together. Any variant may end in ``/si<ms>`` (``/si0p5``: 0.5 ms): the interpreter's switch interval set in its
-  process (``sys.setswitchinterval``), how long a thread waiting for the GIL waits before the holder must let go.
+  process (``sys.setswitchinterval``), how long a thread waiting for the GIL waits before the holder must let go;
+  and in ``/ra<n>``: RowProcessor keeps ``n`` rows a worker in flight (``ROWS_AHEAD_PER_WORKER``).
 
 ``--light`` (``--scale 0.25``: every image's sides a quarter) makes rows of the issue's kind, about 50 ms of the
 anchor's CPU a row instead of 0.3-0.6 s, where the anchor reaches hundreds of samples/s on 16 cores and the
@@ -259,6 +260,10 @@ def measure(variant: str, workers: int, dataset: Path, processor: str, warmup: i
         for token in before:  # /si1, /si0p5: the interpreter's switch interval in ms (0p5: 0.5), the GIL's hand-over
             if token.startswith("si"):
                 sys.setswitchinterval(float(token[2:].replace("p", ".")) / 1e3)
+            if token.startswith("ra"):  # /ra4: RowProcessor keeps 4 rows a worker in flight
+                from mimo_pipes.nodes import row_processor
+
+                row_processor.ROWS_AHEAD_PER_WORKER = int(token[2:])
         loader = _mimo_loader(dataset, workers, payload, method)
     batches = iter(loader)
     start = time.perf_counter()
@@ -422,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     args.data = args.data.resolve()
     counts = [int(w) for w in args.workers.split(",")] if args.workers else worker_counts(os.cpu_count() or 1)
     variants = [v for v in args.variants.split(",") if v]
-    unknown = [v for v in variants if re.sub(r"/si[0-9p]+$", "", v) not in VARIANTS]  # any variant may end in /si<ms>
+    unknown = [v for v in variants if re.sub(r"(/(si|ra)[0-9p]+)+$", "", v) not in VARIANTS]  # any variant may end in /si<ms>
     if unknown:
         parser.error(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
     results = []
