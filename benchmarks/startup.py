@@ -1,5 +1,5 @@
 """How fast `mimo-pipes run` answers: first line, a refused setting, every rank's first micro-batch, the
-summary, and the exit after it; spawned ranks and under torchrun.
+summary, and the exit after it, and the CPU time the whole job takes; spawned ranks and under torchrun.
 
     python benchmarks/startup.py [--repeats 3] [--steps 32]
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -50,6 +51,7 @@ def timed_run(args: list[str], torchrun: bool, steps: int) -> dict[str, float]:
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(RANKS), "-m"] if torchrun \
             else [sys.executable, "-m"]
         command = [*launcher, "mimo_pipes.cli.main", "run", *args, "--steps", str(steps), "--dump-assignments", str(dumps)]
+        cpu_before = _children_cpu()
         started = time.monotonic()
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         out: list[tuple[float, str]] = []
@@ -65,6 +67,7 @@ def timed_run(args: list[str], torchrun: bool, steps: int) -> dict[str, float]:
                 first_microbatch = time.monotonic() - started
             time.sleep(0.01)
         exited = time.monotonic() - started
+        cpu = _children_cpu() - cpu_before  # the command and every process under it (each reaped by its parent)
         for reader in readers:
             reader.join()
         if process.returncode != 0:
@@ -72,10 +75,15 @@ def timed_run(args: list[str], torchrun: bool, steps: int) -> dict[str, float]:
     lines = sorted(out + err)
     summary = next(t for t, line in out if line.startswith("module "))
     phases = {"first line": lines[0][0], "every rank's first micro-batch": first_microbatch, "summary": summary,
-              "exit after the summary": exited - summary, "whole job": exited}
+              "exit after the summary": exited - summary, "whole job": exited, "CPU of every process (CPU-s)": cpu}
     for label, prefix in (("ranks started", "starting "), ("all ranks joined", "all ")):
         phases[label] = next((t for t, line in err if line.startswith(prefix)), float("nan"))
     return phases
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def refused() -> float:
@@ -101,12 +109,14 @@ def main(argv: list[str] | None = None) -> int:
             for phase, seconds in timed_run(MAIN, kind == "torchrun", args.steps).items():
                 rows[kind].setdefault(phase, []).append(seconds)
     load_after = round(os.getloadavg()[0], 2)
-    phases = ["first line", "ranks started", "all ranks joined", "every rank's first micro-batch", "summary", "exit after the summary", "whole job"]
+    phases = ["first line", "ranks started", "all ranks joined", "every rank's first micro-batch", "summary", "exit after the summary", "whole job",
+              "CPU of every process (CPU-s)"]
     lines = [
         "### `mimo-pipes run` from start to exit",
         *_dist.provenance_lines(_dist.command_line(), info),
         f"The README's job (`mimo-pipes run --scalable-dp --intra-microbatch-reorder`, {RANKS} ranks, {args.steps} micro-batches, "
-        f"embedded data cached), medians of {args.repeats} runs; seconds from the command's start. 1-minute load average "
+        f"embedded data cached), medians of {args.repeats} runs; seconds from the command's start, and the CPU time of the command "
+        f"and every process it started (user + system, the launcher, its rank server and ranks; torchrun's agent and workers). 1-minute load average "
         f"{info['load_1min_at_start']} at the start, {load_after} at the end. A refused setting "
         f"(`--micro-batch-size 3`): {statistics.median(refusals):.2f} s (goal {GOALS['refused (--micro-batch-size 3)']:.0f} s).",
         "",

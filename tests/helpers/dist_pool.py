@@ -75,6 +75,18 @@ def _destroy_subgroups(dist: Any) -> None:
             dist.destroy_process_group(group)
 
 
+def _rank_server() -> Any:
+    """The context that starts the pool's ranks: forked by the launcher's rank server (torch, transformers and the
+    job's modules imported once for every rank, as a launch's ranks are), one for every pool of the test run."""
+    from multiprocessing import forkserver
+
+    from mimo_pipes.cli.job.rank_server import start_rank_server
+
+    if forkserver._forkserver._forkserver_pid is None:  # no public way to ask whether it runs
+        return start_rank_server(["mimo_pipes.cli.rank.run_rank", "mimo_pipes_recipes.vlm_sft"])
+    return mp.get_context("forkserver")
+
+
 class DistPool:
     """``world_size`` ranks (Gloo by default; ``"cpu:gloo,cuda:nccl"`` on GPUs); ``run(fn, ...)`` calls ``fn``
     on every rank and returns the results by rank."""
@@ -82,7 +94,7 @@ class DistPool:
     def __init__(self, world_size: int, start_timeout: float = 180.0, backend: str = "gloo", daemon: bool = True) -> None:
         """``daemon`` False: ranks that may start processes of their own (a daemonic process may not), such as
         megatron-core's checkpoint writer; such a pool must be closed, as every fixture here does."""
-        context = mp.get_context("spawn")
+        context = _rank_server()
         port = free_port()
         self.world_size = world_size
         self.connections = []
@@ -186,6 +198,9 @@ def exact_pool(size: int) -> DistPool:
 
 
 def close_shared_pool() -> None:
-    """Every pool of the run: the shared one and those of :func:`exact_pool`."""
+    """Every pool of the run: the shared one and those of :func:`exact_pool`; then the rank server."""
+    from mimo_pipes.cli.job.rank_server import stop_rank_server
+
     for key in list(_shared):
         _shared.pop(key).close()
+    stop_rank_server()

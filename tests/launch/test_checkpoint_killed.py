@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from dist_pool import shared_pool
 from job_runs import read_dumps, run_in_pool
-from test_signals import FLAGS, LONG, RANKS, alive, children, start
+from test_signals import FLAGS, LONG, RANKS, alive, children, spawned_ranks, start
 
 from mimo_pipes.checkpoint import acquire_save_lock, open_generation
 
@@ -33,8 +33,7 @@ def kill_during_the_save(process, state: Path, dumps: Path, victim: str) -> None
         assert time.monotonic() < deadline
         time.sleep(0.05)
     family = children(process.pid)
-    ranks = [pid for pid in family if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
-             and b"resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    ranks = spawned_ranks(process.pid)
     process.send_signal(signal.SIGTERM)
     until = time.monotonic() + 10
     while generations(state) <= before and time.monotonic() < until:

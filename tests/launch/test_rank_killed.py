@@ -13,20 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
-from test_signals import FLAGS, RANKS, alive, children, start
+from test_signals import FLAGS, RANKS, alive, children, spawned_ranks, start
 
 pytestmark = pytest.mark.launch
 
 ENDS_WITHIN_S = 30.0  # from the kill to the job's exit; the exchange's timeout is left at its default, 120 s
-
-
-def rank_processes(launcher: int) -> list[int]:
-    """The launcher's rank processes, in rank order (it starts them one after the other)."""
-    direct = set()
-    for task in Path(f"/proc/{launcher}/task").glob("*"):
-        direct |= {int(child) for child in (task / "children").read_text().split()}
-    ranks = [pid for pid in direct if b"resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_bytes()]
-    return sorted(ranks)
 
 
 def torchrun_worker(agent: int, rank: int) -> int:
@@ -52,7 +43,7 @@ def test_a_rank_killed_outright_is_named_by_every_survivor_in_one_line(tmp_path,
             time.sleep(0.1)
         family = children(process.pid)
         killed = time.monotonic()
-        os.kill(torchrun_worker(process.pid, victim) if torchrun else rank_processes(process.pid)[victim], signal.SIGKILL)
+        os.kill(torchrun_worker(process.pid, victim) if torchrun else spawned_ranks(process.pid)[victim], signal.SIGKILL)
         _, stderr = process.communicate(timeout=180)
         ended = time.monotonic() - killed
     except BaseException:

@@ -47,6 +47,24 @@ def children(pid: int) -> set[int]:
     return found
 
 
+def direct_children(pid: int) -> list[int]:
+    return [int(child) for task in Path(f"/proc/{pid}/task").glob("*") for child in (task / "children").read_text().split()]
+
+
+def rank_server(launcher: int) -> int:
+    """The launcher's rank server: multiprocessing's forkserver, a child of the launcher."""
+    for child in direct_children(launcher):
+        if b"multiprocessing.forkserver" in Path(f"/proc/{child}/cmdline").read_bytes():
+            return child
+    raise AssertionError(f"no rank server under the launcher {launcher}")
+
+
+def spawned_ranks(launcher: int) -> list[int]:
+    """The rank processes of a job our launcher started, in rank order: the children of its rank server, which
+    forks them one after the other."""
+    return sorted(direct_children(rank_server(launcher)))
+
+
 def alive(pids: set[int]) -> set[int]:
     left = set()
     for pid in pids:
@@ -66,13 +84,18 @@ def start(argv: list[str], dumps: Path, torchrun: bool = False) -> subprocess.Po
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
-def signal_after_first_microbatches(process: subprocess.Popen, dumps: Path, signum: int, ranks: int = RANKS) -> tuple[float, set[int]]:
-    """Wait until every rank consumed a micro-batch, then send ``signum``; (seconds to exit, processes it had)."""
+def first_microbatches(process: subprocess.Popen, dumps: Path, ranks: int = RANKS) -> None:
+    """Wait until every rank consumed a micro-batch."""
     deadline = time.monotonic() + 240
     while not (len(list(dumps.glob("rank*.jsonl"))) == ranks and all(p.stat().st_size for p in dumps.glob("rank*.jsonl"))):
         assert process.poll() is None, process.communicate()
         assert time.monotonic() < deadline, "no micro-batch within 240 s"
         time.sleep(0.1)
+
+
+def signal_after_first_microbatches(process: subprocess.Popen, dumps: Path, signum: int, ranks: int = RANKS) -> tuple[float, set[int]]:
+    """Wait until every rank consumed a micro-batch, then send ``signum``; (seconds to exit, processes it had)."""
+    first_microbatches(process, dumps, ranks)
     family = children(process.pid)
     sent = time.monotonic()
     process.send_signal(signum)
@@ -81,8 +104,11 @@ def signal_after_first_microbatches(process: subprocess.Popen, dumps: Path, sign
 
 
 def test_sigint_stops_every_rank_quickly_and_leaves_nothing(tmp_path):
-    """Without --save-state: SIGINT (Ctrl-C) stops the job; SIGTERM's stop is the save test's below."""
+    """Without --save-state: SIGINT (Ctrl-C) stops the job; SIGTERM's stop is the save test's below. The ranks
+    were forked by the launcher's rank server, which holds one thread (it forks no other thread's state)."""
     process = start([*FLAGS, *LONG], tmp_path / "dumps")
+    first_microbatches(process, tmp_path / "dumps")
+    assert len(spawned_ranks(process.pid)) == RANKS and len(list(Path(f"/proc/{rank_server(process.pid)}/task").iterdir())) == 1
     seconds, family = signal_after_first_microbatches(process, tmp_path / "dumps", signal.SIGINT)
     stdout, stderr = process.communicate()
     assert process.returncode == 130, stderr

@@ -5,7 +5,8 @@ options)``, which joins the process group, runs the rank and leaves). The launch
 stderr, turns every rank's failure into one line, and waits for its ranks. SIGTERM or SIGINT to the
 launcher is passed to every rank once (they stop at their next micro-batch boundary, saving a complete
 state first when the job saves one); ranks still alive a few seconds later are killed, so no process is
-left behind. Spawned ranks also die with the launcher if it is killed outright. A rank killed outright
+left behind. Spawned ranks are forked by the launch's rank server, which imported their heavy modules once
+(``rank_server.py``); they also die with the launcher if it is killed outright. A rank killed outright
 makes the launcher stop the others (SIGTERM, as torchrun's agent does); each says in its one line which
 rank died, as the job's roll tells it (``exchange/roll_verdicts.py``: the launcher hosts the job's store, so that
 the roll outlives every rank).
@@ -23,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mimo_pipes.cli.job.peer_loss import lost_peer, lost_peer_line
+from mimo_pipes.cli.job.rank_server import leave_rank_server, start_rank_server, stop_rank_server
 from mimo_pipes.errors import ConfigError, PeerError, SampleError
 
 EXIT_CONFIG = 2
@@ -155,7 +157,8 @@ def _hold_stop_signals() -> None:
 
 
 def _die_with_parent() -> None:
-    """Linux: this process gets SIGKILL when the launcher dies, however it dies."""
+    """Linux: this process gets SIGKILL when its parent dies, however it dies: the rank server, which ends with
+    the launcher (see ``rank_server.py``)."""
     try:
         import ctypes
 
@@ -165,12 +168,14 @@ def _die_with_parent() -> None:
 
 
 def _spawned(arguments: bytes, reports: Any) -> None:
-    """A spawned rank. Its arguments (``rank_main``, rank, world size, port, config, options, command) come
-    pickled: unpickling them imports the rank's modules (torch and the rest), done once the rank's start has
-    paused the garbage collector (:func:`pause_rank_start`)."""
+    """A spawned rank, forked by the launch's rank server (:mod:`~mimo_pipes.cli.job.rank_server`) with the
+    rank's heavy modules already imported. Its arguments (``rank_main``, rank, world size, port, config, options,
+    command) come pickled: unpickling them imports what the server did not, done once the rank's start has paused
+    the garbage collector (:func:`pause_rank_start`)."""
     import pickle
 
     global _reports
+    leave_rank_server()
     # Its own process group: a Ctrl-C at the terminal reaches the launcher alone, which passes it on once.
     os.setpgid(0, 0)
     _die_with_parent()
@@ -178,9 +183,24 @@ def _spawned(arguments: bytes, reports: Any) -> None:
     pause_rank_start()
     rank_main, rank, world_size, port, config, options, command = pickle.loads(arguments)
     _reports = reports
+    _stop_outside_the_loop()
     status = rank_entry(rank_main, rank, world_size, port, config, options, command)
     reports.close()
     exit_now(status)
+
+
+def _stop_outside_the_loop() -> None:
+    """A spawned rank's SIGTERM / SIGINT outside its loop (whose own handler stops at a boundary: while it starts,
+    or leaves the process group after a failure) ends it at once through :func:`rank_entry`'s way out (its one
+    line, 128 + the signal), never by the signal's default action: a rank ended so says nothing, and the launcher
+    stops every rank with SIGTERM once one died, as its peers fail on the dead one."""
+    from mimo_pipes.cli.rank.stop_signal import SIGNALS, StopRequested
+
+    def stop(signum: int, frame: Any) -> None:
+        raise StopRequested(signum)
+
+    for signum in SIGNALS:
+        signal.signal(signum, stop)
 
 
 def exit_now(status: int) -> None:
@@ -273,14 +293,13 @@ def _stop_resource_tracker(timeout_s: float = 5.0) -> None:
 
 
 def _spawn(rank_main: RankMain, config: Any, options: Any, world_size: int, command: str) -> int:
-    import multiprocessing
     import pickle
 
     from mimo_pipes.cli.rank.stop_signal import signal_name
     from mimo_pipes.exchange.roll_store import host_store
 
-    context = multiprocessing.get_context("spawn")
     _start_quiet_resource_tracker()
+    context = start_rank_server([getattr(rank_main, "__module__", None), getattr(options, "recipe", None)])
     store, port = host_store()  # held until the ranks are gone
     started = time.monotonic()
     say(f"starting {world_size} ranks")
@@ -333,6 +352,7 @@ def _spawn(rank_main: RankMain, config: Any, options: Any, world_size: int, comm
         for process in processes:
             if process.pid is not None:  # started
                 process.join()
+        stop_rank_server()  # before the tracker: the server holds the tracker's pipe too
         _stop_resource_tracker()
         del store
     return _outcome(processes, stop.signum, getattr(options, "save_state", None), saved, ended_by_signal, command, bar=_bar_shown(options))
