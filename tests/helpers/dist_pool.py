@@ -82,7 +82,7 @@ class DistPool:
     def __init__(self, world_size: int, start_timeout: float = 180.0, backend: str = "gloo", daemon: bool = True) -> None:
         """``daemon`` False: ranks that may start processes of their own (a daemonic process may not), such as
         megatron-core's checkpoint writer; such a pool must be closed, as every fixture here does."""
-        context = mp.get_context("spawn")
+        context = _rank_context()
         port = free_port()
         self.world_size = world_size
         self.connections = []
@@ -148,6 +148,43 @@ class DistPool:
                 process.kill()
 
 
+PRELOAD = tuple(name for name in os.environ.get("MIMO_PIPES_TEST_POOL_PRELOAD", "").split(",") if name)
+"""Modules every rank of every pool starts with already imported (comma-separated; scripts/test312.sh names the
+Megatron scenarios'): the ranks are forked from one server process that imported them once (multiprocessing's
+forkserver: single-threaded, no process group, nothing run but the imports), instead of each importing torch,
+transformers and megatron-core itself, some 10 CPU-s a rank. Unset: every rank is a fresh interpreter (spawn)."""
+
+
+def _rank_context() -> Any:
+    if not PRELOAD:
+        return mp.get_context("spawn")
+    from multiprocessing import forkserver
+
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload(["dist_pool", *PRELOAD])  # read at the server's first start only
+    # The server imports them with the sys.path it starts with (Python 3.12 passes it the caller's but never sets it),
+    # and skips a module that fails to import: the test folders go on its PYTHONPATH while it starts.
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([*TEST_DIRS, *([before] if before else [])])
+    try:
+        forkserver.ensure_running()
+    finally:
+        if before is None:
+            os.environ.pop("PYTHONPATH")
+        else:
+            os.environ["PYTHONPATH"] = before
+    return context
+
+
+def stop_rank_server() -> None:
+    """The fork server of :data:`PRELOAD` (if one was started) stopped and reaped, with the ranks it forked."""
+    from multiprocessing import forkserver
+
+    stop = getattr(forkserver._forkserver, "_stop", None)  # no public stop: it otherwise ends with this process, unreaped
+    if PRELOAD and stop is not None:
+        stop()
+
+
 class ScenarioError(AssertionError):
     def __init__(self, errors: list[str]) -> None:
         self.errors = errors
@@ -189,3 +226,4 @@ def close_shared_pool() -> None:
     """Every pool of the run: the shared one and those of :func:`exact_pool`."""
     for key in list(_shared):
         _shared.pop(key).close()
+    stop_rank_server()
