@@ -10,6 +10,15 @@ if [ -z "${SKIP_SETUP312:-}" ] || [ ! -x .venv312/bin/python ]; then
     bash scripts/setup312.sh
 fi
 unset PYTHONDONTWRITEBYTECODE
+# glibc's malloc maps every block over 32 MiB (megatron-core's attention scores at these sequence lengths, their
+# softmax and gradients) afresh and unmaps it when freed, so each one faults its memory in again page by page: the
+# kernel's share was a third of the tier's CPU time. Transparent huge pages for those mappings (madvise, where the
+# kernel offers them; ignored by a glibc before 2.35) fault them in 2 MiB at a time: a warm three-iteration run of
+# the non-colocated recipe on three ranks took 12 CPU-s instead of 17.
+export GLIBC_TUNABLES="${GLIBC_TUNABLES:+$GLIBC_TUNABLES:}glibc.malloc.hugetlb=1"
+# Every pool's ranks forked from one process that imported the Megatron scenarios (torch, transformers, megatron-core
+# and the recipes) once, instead of ten ranks importing them each (tests/helpers/dist_pool.py, PRELOAD).
+export MIMO_PIPES_TEST_POOL_PRELOAD=scenarios_megatron_equivalence,scenarios_megatron_packing,scenarios_megatron_bridge,scenarios_megatron_resume,scenarios_megatron_routing
 # The routing and resume scenarios share the warm pool of tests/helpers/dist_pool.py (6 ranks); the equivalence
 # tests (packing's among them) train in pools of exactly each recipe's world (1 rank, 3, and that pool's 6), each
 # started once for the run.

@@ -75,6 +75,12 @@ def _destroy_subgroups(dist: Any) -> None:
             dist.destroy_process_group(group)
 
 
+PRELOAD = tuple(name for name in os.environ.get("MIMO_PIPES_TEST_POOL_PRELOAD", "").split(",") if name)
+"""Modules the rank server imports too, besides a launch's (comma-separated; scripts/test312.sh names the Megatron
+scenarios'): every rank of every pool starts with them imported, instead of importing transformers and
+megatron-core itself, some 8 CPU-s a rank."""
+
+
 def _rank_server() -> Any:
     """The context that starts the pool's ranks: forked by the launcher's rank server (torch, transformers and the
     job's modules imported once for every rank, as a launch's ranks are), one for every pool of the test run."""
@@ -83,7 +89,7 @@ def _rank_server() -> Any:
     from mimo_pipes.cli.job.rank_server import start_rank_server
 
     if forkserver._forkserver._forkserver_pid is None:  # no public way to ask whether it runs
-        return start_rank_server(["mimo_pipes.cli.rank.run_rank", "mimo_pipes_recipes.vlm_sft"])
+        return start_rank_server(["mimo_pipes.cli.rank.run_rank", "mimo_pipes_recipes.vlm_sft", "dist_pool", *PRELOAD])
     return mp.get_context("forkserver")
 
 
