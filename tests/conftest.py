@@ -61,11 +61,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     gc.freeze()
-    # Fewer, larger young collections and a full one after 100 middle ones instead of 10: the tests keep making
-    # objects that outlive a young collection (hypothesis's examples, caches of processors and plans), and each
-    # full pass scans every one of them again (41 full passes, 6.2 of the tier's 7.8 CPU-s of collection).
-    # Tests that need garbage gone call gc.collect() themselves.
-    gc.set_threshold(20_000, 20, 100)
     gc.enable()
 
 
