@@ -175,19 +175,21 @@ def test_one_large_microbatch_over_few_slots_stays_small():
 
 def test_window_planning_work_is_linear_in_the_samples(monkeypatch):
     # The compositions scored grow at most logarithmically with B/G and W: a window of many samples per slot
-    # (B/G = 3,125 filler counts before the bound, ten times the cap) scores a few hundred at most.
+    # (B/G = 3,125 filler counts before the bound) and one of many micro-batches with a floor (198 hybrid
+    # compositions before thinning) score about a hundred each (109 and 80); scored without thinning, 3,129
+    # and 218. 200 micro-batches, not 400, keep that margin at half the planning.
     from mimo_pipes.balance.window import planner as window_planner
 
     scored = []
     original = window_planner.estimate
     monkeypatch.setattr(window_planner, "estimate", lambda *args: scored.append(1) or original(*args))
     rng = random.Random(4)
-    for count, size, num_slots, floor in [(2, 12_500, 4, 0), (400, 64, 4, 10**5)]:
+    for count, size, num_slots, floor in [(2, 12_500, 4, 0), (200, 64, 4, 10**5)]:
         scored.clear()
         rows = [[rng.choice([0, rng.randint(1, 10**6)]) for _ in range(size)] for _ in range(count)]
         result = balance_window(rows, num_slots, across_microbatches=True, floor=floor)
         assert sorted(i for micro in result for slot in micro for i in slot) == list(range(count * size))
-        assert len(scored) <= 250, f"{count} x {size} over {num_slots}: {len(scored)} compositions scored"
+        assert len(scored) <= 150, f"{count} x {size} over {num_slots}: {len(scored)} compositions scored"
 
 
 @settings(max_examples=200, deadline=None)
