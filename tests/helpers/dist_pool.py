@@ -84,11 +84,9 @@ megatron-core itself, some 8 CPU-s a rank."""
 def _rank_server() -> Any:
     """The context that starts the pool's ranks: forked by the launcher's rank server (torch, transformers and the
     job's modules imported once for every rank, as a launch's ranks are), one for every pool of the test run."""
-    from multiprocessing import forkserver
+    from mimo_pipes.cli.job.rank_server import rank_server_running, start_rank_server
 
-    from mimo_pipes.cli.job.rank_server import start_rank_server
-
-    if forkserver._forkserver._forkserver_pid is None:  # no public way to ask whether it runs
+    if not rank_server_running():
         return start_rank_server(["mimo_pipes.cli.rank.run_rank", "mimo_pipes_recipes.vlm_sft", "dist_pool", *PRELOAD])
     return mp.get_context("forkserver")
 

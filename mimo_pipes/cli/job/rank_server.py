@@ -45,6 +45,11 @@ def start_rank_server(modules: Iterable[str | None]) -> BaseContext:
     return context
 
 
+def rank_server_running() -> bool:
+    """Whether this process has a rank server running (multiprocessing offers no public way to ask)."""
+    return forkserver._forkserver._forkserver_pid is not None
+
+
 def stop_rank_server(timeout_s: float = 5.0) -> None:
     """Ask the rank server to end (its alive pipe closed) and wait for it, killing it past ``timeout_s``, so
     that no process of the job outlives the launcher. Nothing when none runs."""
