@@ -47,6 +47,7 @@ import math
 import os
 import platform
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -271,6 +272,7 @@ def measure(variant: str, workers: int, dataset: Path, processor: str, warmup: i
         next(batches)
     first = time.perf_counter() - start
     samples = taken = 0
+    usage = resource.getrusage(resource.RUSAGE_SELF)
     begin, thread_cpu, process_cpu = time.perf_counter(), time.thread_time(), time.process_time()
     while time.perf_counter() - begin < seconds or taken < least:
         batch = next(batches)
@@ -278,12 +280,19 @@ def measure(variant: str, workers: int, dataset: Path, processor: str, warmup: i
         taken += 1
     elapsed, thread_cpu = time.perf_counter() - begin, time.thread_time() - thread_cpu
     process_cpu = time.process_time() - process_cpu
+    after = resource.getrusage(resource.RUSAGE_SELF)
     if hasattr(loader, "close"):
         loader.close()
     return {"variant": variant, "workers": workers, "samples_per_s": samples / elapsed, "microbatches": taken,
             "consumer_cpu_ms_per_microbatch": 1000 * thread_cpu / taken, "warmup_s": first,
             # all of this process's threads (not worker processes'): the work a sample costs wherever it runs here
-            "process_cpu_ms_per_sample": 1000 * process_cpu / samples}
+            "process_cpu_ms_per_sample": 1000 * process_cpu / samples,
+            # where that CPU goes (the kernel's share: page faults, mapping and unmapping memory) and how often this
+            # process's threads gave up the CPU waiting (a lock, the kernel's memory map) or were preempted
+            "process_sys_ms_per_sample": 1000 * (after.ru_stime - usage.ru_stime) / samples,
+            "minor_faults_per_sample": (after.ru_minflt - usage.ru_minflt) / samples,
+            "voluntary_switches_per_sample": (after.ru_nvcsw - usage.ru_nvcsw) / samples,
+            "involuntary_switches_per_sample": (after.ru_nivcsw - usage.ru_nivcsw) / samples}
 
 
 # ----------------------------------------------------------------------------------------------------
