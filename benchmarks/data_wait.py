@@ -67,6 +67,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "1: as before they followed the workers)")
     parser.add_argument("--row-reads", action="store_true",
                         help="the reader reads a row at a time and every state is deep-copied at every level, as before")
+    parser.add_argument("--copied-out", action="store_true",
+                        help="each row's pixels laid out in an array of their own and copied into the micro-batch's buffer, as before")
+    parser.add_argument("--trimmed", action="store_true",
+                        help="the C allocator at glibc's defaults (freed blocks given back to the kernel), as before")
     parser.add_argument("--fresh-buffers", action="store_true",
                         help="every micro-batch's pixel buffer made fresh and unmapped where it is dropped, as before the pool")
     parser.add_argument("--copied-pixels", action="store_true",
@@ -272,7 +276,7 @@ def thread_cpu(args: argparse.Namespace, workers: int | None, microbatches: int 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     restore_code_before(windows_ahead=args.windows_ahead, copied_pixels=args.copied_pixels, held_encode=args.held_encode,
-                        fresh_buffers=args.fresh_buffers, row_reads=args.row_reads)
+                        fresh_buffers=args.fresh_buffers, row_reads=args.row_reads, copied_out=args.copied_out, trimmed=args.trimmed)
     if args.thread_cpu:
         for workers in args.worker_counts:
             print(json.dumps(thread_cpu(args, workers, microbatches=args.iterations)))

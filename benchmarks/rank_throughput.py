@@ -18,7 +18,9 @@ fresh process of its own (``--smoke``: every cell in one), for 1, 2, 4, ... work
   three (``rows/thread/ahead1/copied/held``) is the code before, for side-by-side comparisons;
   ``rows/thread/fresh`` makes every micro-batch's pixel buffer fresh, as before RowProcessor's buffer pool;
   ``rows/thread/perrow`` reads a row at a time and deep-copies every state, as before the reader read a step's rows
-  together. Any variant may end in ``/si<ms>`` (``/si0p5``: 0.5 ms): the interpreter's switch interval set in its
+  together; ``rows/thread/copiedout`` lays each row's pixels out in an array of its own and copies them into the
+  micro-batch's buffer, as before they were laid out there; ``rows/thread/trimmed`` leaves the C allocator at glibc's
+  defaults (freed blocks given back to the kernel and faulted in again), as before it kept them. Any variant may end in ``/si<ms>`` (``/si0p5``: 0.5 ms): the interpreter's switch interval set in its
   process (``sys.setswitchinterval``), how long a thread waiting for the GIL waits before the holder must let go;
   and in ``/ra<n>``: RowProcessor keeps ``n`` rows a worker in flight (``ROWS_AHEAD_PER_WORKER``).
 
@@ -61,7 +63,8 @@ MARKER = "rank_throughput.py results"
 SECTION = "## One rank's throughput by workers (`benchmarks/rank_throughput.py`)"
 VARIANTS = ("anchor", "rows/thread", "rows/process", "samples/thread", "samples/process", "rows/thread/ahead1",
             "rows/thread/copied", "rows/thread/ahead1/copied", "rows/thread/held", "rows/thread/ahead1/copied/held",
-            "rows/thread/fresh", "rows/thread/perrow")
+            "rows/thread/fresh", "rows/thread/perrow", "rows/thread/copiedout",
+            "rows/thread/trimmed", "rows/thread/copiedout/trimmed")
 LIGHT_SCALE = 0.25
 MICRO_BATCH = 8
 SEQ_LENGTH = 8192
@@ -257,7 +260,8 @@ def measure(variant: str, workers: int, dataset: Path, processor: str, warmup: i
     else:
         payload, method, *before = variant.split("/")
         restore_code_before(windows_ahead=1 if "ahead1" in before else None, copied_pixels="copied" in before,
-                            held_encode="held" in before, fresh_buffers="fresh" in before, row_reads="perrow" in before)
+                            held_encode="held" in before, fresh_buffers="fresh" in before, row_reads="perrow" in before,
+                            copied_out="copiedout" in before, trimmed="trimmed" in before)
         for token in before:  # /si1, /si0p5: the interpreter's switch interval in ms (0p5: 0.5), the GIL's hand-over
             if token.startswith("si"):
                 sys.setswitchinterval(float(token[2:].replace("p", ".")) / 1e3)

@@ -29,6 +29,7 @@ from mimo_pipes.samples import handover
 from mimo_pipes.samples.buffer_pool import BufferPool
 from mimo_pipes.samples.collate import lend_rows
 from mimo_pipes.samples.masking import mask_failed
+from mimo_pipes.samples.pixel_destination import pixels_into
 from mimo_pipes.samples.sample import SAMPLE_ID, STEP, Sample, Window
 
 PIXELS = "pixel_values"  # the field worker processes write straight into their micro-batch's buffer
@@ -314,11 +315,13 @@ def _gathered(window: Window, rows: list[list[Future[Sample]]]) -> Window:
 def _process_into(process: Callable[[Sample], Sample], row: Sample, target: torch.Tensor | None) -> Sample:
     """On a worker thread: the row processed, its pixels copied into ``target`` (its slice of the micro-batch's
     buffer) and replaced by it, when they have exactly the shape and dtype counted; else the sample as it is."""
-    sample = process(row)
+    with pixels_into(target.numpy() if target is not None else None):  # pixels laid out by fast_pixels land there directly
+        sample = process(row)
     value = sample.get(PIXELS)
     if target is None or not isinstance(value, torch.Tensor) or value.shape != target.shape or value.dtype != target.dtype:
         return sample
-    target.copy_(value)
+    if value.data_ptr() != target.data_ptr():  # made elsewhere (the image processor's own path): copied once
+        target.copy_(value)
     sample[PIXELS] = target
     return sample
 

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from mimo_pipes.samples.pixel_destination import take_destination
+
 CHANNELS = 3
 # Small probe images (a processor is opened with every graph built): one below the smallest pixel count of the
 # processor's defaults (resized up), odd sizes and aspect ratios (resized to multiples of the patch); fixed noise.
@@ -62,7 +64,9 @@ class PixelTable:
         grids = np.asarray([[1, h // self.patch_size, w // self.patch_size] for h, w, _ in (a.shape for a in layouts)], dtype=np.int64)
         rows = int((grids[:, 1] * grids[:, 2]).sum())
         patch, temporal = self.patch_size, self.temporal_patch_size
-        out = np.empty((rows, CHANNELS, temporal, patch, patch), dtype=np.float32)
+        offered = take_destination((rows, CHANNELS * temporal * patch * patch), np.float32)  # the micro-batch's rows, if offered
+        shape = (rows, CHANNELS, temporal, patch, patch)
+        out = offered.reshape(shape) if offered is not None else np.empty(shape, dtype=np.float32)
         start = 0
         for resized, (_, grid_h, grid_w) in zip(layouts, grids):
             count = int(grid_h * grid_w)

@@ -33,6 +33,7 @@ from mimo_pipes.data.embedded.builtin_processor import IM_END, IM_START, PAD_TOK
 from mimo_pipes.data.paths import existing_folder
 from mimo_pipes.data.processing.conversation import chatml, conversation, row_images, row_videos, template, trained_segments
 from mimo_pipes.data.processing.families import family_for
+from mimo_pipes.data.processing.heap import keep_freed_memory
 from mimo_pipes.data.processing.media import open_image, open_video
 from mimo_pipes.data.processing.truncation import FIRST_PROMPT, FIRST_REPLY, LATER, fit_to_length
 from mimo_pipes.errors import ConfigError, SampleError, as_count
@@ -127,6 +128,7 @@ class SampleProcessor:
     ) -> None:
         self.seq_length = int(seq_length)
         self.owner = os.getpid()  # what it returns in another (worker) process crosses back in shared memory
+        keep_freed_memory()  # rows are processed in this process: freed blocks kept for the next row (heap.py)
         self.source = source
         self.image_folder = image_folder
         self.family = family_for(tokenizer, image_processor, source, processor_config or {})
@@ -152,6 +154,10 @@ class SampleProcessor:
         self.im_end_id = self._tokenizer.token_to_id(IM_END)
         self.vision_start_id = self._tokenizer.token_to_id(VISION_START)
         self.vision_end_id = self._tokenizer.token_to_id(VISION_END)
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        keep_freed_memory()  # a worker process processes rows with it (heap.py)
 
     def __repr__(self) -> str:
         return f"SampleProcessor(source={self.source!r}, family={self.family.name}, seq_length={self.seq_length})"
