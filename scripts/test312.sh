@@ -16,9 +16,11 @@ unset PYTHONDONTWRITEBYTECODE
 # kernel offers them; ignored by a glibc before 2.35) fault them in 2 MiB at a time: a warm three-iteration run of
 # the non-colocated recipe on three ranks took 12 CPU-s instead of 17.
 export GLIBC_TUNABLES="${GLIBC_TUNABLES:+$GLIBC_TUNABLES:}glibc.malloc.hugetlb=1"
-# Every pool's ranks forked from one process that imported the Megatron scenarios (torch, transformers, megatron-core
-# and the recipes) once, instead of ten ranks importing them each (tests/helpers/dist_pool.py, PRELOAD).
-export MIMO_PIPES_TEST_POOL_PRELOAD=scenarios_megatron_equivalence,scenarios_megatron_packing,scenarios_megatron_bridge,scenarios_megatron_resume,scenarios_megatron_routing
+# Every pool's ranks forked from one process that imported, once, what the ten ranks would import each: the Megatron
+# scenarios (torch, transformers and the recipes), megatron-core and Megatron-Bridge (the scenarios import them
+# lazily: tests/helpers/megatron_preload.py, which also says why Bridge's import leaves the other scenarios as they
+# were) and datasets (the embedded data's reader); tests/helpers/dist_pool.py, PRELOAD.
+export MIMO_PIPES_TEST_POOL_PRELOAD=scenarios_megatron_equivalence,scenarios_megatron_packing,scenarios_megatron_bridge,scenarios_megatron_resume,scenarios_megatron_routing,datasets,megatron_preload
 # The routing and resume scenarios share the warm pool of tests/helpers/dist_pool.py (6 ranks); the equivalence
 # tests (packing's among them) train in pools of exactly each recipe's world (1 rank, 3, and that pool's 6), each
 # started once for the run.

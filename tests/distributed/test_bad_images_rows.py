@@ -26,6 +26,8 @@ from real_data import write_dataset
 from mimo_pipes.data.bad_rows.complete_files import incomplete_reason
 from mimo_pipes.parallel.sharding import global_microbatch_indices
 
+POOL_PRELOAD = ("megatron.energon",)  # the jobs' ranks read energon datasets (tests/distributed/conftest.py)
+
 RECIPE = str(Path(__file__).resolve().parents[2] / "recipes" / "vlm_sft.py")  # this checkout's, by path
 SIZE, BATCH, STEPS, SEED, WINDOW = 24, 4, 6, 5, 2  # 6 steps of 4 read the whole epoch: every bad row is met
 COMMON = ["--micro-batch-size", str(BATCH), "--seq-length", "256", "--seed", str(SEED), "--quiet", "--exchange-timeout", "30",

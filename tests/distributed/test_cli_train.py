@@ -7,6 +7,7 @@ import re
 
 import pytest
 from job_runs import train_in_pool
+from small_processor import small_processor_path
 from state_folders import save_job
 
 from mimo_pipes.checkpoint.validity import show_setting
@@ -140,7 +141,8 @@ def test_stop_save_refuse_another_lr_and_resume_with_running_totals(gloo_pool, t
     training, not from the resume."""
     flags = ["--component", "language=dp=2", "--component", "images=dp=1,rank_offset=2", "--micro-batch-size", "4",
              "--global-batch-size", "8", "--scalable-dp", "--intra-microbatch-reorder", "--reorder-window-size", "2",
-             "--reorder-across-microbatches", "--seq-length", "1536", "--embedded-samples", "32", "--steps", "4"]
+             "--reorder-across-microbatches", "--seq-length", "1536", "--embedded-samples", "32", "--steps", "4",
+             "--processor", small_processor_path()]  # images of at most 320 tokens: the checks do not depend on their size
     saved = train_in_pool(gloo_pool, [*flags, "--stop-after", "2", "--save-state", str(tmp_path / "ckpt"), "--log-interval", "0"])
     stderr = "".join(outcome["stderr"] for outcome in saved if outcome)
     assert set(metrics_lines(stderr)) == {"language", "images"}

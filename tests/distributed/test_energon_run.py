@@ -16,6 +16,8 @@ from real_data import write_dataset  # noqa: E402
 from test_cli_elastic import dumps_by_step, paired  # noqa: E402
 from test_cli_run import read_dumps  # noqa: E402
 
+POOL_PRELOAD = ("megatron.energon",)  # the jobs' ranks read energon datasets (tests/distributed/conftest.py)
+
 SIZE = 24
 COMMON = ["--quiet", "--micro-batch-size", "4", "--seed", "7", "--scalable-dp", "--intra-microbatch-reorder", "--reorder-window-size", "2"]
 LAYOUTS = {

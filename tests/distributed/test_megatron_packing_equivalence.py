@@ -24,7 +24,7 @@ from mimo_pipes_recipes import megatron_mimo_grids as grids
 
 pytestmark = pytest.mark.skipif(grids.megatron_core_problem() is not None, reason="needs megatron-core 0.19 or later (Python 3.12)")
 
-PACKED = ["--pack-sequences-in-batch", "--pack-pad-multiple", "8"]
+PACKED = ["--pack-sequences-in-batch", "--pack-pad-multiple", "8", "--seq-length", "1536"]  # a row holds four sequences
 MICROBATCHES = 2  # TINY's window of micro-batches (scenarios_megatron_equivalence)
 SAMPLES = 4  # TINY's micro-batch size: the colocated rank packs all four, each language replica of two its two
 

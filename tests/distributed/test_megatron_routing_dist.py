@@ -13,6 +13,8 @@ from scenarios_megatron_routing import bridge_delivery, grid_micro_batches
 from mimo_pipes.megatron.routing import peer_row_counts
 from mimo_pipes.parallel.topology import fanout_targets
 
+POOL_PRELOAD = ("megatron.core.hyper_comm_grid",)  # every rank's grids (tests/distributed/conftest.py)
+
 # name: (modules as grids, micro-batch size); images first, then language on the following ranks
 LAYOUTS = {
     "img1-lang2": ({"images": {"offset": 0, "dp": 1}, "language": {"offset": 1, "dp": 2}}, 8),

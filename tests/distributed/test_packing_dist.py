@@ -9,7 +9,7 @@ import pytest
 from layout_checks import check_fanout, check_invariants
 from scenarios_packing import run_packed_graph, run_wrapper_packed
 from scenarios_resume import resume_points
-from test_resume_dist import POINTS, STEPS, check
+from test_resume_dist import DATASET, POINTS, STEPS, check
 
 from mimo_pipes.config import DEFAULT_ATTENTION_CROSSOVER
 
@@ -54,8 +54,8 @@ def test_packing_with_windows_across_microbatches_and_the_packed_cost(pool):
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_resume_is_exact_with_packing(pool, layout):
-    results = pool.run(resume_points, LAYOUTS[layout], steps=STEPS, points=POINTS, micro_batch_size=BATCH, window_size=3,
-                       overlap=True, seed=2, pack_sequences_in_batch=True, pack_pad_multiple=8)
+    results = pool.run(resume_points, LAYOUTS[layout], steps=STEPS, points=POINTS, dataset_size=DATASET, micro_batch_size=BATCH,
+                       window_size=3, overlap=True, seed=2, pack_sequences_in_batch=True, pack_pad_multiple=8)
     check(results, POINTS)
 
 

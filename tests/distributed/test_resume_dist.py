@@ -6,9 +6,12 @@ from __future__ import annotations
 import pytest
 from scenarios_resume import resume_points
 
-# 160 samples / micro-batch 8 = 20 micro-batches per epoch; window 3 puts boundaries at 3, 6, ..., 18, 21.
-STEPS = 26
-POINTS = [0, 4, 6, 20, 23]  # start, mid-window, window boundary, end of epoch (mid-window), next epoch
+# 64 samples / micro-batch 8 = 8 micro-batches per epoch; window 3 puts boundaries at 3, 6, 9, 12: the window of
+# micro-batches 6-8 spans the epoch's end, and the stream ends inside the window of 12-14. Each point builds three
+# graphs and reads on to STEPS, so a short epoch holds every kind of point at half the reading of 20-batch epochs.
+DATASET = 64
+STEPS = 14
+POINTS = [0, 4, 6, 8, 10]  # start, mid-window, window boundary, end of epoch (mid-window), next epoch (mid-window)
 
 LAYOUTS = {
     "equal-dp": ["language=dp=2", "images=dp=2,rank_offset=2"],
@@ -34,7 +37,7 @@ def check(results, points):
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 @pytest.mark.parametrize("overlap", [True, False])
 def test_resume_reproduces_the_stream(pool, layout, overlap):
-    results = pool.run(resume_points, LAYOUTS[layout], steps=STEPS, points=POINTS, micro_batch_size=8,
+    results = pool.run(resume_points, LAYOUTS[layout], steps=STEPS, points=POINTS, dataset_size=DATASET, micro_batch_size=8,
                        window_size=3, overlap=overlap, seed=2)
     check(results, POINTS)
 
@@ -52,7 +55,8 @@ def test_resume_with_across_microbatch_windows(pool, layout):
 
 
 def test_resume_without_reordering(pool):
-    results = pool.run(resume_points, LAYOUTS["dp4-dp2"], steps=STEPS, points=POINTS, micro_batch_size=8, reorder=False, seed=6)
+    results = pool.run(resume_points, LAYOUTS["dp4-dp2"], steps=STEPS, points=POINTS, dataset_size=DATASET, micro_batch_size=8, reorder=False,
+                       seed=6)
     check(results, POINTS)
 
 

@@ -13,7 +13,7 @@ import os
 import socket
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 # Scenarios live in the helpers folder and in the test modules of every tier: a worker unpickles them by name.
@@ -81,13 +81,22 @@ scenarios'): every rank of every pool starts with them imported, instead of impo
 megatron-core itself, some 8 CPU-s a rank."""
 
 
+_selected_preload: list[str] = []
+
+
+def preload(modules: Iterable[str]) -> None:
+    """More modules for the rank server to import (those the selected tests' scenarios import in every rank, such as
+    megatron-core for the routing scenarios): called before the first pool starts, once the run's tests are known."""
+    _selected_preload.extend(name for name in modules if name not in _selected_preload)
+
+
 def _rank_server() -> Any:
     """The context that starts the pool's ranks: forked by the launcher's rank server (torch, transformers and the
     job's modules imported once for every rank, as a launch's ranks are), one for every pool of the test run."""
     from mimo_pipes.cli.job.rank_server import rank_server_running, start_rank_server
 
     if not rank_server_running():
-        return start_rank_server(["mimo_pipes.cli.rank.run_rank", "mimo_pipes_recipes.vlm_sft", "dist_pool", *PRELOAD])
+        return start_rank_server(["mimo_pipes.cli.rank.run_rank", "mimo_pipes_recipes.vlm_sft", "dist_pool", *PRELOAD, *_selected_preload])
     return mp.get_context("forkserver")
 
 

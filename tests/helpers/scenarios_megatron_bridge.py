@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
-from scenarios_megatron_equivalence import megatron_scenario, settings
+from scenarios_megatron_equivalence import megatron_scenario, settings, smaller_images
 
 from mimo_pipes_recipes import megatron_bridge, vlm_sft
 from mimo_pipes_recipes import megatron_mimo_grids as grids
@@ -143,9 +143,10 @@ def bridge_run(*, images_dp: int, language_dp: int, reorder: str, iterations: in
 
     pretrain = import_bridge().pretrain_megatron_mimo
     args = grids.parse_args([*settings(reorder, iterations), "--images-dp", str(images_dp), "--language-dp", str(language_dp)])
-    recipe = {"cfg": bridge_config(args, iterations=iterations, save=save, save_interval=save_interval, load=load),
-              "pipeline": grids.pipeline_config(args, reorder, ("language=dp=1",)),  # the layout comes from Bridge's grids
-              "pretrain_megatron_mimo": pretrain}
+    with smaller_images():  # the recipe's data, as its scenarios read it
+        recipe = {"cfg": bridge_config(args, iterations=iterations, save=save, save_interval=save_interval, load=load),
+                  "pipeline": grids.pipeline_config(args, reorder, ("language=dp=1",)),  # the layout comes from Bridge's grids
+                  "pretrain_megatron_mimo": pretrain}
     losses: list[float] = []
     try:
         with megatron_scenario(), bridge_on_cpu(), gradients_cleared_each_step(), losses_seen(losses):

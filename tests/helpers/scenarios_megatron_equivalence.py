@@ -7,12 +7,14 @@ full weights (:mod:`megatron_weights`): megatron-core seeds each tensor-parallel
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
 from megatron_on_cpu import _swapped, megatron_on_cpu
 from megatron_weights import full_weights, load_part, unwrapped
+from small_processor import small_processor_path
 
 from mimo_pipes.megatron.device import TrainingDevice
 from mimo_pipes_recipes import megatron_mimo_grids as grids
@@ -20,10 +22,24 @@ from mimo_pipes_recipes import megatron_mimo_train as colocated
 
 TINY = ["--lm-layers", "1", "--lm-hidden", "64", "--lm-heads", "4", "--vision-depth", "1", "--vision-width", "32", "--vision-heads", "2",
         "--micro-batch-size", "4", "--microbatches", "2", "--embedded-samples", "64", "--num-workers", "1",
-        "--seq-length", "1536", "--device", "cpu"]
-"""Cheap model sizes: a one-layer language model of width 64 and a one-block vision tower of width 32; rows padded to
-1536 tokens, above the longest of these 64 embedded samples (1459), not the default 2048: the per-token losses are
-the same, each run takes about half the time."""
+        "--seq-length", "1024", "--device", "cpu"]
+"""Cheap model sizes: a one-layer language model of width 64 and a one-block vision tower of width 32; the embedded
+samples read through the processor with a smaller pixel budget (:func:`smaller_images`), their longest of these 64
+some 630 tokens, so rows are padded to 1024 tokens, not the default 2048: the recipes' equivalence does not depend on
+image or row size, and the attention of both towers (quadratic in patches and in tokens) is most of a step."""
+
+
+@contextlib.contextmanager
+def smaller_images() -> Iterator[None]:
+    """Both recipes' pipeline settings (the non-colocated recipe's and Bridge's start from the colocated recipe's)
+    with the embedded processor of at most 320 image tokens an image (:mod:`small_processor`) while inside."""
+    made = colocated.pipeline_config
+
+    def smaller(*args, **kwargs):
+        return dataclasses.replace(made(*args, **kwargs), processor=small_processor_path())
+
+    with _swapped(colocated, "pipeline_config", smaller):
+        yield
 
 
 @contextlib.contextmanager
@@ -34,7 +50,7 @@ def megatron_scenario() -> Iterator[None]:
     from megatron.core.pipeline_parallel.bridge_communicator import BridgeCommunicator
 
     try:
-        with megatron_on_cpu():
+        with megatron_on_cpu(), smaller_images():
             yield
     finally:
         BridgeCommunicator.destroy_broadcast_pgs()

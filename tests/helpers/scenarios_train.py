@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from scenarios_exchange import make_config
+from small_processor import small_processor_path
 
 from mimo_pipes.cli.rank.train_rank import train_rank
 from mimo_pipes.config import PipelineConfig
@@ -13,8 +16,11 @@ SEQ_LENGTH = 1536  # the embedded data's longest sample fits; shorter than the d
 
 def train_config(components, *, reorder: bool, window: int = 1, across: bool = False, micro_batch_size: int = 4,
                  global_batch_size: int = 8, seed: int = 0) -> PipelineConfig:
-    return make_config(components, micro_batch_size=micro_batch_size, reorder=reorder, window_size=window, across=across,
-                       global_batch_size=global_batch_size, seed=seed, seq_length=SEQ_LENGTH)
+    """The embedded data through the embedded processor with a smaller pixel budget (:mod:`small_processor`): what
+    these jobs check (losses under reordering, resume and another layout) does not depend on image size."""
+    config = make_config(components, micro_batch_size=micro_batch_size, reorder=reorder, window_size=window, across=across,
+                         global_batch_size=global_batch_size, seed=seed, seq_length=SEQ_LENGTH)
+    return dataclasses.replace(config, processor=small_processor_path())
 
 
 def train_and_resume(components, variants: dict[str, dict], *, iterations: int, resume: str, checkpoint_dir: str):
