@@ -25,6 +25,7 @@ from mimo_pipes.data.from_config import dataset_path, image_folder, open_process
 from mimo_pipes.data.processing.module_processor import ModuleProcessor
 from mimo_pipes.data.processing.processor import check_processor_path
 from mimo_pipes.data.processing.row_counter import RowCounter
+from mimo_pipes.data.processing.worker_start import worker_context
 from mimo_pipes.data.sources.open_source import check_source, open_source, report_problems
 from mimo_pipes.data.storage.s3_images import prefetch_media, prefetch_rows
 from mimo_pipes.data.storage.s3_url import is_s3
@@ -90,10 +91,9 @@ def pipeline(
             node = MediaPrefetch(node, start=functools.partial(prefetch_media, image_folder=folder), ahead=prefetch_rows())
         # Processing, or with rows the counting (cheap: on threads). ParallelMapper keeps its source's state
         # as snapshots without copying: SnapshotGuard hands it copies.
-        node = ParallelMapper(
-            SnapshotGuard(node), map_fn, num_workers=tail.processing.workers, in_order=True, method=method,
-            multiprocessing_context="spawn" if method == "process" else None,
-        )
+        node = ParallelMapper(SnapshotGuard(node), map_fn, num_workers=tail.processing.workers, in_order=True, method=method)
+        if method == "process":  # torchdata names a context by its method alone: the library's worker server is set here
+            node._mp_context = worker_context()
     # CostAnnotator -> Windower -> BalanceExchange -> (RowProcessor ->) MicroBatchAssembler (-> SequencePacker).
     tail_node = balanced_tail(node, settings=tail, layout=layout, process_rows=process_rows, stand_in=stand_in)
     # Whole micro-batches made ahead of the training thread on the loader's own thread (--read-ahead).

@@ -6,7 +6,6 @@ import collections
 import copy
 import itertools
 import math
-import multiprocessing
 import operator
 import os
 import threading
@@ -19,6 +18,7 @@ from torchdata.nodes import BaseNode
 
 from mimo_pipes.checkpoint.validity import collation_settings
 from mimo_pipes.config.tail_settings import TailSettings
+from mimo_pipes.data.processing.worker_start import worker_context
 from mimo_pipes.errors import MAX_REASON, PeerError, SampleError, row_reason
 from mimo_pipes.exchange.failure_agreement import agree_on_failures
 from mimo_pipes.nodes.base import GraphNode
@@ -276,8 +276,7 @@ class RowProcessor(GraphNode[Window]):
             if self.method == "thread":
                 self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="mimo-pipes-process")
             else:
-                self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                                 initializer=_install, initargs=(self.process,))
+                self._pool = ProcessPoolExecutor(self.workers, mp_context=worker_context(), initializer=_install, initargs=(self.process,))
             # A window waits for its rows (and, with masking, agrees on their failures) on a thread of its own, so
             # the pool's workers never wait behind a window.
             self._gathering = ThreadPoolExecutor(1, thread_name_prefix="mimo-pipes-rows")
