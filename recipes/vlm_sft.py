@@ -25,7 +25,6 @@ from mimo_pipes.data.from_config import dataset_path, image_folder, open_process
 from mimo_pipes.data.processing.module_processor import ModuleProcessor
 from mimo_pipes.data.processing.processor import check_processor_path
 from mimo_pipes.data.processing.row_counter import RowCounter
-from mimo_pipes.data.processing.worker_start import worker_context
 from mimo_pipes.data.sources.open_source import check_source, open_source, report_problems
 from mimo_pipes.data.storage.s3_images import prefetch_media, prefetch_rows
 from mimo_pipes.data.storage.s3_url import is_s3
@@ -39,6 +38,7 @@ from mimo_pipes.nodes.media_prefetch import MediaPrefetch
 from mimo_pipes.samples.collate import FieldSpec
 from mimo_pipes.samples.module_fields import module_fields
 from mimo_pipes.samples.sample import Sample
+from mimo_pipes.samples.worker_start import worker_context
 
 
 def pipeline(

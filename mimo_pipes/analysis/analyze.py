@@ -26,11 +26,11 @@ from mimo_pipes.analysis.replay import (
 from mimo_pipes.config import PipelineConfig
 from mimo_pipes.config.counts import as_count
 from mimo_pipes.config.tail_settings import resolve_plan
-from mimo_pipes.data.processing.worker_start import worker_context
 from mimo_pipes.observe.summary import ModuleSummary, summarize
 from mimo_pipes.parallel.topology import ModuleSpec, Topology
 from mimo_pipes.samples.cost import CostFunction
 from mimo_pipes.samples.cost_range import window_budget
+from mimo_pipes.samples.worker_start import worker_context
 
 if TYPE_CHECKING:
     from mimo_pipes.analysis.plot import ModulePlot

@@ -18,7 +18,6 @@ from torchdata.nodes import BaseNode
 
 from mimo_pipes.checkpoint.validity import collation_settings
 from mimo_pipes.config.tail_settings import TailSettings
-from mimo_pipes.data.processing.worker_start import worker_context
 from mimo_pipes.errors import MAX_REASON, PeerError, SampleError, row_reason
 from mimo_pipes.exchange.failure_agreement import agree_on_failures
 from mimo_pipes.nodes.base import GraphNode
@@ -30,6 +29,7 @@ from mimo_pipes.samples.buffer_pool import BufferPool
 from mimo_pipes.samples.collate import lend_rows
 from mimo_pipes.samples.masking import mask_failed
 from mimo_pipes.samples.sample import SAMPLE_ID, STEP, Sample, Window
+from mimo_pipes.samples.worker_start import worker_context
 
 PIXELS = "pixel_values"  # the field worker processes write straight into their micro-batch's buffer
 ROWS_AHEAD_PER_WORKER = 2

@@ -186,7 +186,7 @@ def _verdicts(batches: Iterator[list[tuple[int, dict]]], checker, workers: int) 
         return
     import concurrent.futures
 
-    from mimo_pipes.data.processing.worker_start import worker_context
+    from mimo_pipes.samples.worker_start import worker_context
 
     # Forked from the worker server, never from this process (which holds the tokenizer's threads).
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=worker_context(), initializer=_start, initargs=(checker,)) as pool:

@@ -1,4 +1,4 @@
-"""Imported once by the worker server (:mod:`~mimo_pipes.data.processing.worker_start`) before it forks any worker:
+"""Imported once by the worker server (:mod:`~mimo_pipes.samples.worker_start`) before it forks any worker:
 what a worker process of the library imports, so that no worker imports it again (multiprocessing's forkserver
 preloads modules by name only; importing this module is the preload).
 

@@ -22,7 +22,7 @@ import os
 from multiprocessing.context import BaseContext, reduction, set_spawning_popen
 from typing import Any
 
-PRELOAD_MODULE = "mimo_pipes.data.processing.worker_preload"
+PRELOAD_MODULE = "mimo_pipes.samples.worker_preload"
 
 
 def worker_context() -> BaseContext:
