@@ -351,12 +351,12 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     started = time.monotonic()
 
-    import multiprocessing
 
     import torch
 
     from mimo_pipes.data.embedded.builtin_processor import default_processor_path
     from mimo_pipes.demo_model.encoders import build_vision_tower
+    from mimo_pipes.samples.worker_start import worker_context
 
     dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
     loader_args = {"seq_length": args.seq_length, "seed": args.seed, "embedded_samples": args.embedded_samples,
@@ -367,7 +367,9 @@ def main(argv: list[str] | None = None) -> int:
     timer = Timer(args.device)
 
     cases = [Case(dp, mb, mode) for dp in dps for mb in micro_batches for mode in MODES] * max(args.passes, 1)
-    context = multiprocessing.get_context("spawn")
+    # The loader ranks are forked from the library's worker server (torch and the processor's modules imported
+    # once, not in every rank); each rank still sets its own one thread and process group.
+    context = worker_context()
     tasks = [context.Queue() for _ in range(max(dps))]
     batches = context.Queue(maxsize=4 * max(dps))
     port = _dist._free_port()

@@ -38,6 +38,7 @@ from mimo_pipes.nodes.media_prefetch import MediaPrefetch
 from mimo_pipes.samples.collate import FieldSpec
 from mimo_pipes.samples.module_fields import module_fields
 from mimo_pipes.samples.sample import Sample
+from mimo_pipes.samples.worker_start import worker_context
 
 
 def pipeline(
@@ -90,10 +91,9 @@ def pipeline(
             node = MediaPrefetch(node, start=functools.partial(prefetch_media, image_folder=folder), ahead=prefetch_rows())
         # Processing, or with rows the counting (cheap: on threads). ParallelMapper keeps its source's state
         # as snapshots without copying: SnapshotGuard hands it copies.
-        node = ParallelMapper(
-            SnapshotGuard(node), map_fn, num_workers=tail.processing.workers, in_order=True, method=method,
-            multiprocessing_context="spawn" if method == "process" else None,
-        )
+        node = ParallelMapper(SnapshotGuard(node), map_fn, num_workers=tail.processing.workers, in_order=True, method=method)
+        if method == "process":  # torchdata names a context by its method alone: the library's worker server is set here
+            node._mp_context = worker_context()
     # CostAnnotator -> Windower -> BalanceExchange -> (RowProcessor ->) MicroBatchAssembler (-> SequencePacker).
     tail_node = balanced_tail(node, settings=tail, layout=layout, process_rows=process_rows, stand_in=stand_in)
     # Whole micro-batches made ahead of the training thread on the loader's own thread (--read-ahead).

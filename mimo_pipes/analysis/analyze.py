@@ -5,7 +5,6 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import functools
-import multiprocessing
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from mimo_pipes.observe.summary import ModuleSummary, summarize
 from mimo_pipes.parallel.topology import ModuleSpec, Topology
 from mimo_pipes.samples.cost import CostFunction
 from mimo_pipes.samples.cost_range import window_budget
+from mimo_pipes.samples.worker_start import worker_context
 
 if TYPE_CHECKING:
     from mimo_pipes.analysis.plot import ModulePlot
@@ -303,8 +303,8 @@ def _replay_all(schedule: Schedule, planner: Planner, settings: list[Setting], s
     workers = min(len(settings), os.cpu_count() or 1)
     if workers < 2 or consumed < PARALLEL_FROM_MICROBATCHES:
         return {setting: _replay_one(schedule, planner, setting, start, stop, tick) for setting in settings}
-    context = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+    # Forked from the worker server, never from this process (which may hold threads).
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=worker_context()) as pool:
         futures = {setting: pool.submit(_replay_one, schedule, planner, setting, start, stop) for setting in settings}
         for future in concurrent.futures.as_completed(futures.values()):
             future.result()

@@ -6,7 +6,6 @@ import collections
 import copy
 import itertools
 import math
-import multiprocessing
 import operator
 import os
 import threading
@@ -31,6 +30,7 @@ from mimo_pipes.samples.collate import lend_rows
 from mimo_pipes.samples.masking import mask_failed
 from mimo_pipes.samples.pixel_destination import pixels_into
 from mimo_pipes.samples.sample import SAMPLE_ID, STEP, Sample, Window
+from mimo_pipes.samples.worker_start import worker_context
 
 PIXELS = "pixel_values"  # the field worker processes write straight into their micro-batch's buffer
 ROWS_AHEAD_PER_WORKER = 2
@@ -277,8 +277,7 @@ class RowProcessor(GraphNode[Window]):
             if self.method == "thread":
                 self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="mimo-pipes-process")
             else:
-                self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                                 initializer=_install, initargs=(self.process,))
+                self._pool = ProcessPoolExecutor(self.workers, mp_context=worker_context(), initializer=_install, initargs=(self.process,))
             # A window waits for its rows (and, with masking, agrees on their failures) on a thread of its own, so
             # the pool's workers never wait behind a window.
             self._gathering = ThreadPoolExecutor(1, thread_name_prefix="mimo-pipes-rows")

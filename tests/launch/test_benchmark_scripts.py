@@ -13,7 +13,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import split_search_gpu  # noqa: E402 - benchmarks/ is put on the path just above
+import data_wait  # noqa: E402 - benchmarks/ is put on the path just above
+import split_search_gpu  # noqa: E402
 import time_model_gpu  # noqa: E402
 
 
@@ -124,26 +125,24 @@ def test_window_few_costs_benchmark_runs_small():
     assert "| 4 x 16 / 8, 60%, 256/576/1024 (the reported kind) | 2 (2) | " in result.stdout
 
 
-def test_data_wait_benchmark_runs_small(tmp_path):
+def test_data_wait_benchmark_runs_small(tmp_path, capsys):
+    # The script's main in this process (as the split-search and time-model smokes above): a fresh interpreter
+    # would import torch and the processor's stack again, most of this test's CPU.
     out = tmp_path / "data_wait.json"
-    result = subprocess.run([sys.executable, "benchmarks/data_wait.py", "--iterations", "2", "--warmup", "1", "--workers", "1",
-                             "--iteration-ms", "20", "--micro-batch-size", "2", "--json", str(out)], cwd=ROOT,
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "| read-ahead | 1 workers: wait % (median ms / iteration) |" in result.stdout
+    assert data_wait.main(["--iterations", "2", "--warmup", "1", "--workers", "1", "--iteration-ms", "20", "--micro-batch-size", "2",
+                           "--json", str(out)]) == 0
+    assert "| read-ahead | 1 workers: wait % (median ms / iteration) |" in capsys.readouterr().out
     figures = json.loads(out.read_text())["results"]
     assert [(r["mode"], r["read_ahead"] > 0) for r in figures] == [
         ("off", False), ("on, mimo_batch in get_batch", True), ("on + prepare_with(mimo_batch) (docs/megatron.md)", True)]
     assert all(0 <= r["wait_percent"] <= 100 and r["median_iteration_ms"] >= 20 for r in figures)
 
 
-def test_data_wait_benchmark_measures_the_serial_cpu_with_default_workers():
+def test_data_wait_benchmark_measures_the_serial_cpu_with_default_workers(capsys):
     from mimo_pipes.config.workers import processing_workers
 
-    result = subprocess.run([sys.executable, "benchmarks/data_wait.py", "--serial-cpu", "--workers", "default", "--warmup", "1",
-                             "--iterations", "4", "--micro-batch-size", "2"], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-2000:]
-    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert data_wait.main(["--serial-cpu", "--workers", "default", "--warmup", "1", "--iterations", "4", "--micro-batch-size", "2"]) == 0
+    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert figures["workers"] == processing_workers(None)  # num_workers left unset: the rank's cores
     assert figures["next"] > 0 and figures["mimo_batch"] > 0 and figures["state_dict"] > 0 and figures["drop"] >= 0
 

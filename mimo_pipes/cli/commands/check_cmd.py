@@ -185,10 +185,11 @@ def _verdicts(batches: Iterator[list[tuple[int, dict]]], checker, workers: int) 
             yield batch, _check(rows(batch))
         return
     import concurrent.futures
-    import multiprocessing
 
-    context = multiprocessing.get_context("spawn")  # no fork of a process that holds the tokenizer's threads
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, initializer=_start, initargs=(checker,)) as pool:
+    from mimo_pipes.samples.worker_start import worker_context
+
+    # Forked from the worker server, never from this process (which holds the tokenizer's threads).
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=worker_context(), initializer=_start, initargs=(checker,)) as pool:
         pending: deque = deque()
         for batch in batches:
             pending.append((batch, pool.submit(_check, rows(batch))))
