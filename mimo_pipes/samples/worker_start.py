@@ -11,7 +11,7 @@ main module imported as ``__mp_main__``, and this process's environment as it is
 The server is this process's own, apart from multiprocessing's forkserver (which the program, or the launcher's
 rank server, may run for its own processes): started by the first worker, it lives until this process and every
 worker it forked have ended. A process forked from this one starts a server of its own. Where there is no
-forkserver (Windows), workers are spawned.
+forkserver (Windows), or where its start differs from the Pythons tested (3.11, 3.12), workers are spawned.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import io
 import multiprocessing
 import os
+import sys
 from multiprocessing.context import BaseContext, reduction, set_spawning_popen
 from typing import Any
 
@@ -32,7 +33,9 @@ def worker_context() -> BaseContext:
     return _CONTEXT
 
 
-if "forkserver" in multiprocessing.get_all_start_methods():
+# The server's start below follows multiprocessing's own forkserver start as Python 3.11 and 3.12 write it (the
+# versions tested); elsewhere (3.14 authenticates the server's connections) workers are spawned.
+if "forkserver" in multiprocessing.get_all_start_methods() and (3, 11) <= sys.version_info[:2] <= (3, 12):
     from multiprocessing import forkserver, popen_forkserver, spawn, util
     from multiprocessing.context import ForkServerContext, ForkServerProcess
 
@@ -91,5 +94,5 @@ if "forkserver" in multiprocessing.get_all_start_methods():
         Process = _WorkerProcess
 
     _CONTEXT: BaseContext = _WorkerContext()
-else:  # pragma: no cover - Windows
+else:  # pragma: no cover - Windows, and Pythons whose forkserver start differs
     _SERVER = None
