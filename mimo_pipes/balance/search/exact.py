@@ -93,61 +93,63 @@ def search_slots(
     loads = [0] * num_slots
     fill = [0] * num_slots
     slot_of = [0] * size
-    state = {"best": incumbent, "found": None, "nodes": node_limit, "full": 0, "full_sum": 0}
+    width = per_slot + 1  # slot states (load, fill) as one int: load * width + fill
+    best_path, found, nodes, full, full_sum = incumbent, None, node_limit, 0, 0
 
     def place(rank: int) -> bool:
         """Returns True when the lower bound has been reached (stop everything)."""
+        nonlocal best_path, found, nodes, full, full_sum
         cost = costs[rank]
         if cost == 0:
             # Only zero costs remain (or none): any completion keeps today's loads.
             top = max(loads)
-            if top < state["best"]:
-                state["best"] = top
-                state["found"] = filled_in_order(slot_of, rank, fill, per_slot)
-            return state["best"] <= lower
-        best = state["best"]
+            if top < best_path:
+                best_path = top
+                found = filled_in_order(slot_of, rank, fill, per_slot)
+            return best_path <= lower
+        best = best_path
         limit = best - 1
         # Slack wasted by full slots must leave room for everything still to place.
-        if state["full"] * limit - state["full_sum"] > num_slots * limit - total:
+        if full * limit - full_sum > num_slots * limit - total:
             return False
         # Samples of equal cost are interchangeable: their slots need only be tried in
         # non-decreasing slot order.
         first = slot_of[rank - 1] if rank and costs[rank - 1] == cost else 0
-        order = sorted((loads[s], s) for s in range(first, num_slots) if fill[s] < per_slot)
+        order = sorted([(loads[s], s) for s in range(first, num_slots) if fill[s] < per_slot])
         seen = set()
         for load, s in order:
-            key = (load, fill[s])
+            filled = fill[s]
+            key = load * width + filled
             if key in seen:
                 continue
             seen.add(key)
-            if load + cost + tails[per_slot - fill[s] - 1] > limit:
+            if load + cost + tails[per_slot - filled - 1] > limit:
                 continue
-            state["nodes"] -= 1
-            if state["nodes"] < 0:
+            nodes -= 1
+            if nodes < 0:
                 raise BudgetSpent
             loads[s] = load + cost
-            fill[s] += 1
+            fill[s] = filled + 1
             slot_of[rank] = s
-            if fill[s] == per_slot:
-                state["full"] += 1
-                state["full_sum"] += loads[s]
+            now_full = filled + 1 == per_slot
+            if now_full:
+                full += 1
+                full_sum += load + cost
             done = place(rank + 1)
-            if fill[s] == per_slot:
-                state["full"] -= 1
-                state["full_sum"] -= loads[s]
-            fill[s] -= 1
+            if now_full:
+                full -= 1
+                full_sum -= load + cost
+            fill[s] = filled
             loads[s] = load
             if done:
                 return True
-            if state["best"] <= best - 1:
-                best = state["best"]
+            if best_path <= best - 1:
+                best = best_path
                 limit = best - 1
         return False
 
     proven = runs_to_the_end(place)
-    nodes = node_limit - max(state["nodes"], 0)
-    best = state["best"]
-    return state["found"], best, proven or best <= lower, nodes
+    return found, best_path, proven or best_path <= lower, node_limit - max(nodes, 0)
 
 
 def exact_assignment(

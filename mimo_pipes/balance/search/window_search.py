@@ -63,14 +63,12 @@ def _rooms(load: list[int], fill: list[int], level: list[int], per_bin: int, num
 def _children(tables: tuple, i: int, path: int, after: int, best: int, used: int) -> list[tuple[int, ...]]:
     """The bins sample i may go into, each as (bound, room left in its bin, bin, micro-batch, new level, new
     path), those whose bound is below ``best``, in the order they are tried. ``tables``: the search's costs,
-    prefix totals, bins and micro-batches as they stand, and shape; ``after``: the cost left once i is placed;
+    the heaviest samples left after each, bins and micro-batches as they stand, and shape; ``after``: the cost left once i is placed;
     ``used``: the micro-batches opened so far."""
-    costs, tails, heads, load, fill, level, opened, bin_of, per_bin, num_slots, count = tables
+    costs, tails, mosts, load, fill, level, opened, bin_of, per_bin, num_slots, count = tables
     cost = costs[i]
     width = per_bin + 1  # bin states (load, fill) as one int: load * width + fill
-    # The heaviest n samples left once this one is placed (n up to a bin's size).
-    start = heads[i + 1]
-    most = [heads[i + 1 + n] - start for n in range(per_bin + 1)]
+    most = mosts[i]
     rooms: list[int] = []  # filled when a child first needs them
     room = 0
     widest = max(opened)
@@ -140,7 +138,9 @@ def search_window(
     found: list[int] | None = None
     nodes = node_limit
     used = 0  # micro-batches opened so far (always a prefix)
-    tables = (costs, tails, heads, load, fill, level, opened, bin_of, per_bin, num_slots, count)
+    # The heaviest n samples left once sample i is placed (n up to a bin's size), for every i.
+    mosts = [[heads[i + 1 + n] - heads[i + 1] for n in range(per_bin + 1)] for i in range(size)]
+    tables = (costs, tails, mosts, load, fill, level, opened, bin_of, per_bin, num_slots, count)
 
     def place(i: int, path: int, rest: int) -> bool:
         """Place sample i and the ones after it; True once the lower bound is reached (stop)."""

@@ -77,23 +77,26 @@ def repair(
             stalled += 1
             if stalled > tuning.levels_stall:
                 return None
-        # Sources: the samples of the slots over their caps; targets: every sample (positions, slot-major).
+        # Sources: the samples of the slots over their caps; targets: every sample (positions, slot-major). Frozen:
+        # samples swapped in the last tabu swaps, kept unless the swap reaches a new least excess.
         sources = np.flatnonzero(excess[slot_of])
-        d = held[sources][:, None] - held[None, :]
-        passed.work += d.size
-        room_at, excess_at = room[slot_of], excess[slot_of]
-        delta = np.maximum(room_at[sources][:, None] - d, 0) + np.maximum(room_at[None, :] + d, 0)
-        delta -= excess_at[sources][:, None] + excess_at[None, :]
+        passed.work += sources.shape[0] * held.shape[0]
+        delta = _swap_deltas(held, sources, room[slot_of], excess[slot_of], per_slot)
         frozen = step - last[flat_members] <= tuning.levels_tabu
-        blocked = (d <= 0) | (slot_of[sources][:, None] == slot_of[None, :])
-        blocked |= (frozen[sources][:, None] | frozen[None, :]) & (delta >= least - total)
-        delta[blocked] = _BLOCKED
+        if frozen.any():
+            threshold = least - total
+            for index in ((slice(None), np.flatnonzero(frozen)), np.flatnonzero(frozen[sources])):
+                part = delta[index]
+                part[part >= threshold] = _BLOCKED
+                delta[index] = part
         best = int(delta.min())
         if best >= _BLOCKED:
             return None
         candidates = np.flatnonzero(delta.reshape(-1) == best)
-        pick = int(candidates[np.argmin(d.reshape(-1)[candidates])])
-        i, j = int(sources[pick // d.shape[1]]), pick % d.shape[1]
+        width = held.shape[0]
+        moves = held[sources[candidates // width]] - held[candidates % width]
+        pick = int(candidates[np.argmin(moves)])
+        i, j = int(sources[pick // width]), pick % width
         moved = int(held[i] - held[j])
         last[flat_members[i]] = last[flat_members[j]] = step
         flat_members[i], flat_members[j] = flat_members[j], flat_members[i]
@@ -103,3 +106,24 @@ def repair(
         if passed.work >= tuning.levels_work:
             return None
     return None
+
+
+def _swap_deltas(
+    held: np.ndarray, sources: np.ndarray, room_at: np.ndarray, excess_at: np.ndarray, per_slot: int
+) -> np.ndarray:
+    """(sources, positions) table of what each swap changes the excess by, _BLOCKED where the swap moves nothing
+    heavier out of the source (d = held[s] - held[t] <= 0) or stays within one slot. ``room_at`` and
+    ``excess_at``: each position's slot's load above its cap, and its positive part."""
+    # The new excess of both slots is max(room[s's slot] - d, 0) + max(room[t's slot] + d, 0), less what they
+    # have now: two outer sums with each slot's excess folded in (max(x, 0) - e = max(x - e, -e)), so no table
+    # of d is built.
+    source_held, source_excess = held[sources], excess_at[sources]
+    delta = np.add.outer(room_at[sources] - source_held - source_excess, held)
+    np.maximum(delta, -source_excess[:, None], out=delta)
+    gain = np.add.outer(source_held, room_at - held - excess_at)
+    np.maximum(gain, -excess_at, out=gain)
+    delta += gain
+    np.putmask(delta, np.less_equal.outer(source_held, held), _BLOCKED)
+    own_slot = sources[:, None] - sources[:, None] % per_slot + np.arange(per_slot)  # positions are slot-major
+    delta[np.arange(sources.shape[0])[:, None], own_slot] = _BLOCKED
+    return delta
