@@ -312,9 +312,11 @@ def _gathered(window: Window, rows: list[list[Future[Sample]]]) -> Window:
 
 
 def _process_into(process: Callable[[Sample], Sample], row: Sample, target: torch.Tensor | None) -> Sample:
-    """On a worker thread: the row processed, its pixels copied into ``target`` (its slice of the micro-batch's
-    buffer) and replaced by it, when they have exactly the shape and dtype counted; else the sample as it is."""
-    with pixels_into(target.numpy() if target is not None else None):  # pixels laid out by fast_pixels land there directly
+    """On a worker thread: the row processed, its pixels in ``target`` (its slice of the micro-batch's buffer: laid
+    out there by the pixel table where it takes the offer, else copied) and replaced by it, when they have exactly
+    the shape and dtype counted; else the sample as it is."""
+    offered = target.numpy() if target is not None and target.dtype == torch.float32 else None  # what fast_pixels lays out
+    with pixels_into(offered):  # pixels laid out by fast_pixels land there directly
         sample = process(row)
     value = sample.get(PIXELS)
     if target is None or not isinstance(value, torch.Tensor) or value.shape != target.shape or value.dtype != target.dtype:

@@ -86,3 +86,9 @@ def test_an_offer_of_another_shape_or_dtype_is_left_alone_and_an_offer_serves_on
     assert np.shares_memory(pixels, target) and np.array_equal(target, expected)
     assert not np.shares_memory(again, target) and np.array_equal(again, expected)  # the offer served one call
     assert take_destination(expected.shape, np.float32) is None  # withdrawn when the block ended
+
+
+def test_a_slice_of_a_dtype_numpy_lacks_is_not_offered_and_the_pixels_are_copied_into_it():
+    target = torch.zeros(2, 3, dtype=torch.bfloat16)
+    sample = row_processor._process_into(lambda row: {"pixel_values": torch.ones(2, 3, dtype=torch.bfloat16)}, {}, target)
+    assert sample["pixel_values"] is target and bool((target == 1).all())
