@@ -8,32 +8,20 @@ A module that fails to import here is left out: the rank imports it itself, and 
 
 from __future__ import annotations
 
-import gc
-import importlib
 import json
 import os
 import sys
 
 from mimo_pipes.cli.job.rank_server import PRELOAD_VARIABLE
+from mimo_pipes.samples.preload_modules import PROCESSING, import_frozen
 
-# What a rank of the project's recipes imports, heaviest first: torch, its process groups (through the exchange), the processor's
-# transformers modules (the image processor's pull in transformers' modelling and torch's compiler stack; the
-# built-in processor's own), PIL's image formats, the graph's nodes and the data sources. Not datasets: the
-# pyarrow it loads starts a thread (jemalloc's) as its library loads, and the server forks only while it holds
-# none (each rank imports datasets itself when its data is a saved folder: about 0.9 CPU-s).
+# What a rank of the project's recipes imports, heaviest first: torch, its process groups (through the exchange),
+# what processing rows needs (PROCESSING), the graph's nodes and the data sources (each rank imports datasets itself
+# when its data is a saved folder: about 0.9 CPU-s).
 EVERY_RANK = (
     "torch",
     "mimo_pipes.exchange.world",
-    "transformers",
-    "transformers.models.auto.tokenization_auto",
-    "transformers.models.auto.image_processing_auto",
-    "transformers.image_processing_utils",
-    "transformers.image_processing_backends",
-    "transformers.models.qwen2_vl.image_processing_pil_qwen2_vl",
-    "PIL.Image",
-    "PIL.JpegImagePlugin",
-    "PIL.PngImagePlugin",
-    "torchdata.nodes",
+    *PROCESSING,
     "mimo_pipes.cli.rank.setup",
     "mimo_pipes.data.sources.saved_folder",
     "mimo_pipes.data.embedded.synthetic",
@@ -48,14 +36,7 @@ def preload() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     order = json.loads(os.environ.pop(PRELOAD_VARIABLE, "{}"))
     sys.path[:] = order.get("sys_path", sys.path)
-    gc.disable()
-    for name in (*EVERY_RANK, *order.get("modules", ())):
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001, S112 - left to the rank (see the module's docstring)
-            continue
-    gc.freeze()
-    gc.enable()
+    import_frozen((*EVERY_RANK, *order.get("modules", ())))
 
 
 preload()
