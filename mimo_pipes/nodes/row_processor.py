@@ -13,6 +13,7 @@ from collections.abc import Callable
 from concurrent.futures import CancelledError, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 from torchdata.nodes import BaseNode
 
@@ -30,7 +31,8 @@ from mimo_pipes.samples.collate import lend_rows
 from mimo_pipes.samples.masking import mask_failed
 from mimo_pipes.samples.pixel_destination import pixels_into
 from mimo_pipes.samples.sample import SAMPLE_ID, STEP, Sample, Window
-from mimo_pipes.samples.worker_start import worker_context
+from mimo_pipes.samples.segment_pool import SegmentPool
+from mimo_pipes.samples.worker_start import one_thread_per_worker, worker_context
 
 PIXELS = "pixel_values"  # the field worker processes write straight into their micro-batch's buffer
 ROWS_AHEAD_PER_WORKER = 2
@@ -120,6 +122,7 @@ class RowProcessor(GraphNode[Window]):
         self._pixels = (tuple(spec[0]), spec[1]) if spec is not None else None
         self._pool: Executor | None = None
         self._buffers = BufferPool()  # micro-batch pixel buffers, used again once their micro-batch is gone
+        self._segments = SegmentPool(os.getpid())  # the same, in shared memory, for worker processes
         self._gathering: ThreadPoolExecutor | None = None
         self._pending: collections.deque[_Pending] = collections.deque()
         self.describe({"module fields": settings.fields.role, **collation_settings(settings.collator)})
@@ -222,7 +225,7 @@ class RowProcessor(GraphNode[Window]):
             return [_placing(pool.submit(_process_installed, row, None), None) for row in microbatch]
         assert self._pixels is not None
         try:
-            destination = handover.Destination(os.getpid(), [count or 0 for count in counts], *self._pixels)
+            destination = handover.Destination(os.getpid(), [count or 0 for count in counts], *self._pixels, pool=self._segments)
         except OSError:  # no room in shared memory: each sample hands its own over
             return [_placing(pool.submit(_process_installed, row, None), None) for row in microbatch]
         futures = []
@@ -274,6 +277,7 @@ class RowProcessor(GraphNode[Window]):
     def _executors(self) -> tuple[Executor, ThreadPoolExecutor]:
         if self._pool is None or self._gathering is None:
             self._buffers.reopen()
+            self._segments.reopen()
             if self.method == "thread":
                 self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="mimo-pipes-process")
             else:
@@ -298,6 +302,7 @@ class RowProcessor(GraphNode[Window]):
         pool, gathering = self._pool, self._gathering
         self._pool = self._gathering = None
         self._buffers.clear()
+        self._segments.clear()
         if pool is not None and gathering is not None:
             _shut_down(pool, gathering, self.masking is None)
 
@@ -369,12 +374,18 @@ _installed: Callable[[Sample], Sample] | None = None
 
 
 def _install(process: Callable[[Sample], Sample]) -> None:
-    """Worker process set-up: the processing function arrives once, not with every row."""
+    """Worker process set-up: the processing function arrives once, not with every row; torch's operations on one
+    thread (see :func:`~mimo_pipes.samples.worker_start.one_thread_per_worker`)."""
     global _installed
     _installed = process
+    one_thread_per_worker()
 
 
 def _process_installed(row: Sample, place: handover.Placed | None) -> Sample:
-    """In a worker process: the row processed, its pixels written where ``place`` says (if anywhere)."""
+    """In a worker process: the row processed, its pixels written where ``place`` says (if anywhere): laid out
+    there by the pixel table where it takes the offer (as on worker threads), else copied there."""
     assert _installed is not None
-    return handover.placed(_installed(row), PIXELS, place)
+    target = handover.place_target(place) if place is not None else None
+    with pixels_into(target if target is not None and target.dtype == np.float32 else None):
+        sample = _installed(row)
+    return handover.placed(sample, PIXELS, place, target)

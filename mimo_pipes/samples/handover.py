@@ -26,11 +26,15 @@ import mmap
 import os
 import tempfile
 import threading
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+import numpy as np
 import torch
 
 from mimo_pipes.samples.sample import Sample
+
+if TYPE_CHECKING:
+    from mimo_pipes.samples.segment_pool import SegmentPool
 
 SEGMENT_PREFIX = "mimo-pipes-sample-"
 ALIGN = 64  # every tensor starts on a cache line: views of any dtype are aligned
@@ -153,27 +157,28 @@ class Destination:
     """One micro-batch's field as one buffer in shared memory, made before its rows are processed (their row
     counts known from their counts): each worker writes its sample's rows into its slice (:func:`placed`), and the
     slices, in order, collate as the buffer itself, without a copy (:func:`~mimo_pipes.samples.collate.lend_rows`).
-    Its name goes once every row's processing is over (:meth:`row_done`); a sample whose rows differ from its
-    count keeps its own and is collated by copying."""
+    From a ``pool`` (:class:`~mimo_pipes.samples.segment_pool.SegmentPool`) the buffer is a pooled segment, which
+    keeps its name and goes back to the pool with the micro-batch; without one it is a fresh segment, whose name
+    goes once every row's processing is over (:meth:`row_done`). A sample whose rows differ from its count keeps
+    its own and is collated by copying."""
 
-    def __init__(self, owner: int, counts: list[int], tail: tuple[int, ...], dtype: torch.dtype) -> None:
+    def __init__(self, owner: int, counts: list[int], tail: tuple[int, ...], dtype: torch.dtype, pool: SegmentPool | None = None) -> None:
         from mimo_pipes.samples.collate import lend_rows
 
         row_bytes = math.prod(tail) * torch.empty((), dtype=dtype).element_size()
-        size = max(sum(counts) * row_bytes, 1)
-        self.name = f"{SEGMENT_PREFIX}{owner}-{os.getpid()}-{next(_written)}"
-        path = os.path.join(FOLDER, self.name)
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        try:  # sized, not filled: each worker takes its own part's pages, in parallel (placed), none on this thread
-            os.ftruncate(fd, size)
-            mapped = mmap.mmap(fd, size)
-        except BaseException:
-            os.unlink(path)
-            raise
-        finally:
-            os.close(fd)
+        numel, total = sum(counts) * math.prod(tail), sum(counts) * row_bytes
+        self.pooled = pool is not None
+        if pool is not None:
+            segment, lent = pool.take(max(total, 1))
+            self.name, size = segment.name, segment.size
+            flat = torch.from_numpy(lent[:total]).view(dtype) if numel else torch.empty(0, dtype=dtype)  # pooled again with the micro-batch
+        else:
+            size = max(sum(counts) * row_bytes, 1)
+            self.name = f"{SEGMENT_PREFIX}{owner}-{os.getpid()}-{next(_written)}"
+            mapped = _sized_segment(self.name, size)
+            flat = torch.frombuffer(mapped, dtype=dtype, count=numel) if numel else torch.empty(0, dtype=dtype)
         # One flat tensor over the segment (what lend_rows is given: every slice's base), its rows as views of it.
-        self.buffer = torch.frombuffer(mapped, dtype=dtype, count=sum(counts) * math.prod(tail)) if sum(counts) else torch.empty(0, dtype=dtype)
+        self.buffer = flat
         lend_rows(self.buffer)
         starts = list(itertools.accumulate(counts, initial=0))
         self.places = [Placed(self.name, size, start * row_bytes, (count, *tail), dtype) for start, count in zip(starts, counts)]
@@ -183,35 +188,75 @@ class Destination:
         self._lock = threading.Lock()
 
     def row_done(self, _: Any = None) -> None:
-        """One row's processing is over (done, failed or cancelled); the name goes after the last."""
+        """One row's processing is over (done, failed or cancelled); a fresh segment's name goes after the last."""
         with self._lock:
             self._left -= 1
             last = self._left == 0
-        if last:
+        if last and not self.pooled:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(FOLDER, self.name))
 
 
-def placed(sample: Sample, field: str, place: Placed | None) -> Sample:
+def _sized_segment(name: str, size: int) -> mmap.mmap:
+    """A new segment of ``size`` bytes, mapped; sized, not filled: each worker takes its own part's pages, in
+    parallel (:func:`place_target`), none on this thread."""
+    path = os.path.join(FOLDER, name)
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        os.ftruncate(fd, size)
+        return mmap.mmap(fd, size)
+    except BaseException:
+        os.unlink(path)
+        raise
+    finally:
+        os.close(fd)
+
+
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux: the row's page tables made in one call, not one fault a page
+
+
+def place_target(place: Placed) -> np.ndarray | None:
+    """In the worker: the row's slice of the micro-batch's buffer that ``place`` names, as a writable array of its
+    shape and dtype (numpy's view of the bytes: bfloat16 as raw 16-bit words), its pages taken; None where shared
+    memory has no room for them (the row then keeps its own pixels) or nothing is placed. Only the slice is
+    mapped, and it is unmapped when the last view of the array is gone."""
+    nbytes = math.prod(place.shape) * torch.empty((), dtype=place.dtype).element_size()
+    if not nbytes:
+        return None
+    fd = os.open(os.path.join(FOLDER, place.name), os.O_RDWR)
+    try:
+        try:  # this part's pages taken here: a full tmpfs is an error to step aside from, not SIGBUS on a write
+            os.posix_fallocate(fd, place.offset, nbytes)
+        except OSError:
+            return None
+        start = place.offset - place.offset % mmap.ALLOCATIONGRANULARITY
+        mapped = mmap.mmap(fd, place.offset + nbytes - start, flags=mmap.MAP_SHARED | _POPULATE, offset=start)
+    finally:
+        os.close(fd)
+    raw = np.frombuffer(mapped, dtype=np.uint8, count=nbytes, offset=place.offset - start)
+    return raw.view(_NUMPY_WORDS.get(place.dtype, np.uint8)).reshape(place.shape) if place.dtype in _NUMPY_WORDS else raw
+
+
+_NUMPY_WORDS = {torch.float32: np.float32, torch.float16: np.float16, torch.bfloat16: np.uint16, torch.float64: np.float64,
+                torch.uint8: np.uint8, torch.int64: np.int64, torch.int32: np.int32}
+
+
+def placed(sample: Sample, field: str, place: Placed | None, target: np.ndarray | None = None) -> Sample:
     """In the worker: ``sample``'s ``field`` written where ``place`` says and replaced by ``place`` (the rows
-    are in the micro-batch's buffer), when it has exactly the shape and dtype counted; else ``sample`` as it is."""
+    are in the micro-batch's buffer), when it has exactly the shape and dtype counted; else ``sample`` as it is.
+    ``target`` is the slice already mapped (:func:`place_target`), where the pixels may have been laid out in place."""
     value = sample.get(field)
     if place is None or not isinstance(value, torch.Tensor) or tuple(value.shape) != place.shape or value.dtype != place.dtype:
         return sample
-    nbytes = value.numel() * value.element_size()
-    if nbytes:
-        fd = os.open(os.path.join(FOLDER, place.name), os.O_RDWR)
-        try:
-            try:  # this part's pages taken here: a full tmpfs is an error to step aside from, not SIGBUS on a write
-                os.posix_fallocate(fd, place.offset, nbytes)
-            except OSError:
+    if value.numel():
+        if target is None:
+            target = place_target(place)
+            if target is None:
                 return sample
-            with mmap.mmap(fd, place.size) as mapped:
-                target = torch.frombuffer(mapped, dtype=torch.uint8, count=nbytes, offset=place.offset)
-                target.view(value.dtype).view(value.shape).copy_(value)
-                del target
-        finally:
-            os.close(fd)
+        destination = torch.from_numpy(target).view(torch.uint8).view(-1)
+        if value.data_ptr() != destination.data_ptr():  # made elsewhere (not laid out in place): copied once
+            destination.copy_(value.contiguous().reshape(-1).view(torch.uint8))
+        del destination
     out = HandedOver(sample, sample.owner) if isinstance(sample, HandedOver) else dict(sample)
     out[field] = place
     return out

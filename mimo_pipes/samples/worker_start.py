@@ -6,7 +6,8 @@ that holds no thread and has run no torch operation when it forks, so a fork the
 
 A worker gets what a spawned one gets: its function and arguments pickled (what cannot be pickled fails as
 with ``spawn``, in the process that starts the pool), this process's ``sys.path`` and working folder, its
-main module imported as ``__mp_main__``, and this process's environment as it is when the worker starts.
+main module imported as ``__mp_main__``, and this process's environment as it is when the worker starts; torch
+runs its operations on the worker's own thread (:func:`one_thread_per_worker`), as in ``DataLoader``'s workers.
 
 The server is this process's own, apart from multiprocessing's forkserver (which the program, or the launcher's
 rank server, may run for its own processes): started by the first worker, it lives until this process and every
@@ -24,6 +25,15 @@ from multiprocessing.context import BaseContext, reduction, set_spawning_popen
 from typing import Any
 
 PRELOAD_MODULE = "mimo_pipes.samples.worker_preload"
+
+
+def one_thread_per_worker() -> None:
+    """torch's operations in this worker process on its own thread, as torch's ``DataLoader`` sets its workers:
+    a large copy or operation otherwise runs on a team of intra-op threads as many as the cores, in every worker
+    at once (14 workers: 224 threads on 16 cores, spinning after each operation)."""
+    import torch
+
+    torch.set_num_threads(1)
 
 
 def worker_context() -> BaseContext:
@@ -88,6 +98,7 @@ if "forkserver" in multiprocessing.get_all_start_methods() and (3, 11) <= sys.ve
             if environment is not None:
                 os.environ.clear()
                 os.environ.update(environment)
+            one_thread_per_worker()
             super().run()
 
     class _WorkerContext(ForkServerContext):

@@ -21,6 +21,8 @@ from mimo_pipes.data.processing.processor import load_processor
 from mimo_pipes.data.processing.row_counter import RowCounter
 from mimo_pipes.errors import SampleError
 from mimo_pipes.exchange import RankLayout
+from mimo_pipes.graph.traversal import graph_nodes
+from mimo_pipes.nodes.row_processor import RowProcessor
 from mimo_pipes.samples import handover
 from mimo_pipes.samples.module_fields import module_fields
 from mimo_pipes_recipes import vlm_sft
@@ -98,6 +100,22 @@ def test_worker_processes_give_the_threads_microbatches_through_shared_memory():
     del processes, ours
     gc.collect()
     assert mapped_segments() == 0  # and its memory with the last micro-batch that held it
+
+
+def test_worker_processes_write_every_micro_batch_into_segments_used_again():
+    graph = loader(rows(), "process")  # 8 rows, read again and again
+    processor = next(node for node in graph_nodes(graph.root) if isinstance(node, RowProcessor))
+    try:
+        batches = iter(graph)
+        taken = [next(batches)["sample_ids"] for _ in range(6)]  # each micro-batch dropped before the next is made
+    finally:
+        graph.close()
+    assert len(taken) == 6 and all(len(ids) == 4 for ids in taken)
+    # One segment per micro-batch in flight at most, not one per micro-batch (6): the rest were used again.
+    assert 1 <= processor._segments.made < len(taken)
+    del batches, graph, processor
+    gc.collect()
+    assert not handover.segment_names(os.getpid()) and mapped_segments() == 0  # closed: names and memory gone
 
 
 def test_a_row_that_fails_in_a_worker_process_is_the_sample_error_naming_it():

@@ -18,8 +18,11 @@ HEAVY = ("torch", "transformers.image_processing_utils")  # a worker's heaviest 
 
 def facts(_: object = None) -> dict:
     """In a worker: what it was started with."""
-    return {"parent": os.getppid(), "variable": os.environ.get(VARIABLE), "cwd": os.getcwd(),
-            "imported": [name for name in HEAVY if name in sys.modules]}
+    imported = [name for name in HEAVY if name in sys.modules]  # before this function imports torch itself
+    import torch
+
+    return {"parent": os.getppid(), "variable": os.environ.get(VARIABLE), "cwd": os.getcwd(), "imported": imported,
+            "torch_threads": torch.get_num_threads()}
 
 
 @pytest.mark.launch  # starts worker processes
@@ -37,6 +40,8 @@ def test_workers_are_forked_from_one_preloaded_server_with_this_processs_environ
         with pytest.raises((pickle.PicklingError, AttributeError)):  # what cannot be pickled fails as with spawn
             pool.submit(facts, lambda: None).result()
     assert first["variable"] is None and second["variable"] == "set later"
+    # torch on the worker's own thread (as DataLoader's workers): 14 workers do not each run a team of threads.
+    assert first["torch_threads"] == second["torch_threads"] == 1
     assert second["cwd"] == str(tmp_path)
     assert first["parent"] == second["parent"] != os.getpid()  # one server forked both
     # Unpickling facts imports this module, which imports neither: the server did, before it forked.
