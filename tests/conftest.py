@@ -11,8 +11,11 @@ the ``launch`` mark themselves.
 from __future__ import annotations
 
 import gc
+import itertools
 import os
+import re
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -44,6 +47,39 @@ from dist_pool import DistPool, close_shared_pool, shared_pool  # noqa: E402 - t
 def gloo_pool() -> DistPool:
     """One pool of real Gloo ranks for the whole test run (see :func:`dist_pool.shared_pool`)."""
     return shared_pool()
+
+
+# The folders whose every test carries a tier's mark (see pytest_collection_modifyitems).
+_TIER_FOLDERS = {"distributed": "dist", "launch": "launch"}
+_MARK_NAME = re.compile(r"[\w:+\-.\[\]\\/]+")
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """A tier's folder that the ``-m`` expression selects no test of is not imported at all: ``-m "not dist and
+    not launch"`` would deselect every test of distributed/ and launch/ after importing their modules (megatron,
+    s3fs, moto, transformers' models: about 1.2 CPU-s a process)."""
+    tier = _TIER_FOLDERS.get(collection_path.name)
+    if tier is None or str(collection_path.parent) != _HERE:
+        return None
+    return True if _never_selected(config.option.markexpr, tier) else None
+
+
+def _never_selected(markexpr: str, mark: str) -> bool:
+    """Whether ``markexpr`` is false for every test carrying ``mark``, whatever other marks it has: tried with
+    each of the names it mentions present and absent (an expression with mark arguments is never judged)."""
+    if not markexpr or "(" in markexpr:
+        return False
+    from _pytest.mark.expression import Expression
+
+    expression = Expression.compile(markexpr)
+    names = sorted(set(_MARK_NAME.findall(markexpr)) - {"and", "or", "not", mark})
+    if len(names) > 10:
+        return False
+    for present in itertools.product((False, True), repeat=len(names)):
+        marks = {mark, *(name for name, on in zip(names, present) if on)}
+        if expression.evaluate(lambda name, /, marks=marks, **kwargs: name in marks):
+            return False
+    return True
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -77,6 +77,29 @@ def local_s3() -> Iterator[LocalS3]:
 
 
 @contextlib.contextmanager
+def shared_botocore_data() -> Iterator[None]:
+    """Every botocore session made inside (each store a test resets makes two: s3fs's and obstore's credentials)
+    reads botocore's data files through one loader, as the clients of one session do: parsing the S3 model and
+    the endpoint rules again for each took about 3 of the S3 tests' 14 CPU-s. The loader caches what it parsed,
+    keyed by the file, so no answer changes."""
+    import botocore.session
+
+    original = botocore.session.create_loader
+    loaders: dict[str | None, object] = {}
+
+    def create_loader(search_path_string: str | None = None) -> object:
+        if search_path_string not in loaders:
+            loaders[search_path_string] = original(search_path_string)
+        return loaders[search_path_string]
+
+    botocore.session.create_loader = create_loader
+    try:
+        yield
+    finally:
+        botocore.session.create_loader = original
+
+
+@contextlib.contextmanager
 def s3_environment(env: dict[str, str]) -> Iterator[None]:
     """``env`` set in this process (the AWS variables it does not name cleared), the storage client rebuilt from it;
     everything put back on exit."""

@@ -8,15 +8,16 @@ import functools
 import re
 from pathlib import Path
 
+from source_trees import parsed
+
 PACKAGE = Path(__file__).resolve().parents[2] / "mimo_pipes"
 # The one package that moves the pipeline's bytes (its world module starts the process group), and the demo
 # trainer's model code, whose collectives carry activations and gradients, never samples.
 ALLOWED = ("exchange/", "demo_model/")
 
 
-@functools.cache  # every check reads the same tree: each file is parsed once a run
 def _tree(path: Path) -> ast.Module:
-    return ast.parse(path.read_text(), filename=str(path))
+    return parsed(path)  # every check reads the same tree: each file is parsed once a run
 
 
 @functools.cache

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from node_checks import take
+from source_trees import parsed
 from test_elastic_loader import GRID_1, GRID_2, graph, ids
 from test_node_balance_exchange import COLLATOR, windows
 from torchdata.nodes import BaseNode
@@ -36,7 +37,7 @@ SOURCE_CALLS = {"reset", "state_dict"}
 
 
 def _trees(*roots: Path) -> list[tuple[Path, ast.Module]]:
-    return [(path, ast.parse(path.read_text())) for root in roots for path in sorted(root.rglob("*.py"))]
+    return [(path, parsed(path)) for root in roots for path in sorted(root.rglob("*.py"))]
 
 
 def _base_names(node: ast.ClassDef) -> list[str]:

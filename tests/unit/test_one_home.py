@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import torch
+from source_trees import parsed
 
 from mimo_pipes.megatron.settings import MimoBatchSettings
 from mimo_pipes.megatron.stages import STAGES, stage_of
@@ -20,13 +21,13 @@ def _library() -> dict[str, str]:
     return {path.relative_to(PACKAGE).as_posix(): path.read_text() for path in sorted(PACKAGE.rglob("*.py"))}
 
 
-def _assigned(source: str, name: str) -> bool:
+def _assigned(path: str, name: str) -> bool:
     return any(isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
-               for node in ast.walk(ast.parse(source)))
+               for node in ast.walk(parsed(PACKAGE / path)))
 
 
 def test_the_mrope_row_count_is_defined_once():
-    assert [path for path, source in _library().items() if _assigned(source, "MROPE_ROWS")] == ["samples/mrope_layout.py"]
+    assert [path for path in _library() if _assigned(path, "MROPE_ROWS")] == ["samples/mrope_layout.py"]
 
 
 def test_position_ids_turn_between_layouts_in_one_module():

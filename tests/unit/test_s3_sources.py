@@ -15,7 +15,7 @@ pytest.importorskip("moto.server")
 
 from fresh_cache import fresh_cache  # noqa: E402
 from real_data import write_dataset  # noqa: E402
-from s3_server import local_s3, s3_environment  # noqa: E402
+from s3_server import local_s3, s3_environment, shared_botocore_data  # noqa: E402
 
 from mimo_pipes.data.processing.media_sizes import encoded_media  # noqa: E402
 from mimo_pipes.data.sources.open_source import check_source, dataset_folder, open_source  # noqa: E402
@@ -28,7 +28,7 @@ FORMATS = ("parquet", "jsonl", "llava", "disk")
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("s3-data")
-    with local_s3() as s3:
+    with shared_botocore_data(), local_s3() as s3:
         specs = {}
         for fmt in FORMATS:
             spec, images = write_dataset(root / fmt, fmt, SIZE)
