@@ -5,6 +5,7 @@ request (the benchmark's latency). It counts the requests it forwards per path, 
 from __future__ import annotations
 
 import http.client
+import logging
 import socket
 import threading
 import time
@@ -58,7 +59,21 @@ class Faults:
         return None
 
 
-class SharedPortServer(ThreadingHTTPServer):
+def quiet_error(request: object, client_address: object) -> None:
+    """A request that failed in a server thread (a connection the faults cut, a client gone mid-answer) logged at
+    debug level: socketserver's default prints its traceback on ``sys.stderr``, and a test that reads what a command
+    wrote there (with ``redirect_stderr``) would read another thread's traceback as the command's."""
+    logging.getLogger("local-s3").debug("request from %s failed", client_address, exc_info=True)
+
+
+class QuietServer(ThreadingHTTPServer):
+    """A threading HTTP server whose failed requests are logged, not printed (:func:`quiet_error`)."""
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        quiet_error(request, client_address)
+
+
+class SharedPortServer(QuietServer):
     """A server whose port other processes may listen on too (``SO_REUSEPORT``): the kernel hands each new
     connection to one of them, as a load balancer spreads clients over an object store's front ends."""
 
@@ -158,7 +173,7 @@ class FaultProxy:
 
             do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _forward
 
-        self.server = (SharedPortServer if shared else ThreadingHTTPServer)(("127.0.0.1", port), Handler)
+        self.server = (SharedPortServer if shared else QuietServer)(("127.0.0.1", port), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)

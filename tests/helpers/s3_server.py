@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dist_pool import free_port  # noqa: F401 - one helper for a free loopback port; the S3 tests and benchmarks take it from here
-from s3_faults import FaultProxy
+from s3_faults import FaultProxy, quiet_error
 
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 CLEARED = ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE")
@@ -56,6 +56,7 @@ def moto_s3_server(port: int = 0) -> tuple[object, str]:
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
     server = make_server("127.0.0.1", port, create_backend_app("s3"), threaded=True, request_handler=Handler)
+    server.handle_error = quiet_error  # logged, not printed on sys.stderr (see quiet_error)
     threading.Thread(target=server.serve_forever, daemon=True, name="local-s3").start()
     return server, f"http://127.0.0.1:{server.server_address[1]}"
 
