@@ -144,12 +144,15 @@ def _camera_jpeg(height: int, width: int, seed: int, orientation: int | None = N
 
     rng = np.random.default_rng(seed)
     coarse = Image.fromarray(rng.integers(0, 256, (height // 64 + 2, width // 64 + 2, 3), dtype=np.uint8))
-    scene = np.asarray(coarse.resize((width, height), Image.BICUBIC), dtype=np.int16) + rng.integers(-6, 7, (height, width, 1), dtype=np.int16)
+    # Kept 6 away from either end, the grain adds in place in uint8 (a negative step wraps round to a subtraction):
+    # half the passes over a 12 MP image that int16 arithmetic and a clip take.
+    scene = np.clip(np.asarray(coarse.resize((width, height), Image.BICUBIC)), 6, 249)
+    scene += rng.integers(-6, 7, (height, width, 1), dtype=np.int8).view(np.uint8)
     buffer = io.BytesIO()
     exif = Image.Exif()
     if orientation is not None:
         exif[0x0112] = orientation
-    Image.fromarray(np.clip(scene, 0, 255).astype(np.uint8)).save(buffer, format="JPEG", quality=85, exif=exif.tobytes())
+    Image.fromarray(scene).save(buffer, format="JPEG", quality=85, exif=exif.tobytes())
     return buffer.getvalue()
 
 
@@ -167,5 +170,6 @@ def test_large_photos_and_scans_get_the_processors_pixels(family, height, width,
     with Image.open(io.BytesIO(data)) as reference:
         expected = ImageOps.exif_transpose(reference).convert("RGB")  # transformers' load_image, step for step
     assert image.size == expected.size and image.mode == "RGB" and np.array_equal(np.asarray(image), np.asarray(expected))
-    assert_same(family, [image])
-    assert_same(family, [image, expected.resize((width // 5, height // 7))])  # two images of a row, one small
+    # Two images of a row, one small: the table lays each image out on its own (PixelTable.pixels), so the large
+    # one's values are checked bit for bit here as alone, without running the processor on it twice.
+    assert_same(family, [image, expected.resize((width // 5, height // 7))])
