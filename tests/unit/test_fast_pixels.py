@@ -68,7 +68,9 @@ def test_embedded_samples_get_the_processors_pixels(family):
     processor = load_processor(default_processor_path(), 2048)
     dataset = open_dataset(default_dataset_path())
     checked = 0
-    for index in range(40):
+    # Rows 0-28: every kind with images (receipts and documents in grayscale, thumbnails, photos, charts, rows of
+    # two and of three images), 24 rows in all; rows 29-39 hold more of the same kinds.
+    for index in range(29):
         images = [open_image(item, processor.image_folder, index, f"image {k}") for k, item in enumerate(row_images(dataset[index]))]
         if images:
             assert_same(family, images)
