@@ -69,7 +69,8 @@ def _is_whole(values) -> bool:
     return all(float(v).is_integer() for v in values)
 
 
-@pytest.mark.parametrize("dp", [2, 8, 64])
+# The DP sizes docs/analyze.md names (a dp 8 case in between checked the same structure again).
+@pytest.mark.parametrize("dp", [2, 64])
 def test_ranks_are_one_band_before_and_after_at_any_dp(dp):
     analysis, topology = _analysis(dp)
     figure = _images_figure(dp)
@@ -94,7 +95,7 @@ def test_ranks_are_one_band_before_and_after_at_any_dp(dp):
         assert "image tokens" in label
 
 
-@pytest.mark.parametrize("dp", [2, 8, 64])
+@pytest.mark.parametrize("dp", [2, 64])
 def test_critical_path_is_drawn_against_its_lower_bound(dp):
     analysis, topology = _analysis(dp)
     figures = analysis.figures["images"]
@@ -109,7 +110,7 @@ def test_critical_path_is_drawn_against_its_lower_bound(dp):
 
 
 def test_what_ifs_are_a_bar_each_with_the_given_setting_marked():
-    analysis, topology = _analysis(8)
+    analysis, topology = _analysis(2)
     what_ifs = _figure(analysis, topology, "language").axes[1]
     names = ["no_reorder", "per_microbatch", "across_window_2", "across_window_4", "across_window_8"]
     heights = [bar.get_height() for bar in what_ifs.patches]
