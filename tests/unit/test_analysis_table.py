@@ -41,12 +41,12 @@ def _ms(ns: int) -> str:
 
 
 def test_the_tables_show_modelled_ms_for_the_encoder_and_image_tokens_for_language():
-    analysis, _ = _modelled_analysis(8)
+    analysis, _ = _modelled_analysis(2)
     run, what_ifs = _rows(format_analysis(analysis))
     language, images = analysis.figures["language"], analysis.figures["images"]["modelled_encoder_time"]
-    assert run["language"][:3] == ["language", "8", "image tokens"]
+    assert run["language"][:3] == ["language", "2", "image tokens"]
     assert run["language"][7:9] == [f"{language['critical_path_before']:,}", f"{language['critical_path_after']:,}"]
-    assert run["images"][:3] == ["images", "8", "modelled ms"]
+    assert run["images"][:3] == ["images", "2", "modelled ms"]
     assert run["images"][5:9] == [f"{images['spread_before'] / 1e6:,.1f}", f"{images['spread_after'] / 1e6:,.1f}",
                                   _ms(images["critical_path_before"]), _ms(images["critical_path_after"])]
     assert run["images"][9] == f"{1 - images['critical_path_after'] / images['critical_path_before']:.1%}"
@@ -68,7 +68,7 @@ def test_the_given_setting_is_marked_and_a_cut_window_has_no_bound():
 
 
 def test_modelled_bounds_hold_and_json_keeps_exact_integers():
-    analysis, _ = _modelled_analysis(8)
+    analysis, _ = _modelled_analysis(2)
     figures = json.loads(json.dumps(analysis.figures))
     modelled = figures["images"]["modelled_encoder_time"]
     for block in (figures["images"], modelled):

@@ -9,6 +9,7 @@ import json
 import re
 import struct
 import zlib
+from pathlib import Path
 
 import pytest
 from fresh_cache import fresh_cache
@@ -48,9 +49,16 @@ def test_a_refused_flag_exits_2_with_one_line(tmp_path):
         f"mimo-pipes analyze: error: --summary-json: does not apply to analyze: {REFUSED['--summary-json']}"]
 
 
-def test_ignored_flags_change_no_figure_and_write_nothing(tmp_path):
-    status, _, stderr = analyze_here([*SMALL, "--out", str(tmp_path / "plain")])
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory) -> tuple[Path, str]:
+    """analyze SMALL --no-plots, run once for the tests that compare another run with it: (its --out, its stdout)."""
+    out = tmp_path_factory.mktemp("plain")
+    status, stdout, stderr = analyze_here([*SMALL, "--out", str(out)])
     assert status == 0, stderr
+    return out, stdout
+
+
+def test_ignored_flags_change_no_figure_and_write_nothing(tmp_path, plain):
     ignored = ["--pad-to-seq-length", "true", "--no-overlap-intra-microbatch-reorder", "--pack-sequences-in-batch", "--pack-pad-multiple", "2",
                "--num-workers", "3", "--exchange-transport", "gloo", "--exchange-image-paths", "--exchange-timeout", "5", "--read-ahead", "0",
                "--dump-assignments", str(tmp_path / "dumps"), "--save-state", str(tmp_path / "state"), "--tensorboard", str(tmp_path / "tb"),
@@ -58,7 +66,7 @@ def test_ignored_flags_change_no_figure_and_write_nothing(tmp_path):
     assert {flag for flag in ignored if flag.startswith("--")} == set(IGNORED)
     status, _, stderr = analyze_here([*SMALL, *ignored, "--out", str(tmp_path / "ignored")])
     assert status == 0, stderr
-    assert (tmp_path / "ignored" / "analysis.json").read_text() == (tmp_path / "plain" / "analysis.json").read_text()
+    assert (tmp_path / "ignored" / "analysis.json").read_text() == (plain[0] / "analysis.json").read_text()
     assert not any((tmp_path / name).exists() for name in ("dumps", "state", "tb"))
 
 
@@ -205,13 +213,17 @@ def test_what_ifs_a_run_would_refuse_are_left_out_and_said(tmp_path):
         assert set(module["what_if"]) == {"no_reorder", "per_microbatch", "across_window_1", "across_window_3"}
 
 
-def test_no_plots_writes_the_same_json_and_no_png(tmp_path):
+def test_no_plots_writes_the_same_json_and_no_png(tmp_path, monkeypatch, plain):
+    # Each module's figure is built as ever; only its pixels are not: saving the figure writes a stand-in file
+    # (rendering and the PNG's documented size are test_analysis_plot's write_plots test, drawn once there).
+    from matplotlib.figure import Figure
+
+    monkeypatch.setattr(Figure, "savefig", lambda figure, path, **_: Path(path).write_bytes(b"\x89PNG stand-in"))
     status, plotted, stderr = analyze_here([*SMALL, "--out", str(tmp_path / "plots")], plots=True)
     assert status == 0, stderr
-    status, plain, stderr = analyze_here([*SMALL, "--out", str(tmp_path / "json")], plots=False)
-    assert status == 0, stderr
+    folder, stdout = plain  # the same flags with --no-plots
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["analysis.json", "images.png", "language.png"]
-    assert sorted(p.name for p in (tmp_path / "json").iterdir()) == ["analysis.json"]
-    assert (tmp_path / "json" / "analysis.json").read_text() == (tmp_path / "plots" / "analysis.json").read_text()
-    assert plain.splitlines()[-1] == f"wrote {tmp_path / 'json' / 'analysis.json'}"
+    assert sorted(p.name for p in folder.iterdir()) == ["analysis.json"]
+    assert (folder / "analysis.json").read_text() == (tmp_path / "plots" / "analysis.json").read_text()
+    assert stdout.splitlines()[-1] == f"wrote {folder / 'analysis.json'}"
     assert plotted.splitlines()[-1].endswith("images.png")

@@ -86,12 +86,18 @@ def _vision_groups(input_ids: torch.Tensor, proc: SampleProcessor) -> list[int]:
 # Processor: placeholder expansion
 
 
-def test_placeholders_match_grid_on_every_kind(proc, small_dataset):
+@pytest.fixture(scope="module")
+def processed(proc, small_dataset) -> list[dict]:
+    """Each small_dataset row through ``proc`` once, on this thread: what the tests below compare with."""
+    return [proc(dict(small_dataset[i], sample_id=i)) for i in range(len(small_dataset))]
+
+
+def test_placeholders_match_grid_on_every_kind(proc, small_dataset, processed):
     seen_kinds = set()
     for i in range(len(small_dataset)):
         row = dict(small_dataset[i], sample_id=i)
         n_images = len(row["images"])
-        out = proc(row)
+        out = dict(processed[i])
         if n_images == 0:  # a text-only sample carries no vision field
             out.update(image_grid_thw=torch.zeros(0, 3, dtype=torch.int64), pixel_values=torch.zeros(0, 1176))
         grid = out["image_grid_thw"]
@@ -347,9 +353,9 @@ def test_sample_processor_is_picklable(proc, small_dataset):
         assert torch.equal(a[key], b[key])
 
 
-def test_thread_safe(proc, small_dataset):
+def test_thread_safe(proc, small_dataset, processed):
     rows = [dict(small_dataset[i], sample_id=i) for i in range(8)]
-    expected = [proc(r)["input_ids"] for r in rows]
+    expected = [out["input_ids"] for out in processed[:8]]
     results = [None] * len(rows)
 
     def work(i):

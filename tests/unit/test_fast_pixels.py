@@ -68,7 +68,9 @@ def test_embedded_samples_get_the_processors_pixels(family):
     processor = load_processor(default_processor_path(), 2048)
     dataset = open_dataset(default_dataset_path())
     checked = 0
-    for index in range(40):
+    # Rows 0-28: every kind with images (receipts and documents in grayscale, thumbnails, photos, charts, rows of
+    # two and of three images), 24 rows in all; rows 29-39 hold more of the same kinds.
+    for index in range(29):
         images = [open_image(item, processor.image_folder, index, f"image {k}") for k, item in enumerate(row_images(dataset[index]))]
         if images:
             assert_same(family, images)
@@ -134,7 +136,8 @@ def test_the_benchmark_checks_both_paths_alike(capsys):
     from pathlib import Path
 
     main = runpy.run_path(str(Path(__file__).resolve().parents[2] / "benchmarks" / "pixel_table.py"))["main"]
-    assert main(["--rows", "8", "--rounds", "1", "--no-docs"]) == 0
+    # 3 rows: two with an image, one without (the embedded data's first rows); each path runs on every one
+    assert main(["--rows", "3", "--rounds", "1", "--no-docs"]) == 0
     assert "identical fields: True" in capsys.readouterr().out
 
 
@@ -144,12 +147,15 @@ def _camera_jpeg(height: int, width: int, seed: int, orientation: int | None = N
 
     rng = np.random.default_rng(seed)
     coarse = Image.fromarray(rng.integers(0, 256, (height // 64 + 2, width // 64 + 2, 3), dtype=np.uint8))
-    scene = np.asarray(coarse.resize((width, height), Image.BICUBIC), dtype=np.int16) + rng.integers(-6, 7, (height, width, 1), dtype=np.int16)
+    # Kept 6 away from either end, the grain adds in place in uint8 (a negative step wraps round to a subtraction):
+    # half the passes over a 12 MP image that int16 arithmetic and a clip take.
+    scene = np.clip(np.asarray(coarse.resize((width, height), Image.BICUBIC)), 6, 249)
+    scene += rng.integers(-6, 7, (height, width, 1), dtype=np.int8).view(np.uint8)
     buffer = io.BytesIO()
     exif = Image.Exif()
     if orientation is not None:
         exif[0x0112] = orientation
-    Image.fromarray(np.clip(scene, 0, 255).astype(np.uint8)).save(buffer, format="JPEG", quality=85, exif=exif.tobytes())
+    Image.fromarray(scene).save(buffer, format="JPEG", quality=85, exif=exif.tobytes())
     return buffer.getvalue()
 
 
@@ -167,5 +173,6 @@ def test_large_photos_and_scans_get_the_processors_pixels(family, height, width,
     with Image.open(io.BytesIO(data)) as reference:
         expected = ImageOps.exif_transpose(reference).convert("RGB")  # transformers' load_image, step for step
     assert image.size == expected.size and image.mode == "RGB" and np.array_equal(np.asarray(image), np.asarray(expected))
-    assert_same(family, [image])
-    assert_same(family, [image, expected.resize((width // 5, height // 7))])  # two images of a row, one small
+    # Two images of a row, one small: the table lays each image out on its own (PixelTable.pixels), so the large
+    # one's values are checked bit for bit here as alone, without running the processor on it twice.
+    assert_same(family, [image, expected.resize((width // 5, height // 7))])
