@@ -85,7 +85,8 @@ def test_transient_faults_lose_and_repeat_nothing(s3):
     from_s3 = rows_of(spec["s3"], spec["s3_images"])
     assert from_s3 == rows_of(spec["local"], spec["images"])
     parquet = open_source(specs["parquet"]["s3"])
-    assert [parquet[i] for i in range(SIZE)] == [open_source(specs["parquet"]["local"])[i] for i in range(SIZE)]
+    on_disk = open_source(specs["parquet"]["local"])
+    assert [parquet[i] for i in range(SIZE)] == [on_disk[i] for i in range(SIZE)]
     assert faults.fired == {"503": 4, "cut": 2, "slow": 1}
 
 
@@ -201,12 +202,13 @@ def test_an_energon_dataset_in_s3_reads_as_on_disk_through_energons_storage_laye
     faults.gets.clear()
     faults.slow_downs = 3
     faults.cuts["shard-0001.tar"] = 1
-    assert [remote[i] for i in range(SIZE)] == [open_source(local)[i] for i in range(SIZE)]
+    on_disk = open_source(local)
+    assert [remote[i] for i in range(SIZE)] == [on_disk[i] for i in range(SIZE)]
     assert faults.fired["503"] == 3 and faults.fired["cut"] == 1
     shards = {path: count for path, count in faults.gets.items() if path.endswith(".tar")}
     assert sum(shards.values()) == SIZE  # one range request a sample, none repeated: the index is local
     faults.gets.clear()
-    assert remote[7] == open_source(local)[7] and dict(faults.gets) == {"/energon/ds/shard-0001.tar": 1}
+    assert remote[7] == on_disk[7] and dict(faults.gets) == {"/energon/ds/shard-0001.tar": 1}
 
 
 def test_a_missing_energon_shard_in_s3_is_found_before_the_ranks_start(s3, energon_url):
@@ -287,13 +289,14 @@ def test_the_local_copies_stay_within_their_bound_and_a_copy_over_it_is_refused(
 
 
 @pytest.fixture(scope="module")
-def energon_blend(server, tmp_path_factory):
-    pytest.importorskip("megatron.energon")
-    from energon_data import crude_sample, write_real_rows, write_shards
+def energon_blend(server, energon_url, tmp_path_factory):
+    import shutil
+
+    from energon_data import crude_sample, write_shards
 
     s3, _ = server
     root = tmp_path_factory.mktemp("blend")
-    write_real_rows(root / "ds", SIZE, per_shard=5)
+    shutil.copytree(energon_url[1], root / "ds")  # the dataset of energon_url, written once
     write_shards(root / "small", [crude_sample(100 + i) for i in range(3)], 2, "__class__: CrudeWebdataset\n")
     (root / "blend.yaml").write_text(
         "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
