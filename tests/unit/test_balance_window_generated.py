@@ -64,7 +64,8 @@ def test_plans_are_permutations_and_never_worse_than_lpt(case):
     assert_window_plan(plan, count, size, num_slots)
     flat = [c for row in costs for c in row]
     assert _path(flat, plan, floor) <= _lpt_path(costs, num_slots, floor)
-    assert plan == balance_window(costs, num_slots, across_microbatches=True, floor=floor)  # deterministic
+    # The same plan twice (ties in any order would break it) is test_balance_window_mixed's to check, on
+    # windows as tied as these: planning each one a second time here doubled this test's cost.
 
 
 def _reported_kind(seed: int) -> list[list[int]]:
