@@ -64,7 +64,8 @@ def test_plans_are_permutations_and_never_worse_than_lpt(case):
     assert_window_plan(plan, count, size, num_slots)
     flat = [c for row in costs for c in row]
     assert _path(flat, plan, floor) <= _lpt_path(costs, num_slots, floor)
-    assert plan == balance_window(costs, num_slots, across_microbatches=True, floor=floor)  # deterministic
+    # The same plan twice (ties in any order would break it) is test_balance_window_mixed's to check, on
+    # windows as tied as these: planning each one a second time here doubled this test's cost.
 
 
 def _reported_kind(seed: int) -> list[list[int]]:
@@ -74,14 +75,18 @@ def _reported_kind(seed: int) -> list[list[int]]:
     return np.where(rng.random((4, 16)) < 0.6, 0, image).tolist()
 
 
-def _optimum(costs: list[list[int]], num_slots: int, floor: int, known: int) -> int:
-    """The proven optimum (the search over counts, with a budget far beyond the planner's), at most ``known``."""
+def _within_1_percent_of_the_optimum(costs: list[list[int]], num_slots: int, floor: int, path: int) -> bool:
+    """Whether ``path`` is at most 1% above the least path of any plan: the lower bound shows it, or the search
+    over counts (a budget far beyond the planner's) proves that no plan's path is below path / 1.01. Asked
+    for no better plan than that, the search prunes more than one asked for the optimum itself."""
     ordered = sorted((c for row in costs for c in row), reverse=True)
     lower = window_path_bound(np.asarray(ordered, dtype=np.int64), len(costs), num_slots, floor)
-    exact = search_counts(ordered, len(costs), num_slots, floor, known, lower, 10**9)
+    target = -(-path * 100 // 101)  # the least P with P * 1.01 >= path
+    if target <= lower:
+        return True
+    exact = search_counts(ordered, len(costs), num_slots, floor, target, lower, 10**9)
     assert exact.proven
-    assert exact.best >= lower
-    return exact.best
+    return exact.bins is None  # none below target: the optimum is at least path / 1.01
 
 
 def test_a_window_of_the_reported_kind_is_within_1_percent_of_the_best_known():
@@ -92,7 +97,7 @@ def test_a_window_of_the_reported_kind_is_within_1_percent_of_the_best_known():
         costs = _reported_kind(seed)
         flat = [c for row in costs for c in row]
         path = _path(flat, balance_window(costs, 8, across_microbatches=True), 0)
-        assert path <= _optimum(costs, 8, 0, path + 1) * 1.01, (seed, path)
+        assert _within_1_percent_of_the_optimum(costs, 8, 0, path), (seed, path)
 
 
 # Held-out windows of few distinct costs (seeds no budget or bound was tuned on): W, B, G, text-only share,
@@ -123,4 +128,4 @@ def test_held_out_windows_of_few_costs_are_within_1_percent_of_their_optimum(kin
         costs, num_slots, floor = _held_out(kind, seed)
         flat = [c for row in costs for c in row]
         path = _path(flat, balance_window(costs, num_slots, across_microbatches=True, floor=floor), floor)
-        assert path <= _optimum(costs, num_slots, floor, path + 1) * 1.01, (kind, seed, path)
+        assert _within_1_percent_of_the_optimum(costs, num_slots, floor, path), (kind, seed, path)

@@ -93,7 +93,8 @@ def test_the_search_returns_a_full_plan_never_worse_than_its_start(case):
     _assert_bins(np.concatenate(result), flat.shape[0], per_slot)
     assert value <= path
     assert value == sum(max(floor, int(flat[plan].sum(axis=1).max())) for plan in result)
-    assert levels_replanned(flat, plans, path, num_slots, floor, tuning)[1] == value
+    # The same result twice is test_balance_window_mixed's and test_balance_same_as_reference's to check: a
+    # repair that orders tied loads at random fails both, and never failed the second search this ran here.
 
 
 @pytest.mark.parametrize("seed", range(8))

@@ -60,7 +60,7 @@ def repair(
     last = np.full(flat.shape[0], -tuning.levels_tabu - 1, dtype=np.int64)  # the swap that last moved a sample
     least, stalled = None, 0
     for step in range(tuning.levels_repair_swaps):
-        order = np.argsort(-loads, kind="stable")
+        order = (-loads).argsort(kind="stable")
         cap = np.empty(bins, dtype=np.int64)
         cap[order] = caps
         path = int(np.maximum(loads[order[::num_slots]], floor).sum())
@@ -79,23 +79,25 @@ def repair(
                 return None
         # Sources: the samples of the slots over their caps; targets: every sample (positions, slot-major). Frozen:
         # samples swapped in the last tabu swaps, kept unless the swap reaches a new least excess.
-        sources = np.flatnonzero(excess[slot_of])
+        # (x.nonzero()[0]: np.flatnonzero's indices of a 1-D array, without its wrappers' cost at every swap.)
+        excess_at = excess[slot_of]
+        sources = excess_at.nonzero()[0]
         passed.work += sources.shape[0] * held.shape[0]
-        delta = _swap_deltas(held, sources, room[slot_of], excess[slot_of], per_slot)
+        delta = _swap_deltas(held, sources, room[slot_of], excess_at, per_slot)
         frozen = step - last[flat_members] <= tuning.levels_tabu
         if frozen.any():
             threshold = least - total
-            for index in ((slice(None), np.flatnonzero(frozen)), np.flatnonzero(frozen[sources])):
+            for index in ((slice(None), frozen.nonzero()[0]), frozen[sources].nonzero()[0]):
                 part = delta[index]
                 part[part >= threshold] = _BLOCKED
                 delta[index] = part
         best = int(delta.min())
         if best >= _BLOCKED:
             return None
-        candidates = np.flatnonzero(delta.reshape(-1) == best)
+        candidates = (delta.reshape(-1) == best).nonzero()[0]
         width = held.shape[0]
         moves = held[sources[candidates // width]] - held[candidates % width]
-        pick = int(candidates[np.argmin(moves)])
+        pick = int(candidates[moves.argmin()])
         i, j = int(sources[pick // width]), pick % width
         moved = int(held[i] - held[j])
         last[flat_members[i]] = last[flat_members[j]] = step
