@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -23,6 +25,17 @@ SPARE_BUFFERS = 4
 spare ones cover a burst of micro-batches handed out together (read-ahead) without keeping memory that no
 micro-batch needs."""
 ROUND_BYTES = 1 << 20  # capacities are whole MiB, so a micro-batch slightly larger than the last still fits
+T = TypeVar("T")  # what a pool lends: a buffer, a shared-memory segment
+
+
+def take_fitting(free: list[T], nbytes: int, spare: int, size: Callable[[T], int]) -> tuple[T | None, list[T]]:
+    """From a pool's ``free`` list (changed in place): the smallest item of at least ``nbytes`` (None if none fits),
+    and the items beyond ``spare`` left over, taken off the list for the caller to let go outside its lock."""
+    fitting = [i for i, item in enumerate(free) if size(item) >= nbytes]
+    item = free.pop(min(fitting, key=lambda i: size(free[i]))) if fitting else None
+    surplus = free[spare:]
+    del free[spare:]
+    return item, surplus
 
 
 class BufferPool:
@@ -41,10 +54,7 @@ class BufferPool:
         """A flat tensor of ``numel`` elements of ``dtype``, uninitialised (as ``torch.empty``)."""
         nbytes = numel * dtype.itemsize
         with self._lock:
-            fitting = [i for i, base in enumerate(self._free) if base.nbytes >= nbytes]
-            base = self._free.pop(min(fitting, key=lambda i: self._free[i].nbytes)) if fitting else None
-            surplus = self._free[self.spare:]
-            del self._free[self.spare:]
+            base, surplus = take_fitting(self._free, nbytes, self.spare, lambda base: base.nbytes)
         del surplus  # unmapped here, on the thread that takes buffers
         if base is None:
             base = np.empty(-(-max(nbytes, 1) // ROUND_BYTES) * ROUND_BYTES, dtype=np.uint8)

@@ -143,11 +143,10 @@ def _received(name: str | None, size: int, places: list, rest: dict, keys: list)
 
 
 class Placed(NamedTuple):
-    """Where a worker writes one sample's rows of a field: segment ``name`` (``size`` bytes), from byte
-    ``offset``, ``shape`` and ``dtype`` as the sample's field must be to go there."""
+    """Where a worker writes one sample's rows of a field: segment ``name``, from byte ``offset``, ``shape`` and
+    ``dtype`` as the sample's field must be to go there."""
 
     name: str
-    size: int
     offset: int
     shape: tuple[int, ...]
     dtype: torch.dtype
@@ -170,18 +169,17 @@ class Destination:
         self.pooled = pool is not None
         if pool is not None:
             segment, lent = pool.take(max(total, 1))
-            self.name, size = segment.name, segment.size
+            self.name = segment.name
             flat = torch.from_numpy(lent[:total]).view(dtype) if numel else torch.empty(0, dtype=dtype)  # pooled again with the micro-batch
         else:
-            size = max(sum(counts) * row_bytes, 1)
             self.name = f"{SEGMENT_PREFIX}{owner}-{os.getpid()}-{next(_written)}"
-            mapped = _sized_segment(self.name, size)
+            mapped = sized_segment(self.name, max(total, 1))
             flat = torch.frombuffer(mapped, dtype=dtype, count=numel) if numel else torch.empty(0, dtype=dtype)
         # One flat tensor over the segment (what lend_rows is given: every slice's base), its rows as views of it.
         self.buffer = flat
         lend_rows(self.buffer)
         starts = list(itertools.accumulate(counts, initial=0))
-        self.places = [Placed(self.name, size, start * row_bytes, (count, *tail), dtype) for start, count in zip(starts, counts)]
+        self.places = [Placed(self.name, start * row_bytes, (count, *tail), dtype) for start, count in zip(starts, counts)]
         width = math.prod(tail)
         self.rows = [self.buffer[start * width:(start + count) * width].view(count, *tail) for start, count in zip(starts, counts)]
         self._left = len(counts)
@@ -197,9 +195,9 @@ class Destination:
                 os.unlink(os.path.join(FOLDER, self.name))
 
 
-def _sized_segment(name: str, size: int) -> mmap.mmap:
-    """A new segment of ``size`` bytes, mapped; sized, not filled: each worker takes its own part's pages, in
-    parallel (:func:`place_target`), none on this thread."""
+def sized_segment(name: str, size: int) -> mmap.mmap:
+    """A new segment ``name`` of ``size`` bytes, mapped; sized, not filled: each worker takes its own part's pages,
+    in parallel (:func:`place_target`), none on this thread."""
     path = os.path.join(FOLDER, name)
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
@@ -234,7 +232,7 @@ def place_target(place: Placed) -> np.ndarray | None:
     finally:
         os.close(fd)
     raw = np.frombuffer(mapped, dtype=np.uint8, count=nbytes, offset=place.offset - start)
-    return raw.view(_NUMPY_WORDS.get(place.dtype, np.uint8)).reshape(place.shape) if place.dtype in _NUMPY_WORDS else raw
+    return raw.view(_NUMPY_WORDS[place.dtype]).reshape(place.shape) if place.dtype in _NUMPY_WORDS else raw
 
 
 _NUMPY_WORDS = {torch.float32: np.float32, torch.float16: np.float16, torch.bfloat16: np.uint16, torch.float64: np.float64,

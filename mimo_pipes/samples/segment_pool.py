@@ -26,8 +26,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from mimo_pipes.samples.buffer_pool import ROUND_BYTES, SPARE_BUFFERS
-from mimo_pipes.samples.handover import FOLDER, SEGMENT_PREFIX
+from mimo_pipes.samples.buffer_pool import ROUND_BYTES, SPARE_BUFFERS, take_fitting
+from mimo_pipes.samples.handover import FOLDER, SEGMENT_PREFIX, sized_segment
 
 _made = itertools.count()
 
@@ -59,10 +59,7 @@ class SegmentPool:
         comes back to the pool when the last view of that array is gone. Raises OSError where shared memory
         cannot hold a new segment."""
         with self._lock:
-            fitting = [i for i, segment in enumerate(self._free) if segment.size >= nbytes]
-            segment = self._free.pop(min(fitting, key=lambda i: self._free[i].size)) if fitting else None
-            surplus = self._free[self.spare:]
-            del self._free[self.spare:]
+            segment, surplus = take_fitting(self._free, nbytes, self.spare, lambda segment: segment.size)
         for extra in surplus:  # let go here, on the thread that takes segments
             self._let_go(extra)
         if segment is None:
@@ -108,17 +105,7 @@ class SegmentPool:
 def _new_segment(owner: int, size: int) -> Segment:
     """A named segment of ``size`` bytes, sized but not filled: each worker takes its own part's pages."""
     name = f"{SEGMENT_PREFIX}{owner}-{os.getpid()}-pool{next(_made)}"
-    path = os.path.join(FOLDER, name)
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-    try:
-        os.ftruncate(fd, size)
-        mapped = mmap.mmap(fd, size)
-    except BaseException:
-        os.unlink(path)
-        raise
-    finally:
-        os.close(fd)
-    return Segment(name, size, mapped)
+    return Segment(name, size, sized_segment(name, size))
 
 
 def _remove(segment: Segment) -> None:
