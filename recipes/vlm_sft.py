@@ -20,6 +20,7 @@ from mimo_pipes.config import PipelineConfig
 from mimo_pipes.config.counts import as_count
 from mimo_pipes.config.tail_settings import resolve_pipeline_tail
 from mimo_pipes.config.transport import check_read_ahead
+from mimo_pipes.config.workers import processing_workers
 from mimo_pipes.data.bad_rows.skipping import SkipBadRows
 from mimo_pipes.data.from_config import dataset_path, image_folder, open_processor, processor_path
 from mimo_pipes.data.processing.module_processor import ModuleProcessor
@@ -32,11 +33,13 @@ from mimo_pipes.errors import ConfigError
 from mimo_pipes.exchange import RankLayout
 from mimo_pipes.graph.loader import GraphLoader
 from mimo_pipes.graph.tail import balanced_tail
+from mimo_pipes.graph.torchdata_guards import start_workers_from
 from mimo_pipes.nodes import CanonicalShardReader, SnapshotGuard
 from mimo_pipes.nodes.canonical_shard_reader import MapStyleDataset
 from mimo_pipes.nodes.media_prefetch import MediaPrefetch
 from mimo_pipes.samples.collate import FieldSpec
 from mimo_pipes.samples.module_fields import module_fields
+from mimo_pipes.samples.processing_method import processing_method
 from mimo_pipes.samples.sample import Sample
 from mimo_pipes.samples.worker_start import worker_context
 
@@ -51,7 +54,7 @@ def pipeline(
     pad_values: Mapping[str, int | float],
     vision_fields: Mapping[str, FieldSpec] | None = None,
     consumed_microbatches: int = 0,
-    processing: str = "thread",
+    processing: str | None = None,
     process_rows: Callable[[Sample], Sample] | None = None,
     stand_in: Callable[[Sample], Sample] | None = None,
 ) -> GraphLoader:
@@ -66,10 +69,15 @@ def pipeline(
     ``consumed_microbatches`` resumes from a Megatron-style count alone: the same stream as restoring
     the loader's full state. ``image_token_id``: the placeholder ids the cost counts (image and video);
     ``vision_fields``: the vision fields every micro-batch carries, empty when no sample has them.
-    ``processing``: ``thread`` or ``process`` (processing on worker processes; it must pickle)."""
+    ``processing``: ``auto``, ``thread`` or ``process`` (worker processes: what they run must pickle); None: the
+    config's (:mod:`mimo_pipes.samples.processing_method`)."""
+    # The workers run the processing: after the exchange with rows (process_rows), else the map function.
+    processed_by = process_rows if process_rows is not None else map_fn
+    method = processing_method(config.processing if processing is None else processing, processing_workers(config.num_workers),
+                               work=() if processed_by is None else (processed_by,))
     tail = resolve_pipeline_tail(
         config, layout.dp_size, image_token_ids=image_token_id, pad_values=pad_values, vision_fields=vision_fields,
-        module=layout.module, method=processing,
+        module=layout.module, method=method,
         payload="rows" if process_rows is not None else "samples",
     )
     # This rank's B/d samples of every global micro-batch, from the window that holds the next one.
@@ -83,7 +91,7 @@ def pipeline(
         dataloader_type=config.dataloader_type,
     )
     if map_fn is not None:
-        method = "thread" if tail.processing.rows else processing
+        method = "thread" if tail.processing.rows else tail.processing.method
         folder = image_folder(config)
         if is_s3(folder) and method == "thread":
             # Images named by path in object storage: each row's files fetched as it is read, ahead of the mappers,
@@ -92,8 +100,8 @@ def pipeline(
         # Processing, or with rows the counting (cheap: on threads). ParallelMapper keeps its source's state
         # as snapshots without copying: SnapshotGuard hands it copies.
         node = ParallelMapper(SnapshotGuard(node), map_fn, num_workers=tail.processing.workers, in_order=True, method=method)
-        if method == "process":  # torchdata names a context by its method alone: the library's worker server is set here
-            node._mp_context = worker_context()
+        if method == "process":  # from the library's worker server (torchdata would fork this process)
+            start_workers_from(node, worker_context())
     # CostAnnotator -> Windower -> BalanceExchange -> (RowProcessor ->) MicroBatchAssembler (-> SequencePacker).
     tail_node = balanced_tail(node, settings=tail, layout=layout, process_rows=process_rows, stand_in=stand_in)
     # Whole micro-batches made ahead of the training thread on the loader's own thread (--read-ahead).
@@ -124,10 +132,11 @@ def prepare(config: PipelineConfig, log: Callable[[str], None] = print) -> None:
 
 
 def build(
-    config: PipelineConfig, layout: RankLayout, *, consumed_microbatches: int = 0, processing: str = "thread"
+    config: PipelineConfig, layout: RankLayout, *, consumed_microbatches: int = 0, processing: str | None = None
 ) -> GraphLoader:
     """This rank's loader; ``consumed_microbatches`` resumes from a Megatron-style count; ``processing``:
-    per-sample processing on ``thread``s or worker ``process``es. A count that is not an integer >= 0 is refused here."""
+    per-sample processing on ``thread``s, worker ``process``es or ``auto`` (None: ``config.processing``). A count
+    that is not an integer >= 0 is refused here."""
     consumed_microbatches = as_count(consumed_microbatches, "consumed_microbatches")
     processor = open_processor(config)
     dataset = open_source(dataset_path(config), config.split_part)

@@ -17,7 +17,8 @@ from mimo_pipes.parallel.topology import parse_component
 # Settings of PipelineConfig (and the configs inside it) that do not change the stream or the saved state,
 # so a resumed run may change them. Every other field, present or added later, must match.
 RESUME_EXEMPT = {
-    "num_workers": "processing threads; the mapper keeps the order",
+    "num_workers": "processing workers; the mapper keeps the order",
+    "processing": "threads or worker processes make the same samples in the same order",
     "exchange_transport": "how the bytes travel, not which",
     "exchange_timeout_s": "how long a rank waits for a silent peer",
     "overlap_intra_microbatch_reorder": "which thread runs the exchange; the state is the same either way",

@@ -26,6 +26,7 @@ from mimo_pipes.errors import ConfigError, name_flags_as_fields
 from mimo_pipes.parallel.pairing import pairing_problem
 from mimo_pipes.parallel.topology import Topology, build_topology
 from mimo_pipes.samples.cost_range import check_cost_range
+from mimo_pipes.samples.processing_method import PROCESSING_SETTINGS
 from mimo_pipes.time_model.model import TimeModel, TimeModelError, load_time_model
 
 DATALOADER_TYPES = ("single", "cyclic")
@@ -218,6 +219,9 @@ class PipelineConfig:
     processor: str | None = None  # None: the embedded offline processor
     embedded_samples: int = 512
     num_workers: int | None = None  # None: the cores this rank may use, less its own threads (config/workers.py)
+    # Where the workers process samples: auto (worker processes with 2+ workers where they start, else threads),
+    # thread or process (samples/processing_method.py); the stream is the same.
+    processing: str = "auto"
     exchange_transport: str = "auto"
     exchange_timeout_s: float = 120.0
     reorder: ReorderConfig = field(default_factory=ReorderConfig)
@@ -250,6 +254,8 @@ class PipelineConfig:
         take_switches(self, self.SWITCHES)
         if isinstance(self.components, str) or not all(isinstance(spec, str) for spec in self.components):
             raise ConfigError(flag("components"), f"must be a list of module specs (strings), got {self.components!r}")
+        if self.processing not in PROCESSING_SETTINGS:
+            raise ConfigError(flag("processing"), f"must be one of {', '.join(PROCESSING_SETTINGS)}, got {self.processing!r}")
         timeout = self.exchange_timeout_s
         if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not math.isfinite(timeout) or timeout <= 0:
             raise ConfigError(flag("exchange_timeout_s"), f"must be a positive number of seconds, got {timeout!r}")

@@ -8,9 +8,10 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+from multiprocessing.context import BaseContext
 from typing import Any
 
-from torchdata.nodes import BaseNode, PinMemory, Prefetcher
+from torchdata.nodes import BaseNode, ParallelMapper, PinMemory, Prefetcher
 from torchdata.nodes.map import _ParallelMapperImpl, _ParallelMapperIter, _SingleThreadedMapper
 
 from mimo_pipes.samples import handover
@@ -90,6 +91,18 @@ def stop_torchdata_threads(node: BaseNode) -> None:
     if isinstance(iterator, _ParallelMapperIter):
         _wait_for_worker_processes(iterator)
     node._it = None
+
+
+def start_workers_from(mapper: ParallelMapper, context: BaseContext) -> None:
+    """Start ``mapper``'s worker processes from ``context`` (the library's server, :mod:`worker_start`).
+    torchdata 0.11 takes a context only by name and keeps it on the mapper's inner ``_ParallelMapperImpl``: a
+    context set on the ``ParallelMapper`` is never read, and its workers are then forked from this process
+    on Linux (threads, CUDA and all). Called before the mapper first starts; a torchdata whose mapper is
+    laid out otherwise is refused here rather than left to fork."""
+    inner = mapper._it
+    if not isinstance(inner, _ParallelMapperImpl) or mapper.method != "process":
+        raise TypeError(f"expected torchdata 0.11's process ParallelMapper (a _ParallelMapperImpl inside), got {type(inner).__name__}")
+    inner._mp_context = context
 
 
 def _stop_readers_first(iterator: _ParallelMapperIter) -> None:

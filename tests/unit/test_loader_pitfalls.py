@@ -4,6 +4,8 @@ and passes on GraphLoader and our nodes."""
 from __future__ import annotations
 
 import copy
+import multiprocessing
+import os
 
 import pytest
 from node_checks import CountingSource
@@ -106,6 +108,15 @@ def copied(sample: dict) -> dict:
     return {key: value.clone() if hasattr(value, "clone") else value for key, value in sample.items()}
 
 
+def _parent_of(pid: int) -> int | None:
+    """The operating system's parent of process ``pid`` (Linux), None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith("PPid:"))
+    except (OSError, StopIteration):
+        return None
+
+
 @pytest.mark.launch  # starts worker processes
 def test_closing_a_graph_with_worker_processes_leaves_no_thread_failing():
     """torchdata 0.11 stops process workers before its sort thread: a result in flight then fails in the
@@ -127,7 +138,11 @@ def test_closing_a_graph_with_worker_processes_leaves_no_thread_failing():
             loader = pipeline(SyntheticProcessedDataset(64), config, RankLayout(0, 1, 1), map_fn=copied,
                               image_token_id=IMAGE_TOKEN_ID, pad_values={}, processing="process")
             next(iter(loader))
+            parents = {child.pid: _parent_of(child.pid) for child in multiprocessing.active_children()}
             loader.close()
     finally:
         threading.excepthook = previous
     assert failures == []
+    # The workers came from the library's worker server, not forked from this process (threads and all): torchdata
+    # keeps a context on its inner mapper, where the recipe sets it.
+    assert len(parents) >= 2 and os.getpid() not in parents.values(), parents

@@ -7,6 +7,7 @@ import argparse
 from mimo_pipes.cli.commands.argtypes import path
 from mimo_pipes.config import DATALOADER_TYPES, DEFAULT_COMPONENTS, EXCHANGE_PAYLOADS, EXCHANGE_TRANSPORTS, LANGUAGE_COSTS, PipelineConfig, ReorderConfig
 from mimo_pipes.config.job_options import JobOptions
+from mimo_pipes.samples.processing_method import PROCESSING_SETTINGS
 
 
 def _bool(value: str) -> bool:
@@ -132,8 +133,12 @@ def _add_reading_arguments(parser: argparse.ArgumentParser, defaults: PipelineCo
     parser.add_argument("--embedded-samples", type=int, default=defaults.embedded_samples,
                         help="size of the embedded synthetic dataset (without --dataset)")
     parser.add_argument("--num-workers", type=int, default=defaults.num_workers,
-                        help="processing threads per rank (default: the cores a rank may use, shared among the node's "
+                        help="processing workers per rank (default: the cores a rank may use, shared among the node's "
                              "ranks, less 2 for its own threads)")
+    parser.add_argument("--processing", choices=PROCESSING_SETTINGS, default=defaults.processing,
+                        help="where the workers process samples: worker processes (process), threads of the rank "
+                             "(thread), or auto: processes when a rank has 2 workers or more and they can start, "
+                             "else threads; the samples are the same")
     parser.add_argument("--read-ahead", type=int, default=defaults.read_ahead, metavar="N",
                         help="whole micro-batches each rank's loader makes ahead of the training thread on a thread of its "
                              "own (0: none); a saved state is always at the last micro-batch handed out")
@@ -206,6 +211,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[PipelineConfig, JobOptio
         processor=args.processor,
         embedded_samples=args.embedded_samples,
         num_workers=args.num_workers,
+        processing=args.processing,
         read_ahead=args.read_ahead,
         exchange_transport=args.exchange_transport,
         exchange_timeout_s=args.exchange_timeout,

@@ -1,0 +1,75 @@
+"""Where a rank's per-sample processing runs: the ``processing`` setting (``--processing``) resolved on the rank.
+
+``thread``: on threads of the rank's own process. ``process``: on worker processes (:mod:`worker_start`), which
+decode, resize and cut patches in parallel without sharing one interpreter lock, and lay pixels out in shared
+memory (:mod:`handover`). ``auto`` (the default) takes worker processes where they pay: the rank has two workers
+or more (one worker process makes what one thread makes, and costs a start and a hand-over), they start from the
+library's own server (Linux and other POSIX systems on the Pythons tested), and what they run pickles (a
+function of the user's own, a lambda say, may not); else threads, with the reason logged once. The stream is the
+same either way (the order is kept, and the pixels are bit for bit the processor's)."""
+
+from __future__ import annotations
+
+import logging
+import pickle
+from collections.abc import Iterable
+
+from mimo_pipes.config.flags import flag
+from mimo_pipes.errors import ConfigError
+from mimo_pipes.samples import worker_start
+
+logger = logging.getLogger(__name__)
+
+AUTO, THREAD, PROCESS = "auto", "thread", "process"
+PROCESSING_SETTINGS = (AUTO, THREAD, PROCESS)
+_said: set[str] = set()  # the reasons auto chose threads, each logged once a process
+
+
+def processing_method(setting: str, workers: int, work: Iterable[object] = ()) -> str:
+    """``thread`` or ``process`` for ``setting`` (see the module doc), given the rank's ``workers`` and the
+    callables the workers would run (``work``; pickled here once to tell, only under ``auto``)."""
+    if setting not in PROCESSING_SETTINGS:
+        raise ValueError(f"processing must be one of {', '.join(PROCESSING_SETTINGS)}, got {setting!r}")
+    if setting == THREAD:
+        return THREAD
+    if setting == PROCESS:
+        problem = _main_rerun(work)
+        if problem is not None:  # said here, before any worker starts (a worker that fails to start is silent)
+            raise ConfigError(flag("processing"), problem)
+        return PROCESS
+    why, level = _why_threads(workers, work)
+    if why is None:
+        return PROCESS
+    if why not in _said:
+        _said.add(why)
+        logger.log(level, "processing on threads (processing auto): %s", why)
+    return THREAD
+
+
+def _why_threads(workers: int, work: Iterable[object]) -> tuple[str | None, int]:
+    """Why ``auto`` takes threads (None: it takes processes), and how loudly to say it: a reason the user can
+    act on is a warning."""
+    if workers < 2:
+        return f"{workers} worker: a worker process would make what a thread makes", logging.INFO
+    if not worker_start.forked_workers():
+        return "worker processes start from the library's server only on POSIX systems with Python 3.11 or 3.12", logging.INFO
+    for function in work:
+        try:
+            pickle.dumps(function)
+        except Exception as error:  # noqa: BLE001 - whatever stops pickling keeps the work on threads
+            return f"{function!r} does not pickle ({type(error).__name__}: {error})", logging.WARNING
+    return _main_rerun(work), logging.WARNING
+
+
+def _main_rerun(work: Iterable[object]) -> str | None:
+    """The refusal for work that names objects of an unguarded main module (:func:`worker_start.main_rerun_problem`)."""
+    for function in work:
+        try:
+            pickled = pickle.dumps(function)
+        except Exception:  # noqa: BLE001 - not pickling is said where the workers start, as multiprocessing says it
+            continue
+        if worker_start.refers_to_main(pickled):
+            problem = worker_start.main_rerun_problem(", ".join(worker_start.main_names(pickled)) or repr(function))
+            if problem is not None:
+                return problem
+    return None
