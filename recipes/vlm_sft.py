@@ -18,6 +18,7 @@ from torchdata.nodes import BaseNode, ParallelMapper
 
 from mimo_pipes.config import PipelineConfig
 from mimo_pipes.config.counts import as_count
+from mimo_pipes.config.processing import processing_method
 from mimo_pipes.config.tail_settings import resolve_pipeline_tail
 from mimo_pipes.config.transport import check_read_ahead
 from mimo_pipes.config.workers import processing_workers
@@ -39,7 +40,6 @@ from mimo_pipes.nodes.canonical_shard_reader import MapStyleDataset
 from mimo_pipes.nodes.media_prefetch import MediaPrefetch
 from mimo_pipes.samples.collate import FieldSpec
 from mimo_pipes.samples.module_fields import module_fields
-from mimo_pipes.samples.processing_method import processing_method
 from mimo_pipes.samples.sample import Sample
 from mimo_pipes.samples.worker_start import worker_context
 
@@ -70,7 +70,7 @@ def pipeline(
     the loader's full state. ``image_token_id``: the placeholder ids the cost counts (image and video);
     ``vision_fields``: the vision fields every micro-batch carries, empty when no sample has them.
     ``processing``: ``auto``, ``thread`` or ``process`` (worker processes: what they run must pickle); None: the
-    config's (:mod:`mimo_pipes.samples.processing_method`)."""
+    config's (:mod:`mimo_pipes.config.processing`)."""
     # The workers run the processing: after the exchange with rows (process_rows), else the map function.
     processed_by = process_rows if process_rows is not None else map_fn
     method = processing_method(config.processing if processing is None else processing, processing_workers(config.num_workers),

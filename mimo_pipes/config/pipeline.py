@@ -22,11 +22,11 @@ import numpy as np
 from mimo_pipes.config.counts import as_count
 from mimo_pipes.config.flags import cli_flag, flag
 from mimo_pipes.config.planner import planner_settings, two_level_groups
+from mimo_pipes.config.processing import PROCESSING_SETTINGS
 from mimo_pipes.errors import ConfigError, name_flags_as_fields
 from mimo_pipes.parallel.pairing import pairing_problem
 from mimo_pipes.parallel.topology import Topology, build_topology
 from mimo_pipes.samples.cost_range import check_cost_range
-from mimo_pipes.samples.processing_method import PROCESSING_SETTINGS
 from mimo_pipes.time_model.model import TimeModel, TimeModelError, load_time_model
 
 DATALOADER_TYPES = ("single", "cyclic")
@@ -220,7 +220,7 @@ class PipelineConfig:
     embedded_samples: int = 512
     num_workers: int | None = None  # None: the cores this rank may use, less its own threads (config/workers.py)
     # Where the workers process samples: auto (worker processes with 2+ workers where they start, else threads),
-    # thread or process (samples/processing_method.py); the stream is the same.
+    # thread or process (config/processing.py); the stream is the same.
     processing: str = "auto"
     exchange_transport: str = "auto"
     exchange_timeout_s: float = 120.0

@@ -60,7 +60,8 @@ def plain(tmp_path_factory) -> tuple[Path, str]:
 
 def test_ignored_flags_change_no_figure_and_write_nothing(tmp_path, plain):
     ignored = ["--pad-to-seq-length", "true", "--no-overlap-intra-microbatch-reorder", "--pack-sequences-in-batch", "--pack-pad-multiple", "2",
-               "--num-workers", "3", "--exchange-transport", "gloo", "--exchange-image-paths", "--exchange-timeout", "5", "--read-ahead", "0",
+               "--num-workers", "3", "--processing", "thread", "--exchange-transport", "gloo", "--exchange-image-paths",
+               "--exchange-timeout", "5", "--read-ahead", "0",
                "--dump-assignments", str(tmp_path / "dumps"), "--save-state", str(tmp_path / "state"), "--tensorboard", str(tmp_path / "tb"),
                "--log-interval", "1"]
     assert {flag for flag in ignored if flag.startswith("--")} == set(IGNORED)

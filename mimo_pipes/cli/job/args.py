@@ -7,7 +7,7 @@ import argparse
 from mimo_pipes.cli.commands.argtypes import path
 from mimo_pipes.config import DATALOADER_TYPES, DEFAULT_COMPONENTS, EXCHANGE_PAYLOADS, EXCHANGE_TRANSPORTS, LANGUAGE_COSTS, PipelineConfig, ReorderConfig
 from mimo_pipes.config.job_options import JobOptions
-from mimo_pipes.samples.processing_method import PROCESSING_SETTINGS
+from mimo_pipes.config.processing import PROCESSING_SETTINGS
 
 
 def _bool(value: str) -> bool:

@@ -1,8 +1,8 @@
 """Where a rank's per-sample processing runs: the ``processing`` setting (``--processing``) resolved on the rank.
 
-``thread``: on threads of the rank's own process. ``process``: on worker processes (:mod:`worker_start`), which
+``thread``: on threads of the rank's own process. ``process``: on worker processes (:mod:`mimo_pipes.samples.worker_start`), which
 decode, resize and cut patches in parallel without sharing one interpreter lock, and lay pixels out in shared
-memory (:mod:`handover`). ``auto`` (the default) takes worker processes where they pay: the rank has two workers
+memory (:mod:`mimo_pipes.samples.handover`). ``auto`` (the default) takes worker processes where they pay: the rank has two workers
 or more (one worker process makes what one thread makes, and costs a start and a hand-over), they start from the
 library's own server (Linux and other POSIX systems on the Pythons tested), and what they run pickles (a
 function of the user's own, a lambda say, may not); else threads, with the reason logged once. The stream is the

@@ -1,4 +1,4 @@
-"""Where a rank's per-sample processing runs (mimo_pipes/samples/processing_method.py): the ``processing`` setting,
+"""Where a rank's per-sample processing runs (mimo_pipes/config/processing.py): the ``processing`` setting,
 ``auto``'s choice, and worker processes that import the program's main module only where they must."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import types
 import pytest
 
 from mimo_pipes.config import PipelineConfig
+from mimo_pipes.config.processing import processing_method
 from mimo_pipes.errors import ConfigError
 from mimo_pipes.samples import worker_start
-from mimo_pipes.samples.processing_method import processing_method
 
 PLATFORM_FORKS = worker_start.forked_workers()
 
@@ -56,7 +56,7 @@ def test_thread_and_process_are_taken_as_set():
 def test_auto_takes_processes_with_two_workers_or_more_for_work_that_pickles(caplog):
     assert processing_method("auto", 2, work=(processing_step,)) == "process"
     assert processing_method("auto", 14, work=()) == "process"
-    with caplog.at_level(logging.INFO, logger="mimo_pipes.samples.processing_method"):
+    with caplog.at_level(logging.INFO, logger="mimo_pipes.config.processing"):
         assert processing_method("auto", 1, work=(processing_step,)) == "thread"
         unpicklable = lambda sample: sample  # noqa: E731 - a lambda does not pickle
         assert processing_method("auto", 4, work=(processing_step, unpicklable)) == "thread"
@@ -101,7 +101,7 @@ def test_a_function_of_an_unguarded_main_module_is_refused_for_processes_naming_
 @pytest.mark.skipif(not PLATFORM_FORKS, reason="worker processes start from the library's server only on POSIX, Python 3.11-3.12")
 def test_auto_keeps_an_unguarded_main_modules_function_on_threads_and_says_why(main_module, caplog):
     step = main_module(UNGUARDED)
-    with caplog.at_level(logging.WARNING, logger="mimo_pipes.samples.processing_method"):
+    with caplog.at_level(logging.WARNING, logger="mimo_pipes.config.processing"):
         assert processing_method("auto", 4, work=(step,)) == "thread"
     assert "run step of" in caplog.text
     # The library's own processing names nothing of the main module: processes, guard or not.
