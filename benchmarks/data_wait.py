@@ -48,8 +48,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", default="default,2",
                         help="comma-separated processing workers (num_workers); 'default': left unset (the rank's cores)")
     parser.add_argument("--read-ahead", type=int, default=None, help="micro-batches read ahead when on (default: the library's)")
-    parser.add_argument("--processing", choices=("thread", "process"), default="thread",
-                        help="per-sample processing on threads or worker processes (vlm_sft.build's processing)")
+    parser.add_argument("--processing", choices=("auto", "thread", "process"), default="auto",
+                        help="per-sample processing on threads or worker processes (vlm_sft.build's processing; auto, the "
+                             "library's default: processes from 2 workers)")
+    parser.add_argument("--counting-threads", type=int, default=None,
+                        help="rows counted before the exchange on this many threads (default: the library's, as many as the workers)")
     parser.add_argument("--busy", action="store_true", help="the model step is a busy CPU loop (default: a sleep)")
     parser.add_argument("--short", action="store_true", help="a quick run: 8 measured iterations, 2 of warm-up")
     parser.add_argument("--serial-cpu", action="store_true",
@@ -96,6 +99,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def count_on_threads(threads: int) -> None:
+    """The recipe's mappers on threads (rows counted before the exchange) get ``threads`` threads."""
+    from torchdata.nodes import ParallelMapper
+
+    from mimo_pipes_recipes import vlm_sft
+
+    def mapper(source: Any, map_fn: Any, *, num_workers: int, method: str, **settings: Any) -> Any:
+        return ParallelMapper(source, map_fn, num_workers=threads if method == "thread" else num_workers, method=method, **settings)
+
+    vlm_sft.ParallelMapper = mapper
+
+
 def model_step(seconds: float, busy: bool) -> None:
     """The model's forward and backward of one micro-batch: a fixed length."""
     if not busy:
@@ -125,15 +140,21 @@ def measure(args: argparse.Namespace, mode: str, workers: int | None) -> dict[st
         loader.prepare_with(mimo_batch)  # docs/megatron.md's loop: made on the read-ahead thread, get_batch only takes it
         get_batch = next
     step_s = args.iteration_ms / 1e3 / args.microbatches
-    waits, walls = [], []
+    waits, walls, ready_waits, unready_waits = [], [], [], []
     try:
         data_iterator = iter(loader)
-        for _ in range(total):
+        for iteration in range(total):
             began, waited = time.perf_counter(), 0.0
             for _ in range(args.microbatches):
+                # Whether the micro-batch was made already when asked for (read-ahead on): a wait then is the hand-off
+                # to this thread (the interpreter lock taken back from the loader's threads), not the data.
+                ready = loader._reader is not None and bool(loader._reader._made)
                 asked = time.perf_counter()
                 get_batch(data_iterator)
-                waited += time.perf_counter() - asked
+                wait = time.perf_counter() - asked
+                waited += wait
+                if iteration >= args.warmup:
+                    (ready_waits if ready else unready_waits).append(wait)
                 model_step(step_s, args.busy)
             walls.append(time.perf_counter() - began)
             waits.append(waited)
@@ -142,6 +163,8 @@ def measure(args: argparse.Namespace, mode: str, workers: int | None) -> dict[st
     waits, walls = waits[args.warmup:], walls[args.warmup:]
     return {"mode": mode, "workers": DEFAULT if workers is None else workers, "resolved_workers": processing_workers(workers), "read_ahead": read_ahead, "wait_percent": 100.0 * sum(waits) / sum(walls),
             "median_wait_ms": statistics.median(waits) * 1e3, "median_iteration_ms": statistics.median(walls) * 1e3,
+            # the wait split by whether the micro-batch was made when asked for (read-ahead on): counts and total ms
+            "ready": [len(ready_waits), round(sum(ready_waits) * 1e3, 2)], "not_ready": [len(unready_waits), round(sum(unready_waits) * 1e3, 2)],
             # every measured iteration's wait: whether the loop waits a little each time or a lot now and then
             "waits_ms": [round(w * 1e3, 3) for w in waits]}
 
@@ -277,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     restore_code_before(windows_ahead=args.windows_ahead, copied_pixels=args.copied_pixels, held_encode=args.held_encode,
                         fresh_buffers=args.fresh_buffers, row_reads=args.row_reads, copied_out=args.copied_out, trimmed=args.trimmed)
+    if args.counting_threads is not None:
+        count_on_threads(args.counting_threads)
     if args.thread_cpu:
         for workers in args.worker_counts:
             print(json.dumps(thread_cpu(args, workers, microbatches=args.iterations)))

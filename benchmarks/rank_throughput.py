@@ -12,7 +12,7 @@ fresh process of its own (``--smoke``: every cell in one), for 1, 2, 4, ... work
 - mimo-pipes, one rank (``RankLayout(0, 1, 1)``), ``vlm_sft.build`` with the given workers
   (``PipelineConfig.num_workers``), global micro-batch 8, for each payload (``rows``: processed after the
   exchange by RowProcessor; ``samples``: processed before it by torchdata's mapper) and method (``thread``,
-  ``process``); ``rows/thread/ahead1`` is ``rows/thread`` with RowProcessor's rows in flight as they were before
+  ``process``, or ``auto``: the library's default, processes from 2 workers); ``rows/thread/ahead1`` is ``rows/thread`` with RowProcessor's rows in flight as they were before
   they followed the workers (one window ahead), ``.../copied`` with each resized image's pixels copied out of PIL
   as before (``np.asarray``) instead of viewed, ``.../held`` with text tokenized holding the GIL as before; all
   three (``rows/thread/ahead1/copied/held``) is the code before, for side-by-side comparisons;
@@ -61,7 +61,7 @@ from _code_before import restore_code_before  # benchmarks/_code_before.py
 
 MARKER = "rank_throughput.py results"
 SECTION = "## One rank's throughput by workers (`benchmarks/rank_throughput.py`)"
-VARIANTS = ("anchor", "rows/thread", "rows/process", "samples/thread", "samples/process", "rows/thread/ahead1",
+VARIANTS = ("anchor", "rows/auto", "rows/thread", "rows/process", "samples/thread", "samples/process", "rows/thread/ahead1",
             "rows/thread/copied", "rows/thread/ahead1/copied", "rows/thread/held", "rows/thread/ahead1/copied/held",
             "rows/thread/fresh", "rows/thread/perrow", "rows/thread/copiedout",
             "rows/thread/trimmed", "rows/thread/copiedout/trimmed")

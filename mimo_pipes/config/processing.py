@@ -4,13 +4,15 @@
 decode, resize and cut patches in parallel without sharing one interpreter lock, and lay pixels out in shared
 memory (:mod:`mimo_pipes.samples.handover`). ``auto`` (the default) takes worker processes where they pay: the rank has two workers
 or more (one worker process makes what one thread makes, and costs a start and a hand-over), they start from the
-library's own server (Linux and other POSIX systems on the Pythons tested), and what they run pickles (a
-function of the user's own, a lambda say, may not); else threads, with the reason logged once. The stream is the
+library's own server (Linux and other POSIX systems on the Pythons tested), this process may start processes (a
+daemonic one may not), and what they run pickles (a function of the user's own, a lambda say, may not); else
+threads, with the reason logged once. The stream is the
 same either way (the order is kept, and the pixels are bit for bit the processor's)."""
 
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import pickle
 from collections.abc import Iterable
 
@@ -33,7 +35,7 @@ def processing_method(setting: str, workers: int, work: Iterable[object] = ()) -
     if setting == THREAD:
         return THREAD
     if setting == PROCESS:
-        problem = _main_rerun(work)
+        problem = _daemonic() or _main_rerun(work)
         if problem is not None:  # said here, before any worker starts (a worker that fails to start is silent)
             raise ConfigError(flag("processing"), problem)
         return PROCESS
@@ -53,12 +55,24 @@ def _why_threads(workers: int, work: Iterable[object]) -> tuple[str | None, int]
         return f"{workers} worker: a worker process would make what a thread makes", logging.INFO
     if not worker_start.forked_workers():
         return "worker processes start from the library's server only on POSIX systems with Python 3.11 or 3.12", logging.INFO
+    daemonic = _daemonic()
+    if daemonic is not None:
+        return daemonic, logging.INFO
     for function in work:
         try:
             pickle.dumps(function)
         except Exception as error:  # noqa: BLE001 - whatever stops pickling keeps the work on threads
             return f"{function!r} does not pickle ({type(error).__name__}: {error})", logging.WARNING
     return _main_rerun(work), logging.WARNING
+
+
+def _daemonic() -> str | None:
+    """Why this process may not start worker processes: multiprocessing refuses children to a daemonic process
+    (one started with ``daemon=True``: a ``DataLoader``'s worker, a pool's)."""
+    process = multiprocessing.current_process()
+    if process.daemon:
+        return f"this process ({process.name}) is daemonic, and a daemonic process may not start worker processes"
+    return None
 
 
 def _main_rerun(work: Iterable[object]) -> str | None:

@@ -192,7 +192,9 @@ def shared_pool() -> DistPool:
     replaced, so one failure does not fail every test after it. Module-scoped fixtures call this directly."""
     pool = _shared.get("pool")
     if pool is None or not pool.alive:
-        pool = _shared["pool"] = DistPool(GLOO_WORLD)
+        # Not daemonic: its ranks process on worker processes where a scenario asks for two workers or more
+        # (processing auto), as a launcher's ranks do.
+        pool = _shared["pool"] = DistPool(GLOO_WORLD, daemon=False)
     return pool
 
 

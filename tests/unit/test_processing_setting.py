@@ -147,3 +147,31 @@ def test_main_names_reads_every_protocol():
         sys.modules["__main__"] = saved
     assert worker_start.main_names(pickle.dumps(processing_step)) == []
     assert not worker_start.refers_to_main(pickle.dumps(processing_step))
+
+
+def _choices_in_a_daemon(results) -> None:
+    """In a daemonic process: what auto and process give."""
+    from mimo_pipes.config.processing import processing_method
+
+    out = {"auto": processing_method("auto", 4, work=(processing_step,))}
+    try:
+        processing_method("process", 4, work=(processing_step,))
+        out["process"] = "allowed"
+    except ConfigError as error:
+        out["process"] = str(error)
+    results.put(out)
+
+
+@pytest.mark.launch  # starts a process
+def test_a_daemonic_process_processes_on_threads_and_refuses_processes_in_one_line():
+    import multiprocessing
+
+    context = worker_start.worker_context()
+    results = context.Queue()
+    daemon = context.Process(target=_choices_in_a_daemon, args=(results,), daemon=True)
+    daemon.start()
+    out = results.get(timeout=120)
+    daemon.join(30)
+    assert out["auto"] == "thread"
+    assert out["process"].startswith("processing: this process (") and "is daemonic" in out["process"], out
+    assert not multiprocessing.current_process().daemon  # here, the same check lets processes start
