@@ -101,3 +101,44 @@ def test_analyzes_report_is_not_glued_to_its_bars(tmp_path):
     text = both.getvalue()
     assert status == 0 and "\rcosts:" in text, text  # a bar was drawn
     assert _lines_starting(text, "mimo-pipes analyze: language dp=2 + images dp=2"), text
+
+
+@pytest.mark.parametrize("failure", ["error", "stop"])
+def test_a_stop_signal_landing_as_a_rank_ends_leaves_its_one_line(monkeypatch, failure):
+    """The launcher's SIGTERM (sent to every rank once one died) may land as a rank begins to end: its handler then
+    raises on the first line of the hold of the stop signals. The rank still says its own ending in one line and
+    exits with a status; nothing escapes as a traceback (seen under load: a survivor's line lost)."""
+    from mimo_pipes.cli.rank.stop_signal import StopRequested
+
+    monkeypatch.setenv("MIMO_PIPES_SETTING_NAMES", "flags")
+    monkeypatch.delenv("MIMO_PIPES_TRACEBACK", raising=False)
+    stream = io.StringIO()
+    monkeypatch.setattr("sys.stderr", stream)
+    held = []
+    hold = launcher._hold_stop_signals
+
+    def landing_stop() -> None:  # the handler runs on the hold's first line, once
+        held.append(len(held))
+        if len(held) == 1:
+            raise StopRequested(signal.SIGTERM)
+        hold()
+
+    monkeypatch.setattr(launcher, "_hold_stop_signals", landing_stop)
+
+    def ending(rank, world_size, config, options):
+        if failure == "stop":
+            raise StopRequested(signal.SIGTERM)
+        raise ConfigError("--dataset", "no such file")
+
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        status = launcher.rank_entry(ending, 1, 2, None, None, SimpleNamespace(progress=False), "mimo-pipes run")
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    assert held == [0, 1]  # held again after the stop that landed
+    if failure == "error":
+        assert status == launcher.EXIT_FAILED
+        assert stream.getvalue().strip().splitlines() == ["mimo-pipes run: rank 1: --dataset: no such file"]
+    else:
+        assert status == 128 + signal.SIGTERM

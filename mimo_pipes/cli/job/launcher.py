@@ -123,7 +123,10 @@ def rank_entry(rank_main: RankMain, rank: int, world_size: int, port: int | None
         call_roll("done", read=False)
         return 0
     except StopRequested as stop:
-        _hold_stop_signals()
+        try:
+            _hold_stop_signals()
+        except StopRequested:  # a second stop, landing as the first is handled: this one is said
+            _hold_stop_signals()
         verdict = call_roll("stopped", read=True)
         phrase = verdict.phrase(lost_peer=False) if verdict is not None else None
         if phrase:  # every rank: the one that says it alone may be the one that died
@@ -132,7 +135,13 @@ def rank_entry(rank_main: RankMain, rank: int, world_size: int, port: int | None
             say(f"{command}: {stop}")
         return exit_status(stop.signum)
     except Exception as error:  # noqa: BLE001 - one line per rank, then a non-zero exit
-        _hold_stop_signals()
+        # The launcher's SIGTERM (a peer died: every rank is stopped) may land as this rank begins to end; its
+        # handler then raises on the hold's first line, inside this try (no signal's handler runs before it):
+        # the failure said is still this one.
+        try:
+            _hold_stop_signals()
+        except StopRequested:
+            _hold_stop_signals()
         own = isinstance(error, (ConfigError, SampleError, PeerError))
         # A transport's text (Gloo's pair.cc ... Connection reset by peer) names a socket, not the rank that
         # ended: said in a few words here, with the rank the roll finds dead.
