@@ -211,6 +211,24 @@ def test_an_energon_dataset_in_s3_reads_as_on_disk_through_energons_storage_laye
     assert remote[7] == on_disk[7] and dict(faults.gets) == {"/energon/ds/shard-0001.tar": 1}
 
 
+def test_a_sample_of_an_energon_dataset_in_s3_is_requested_as_often_as_the_attempts_setting_says(s3, energon_url):
+    """One retry layer, the library's: boto3's and the multi-storage client's own retries (3 tries each, multiplied,
+    with waits of a second or more) would send many more requests and ignore the settings."""
+    server, _ = s3
+    url, _ = energon_url
+    faults = server.proxy.faults
+    for attempts in (1, 3):
+        with s3_environment(server.env(MIMO_PIPES_S3_ATTEMPTS=str(attempts), MIMO_PIPES_S3_BACKOFF_S="0.01")):
+            remote = open_source(url)
+            faults.__init__()
+            faults.slow_downs = 20  # every GET answers 503 (SlowDown) from here
+            with pytest.raises(Exception, match="503|SlowDown|[Uu]navailable"):
+                remote[7]
+            assert faults.fired["503"] == attempts
+            faults.slow_downs = 0
+            assert remote[7] == open_source(energon_url[1])[7]  # and the next read, once the store answers, is whole
+
+
 def test_a_missing_energon_shard_in_s3_is_found_before_the_ranks_start(s3, energon_url):
     server, _ = s3
     url, _ = energon_url
