@@ -10,7 +10,7 @@ one layer: :func:`~mimo_pipes.data.storage.retries.with_retries` around each cal
 implicit profile is the library's own (:func:`s3_client`), its boto3 and MSC retries off: left on, the three layers
 multiplied (boto3's 3 tries inside each of MSC's 3, inside each of ours) and MSC's waits of a second or more (its
 jitter is up to 1 s a try) ignored the backoff setting. A ``msc://profile`` of the user's own MSC configuration
-keeps that configuration's retries."""
+keeps that configuration's retries, under the library's."""
 
 from __future__ import annotations
 
