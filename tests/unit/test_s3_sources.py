@@ -212,9 +212,13 @@ def test_an_energon_dataset_in_s3_reads_as_on_disk_through_energons_storage_laye
     assert remote[7] == on_disk[7] and dict(faults.gets) == {"/energon/ds/shard-0001.tar": 1}
 
 
-def test_a_sample_of_an_energon_dataset_in_s3_is_requested_as_often_as_the_attempts_setting_says(s3, energon_url):
+def test_a_sample_of_an_energon_dataset_in_s3_is_requested_as_often_as_the_attempts_setting_says(s3, energon_url, caplog):
     """One retry layer, the library's: boto3's and the multi-storage client's own retries (3 tries each, multiplied,
-    with waits of a second or more) would send many more requests and ignore the settings."""
+    with waits of a second or more) would send many more requests and ignore the settings; and the multi-storage
+    client logs no failed try of its own (an "All retry attempts failed" line on every try the library repeats)."""
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="multistorageclient")
     server, _ = s3
     url, _ = energon_url
     faults = server.proxy.faults
@@ -228,6 +232,7 @@ def test_a_sample_of_an_energon_dataset_in_s3_is_requested_as_often_as_the_attem
             assert faults.fired["503"] == attempts
             faults.slow_downs = 0
             assert remote[7] == open_source(energon_url[1])[7]  # and the next read, once the store answers, is whole
+    assert not [record.getMessage() for record in caplog.records if record.name.startswith("multistorageclient")]
 
 
 def test_a_missing_energon_shard_in_s3_is_found_before_the_ranks_start(s3, energon_url):

@@ -52,15 +52,18 @@ def epath(spec: str) -> Any:
 def s3_client(bucket: str, settings: S3Settings, aws: tuple[tuple[str, str], ...], pid: int) -> Any:
     """MSC's client of the implicit profile ``_s3-<bucket>`` as MSC would build it (endpoint, region and credentials
     from the AWS variables ``aws``), with the requests' timeout of ``settings`` and no retries of its own: boto3
-    tries once (``total_max_attempts``: 1) and so does MSC (``retry.attempts``: 1); the tries are the library's.
+    tries once (``total_max_attempts``: 1) and so does MSC (no retry configuration: with one of a single attempt,
+    MSC would log every transient failure as "All retry attempts failed", which the library then tries again).
     One per process (``pid``), as MSC keeps its clients."""
     from multistorageclient import StorageClient, StorageClientConfig
 
     profile = f"_s3-{bucket}"
     options = {"base_path": bucket, "retries": {"total_max_attempts": 1},
                "connect_timeout": settings.timeout_s, "read_timeout": settings.timeout_s}
-    config = {"profiles": {profile: {"storage_provider": {"type": "s3", "options": options}, "retry": {"attempts": 1}}}}
-    return StorageClient(StorageClientConfig.from_dict(config, profile=profile, skip_validation=True))
+    config = StorageClientConfig.from_dict({"profiles": {profile: {"storage_provider": {"type": "s3", "options": options}}}},
+                                           profile=profile, skip_validation=True)
+    config.retry_config = None
+    return StorageClient(config)
 
 
 def use_s3_client(bucket: str) -> None:
