@@ -18,6 +18,8 @@ from torchdata.nodes.map import _ParallelMapperImpl, _ParallelMapperIter, _Singl
 from mimo_pipes.samples import handover
 
 _THREADED = (_ParallelMapperImpl, Prefetcher, PinMemory)
+WAKE_WAIT_S = 0.5
+"""The longest :func:`wake_mapper_threads` waits for busy workers to take their stop (torchdata's join waits as long)."""
 
 _exiting = False
 _open_loaders: dict[int, type] = {}
@@ -114,11 +116,15 @@ def wake_mapper_threads(iterator: _ParallelMapperIter) -> None:
             iterator._in_q.get_nowait()
     except queue.Empty:
         pass
+    # Bounded as torchdata bounds its own wait for each thread: a worker stuck in its map function is left to it.
+    deadline = time.monotonic() + WAKE_WAIT_S
     for _ in iterator._workers:
         if not any(worker.is_alive() for worker in iterator._workers):
             break
         iterator._in_q.put((StopIteration(), -1))
         while not iterator._in_q.empty() and any(worker.is_alive() for worker in iterator._workers):
+            if time.monotonic() > deadline:
+                break
             time.sleep(0.0005)  # taken by a waiting worker at once; by a busy one when its item is mapped
     if iterator.in_order:
         iterator._intermed_q.put((None, -1))
