@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,6 @@ from mimo_pipes.data.storage.s3_settings import S3Settings, settings_from_env
 from mimo_pipes.errors import ConfigError
 
 META = ".nv-meta"
-_CLIENTS_LOCK = threading.Lock()
 
 
 def is_remote(spec: object) -> bool:
@@ -74,8 +72,8 @@ def use_s3_client(bucket: str) -> None:
 
     aws = tuple(sorted((name, value) for name, value in os.environ.items() if name.startswith("AWS_")))
     client = s3_client(bucket, settings_from_env(), aws, os.getpid())  # MSC empties its clients in a forked child
-    with _CLIENTS_LOCK:
-        shortcuts._STORAGE_CLIENT_CACHE[f"_s3-{bucket}"] = client  # noqa: SLF001 - MSC has no call to set a profile's client
+    # One assignment (atomic): no lock, which a fork could leave held in the child.
+    shortcuts._STORAGE_CLIENT_CACHE[f"_s3-{bucket}"] = client  # noqa: SLF001 - MSC has no call to set a profile's client
 
 
 def retried(call: Callable[[], Any]) -> Any:
