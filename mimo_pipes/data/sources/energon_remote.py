@@ -72,8 +72,11 @@ def use_s3_client(bucket: str) -> None:
 
     aws = tuple(sorted((name, value) for name, value in os.environ.items() if name.startswith("AWS_")))
     client = s3_client(bucket, settings_from_env(), aws, os.getpid())  # MSC empties its clients in a forked child
-    # One assignment (atomic): no lock, which a fork could leave held in the child.
-    shortcuts._STORAGE_CLIENT_CACHE[f"_s3-{bucket}"] = client  # noqa: SLF001 - MSC has no call to set a profile's client
+    # MSC has no call to set a profile's client: its cache of them is private (multi-storage-client 1.3). Where a
+    # release keeps them otherwise, MSC's own client is used (its retries then add to the library's).
+    clients = vars(shortcuts).get("_STORAGE_CLIENT_CACHE")
+    if isinstance(clients, dict):
+        clients[f"_s3-{bucket}"] = client  # one assignment (atomic): no lock, which a fork could leave held in the child
 
 
 def retried(call: Callable[[], Any]) -> Any:
