@@ -54,6 +54,37 @@ def test_close_stops_mapper_threads_and_iteration_resumes_in_place():
     assert set(worker_threads()) <= before
 
 
+def test_closing_a_mapper_wakes_its_workers_and_sort_thread_instead_of_waiting_for_their_poll(monkeypatch):
+    """torchdata's mapper threads poll their queues, a tenth of a second a poll, and a close waited for each in
+    turn. Made to poll for ten minutes here, they end within the joins below only because the close woke them
+    (the bound on the joins keeps a regression from hanging the run; no timing is asserted)."""
+    import torchdata.nodes._apply_udf as apply_udf
+    import torchdata.nodes.map as torchdata_map
+
+    from mimo_pipes.graph.torchdata_guards import stop_torchdata_threads, wake_mapper_threads
+
+    calls = []
+    node = ParallelMapper(IterableWrapper(range(100)), lambda x: calls.append(x) or x, num_workers=2, method="thread")
+    node.reset()
+    assert [next(node) for _ in range(3)] == [0, 1, 2]
+    monkeypatch.setattr(torchdata_map, "QUEUE_TIMEOUT", 600.0)  # read by the threads at each poll
+    monkeypatch.setattr(apply_udf, "QUEUE_TIMEOUT", 600.0)
+    inner = next(n for n in graph_nodes(node) if type(n).__name__ == "_ParallelMapperImpl")
+    iterator = inner._it
+    threads = [*iterator._workers, iterator._sort_thread]
+    time.sleep(0.3)  # every thread back in a (now long) poll of an empty queue: the read-ahead is mapped
+    mapped = len(calls)
+    wake_mapper_threads(iterator)
+    deadline = time.monotonic() + 30
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    assert not any(thread.is_alive() for thread in threads)
+    assert len(calls) == mapped  # the stop mapped nothing more
+    monkeypatch.undo()
+    stop_torchdata_threads(inner)
+    assert not iterator._read_thread.is_alive()
+
+
 class Zip(GraphNode[tuple]):
     """Reads several branches in step; names them in ``sources()``, not through ``source``."""
 

@@ -81,12 +81,13 @@ def test_transient_faults_lose_and_repeat_nothing(s3):
     faults.slow_downs = 4  # a burst of 503s on whatever comes next
     faults.cuts["images/003-0.png"] = 1  # a connection cut half-way through an image
     faults.cuts["part-0.parquet"] = 1
-    faults.slow["images/005-0.png"] = (3.0, 1)  # longer than the 2 s read timeout, once
-    from_s3 = rows_of(spec["s3"], spec["s3_images"])
-    assert from_s3 == rows_of(spec["local"], spec["images"])
-    parquet = open_source(specs["parquet"]["s3"])
-    on_disk = open_source(specs["parquet"]["local"])
-    assert [parquet[i] for i in range(SIZE)] == [on_disk[i] for i in range(SIZE)]
+    faults.slow["images/005-0.png"] = (1.5, 1)  # longer than the read timeout (1 s here: the wait is the test's), once
+    with s3_environment(server.env(MIMO_PIPES_S3_BACKOFF_S="0.01", MIMO_PIPES_S3_TIMEOUT_S="1")):
+        from_s3 = rows_of(spec["s3"], spec["s3_images"])
+        assert from_s3 == rows_of(spec["local"], spec["images"])
+        parquet = open_source(specs["parquet"]["s3"])
+        on_disk = open_source(specs["parquet"]["local"])
+        assert [parquet[i] for i in range(SIZE)] == [on_disk[i] for i in range(SIZE)]
     assert faults.fired == {"503": 4, "cut": 2, "slow": 1}
 
 
@@ -209,6 +210,29 @@ def test_an_energon_dataset_in_s3_reads_as_on_disk_through_energons_storage_laye
     assert sum(shards.values()) == SIZE  # one range request a sample, none repeated: the index is local
     faults.gets.clear()
     assert remote[7] == on_disk[7] and dict(faults.gets) == {"/energon/ds/shard-0001.tar": 1}
+
+
+def test_a_sample_of_an_energon_dataset_in_s3_is_requested_as_often_as_the_attempts_setting_says(s3, energon_url, caplog):
+    """One retry layer, the library's: boto3's and the multi-storage client's own retries (3 tries each, multiplied,
+    with waits of a second or more) would send many more requests and ignore the settings; and the multi-storage
+    client logs no failed try of its own (an "All retry attempts failed" line on every try the library repeats)."""
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="multistorageclient")
+    server, _ = s3
+    url, _ = energon_url
+    faults = server.proxy.faults
+    for attempts in (1, 3):
+        with s3_environment(server.env(MIMO_PIPES_S3_ATTEMPTS=str(attempts), MIMO_PIPES_S3_BACKOFF_S="0.01")):
+            remote = open_source(url)
+            faults.__init__()
+            faults.slow_downs = 20  # every GET answers 503 (SlowDown) from here
+            with pytest.raises(Exception, match="503|SlowDown|[Uu]navailable"):
+                remote[7]
+            assert faults.fired["503"] == attempts
+            faults.slow_downs = 0
+            assert remote[7] == open_source(energon_url[1])[7]  # and the next read, once the store answers, is whole
+    assert not [record.getMessage() for record in caplog.records if record.name.startswith("multistorageclient")]
 
 
 def test_a_missing_energon_shard_in_s3_is_found_before_the_ranks_start(s3, energon_url):

@@ -26,26 +26,33 @@ def lpt_members(sorted_costs: np.ndarray, num_slots: int) -> np.ndarray:
     if num_slots == 1 or sorted_costs[num_slots - 2] > 0:
         # The G heaviest samples open the G slots in order (each goes to the first empty slot).
         first = num_slots
-        slot_of = list(range(num_slots)) + [0] * (size - num_slots)
+        slot_of = list(range(num_slots))
         fill = [1] * num_slots
         heap = [] if per_slot == 1 else (sorted_costs[:num_slots] * num_slots + np.arange(num_slots)).tolist()
         heapq.heapify(heap)
     else:  # zero costs among them: a slot that took a zero is still the lightest
         first = 0
-        slot_of = [0] * size
+        slot_of = []
         fill = [0] * num_slots
         heap = list(range(num_slots))
-    replace, pop = heapq.heapreplace, heapq.heappop
-    for rank, scaled in enumerate((sorted_costs[first:] * num_slots).tolist(), start=first):
+    # The zero costs (sorted last) are placed below, all at once.
+    stop = max(first, int(np.count_nonzero(sorted_costs)))
+    replace, pop, place = heapq.heapreplace, heapq.heappop, slot_of.append
+    for scaled in (sorted_costs[first:stop] * num_slots).tolist():  # ranks first, first + 1, ...: in order
         key = heap[0]
         slot = key % num_slots
-        slot_of[rank] = slot
+        place(slot)
         filled = fill[slot] + 1
         fill[slot] = filled
         if filled < per_slot:
             replace(heap, key + scaled)
         else:
             pop(heap)
+    # A zero cost leaves the loads as they are: each goes to the lightest slot with room, which stays the lightest
+    # until it is full, so the zeros fill the open slots one after another in heap order.
+    for key in sorted(heap):
+        slot = key % num_slots
+        slot_of += [slot] * (per_slot - fill[slot])
     # Ranks were placed in ascending order, so a stable sort by slot lists each slot's ranks in order.
     return np.argsort(np.asarray(slot_of, dtype=np.int64), kind="stable").reshape(num_slots, per_slot)
 

@@ -24,15 +24,18 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from mimo_pipes.data import bad_rows
 from mimo_pipes.data.sources.energon_meta import META, read_yaml, unprepared
 from mimo_pipes.data.sources.energon_source import EnergonDataset, energon, is_energon
 from mimo_pipes.errors import ConfigError
+
+T = TypeVar("T")
 
 
 def weighted_counts(sizes: list[int], weights: list[Fraction]) -> list[int]:
@@ -146,6 +149,16 @@ class Leaf:
     entry: str
 
 
+def _request(path: Any, call: Callable[[], T]) -> T:
+    """``call()``, which reads ``path``; tried as the ``MIMO_PIPES_S3_*`` settings say where ``path`` is in object
+    storage (an EPath: Energon's own requests, which the library's client of the store does not retry)."""
+    if isinstance(path, Path):
+        return call()
+    from mimo_pipes.data.sources.energon_remote import retried
+
+    return retried(call)
+
+
 def _leaves(path: Path, split: str, scale: Fraction = Fraction(1), within: str = "") -> list[Leaf]:
     """Every dataset the metadataset ``path`` blends in its ``split``; ConfigError naming the metadataset
     file, the entry and what is missing."""
@@ -155,12 +168,12 @@ def _leaves(path: Path, split: str, scale: Fraction = Fraction(1), within: str =
     where = f"{within}{path}"
     if path.parent.name == META:  # a file of a prepared dataset's metadata, not a metadataset
         raise ConfigError("--dataset", f"{where} is a file of an Energon dataset's {META}/: pass the dataset's folder, {path.parent.parent}")
-    tree = read_yaml(path, "a metadataset")
+    tree = _request(path, lambda: read_yaml(path, "a metadataset"))
     if not isinstance(tree, dict) or "splits" not in tree:
         raise ConfigError("--dataset", f"{where} is not an Energon metadataset: it has no splits (a MetadatasetV2 maps each split "
                                        "part to a blend or a dataset path)")
     try:
-        loaded = load_dataset(str(path))
+        loaded = _request(path, lambda: load_dataset(str(path)))
     except FileNotFoundError as error:  # Energon names the path alone: say which entry names it, and what it is
         missing = Path(str(error.filename or error.args[-1]))
         entry = _entry_naming(path, missing) or "an entry"
@@ -241,11 +254,11 @@ def _node_leaves(node: Any, path: Path, split: str, scale: Fraction, at: str) ->
         remote = not ref.path.is_local()  # named in object storage (an EPath on the multi-storage client)
         target = ref.path if remote else Path(str(ref.path))
         part_split = ref.split_part or split
-        if target.is_file():  # a nested metadataset
+        if _request(target, target.is_file):  # a nested metadataset
             leaves += _leaves(target, part_split, factor, within=f"{named}: ")
         elif is_energon(str(target) if remote else target):
             leaves.append(Leaf(str(target) if remote else target, part_split, (mode, factor), f"{named}, split_part {part_split!r}"))
-        elif not (target.is_dir() or target.is_file()):
+        elif not (_request(target, target.is_dir) or _request(target, target.is_file)):
             raise ConfigError("--dataset", f"{named}: {target} does not exist")
         elif remote:
             raise ConfigError("--dataset", f"{named}: {target} is not a prepared Energon dataset (it has no .nv-meta/dataset.yaml)")

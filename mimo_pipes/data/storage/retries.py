@@ -13,6 +13,7 @@ TRANSIENT_NAMES = {
     "ClientPayloadError", "ServerDisconnectedError", "ClientOSError", "ServerTimeoutError", "IncompleteRead",
     "ConnectionResetError", "ConnectionError", "TimeoutError", "ReadTimeoutError", "ConnectTimeoutError",
     "EndpointConnectionError", "ConnectionClosedError", "ResponseStreamingError", "ProtocolError", "ContentLengthError",
+    "RetryableError",  # the multi-storage client's: a 429, 503 or 408 answer, a timeout, a read cut short
 }
 
 # What obstore's errors (one class, GenericError, for most failures) say of a transient failure.
