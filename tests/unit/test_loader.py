@@ -27,6 +27,7 @@ def graph():
         components=("language=dp=1",),
         micro_batch_size=4,
         num_workers=2,
+        processing="thread",  # torchdata's thread mappers, which close() wakes
         reorder=ReorderConfig(scalable_dp=True, intra_microbatch_reorder=True, reorder_window_size=3),
     )
     return pipeline(SyntheticProcessedDataset(64), config, RankLayout(0, 1, 1), map_fn=tag,

@@ -44,6 +44,7 @@ def graph(consumed: int = 0, end: int | None = None, *, mapped: bool = True) -> 
     """One rank's graph; ``mapped``: with per-sample processing (on threads, which read ahead of the consumer)."""
     config = PipelineConfig(
         components=("language=dp=1",), micro_batch_size=MICRO_BATCH, seq_length=1600, seed=3, num_workers=2,
+        processing="thread",  # where the stream ends; worker processes: tests/distributed/test_payload_dist.py
         reorder=ReorderConfig(scalable_dp=True, intra_microbatch_reorder=True, reorder_window_size=WINDOW),
     )
     dataset = ReadRecorder(40, seed=3, text_tokens=4, patch_dim=2)

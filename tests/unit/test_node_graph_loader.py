@@ -26,6 +26,7 @@ def tag(sample: dict) -> dict:
 def graph(consumed: int = 0, *, map_fn=None, window_size: int = 3, reorder: bool = True, seed: int = 3) -> GraphLoader:
     config = PipelineConfig(
         components=("language=dp=1",), micro_batch_size=4, seq_length=1600, seed=seed, num_workers=2,
+        processing="thread",  # the loader's state logic; worker processes: tests/distributed/test_payload_dist.py
         reorder=ReorderConfig(scalable_dp=True, intra_microbatch_reorder=reorder, reorder_window_size=window_size),
     )
     dataset = SyntheticProcessedDataset(40, seed=seed, text_tokens=4, patch_dim=2)

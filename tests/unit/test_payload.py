@@ -64,6 +64,7 @@ def config_for(family, payload: str, reorder: bool, window: int = 2) -> Pipeline
     _, processor, dataset = family
     return PipelineConfig(
         components=COMPONENTS, micro_batch_size=4, seq_length=2048, dataloader_type="single", num_workers=2,
+        processing="thread",  # both payloads alike; on worker processes across ranks: tests/distributed/test_payload_dist.py
         dataset=dataset, processor=processor, exchange_payload=payload,
         reorder=ReorderConfig(scalable_dp=True, intra_microbatch_reorder=reorder, reorder_window_size=window),
     )
