@@ -12,7 +12,10 @@ training thread, and on with ``prepare_with`` (the documented loop), each with t
     python benchmarks/data_wait.py [--iteration-ms 60] [--microbatches 2] [--micro-batch-size 4] [--iterations 40]
                                    [--workers default,2] [--short] [--json PATH]
 
-Prints a markdown table (rows: read-ahead; columns: workers). ``--thread-cpu`` instead takes the documented loop's
+Prints a markdown table (rows: read-ahead; columns: workers); ``--json`` also keeps each iteration's wait, the
+waits split by whether the micro-batch was already made when asked for (``ready``, ``not_ready``: counts and ms), and
+the time spent inside the loader's ``__next__`` (``inside_next_ms``): the rest of a ready micro-batch's wait is the
+hand-off to the training thread. ``--thread-cpu`` instead takes the documented loop's
 loader alone as fast as it goes (``--iterations`` micro-batches, no model step) and prints, per worker count, one
 JSON line: samples/s and each thread's CPU milliseconds per sample (a thread's figure bounds the rate at
 1000 / ms; CPU time, so a machine shared with other work still measures it).
@@ -141,6 +144,19 @@ def measure(args: argparse.Namespace, mode: str, workers: int | None) -> dict[st
         get_batch = next
     step_s = args.iteration_ms / 1e3 / args.microbatches
     waits, walls, ready_waits, unready_waits = [], [], [], []
+    # The time spent inside the loader's __next__ (from its first line to its return), apart from the time the call
+    # takes as the training thread sees it: the difference is spent before its first line runs.
+    inside: list[float] = []
+    loader_type, loader_next = type(loader), type(loader).__next__
+
+    def timed_next(self: Any) -> Any:
+        began = time.perf_counter()
+        try:
+            return loader_next(self)
+        finally:
+            inside.append(time.perf_counter() - began)
+
+    loader_type.__next__ = timed_next
     try:
         data_iterator = iter(loader)
         for iteration in range(total):
@@ -159,12 +175,16 @@ def measure(args: argparse.Namespace, mode: str, workers: int | None) -> dict[st
             walls.append(time.perf_counter() - began)
             waits.append(waited)
     finally:
+        loader_type.__next__ = loader_next
         loader.close()
     waits, walls = waits[args.warmup:], walls[args.warmup:]
+    inside = inside[args.warmup * args.microbatches:]
     return {"mode": mode, "workers": DEFAULT if workers is None else workers, "resolved_workers": processing_workers(workers), "read_ahead": read_ahead, "wait_percent": 100.0 * sum(waits) / sum(walls),
             "median_wait_ms": statistics.median(waits) * 1e3, "median_iteration_ms": statistics.median(walls) * 1e3,
             # the wait split by whether the micro-batch was made when asked for (read-ahead on): counts and total ms
             "ready": [len(ready_waits), round(sum(ready_waits) * 1e3, 2)], "not_ready": [len(unready_waits), round(sum(unready_waits) * 1e3, 2)],
+            # the measured micro-batches' time inside the loader's __next__, total and median, in ms
+            "inside_next_ms": round(sum(inside) * 1e3, 2), "inside_next_median_ms": round(statistics.median(inside) * 1e3, 3) if inside else None,
             # every measured iteration's wait: whether the loop waits a little each time or a lot now and then
             "waits_ms": [round(w * 1e3, 3) for w in waits]}
 

@@ -136,6 +136,9 @@ def test_data_wait_benchmark_runs_small(tmp_path, capsys):
     assert [(r["mode"], r["read_ahead"] > 0) for r in figures] == [
         ("off", False), ("on, mimo_batch in get_batch", True), ("on + prepare_with(mimo_batch) (docs/megatron.md)", True)]
     assert all(0 <= r["wait_percent"] <= 100 and r["median_iteration_ms"] >= 20 for r in figures)
+    for r in figures:  # every measured micro-batch is split by whether it was made; the loader's share is within the wait
+        assert r["ready"][0] + r["not_ready"][0] == 2 * 2, r
+        assert 0 <= r["inside_next_ms"] <= sum(r["waits_ms"]) + 0.01, r
 
 
 def test_data_wait_benchmark_measures_the_serial_cpu_with_default_workers(capsys):
