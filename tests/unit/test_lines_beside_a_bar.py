@@ -58,6 +58,16 @@ def test_without_a_bar_nothing_comes_before_the_line(monkeypatch):
     assert stream.getvalue() == "starting 4 ranks\n"
 
 
+def _rank_entry(body, progress: bool) -> int:
+    """Rank 1 of 2 running ``body`` as a spawned rank does, with the stop handlers the rank sets restored after."""
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return launcher.rank_entry(body, 1, 2, None, None, SimpleNamespace(progress=progress), "mimo-pipes run")
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+
+
 @pytest.mark.parametrize("progress", [True, False])
 def test_a_ranks_last_words_start_their_own_line(monkeypatch, progress):
     monkeypatch.setenv("MIMO_PIPES_SETTING_NAMES", "flags")  # as inside the command, whose ranks name flags
@@ -68,12 +78,7 @@ def test_a_ranks_last_words_start_their_own_line(monkeypatch, progress):
     def failing(rank, world_size, config, options):
         raise ConfigError("--dataset", "no such file")
 
-    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        status = launcher.rank_entry(failing, 1, 2, None, None, SimpleNamespace(progress=progress), "mimo-pipes run")
-    finally:
-        for signum, handler in handlers.items():
-            signal.signal(signum, handler)
+    status = _rank_entry(failing, progress)
     assert status != 0
     assert bool(_lines_starting(stream.getvalue(), "mimo-pipes run: rank 1: --dataset: no such file")) == progress
 
@@ -130,12 +135,7 @@ def test_a_stop_signal_landing_as_a_rank_ends_leaves_its_one_line(monkeypatch, f
             raise StopRequested(signal.SIGTERM)
         raise ConfigError("--dataset", "no such file")
 
-    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        status = launcher.rank_entry(ending, 1, 2, None, None, SimpleNamespace(progress=False), "mimo-pipes run")
-    finally:
-        for signum, handler in handlers.items():
-            signal.signal(signum, handler)
+    status = _rank_entry(ending, progress=False)
     assert held == [0, 1]  # held again after the stop that landed
     if failure == "error":
         assert status == launcher.EXIT_FAILED
