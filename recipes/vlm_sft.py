@@ -18,7 +18,7 @@ from torchdata.nodes import BaseNode, ParallelMapper
 
 from mimo_pipes.config import PipelineConfig
 from mimo_pipes.config.counts import as_count
-from mimo_pipes.config.processing import processing_method
+from mimo_pipes.config.processing import check_processing, processing_method
 from mimo_pipes.config.tail_settings import resolve_pipeline_tail
 from mimo_pipes.config.transport import check_read_ahead
 from mimo_pipes.config.workers import processing_workers
@@ -73,8 +73,10 @@ def pipeline(
     config's (:mod:`mimo_pipes.config.processing`)."""
     # The workers run the processing: after the exchange with rows (process_rows), else the map function.
     processed_by = process_rows if process_rows is not None else map_fn
-    method = processing_method(config.processing if processing is None else processing, processing_workers(config.num_workers),
-                               work=() if processed_by is None else (processed_by,))
+    setting = config.processing if processing is None else processing
+    check_processing(setting)
+    # Nothing to process (the dataset holds processed samples): no worker starts, whatever the setting.
+    method = "thread" if processed_by is None else processing_method(setting, processing_workers(config.num_workers), work=(processed_by,))
     tail = resolve_pipeline_tail(
         config, layout.dp_size, image_token_ids=image_token_id, pad_values=pad_values, vision_fields=vision_fields,
         module=layout.module, method=method,
