@@ -22,7 +22,7 @@ import numpy as np
 from mimo_pipes.config.counts import as_count
 from mimo_pipes.config.flags import cli_flag, flag
 from mimo_pipes.config.planner import planner_settings, two_level_groups
-from mimo_pipes.config.processing import PROCESSING_SETTINGS
+from mimo_pipes.config.processing import check_processing
 from mimo_pipes.errors import ConfigError, name_flags_as_fields
 from mimo_pipes.parallel.pairing import pairing_problem
 from mimo_pipes.parallel.topology import Topology, build_topology
@@ -254,8 +254,7 @@ class PipelineConfig:
         take_switches(self, self.SWITCHES)
         if isinstance(self.components, str) or not all(isinstance(spec, str) for spec in self.components):
             raise ConfigError(flag("components"), f"must be a list of module specs (strings), got {self.components!r}")
-        if self.processing not in PROCESSING_SETTINGS:
-            raise ConfigError(flag("processing"), f"must be one of {', '.join(PROCESSING_SETTINGS)}, got {self.processing!r}")
+        check_processing(self.processing)
         timeout = self.exchange_timeout_s
         if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not math.isfinite(timeout) or timeout <= 0:
             raise ConfigError(flag("exchange_timeout_s"), f"must be a positive number of seconds, got {timeout!r}")

@@ -28,9 +28,10 @@ _said: set[str] = set()  # the reasons auto chose threads, each logged once a pr
 
 
 def check_processing(setting: object) -> None:
-    """``setting`` is one of :data:`PROCESSING_SETTINGS` (ValueError otherwise)."""
+    """``setting`` is one of :data:`PROCESSING_SETTINGS`; else ConfigError naming ``processing`` (its flag in a
+    command): the config's field and a recipe's keyword are checked alike."""
     if setting not in PROCESSING_SETTINGS:
-        raise ValueError(f"processing must be one of {', '.join(PROCESSING_SETTINGS)}, got {setting!r}")
+        raise ConfigError(flag("processing"), f"must be one of {', '.join(PROCESSING_SETTINGS)}, got {setting!r}")
 
 
 def processing_method(setting: str, workers: int, work: Iterable[object] = ()) -> str:

@@ -151,15 +151,16 @@ if "forkserver" in multiprocessing.get_all_start_methods() and (3, 11) <= sys.ve
             set_spawning_popen(self)
             try:
                 reduction.dump(process_obj, work)
-                if not refers_to_main(work.getvalue()):
+                pickled = work.getvalue()
+                if not refers_to_main(pickled):
                     for key in MAIN_KEYS:
                         prep_data.pop(key, None)
-                elif (problem := main_rerun_problem(", ".join(main_names(work.getvalue())) or "an object")) is not None:
+                elif (problem := main_rerun_problem(", ".join(main_names(pickled)) or "an object")) is not None:
                     raise RuntimeError(problem)  # here, in this process: the worker would fail while starting, unseen
                 reduction.dump(prep_data, buf)
             finally:
                 set_spawning_popen(None)
-            buf.write(work.getbuffer())
+            buf.write(pickled)
             self.sentinel, w = _SERVER.connect_to_new_process(self._fds)
             parent_w = os.dup(w)  # the child's sign that this process is alive, as multiprocessing keeps it
             self.finalizer = util.Finalize(self, util.close_fds, (parent_w, self.sentinel))

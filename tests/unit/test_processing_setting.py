@@ -28,7 +28,7 @@ def test_the_setting_is_checked_where_it_is_made_naming_it():
     for bad in ("fork", "threads", None, 2):
         with pytest.raises(ConfigError, match=r"^processing: must be one of auto, thread, process"):
             PipelineConfig(processing=bad)
-    with pytest.raises(ValueError, match="processing must be one of"):
+    with pytest.raises(ConfigError, match=r"^processing: must be one of auto, thread, process, got 'spawn'$"):
         processing_method("spawn", 4)
 
 
