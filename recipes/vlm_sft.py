@@ -21,7 +21,7 @@ from mimo_pipes.config.counts import as_count
 from mimo_pipes.config.processing import check_processing, processing_method
 from mimo_pipes.config.tail_settings import resolve_pipeline_tail
 from mimo_pipes.config.transport import check_read_ahead
-from mimo_pipes.config.workers import processing_workers
+from mimo_pipes.config.workers import counting_threads, processing_workers
 from mimo_pipes.data.bad_rows.skipping import SkipBadRows
 from mimo_pipes.data.from_config import dataset_path, image_folder, open_processor, processor_path
 from mimo_pipes.data.processing.module_processor import ModuleProcessor
@@ -99,9 +99,10 @@ def pipeline(
             # Images named by path in object storage: each row's files fetched as it is read, ahead of the mappers,
             # on the store's own pool (its concurrency, not the mappers'), into the cache the mappers read.
             node = MediaPrefetch(node, start=functools.partial(prefetch_media, image_folder=folder), ahead=prefetch_rows())
-        # Processing, or with rows the counting (cheap: on threads). ParallelMapper keeps its source's state
+        # Processing, or with rows the counting (cheap: on a few threads). ParallelMapper keeps its source's state
         # as snapshots without copying: SnapshotGuard hands it copies.
-        node = ParallelMapper(SnapshotGuard(node), map_fn, num_workers=tail.processing.workers, in_order=True, method=method)
+        workers = counting_threads(tail.processing.workers) if tail.processing.rows else tail.processing.workers
+        node = ParallelMapper(SnapshotGuard(node), map_fn, num_workers=workers, in_order=True, method=method)
         if method == "process":  # from the library's worker server (torchdata would fork this process)
             start_workers_from(node, worker_context())
     # CostAnnotator -> Windower -> BalanceExchange -> (RowProcessor ->) MicroBatchAssembler (-> SequencePacker).

@@ -58,7 +58,7 @@ from mimo_pipes.graph.traversal import (
     wrapped,
 )
 from mimo_pipes.nodes.balance_exchange import BalanceExchange
-from mimo_pipes.nodes.base import GraphNode, Restartable
+from mimo_pipes.nodes.base import GraphNode, Restartable, kept_state
 from mimo_pipes.nodes.read_ahead import ReadAhead
 
 UNDRAINED_WAIT_S = 1.0
@@ -162,7 +162,7 @@ class GraphLoader(Loader[dict]):
         if self.read_ahead:
             root, finish = self.root, self._finisher()
             self._handed_state = copy.deepcopy(root.state_dict())
-            self._reader = ReadAhead(lambda: finish(next(root)), root.state_dict, self.read_ahead)
+            self._reader = ReadAhead(lambda: finish(next(root)), kept_state(root), self.read_ahead)
 
     def _stop_reading_ahead(self) -> None:
         reader, self._reader = self._reader, None

@@ -24,6 +24,7 @@ reaches it through the loader (:meth:`GraphNode.abort`).
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from torchdata.nodes import BaseNode
@@ -120,3 +121,14 @@ class GraphNode(BaseNode[T]):
                 state[self.SOURCE_KEY] = copy.deepcopy(self.source_state())
         state.update(copy.deepcopy(self.own_state()))
         return state
+
+
+def kept_state(node: BaseNode[Any]) -> Callable[[], Any]:
+    """What gives ``node``'s state as a value that nothing changes later, for a reader that keeps it beside an item
+    it made ahead (:class:`~mimo_pipes.nodes.read_ahead.ReadAhead`): a :class:`GraphNode` builds its state afresh
+    on every call (:meth:`GraphNode.get_state` copies what could change), so it is taken as it is; another node's
+    may share what the node goes on changing, so it is deep-copied. One copy a state, not two: the read-ahead
+    takes a state for every item, on a thread that shares the interpreter lock with the training thread."""
+    if isinstance(node, GraphNode):
+        return node.state_dict
+    return lambda: copy.deepcopy(node.state_dict())

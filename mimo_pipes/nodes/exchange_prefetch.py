@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from torchdata.nodes import BaseNode
 
 from mimo_pipes.exchange import AFTER_EXCHANGE, announce_end, announce_failure
+from mimo_pipes.nodes.base import kept_state
 from mimo_pipes.nodes.read_ahead import ReadAhead
 from mimo_pipes.samples.sample import Window
 
@@ -40,7 +41,7 @@ class ExchangePrefetchThread:
         self._attempted = 0  # exchanges begun on the thread (only the thread counts them)
         self.ended_at: int | None = None  # the sequence the module agreed on the end at (set on the thread)
         device = exchange.ctx.device
-        self.reader: ReadAhead[Any] = ReadAhead(self._exchanged, source.state_dict, PREFETCH_DEPTH, name="mimo-pipes-exchange",
+        self.reader: ReadAhead[Any] = ReadAhead(self._exchanged, kept_state(source), PREFETCH_DEPTH, name="mimo-pipes-exchange",
                                                 device=device if device is not None and device.type == "cuda" else None)
 
     def _exchanged(self) -> Any:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import copy
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -15,6 +14,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 import torch
 from torchdata.nodes import BaseNode
 
+from mimo_pipes.nodes.base import kept_state
 from mimo_pipes.samples.sample import Window
 
 T = TypeVar("T")
@@ -59,7 +59,8 @@ class _Made(NamedTuple):
 class ReadAhead(Generic[T]):
     """Makes items with ``make()`` on a thread of its own (``name``), up to ``depth`` ahead of the consumer, each
     with ``snapshot()`` taken right after it on that thread: the state to save once the item is handed out (as
-    torchdata's ``Prefetcher`` inside its ``Loader``, whose snapshot travels with the item). :meth:`take` hands
+    torchdata's ``Prefetcher`` inside its ``Loader``, whose snapshot travels with the item), kept as it is, so
+    ``snapshot`` returns a value nothing changes later (:func:`~mimo_pipes.nodes.base.kept_state`). :meth:`take` hands
     them out in order on the consumer's thread; an error of ``make`` is raised there, the same exception, once
     the items made before it are taken, and the thread has ended by then. ``device``: the CUDA device the thread
     works on (default: the consumer's, when CUDA is in use; the current device is per thread).
@@ -117,7 +118,7 @@ class ReadAhead(Generic[T]):
             try:
                 with _deferring() as actions:
                     item = self.make()
-                made = _Made("item", item, copy.deepcopy(self.snapshot()), actions)
+                made = _Made("item", item, self.snapshot(), actions)
             except StopIteration:
                 made = _Made("end", None, None, [])
             except BaseException as error:  # noqa: BLE001 - raised on the consumer's thread
@@ -201,5 +202,5 @@ def fill_ahead(source: BaseNode[Window], pending: collections.deque[T], ahead: i
             window = next(source)
         except StopIteration as end:
             return end
-        pending.append(submit(window, copy.deepcopy(source.state_dict())))
+        pending.append(submit(window, kept_state(source)()))
     return None

@@ -57,3 +57,13 @@ def test_unset_num_workers_resolves_on_the_rank(monkeypatch):
     assert tail.processing.workers == expected
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(rank_cores() * 4))  # more ranks than cores: one worker each
     assert resolve_pipeline_tail(config, 1, image_token_ids=7, pad_values={"input_ids": 0}).processing.workers == 1
+
+
+@given(st.integers(1, 4096))
+def test_counting_threads_keep_up_with_their_workers_and_stay_few(workers):
+    from mimo_pipes.config.workers import WORKERS_PER_COUNTING_THREAD, counting_threads
+
+    threads = counting_threads(workers)
+    assert 1 <= threads <= workers
+    assert threads * WORKERS_PER_COUNTING_THREAD >= workers > (threads - 1) * WORKERS_PER_COUNTING_THREAD
+    assert counting_threads(workers + 1) in (threads, threads + 1)

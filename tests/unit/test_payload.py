@@ -144,3 +144,25 @@ def _nodes(loader):
     from mimo_pipes.graph.traversal import graph_nodes
 
     return graph_nodes(loader.root)
+
+
+@pytest.mark.parametrize(("workers", "counting"), [(1, 1), (8, 1), (9, 2), (14, 2), (17, 3)])
+def test_rows_are_counted_on_a_few_threads_and_processed_on_every_worker(workers, counting):
+    """Counting a row costs a small part of processing it: under the rows payload the counting mapper gets one
+    thread per WORKERS_PER_COUNTING_THREAD workers (each more is one more thread beside the training thread),
+    the row processing every worker; under the samples payload the mapper processes, on every worker."""
+    from torchdata.nodes import ParallelMapper
+
+    from mimo_pipes.config.workers import counting_threads
+
+    assert counting_threads(workers) == counting
+    for payload, mapper_threads in (("rows", counting), ("samples", workers)):
+        config = PipelineConfig(components=("language=dp=1",), micro_batch_size=2, seq_length=2048, embedded_samples=16,
+                                num_workers=workers, processing="thread", exchange_payload=payload)
+        loader = vlm_sft.build(config, RankLayout(0, 1, 1))
+        try:
+            nodes = _nodes(loader)
+            assert [node.num_workers for node in nodes if isinstance(node, ParallelMapper)] == [mapper_threads]
+            assert [node.workers for node in nodes if isinstance(node, RowProcessor)] == ([workers] if payload == "rows" else [])
+        finally:
+            loader.close()

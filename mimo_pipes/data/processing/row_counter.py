@@ -32,7 +32,7 @@ from mimo_pipes.data.processing.media_sizes import UnreadableHeader, encoded_med
 from mimo_pipes.data.processing.processor import CONSUMED_KEYS, SampleProcessor
 from mimo_pipes.data.processing.row_layout import compact_layout, header_layout, row_name
 from mimo_pipes.errors import SampleError
-from mimo_pipes.samples.cost import image_token_count, placeholder_runs
+from mimo_pipes.samples.cost import placeholder_mask, placeholder_runs
 from mimo_pipes.samples.module_fields import ModuleFields
 from mimo_pipes.samples.sample import IMAGE_TOKENS, PLACEHOLDER_RUNS, REAL_TOKENS, TOKEN_LAYOUT, Sample
 
@@ -134,20 +134,24 @@ class RowCounter:
         return {**{key: value for key, value in row.items() if key not in CONSUMED_KEYS}, **counts, TOKEN_LAYOUT: layout}
 
     def _counted(self, row: dict, runs: bool) -> tuple[RowCount, dict[str, torch.Tensor] | None]:
+        placeholders = self.processor.placeholder_ids
         try:
-            ids, trained, fields = header_layout(self.processor, row)
+            listed, trained, fields = header_layout(self.processor, row)
         except SampleError:
             raise
         except Exception as error:  # noqa: BLE001 - no cheap size: the processor counts it, or names the row's fault
             sample = self.processor(dict(row))
             self._processed(row, cost_reason(error))
             ids, layout = sample["input_ids"].numpy(), None
+            inside = placeholder_mask(ids, placeholders)
         else:
-            layout = compact_layout(ids, trained, fields, self.processor.placeholder_ids)
-            ids = np.asarray(ids, dtype=np.int64)
-        placeholders = self.processor.placeholder_ids
-        lengths = placeholder_runs(ids, placeholders) if runs else []
-        return (image_token_count(ids, placeholders), int(ids.shape[0]), lengths), layout
+            # One array and one placeholder mask serve the layout and the counts (int32: vocabularies are far
+            # below 2**31): rows are counted on the rank's own process, beside its training thread.
+            ids = np.asarray(listed, dtype=np.int32)
+            inside = placeholder_mask(ids, placeholders)
+            layout = compact_layout(ids, trained, fields, placeholders, inside)
+        lengths = placeholder_runs(ids, placeholders, inside) if runs else []
+        return (int(np.count_nonzero(inside)), int(ids.shape[0]), lengths), layout
 
     def _processed(self, row: dict, why: str) -> None:
         """Count a row processed for its cost, and why; the first row of each reason is logged."""

@@ -9,6 +9,7 @@ and :func:`expanded` the token ids and trained flags it stands for.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,7 @@ import torch
 from mimo_pipes.data.processing.conversation import conversation
 from mimo_pipes.data.processing.media_sizes import media_sizes
 from mimo_pipes.data.processing.processor import SampleProcessor
+from mimo_pipes.samples.cost import placeholder_mask
 from mimo_pipes.samples.sample import SAMPLE_ID
 
 IDS, TRAINED, RUNS = "input_ids", "trained", "placeholder_runs"
@@ -48,12 +50,15 @@ def header_layout(processor: SampleProcessor, row: dict) -> tuple[list[int], lis
     return ids, trained, fields
 
 
-def compact_layout(ids: list[int], trained: list[bool], fields: dict[str, np.ndarray], placeholder_ids: Any) -> dict[str, torch.Tensor]:
+def compact_layout(ids: Sequence[int] | np.ndarray, trained: Sequence[bool], fields: dict[str, np.ndarray], placeholder_ids: Any,
+                   inside: np.ndarray | None = None) -> dict[str, torch.Tensor]:
     """What the language side needs of a row, compact: its int32 token ids (vocabularies are far below
     2**31) with each placeholder run as one token, the trained flags alike (constant along a run, which lies
-    inside one chat segment; checked), each run's ``[position, length]``, and the layout fields."""
+    inside one chat segment; checked), each run's ``[position, length]``, and the layout fields. ``inside``:
+    the ids' :func:`~mimo_pipes.samples.cost.placeholder_mask`, when the caller has it already."""
     full, flags = np.asarray(ids, dtype=np.int32), np.asarray(trained, dtype=np.bool_)
-    inside = np.isin(full, np.asarray(placeholder_ids, dtype=np.int32))
+    if inside is None:
+        inside = placeholder_mask(full, placeholder_ids)
     if full.shape[0]:
         starts = inside & np.concatenate(([True], (full[1:] != full[:-1]) | ~inside[:-1]))
     else:
