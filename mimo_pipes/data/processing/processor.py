@@ -213,13 +213,16 @@ class SampleProcessor:
                                           kind=bad_rows.IMAGE_COUNT)
                     tokens = runs[used[piece]]
                     used[piece] += 1
-                    is_fixed = [True] * len(tokens)
+                    # a placeholder run is fixed and never trained: lists made whole, not token by token (a run
+                    # holds up to thousands of tokens, and rows are counted beside the training thread)
+                    is_fixed, flags = [True] * len(tokens), [False] * len(tokens)
                 else:
                     tokens = self._encode(piece) if piece else []
                     is_fixed = [token in markers for token in tokens]
+                    flags = [is_trained and not f for f in is_fixed]
                 ids.extend(tokens)
                 fixed.extend(is_fixed)
-                trained.extend(is_trained and not f for f in is_fixed)
+                trained.extend(flags)
                 part.extend([where] * len(tokens))
         if any(used[pad] != len(runs) for pad, runs in media.items()):
             raise SampleError(sample_id, f"dataset row {sample_id}: the chat template did not place every image and video", field="images",
