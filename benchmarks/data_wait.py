@@ -55,7 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="per-sample processing on threads or worker processes (vlm_sft.build's processing; auto, the "
                              "library's default: processes from 2 workers)")
     parser.add_argument("--counting-threads", type=int, default=None,
-                        help="rows counted before the exchange on this many threads (default: the library's, as many as the workers)")
+                        help="rows counted before the exchange on this many threads (default: the library's, one per 8 workers)")
     parser.add_argument("--busy", action="store_true", help="the model step is a busy CPU loop (default: a sleep)")
     parser.add_argument("--short", action="store_true", help="a quick run: 8 measured iterations, 2 of warm-up")
     parser.add_argument("--serial-cpu", action="store_true",
