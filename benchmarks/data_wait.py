@@ -55,7 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="per-sample processing on threads or worker processes (vlm_sft.build's processing; auto, the "
                              "library's default: processes from 2 workers)")
     parser.add_argument("--counting-threads", type=int, default=None,
-                        help="rows counted before the exchange on this many threads (default: the library's, one per 8 workers)")
+                        help="rows counted before the exchange on this many threads of the rank's process (the code before; default: the library's)")
     parser.add_argument("--busy", action="store_true", help="the model step is a busy CPU loop (default: a sleep)")
     parser.add_argument("--short", action="store_true", help="a quick run: 8 measured iterations, 2 of warm-up")
     parser.add_argument("--serial-cpu", action="store_true",
@@ -103,15 +103,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def count_on_threads(threads: int) -> None:
-    """The recipe's mappers on threads (rows counted before the exchange) get ``threads`` threads."""
+    """Rows counted before the exchange on ``threads`` threads of the rank's process, as before 2026-12-07 (then on
+    as many threads as workers; since, on worker processes under ``processing="process"``, one per 8 workers):
+    the recipe's first mapper gets the plain counting function on threads."""
     from torchdata.nodes import ParallelMapper
 
+    from mimo_pipes.observe.warning_tally import WarningsRecorded
     from mimo_pipes_recipes import vlm_sft
 
     def mapper(source: Any, map_fn: Any, *, num_workers: int, method: str, **settings: Any) -> Any:
-        return ParallelMapper(source, map_fn, num_workers=threads if method == "thread" else num_workers, method=method, **settings)
+        function = map_fn.function if isinstance(map_fn, WarningsRecorded) else map_fn
+        return ParallelMapper(source, function, num_workers=threads, method="thread", **settings)
 
     vlm_sft.ParallelMapper = mapper
+    vlm_sft.start_workers_from = lambda node, context: None
+    vlm_sft.replayed = lambda item: item
 
 
 def model_step(seconds: float, busy: bool) -> None:

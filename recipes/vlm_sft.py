@@ -14,14 +14,14 @@ import functools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from torchdata.nodes import BaseNode, ParallelMapper
+from torchdata.nodes import BaseNode, Mapper, ParallelMapper
 
 from mimo_pipes.config import PipelineConfig
 from mimo_pipes.config.counts import as_count
 from mimo_pipes.config.processing import check_processing, processing_method
 from mimo_pipes.config.tail_settings import resolve_pipeline_tail
 from mimo_pipes.config.transport import check_read_ahead
-from mimo_pipes.config.workers import counting_threads, processing_workers
+from mimo_pipes.config.workers import counting_workers, processing_workers
 from mimo_pipes.data.bad_rows.skipping import SkipBadRows
 from mimo_pipes.data.from_config import dataset_path, image_folder, open_processor, processor_path
 from mimo_pipes.data.processing.module_processor import ModuleProcessor
@@ -38,6 +38,7 @@ from mimo_pipes.graph.torchdata_guards import start_workers_from
 from mimo_pipes.nodes import CanonicalShardReader, SnapshotGuard
 from mimo_pipes.nodes.canonical_shard_reader import MapStyleDataset
 from mimo_pipes.nodes.media_prefetch import MediaPrefetch
+from mimo_pipes.observe.warning_tally import WarningsRecorded, replayed
 from mimo_pipes.samples.collate import FieldSpec
 from mimo_pipes.samples.module_fields import module_fields
 from mimo_pipes.samples.sample import Sample
@@ -76,7 +77,9 @@ def pipeline(
     setting = config.processing if processing is None else processing
     check_processing(setting)
     # Nothing to process (the dataset holds processed samples): no worker starts, whatever the setting.
-    method = "thread" if processed_by is None else processing_method(setting, processing_workers(config.num_workers), work=(processed_by,))
+    # With rows the counting runs on processes too (below): what they run must pickle as well.
+    work = tuple(function for function in (processed_by, map_fn if process_rows is not None else None) if function is not None)
+    method = "thread" if processed_by is None else processing_method(setting, processing_workers(config.num_workers), work=work)
     tail = resolve_pipeline_tail(
         config, layout.dp_size, image_token_ids=image_token_id, pad_values=pad_values, vision_fields=vision_fields,
         module=layout.module, method=method,
@@ -93,18 +96,24 @@ def pipeline(
         dataloader_type=config.dataloader_type,
     )
     if map_fn is not None:
-        method = "thread" if tail.processing.rows else tail.processing.method
         folder = image_folder(config)
+        # With rows, images named by path in object storage are counted on threads: they read the cache MediaPrefetch fills.
+        method = "thread" if tail.processing.rows and is_s3(folder) else tail.processing.method
         if is_s3(folder) and method == "thread":
             # Images named by path in object storage: each row's files fetched as it is read, ahead of the mappers,
             # on the store's own pool (its concurrency, not the mappers'), into the cache the mappers read.
             node = MediaPrefetch(node, start=functools.partial(prefetch_media, image_folder=folder), ahead=prefetch_rows())
-        # Processing, or with rows the counting (cheap: on a few threads). ParallelMapper keeps its source's state
-        # as snapshots without copying: SnapshotGuard hands it copies.
-        workers = counting_threads(tail.processing.workers) if tail.processing.rows else tail.processing.workers
-        node = ParallelMapper(SnapshotGuard(node), map_fn, num_workers=workers, in_order=True, method=method)
-        if method == "process":  # from the library's worker server (torchdata would fork this process)
-            start_workers_from(node, worker_context())
+        # Processing, or with rows the counting (cheap: a worker per WORKERS_PER_COUNTING_WORKER; on processes it
+        # leaves the rank's interpreter lock to the training thread). ParallelMapper keeps its source's state as
+        # snapshots without copying: SnapshotGuard hands it copies.
+        workers = counting_workers(tail.processing.workers) if tail.processing.rows else tail.processing.workers
+        if method == "process":
+            # Warnings raised on the worker processes are recorded there and counted on this rank (its run summary).
+            node = ParallelMapper(SnapshotGuard(node), WarningsRecorded(map_fn), num_workers=workers, in_order=True, method=method)
+            start_workers_from(node, worker_context())  # from the library's worker server (torchdata would fork this process)
+            node = Mapper(node, replayed)
+        else:
+            node = ParallelMapper(SnapshotGuard(node), map_fn, num_workers=workers, in_order=True, method=method)
     # CostAnnotator -> Windower -> BalanceExchange -> (RowProcessor ->) MicroBatchAssembler (-> SequencePacker).
     tail_node = balanced_tail(node, settings=tail, layout=layout, process_rows=process_rows, stand_in=stand_in)
     # Whole micro-batches made ahead of the training thread on the loader's own thread (--read-ahead).

@@ -47,15 +47,16 @@ def processing_workers(num_workers: int | None) -> int:
     return default_workers(rank_cores(), local_ranks())
 
 
-WORKERS_PER_COUNTING_THREAD = 8
-"""Processing workers one counting thread keeps up with. Under ``--exchange-payload rows`` a rank counts each row
-(its text tokenized, its image headers read) before the exchange, on threads of its own process, and processes it
-after. Counting costs about a twentieth of processing (on a 16-core host about 1 ms of CPU a row against 30 ms),
-so one thread counts for several workers with room to spare; and each counting thread is one more beside the
-training thread that holds the interpreter lock when the training thread comes back for its next micro-batch."""
+WORKERS_PER_COUNTING_WORKER = 8
+"""Processing workers one counting worker keeps up with. Under ``--exchange-payload rows`` a rank counts each row
+(its text tokenized, its image headers read) before the exchange and processes it after. Counting costs about a
+twentieth of processing (on a 16-core host about 1 ms of CPU a row against 30 ms), so one counting worker serves
+several processing workers with room to spare. Counting on threads, each is one more thread beside the training
+thread that holds the interpreter lock when the training thread comes back for its next micro-batch; counting on
+worker processes (``processing="process"``), each is one more process."""
 
 
-def counting_threads(workers: int) -> int:
-    """The threads that count rows for ``workers`` processing workers: one per :data:`WORKERS_PER_COUNTING_THREAD`
+def counting_workers(workers: int) -> int:
+    """The workers that count rows for ``workers`` processing workers: one per :data:`WORKERS_PER_COUNTING_WORKER`
     workers or part of them."""
-    return max(1, -(-workers // WORKERS_PER_COUNTING_THREAD))
+    return max(1, -(-workers // WORKERS_PER_COUNTING_WORKER))

@@ -25,6 +25,7 @@ from mimo_pipes.nodes.base import GraphNode
 from mimo_pipes.nodes.module_end import ModuleEnd
 from mimo_pipes.nodes.read_ahead import fill_ahead
 from mimo_pipes.observe.observer import ExchangeRecord
+from mimo_pipes.observe.warning_tally import Recorded, recorded, replayed
 from mimo_pipes.samples import handover
 from mimo_pipes.samples.buffer_pool import BufferPool
 from mimo_pipes.samples.collate import lend_rows
@@ -222,15 +223,15 @@ class RowProcessor(GraphNode[Window]):
         (:class:`~mimo_pipes.samples.handover.Destination`) when its count tells how many there are."""
         counts = self._counts(microbatch)
         if counts is None:
-            return [_placing(pool.submit(_process_installed, row, None), None) for row in microbatch]
+            return [_placing(pool.submit(_process_installed, row, None), None, on_process=True) for row in microbatch]
         assert self._pixels is not None
         try:
             destination = handover.Destination(os.getpid(), [count or 0 for count in counts], *self._pixels, pool=self._segments)
         except OSError:  # no room in shared memory: each sample hands its own over
-            return [_placing(pool.submit(_process_installed, row, None), None) for row in microbatch]
+            return [_placing(pool.submit(_process_installed, row, None), None, on_process=True) for row in microbatch]
         futures = []
         for row, count, place, rows in zip(microbatch, counts, destination.places, destination.rows):
-            future = _placing(pool.submit(_process_installed, row, place if count else None), rows)
+            future = _placing(pool.submit(_process_installed, row, place if count else None), rows, on_process=True)
             future.add_done_callback(destination.row_done)
             futures.append(future)
         return futures
@@ -332,17 +333,22 @@ def _process_into(process: Callable[[Sample], Sample], row: Sample, target: torc
     return sample
 
 
-def _placing(future: Future[Sample], rows: Any) -> Future[Sample]:
+def _placing(future: Future[Any], rows: Any, *, on_process: bool = False) -> Future[Sample]:
     """``future`` with the rows of the micro-batch's buffer its worker process writes its pixels into (None: none;
-    worker threads place theirs themselves), read back by :func:`_result`."""
+    worker threads place theirs themselves), read back by :func:`_result`; ``on_process``: its result is
+    :func:`_process_installed`'s (the sample and the warnings its worker process recorded)."""
     future.placed_rows = rows  # type: ignore[attr-defined]
+    future.on_process = on_process  # type: ignore[attr-defined]
     return future
 
 
 def _result(future: Future[Sample]) -> Sample:
-    """A row's sample; its pixels, when its worker placed them, as its rows of the micro-batch's buffer."""
+    """A row's sample; its pixels, when its worker placed them, as its rows of the micro-batch's buffer; the
+    warnings a worker process recorded making it counted on this process (the rank's tally, its run summary)."""
     rows = future.placed_rows  # type: ignore[attr-defined] - every row's future is made by _placing
     sample = future.result()
+    if future.on_process:  # type: ignore[attr-defined]
+        sample = replayed(sample)
     return sample if rows is None else handover.received_rows(sample, PIXELS, rows)
 
 
@@ -381,11 +387,12 @@ def _install(process: Callable[[Sample], Sample]) -> None:
     one_thread_per_worker()
 
 
-def _process_installed(row: Sample, place: handover.Placed | None) -> Sample:
+def _process_installed(row: Sample, place: handover.Placed | None) -> tuple[Sample, Recorded]:
     """In a worker process: the row processed, its pixels written where ``place`` says (if anywhere): laid out
-    there by the pixel table where it takes the offer (as on worker threads), else copied there."""
+    there by the pixel table where it takes the offer (as on worker threads), else copied there; with the
+    warnings processing it raised, recorded for the rank to count (:func:`_result`)."""
     assert _installed is not None
     target = handover.place_target(place) if place is not None else None
-    with pixels_into(target if target is not None and target.dtype == np.float32 else None):
+    with recorded() as seen, pixels_into(target if target is not None and target.dtype == np.float32 else None):
         sample = _installed(row)
-    return handover.placed(sample, PIXELS, place, target)
+    return handover.placed(sample, PIXELS, place, target), seen

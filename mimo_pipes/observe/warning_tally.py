@@ -4,7 +4,9 @@
 Outside a command the first warning of each kind in a process is logged (with how to read the count);
 a command that reports the tally itself collects it (:func:`collected`): ``mimo-pipes run`` and ``train``
 merge every rank's tally on rank 0 and print one line per kind in the summary, ``analyze`` prints its own.
-Map functions run on worker processes (``processing="process"``) count in those processes.
+The recipe's map functions on worker processes (``processing="process"``) record their warnings there
+(:class:`WarningsRecorded`) and the rank counts them as it takes their results (:func:`replayed`); a map function
+run on worker processes of a program's own counts in those processes.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ from __future__ import annotations
 import logging
 import numbers
 import threading
-from collections.abc import Hashable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 logger = logging.getLogger("mimo_pipes")
 
@@ -72,9 +75,26 @@ class WarningTally:
 _TALLY = WarningTally()
 
 
+Recorded = list[tuple[WarningKind, Hashable, str]]
+"""Warnings recorded on a worker process for the process the work is done for: (kind, subject, detail) each."""
+
+
+class _Recording(threading.local):
+    """Per thread: where warnings are recorded instead of counted (None: counted here)."""
+
+    seen: Recorded | None = None
+
+
+_recording = _Recording()
+
+
 def warn(kind: WarningKind, subject: Hashable, detail: str) -> None:
     """Count ``subject`` under ``kind``. The first of its kind in this process is logged with ``detail``,
-    unless a command collects the tally."""
+    unless a command collects the tally. Within :func:`recorded` on this thread: only recorded."""
+    seen = _recording.seen
+    if seen is not None:
+        seen.append((kind, subject, detail))
+        return
     if _TALLY.add(kind, subject) and not _TALLY.collecting:
         logger.warning("%s; further %s are counted, not logged (mimo_pipes.observe.warning_tally.counts())", detail, kind.what)
 
@@ -94,6 +114,44 @@ def collected() -> Iterator[WarningTally]:
         yield _TALLY
     finally:
         _TALLY.collecting = previous
+
+
+@contextmanager
+def recorded() -> Iterator[Recorded]:
+    """Within, on this thread: warnings are recorded in the list yielded, not counted nor logged here (a worker
+    process records the warnings of the work it does; the rank it works for counts them, :func:`replay`)."""
+    previous, _recording.seen = _recording.seen, []
+    try:
+        yield _recording.seen
+    finally:
+        _recording.seen = previous
+
+
+def replay(seen: Recorded) -> None:
+    """Count warnings recorded elsewhere (:func:`recorded`) as if they were raised here."""
+    for kind, subject, detail in seen:
+        warn(kind, subject, detail)
+
+
+class WarningsRecorded:
+    """``function`` run with its warnings recorded: ``(its result, the warnings)``. Picklable when ``function``
+    is: what a worker process runs in place of a map function, so that the warnings reach the rank's tally (and
+    its run summary) through :func:`replayed` instead of staying counted in the worker."""
+
+    def __init__(self, function: Callable[[Any], Any]) -> None:
+        self.function = function
+
+    def __call__(self, item: Any) -> tuple[Any, Recorded]:
+        with recorded() as seen:
+            result = self.function(item)
+        return result, seen
+
+
+def replayed(result_and_warnings: tuple[Any, Recorded]) -> Any:
+    """The result of a :class:`WarningsRecorded` call, its warnings counted here."""
+    result, seen = result_and_warnings
+    replay(seen)
+    return result
 
 
 def merge(snapshots: Iterable[Mapping[WarningKind, Iterable[Hashable]]]) -> list[WarningCount]:

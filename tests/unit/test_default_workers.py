@@ -60,10 +60,10 @@ def test_unset_num_workers_resolves_on_the_rank(monkeypatch):
 
 
 @given(st.integers(1, 4096))
-def test_counting_threads_keep_up_with_their_workers_and_stay_few(workers):
-    from mimo_pipes.config.workers import WORKERS_PER_COUNTING_THREAD, counting_threads
+def test_counting_workers_keep_up_with_their_workers_and_stay_few(workers):
+    from mimo_pipes.config.workers import WORKERS_PER_COUNTING_WORKER, counting_workers
 
-    threads = counting_threads(workers)
+    threads = counting_workers(workers)
     assert 1 <= threads <= workers
-    assert threads * WORKERS_PER_COUNTING_THREAD >= workers > (threads - 1) * WORKERS_PER_COUNTING_THREAD
-    assert counting_threads(workers + 1) in (threads, threads + 1)
+    assert threads * WORKERS_PER_COUNTING_WORKER >= workers > (threads - 1) * WORKERS_PER_COUNTING_WORKER
+    assert counting_workers(workers + 1) in (threads, threads + 1)

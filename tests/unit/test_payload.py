@@ -149,13 +149,13 @@ def _nodes(loader):
 @pytest.mark.parametrize(("workers", "counting"), [(1, 1), (8, 1), (9, 2), (14, 2), (17, 3)])
 def test_rows_are_counted_on_a_few_threads_and_processed_on_every_worker(workers, counting):
     """Counting a row costs a small part of processing it: under the rows payload the counting mapper gets one
-    thread per WORKERS_PER_COUNTING_THREAD workers (each more is one more thread beside the training thread),
+    thread per WORKERS_PER_COUNTING_WORKER workers (each more is one more thread beside the training thread),
     the row processing every worker; under the samples payload the mapper processes, on every worker."""
     from torchdata.nodes import ParallelMapper
 
-    from mimo_pipes.config.workers import counting_threads
+    from mimo_pipes.config.workers import counting_workers
 
-    assert counting_threads(workers) == counting
+    assert counting_workers(workers) == counting
     for payload, mapper_threads in (("rows", counting), ("samples", workers)):
         config = PipelineConfig(components=("language=dp=1",), micro_batch_size=2, seq_length=2048, embedded_samples=16,
                                 num_workers=workers, processing="thread", exchange_payload=payload)
@@ -166,3 +166,26 @@ def test_rows_are_counted_on_a_few_threads_and_processed_on_every_worker(workers
             assert [node.workers for node in nodes if isinstance(node, RowProcessor)] == ([workers] if payload == "rows" else [])
         finally:
             loader.close()
+
+
+def test_under_processes_rows_are_counted_on_worker_processes_too():
+    """processing="process": the counting before the exchange runs on a worker process per
+    WORKERS_PER_COUNTING_WORKER workers, off the rank's interpreter lock (its warnings counted on the rank:
+    test_worker_warnings.py), and the stream is the threads' one."""
+    from torchdata.nodes import ParallelMapper
+
+    def built(processing: str) -> tuple[list, list[dict]]:
+        config = PipelineConfig(components=("language=dp=1",), micro_batch_size=2, seq_length=2048, embedded_samples=16,
+                                num_workers=9, processing=processing, exchange_payload="rows", dataloader_type="single")
+        loader = vlm_sft.build(config, RankLayout(0, 1, 1))
+        try:
+            mappers = [(node.method, node.num_workers) for node in _nodes(loader) if isinstance(node, ParallelMapper) and node.num_workers]
+            return mappers, take(loader, None)
+        finally:
+            loader.close()
+
+    mappers, batches = built("process")
+    assert mappers == [("process", 2)]
+    threads, reference = built("thread")
+    assert threads == [("thread", 2)]
+    assert_same(batches, reference)
