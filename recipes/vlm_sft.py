@@ -76,9 +76,9 @@ def pipeline(
     processed_by = process_rows if process_rows is not None else map_fn
     setting = config.processing if processing is None else processing
     check_processing(setting)
-    # Nothing to process (the dataset holds processed samples): no worker starts, whatever the setting.
     # With rows the counting runs on processes too (below): what they run must pickle as well.
     work = tuple(function for function in (processed_by, map_fn if process_rows is not None else None) if function is not None)
+    # Nothing to process (the dataset holds processed samples): no worker starts, whatever the setting.
     method = "thread" if processed_by is None else processing_method(setting, processing_workers(config.num_workers), work=work)
     tail = resolve_pipeline_tail(
         config, layout.dp_size, image_token_ids=image_token_id, pad_values=pad_values, vision_fields=vision_fields,
