@@ -77,7 +77,7 @@ def pipeline(
     setting = config.processing if processing is None else processing
     check_processing(setting)
     # With rows the counting runs on processes too (below): what they run must pickle as well.
-    work = tuple(function for function in (processed_by, map_fn if process_rows is not None else None) if function is not None)
+    work = tuple(function for function in (process_rows, map_fn) if function is not None)
     # Nothing to process (the dataset holds processed samples): no worker starts, whatever the setting.
     method = "thread" if processed_by is None else processing_method(setting, processing_workers(config.num_workers), work=work)
     tail = resolve_pipeline_tail(

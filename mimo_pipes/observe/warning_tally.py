@@ -119,18 +119,12 @@ def collected() -> Iterator[WarningTally]:
 @contextmanager
 def recorded() -> Iterator[Recorded]:
     """Within, on this thread: warnings are recorded in the list yielded, not counted nor logged here (a worker
-    process records the warnings of the work it does; the rank it works for counts them, :func:`replay`)."""
+    process records the warnings of the work it does; the rank it works for counts them, :func:`replayed`)."""
     previous, _recording.seen = _recording.seen, []
     try:
         yield _recording.seen
     finally:
         _recording.seen = previous
-
-
-def replay(seen: Recorded) -> None:
-    """Count warnings recorded elsewhere (:func:`recorded`) as if they were raised here."""
-    for kind, subject, detail in seen:
-        warn(kind, subject, detail)
 
 
 class WarningsRecorded:
@@ -148,9 +142,11 @@ class WarningsRecorded:
 
 
 def replayed(result_and_warnings: tuple[Any, Recorded]) -> Any:
-    """The result of a :class:`WarningsRecorded` call, its warnings counted here."""
+    """The result of a :class:`WarningsRecorded` call, its warnings (recorded elsewhere, :func:`recorded`) counted
+    here as if they were raised here."""
     result, seen = result_and_warnings
-    replay(seen)
+    for kind, subject, detail in seen:
+        warn(kind, subject, detail)
     return result
 
 

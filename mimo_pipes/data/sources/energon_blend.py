@@ -258,7 +258,7 @@ def _node_leaves(node: Any, path: Path, split: str, scale: Fraction, at: str) ->
             leaves += _leaves(target, part_split, factor, within=f"{named}: ")
         elif is_energon(str(target) if remote else target):
             leaves.append(Leaf(str(target) if remote else target, part_split, (mode, factor), f"{named}, split_part {part_split!r}"))
-        elif not (_request(target, target.is_dir) or _request(target, target.is_file)):
+        elif not _request(target, target.is_dir):  # not a file either (asked above): nothing there
             raise ConfigError("--dataset", f"{named}: {target} does not exist")
         elif remote:
             raise ConfigError("--dataset", f"{named}: {target} is not a prepared Energon dataset (it has no .nv-meta/dataset.yaml)")
