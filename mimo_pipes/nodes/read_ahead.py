@@ -16,6 +16,7 @@ from torchdata.nodes import BaseNode
 
 from mimo_pipes.nodes.base import kept_state
 from mimo_pipes.samples.sample import Window
+from mimo_pipes.samples.serial_torch import serial_torch_here
 
 T = TypeVar("T")
 
@@ -105,6 +106,7 @@ class ReadAhead(Generic[T]):
         return self._produced >= self._delivered + self.depth
 
     def _run(self) -> None:
+        serial_torch_here()  # collation's large operations on this thread alone: an intra-op team spins on the workers' cores
         if self._device is not None:
             torch.cuda.set_device(self._device)
         while True:

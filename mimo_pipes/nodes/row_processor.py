@@ -33,6 +33,7 @@ from mimo_pipes.samples.masking import mask_failed
 from mimo_pipes.samples.pixel_destination import pixels_into
 from mimo_pipes.samples.sample import SAMPLE_ID, STEP, Sample, Window
 from mimo_pipes.samples.segment_pool import SegmentPool
+from mimo_pipes.samples.serial_torch import serial_torch_here
 from mimo_pipes.samples.worker_start import one_thread_per_worker, worker_context
 
 PIXELS = "pixel_values"  # the field worker processes write straight into their micro-batch's buffer
@@ -280,7 +281,7 @@ class RowProcessor(GraphNode[Window]):
             self._buffers.reopen()
             self._segments.reopen()
             if self.method == "thread":
-                self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="mimo-pipes-process")
+                self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="mimo-pipes-process", initializer=serial_torch_here)
             else:
                 self._pool = ProcessPoolExecutor(self.workers, mp_context=worker_context(), initializer=_install, initargs=(self.process,))
             # A window waits for its rows (and, with masking, agrees on their failures) on a thread of its own, so
