@@ -4,7 +4,7 @@ torch runs a large CPU operation (a fill, a copy, a reduction of more than 32,76
 threads as many as the cores, and after each operation the team spins for some milliseconds waiting for the next.
 The library's threads in a rank's process (the read-ahead and exchange threads, processing on threads) make such
 operations for every micro-batch (collation's padded fields, say): on a 16-core host the read-ahead thread's team
-kept 15 threads of the rank's process spinning at about half a core each, cores the worker processes needed (one
+kept 15 threads of the rank's process spinning at more than half a core each, cores the worker processes needed (one
 rank's samples/s: 113 with the team, 296 without). Each such thread sets torch's intra-op threads to one for itself,
 as torch's ``DataLoader`` sets its pin-memory thread; the training thread, and every other thread, keep torch's
 setting as the program made it (with OpenMP the setting is each thread's own; torch's default for threads that have
@@ -59,4 +59,3 @@ class SerialTorch(Generic[T, R]):
 
     def __repr__(self) -> str:
         return f"SerialTorch({self.function!r})"
-
