@@ -73,14 +73,13 @@ def pipeline(
     ``vision_fields``: the vision fields every micro-batch carries, empty when no sample has them.
     ``processing``: ``auto``, ``thread`` or ``process`` (worker processes: what they run must pickle); None: the
     config's (:mod:`mimo_pipes.config.processing`)."""
-    # The workers run the processing: after the exchange with rows (process_rows), else the map function.
-    processed_by = process_rows if process_rows is not None else map_fn
     setting = config.processing if processing is None else processing
     check_processing(setting)
-    # With rows the counting runs on processes too (below): what they run must pickle as well.
+    # The workers run the processing: after the exchange with rows (process_rows), else the map function; with rows
+    # the counting (the map function) runs on processes too (below): what they run must pickle, both.
     work = tuple(function for function in (process_rows, map_fn) if function is not None)
     # Nothing to process (the dataset holds processed samples): no worker starts, whatever the setting.
-    method = "thread" if processed_by is None else processing_method(setting, processing_workers(config.num_workers), work=work)
+    method = processing_method(setting, processing_workers(config.num_workers), work=work) if work else "thread"
     tail = resolve_pipeline_tail(
         config, layout.dp_size, image_token_ids=image_token_id, pad_values=pad_values, vision_fields=vision_fields,
         module=layout.module, method=method,

@@ -25,7 +25,7 @@ from mimo_pipes.nodes.base import GraphNode
 from mimo_pipes.nodes.module_end import ModuleEnd
 from mimo_pipes.nodes.read_ahead import fill_ahead
 from mimo_pipes.observe.observer import ExchangeRecord
-from mimo_pipes.observe.warning_tally import Recorded, recorded, replayed
+from mimo_pipes.observe.warning_tally import Recorded, WarningsRecorded, replayed
 from mimo_pipes.samples import handover
 from mimo_pipes.samples.buffer_pool import BufferPool
 from mimo_pipes.samples.collate import lend_rows
@@ -377,14 +377,15 @@ def _one_line(error: BaseException) -> str:
     return " ".join(f"{type(error).__name__}: {error}".split())[:MAX_REASON]
 
 
-_installed: Callable[[Sample], Sample] | None = None
+_installed: WarningsRecorded | None = None
 
 
 def _install(process: Callable[[Sample], Sample]) -> None:
-    """Worker process set-up: the processing function arrives once, not with every row; torch's operations on one
-    thread (see :func:`~mimo_pipes.samples.worker_start.one_thread_per_worker`)."""
+    """Worker process set-up: the processing function arrives once, not with every row, and runs with its warnings
+    recorded for the rank; torch's operations on one thread (see
+    :func:`~mimo_pipes.samples.worker_start.one_thread_per_worker`)."""
     global _installed
-    _installed = process
+    _installed = WarningsRecorded(process)
     one_thread_per_worker()
 
 
@@ -394,6 +395,6 @@ def _process_installed(row: Sample, place: handover.Placed | None) -> tuple[Samp
     warnings processing it raised, recorded for the rank to count (:func:`_result`)."""
     assert _installed is not None
     target = handover.place_target(place) if place is not None else None
-    with recorded() as seen, pixels_into(target if target is not None and target.dtype == np.float32 else None):
-        sample = _installed(row)
+    with pixels_into(target if target is not None and target.dtype == np.float32 else None):
+        sample, seen = _installed(row)
     return handover.placed(sample, PIXELS, place, target), seen
