@@ -42,7 +42,6 @@ from mimo_pipes.observe.warning_tally import WarningsRecorded, replayed
 from mimo_pipes.samples.collate import FieldSpec
 from mimo_pipes.samples.module_fields import module_fields
 from mimo_pipes.samples.sample import Sample
-from mimo_pipes.samples.serial_torch import SerialTorch
 from mimo_pipes.samples.worker_start import worker_context
 
 
@@ -113,8 +112,7 @@ def pipeline(
             start_workers_from(node, worker_context())  # from the library's worker server (torchdata would fork this process)
             node = Mapper(node, replayed)
         else:
-            # Each thread runs torch's operations on itself alone, as each worker process does.
-            node = ParallelMapper(SnapshotGuard(node), SerialTorch(map_fn), num_workers=workers, in_order=True, method=method)
+            node = ParallelMapper(SnapshotGuard(node), map_fn, num_workers=workers, in_order=True, method=method)
     # CostAnnotator -> Windower -> BalanceExchange -> (RowProcessor ->) MicroBatchAssembler (-> SequencePacker).
     tail_node = balanced_tail(node, settings=tail, layout=layout, process_rows=process_rows, stand_in=stand_in)
     # Whole micro-batches made ahead of the training thread on the loader's own thread (--read-ahead).

@@ -60,6 +60,7 @@ from mimo_pipes.graph.traversal import (
 from mimo_pipes.nodes.balance_exchange import BalanceExchange
 from mimo_pipes.nodes.base import GraphNode, Restartable, kept_state
 from mimo_pipes.nodes.read_ahead import ReadAhead
+from mimo_pipes.samples.serial_torch import own_torch_setting_here
 
 UNDRAINED_WAIT_S = 1.0
 """How long ``close(drain=False)`` waits for the read-ahead thread once the nodes under it were stopped."""
@@ -148,6 +149,7 @@ class GraphLoader(Loader[dict]):
         else:  # restored inside a window whose samples moved: its micro-batches are kept
             point, saved = self._point(consumed_in(state), saved_composition(self.root, state[self.ROOT_KEY])), {}
         self._stop_reading_ahead()  # its thread reads the graph: stopped before the graph is reset
+        own_torch_setting_here()  # before the reset starts torchdata's mappers, which set torch's setting for new threads
         point = dataclasses.replace(point, end_step=end_step(self._end, self._window_size, point.first_step))
         for node in graph_nodes(self.root):
             if isinstance(node, GraphNode):

@@ -1,6 +1,6 @@
 """The library's own threads run torch's operations on themselves alone (samples/serial_torch.py): the read-ahead
-thread, processing on threads (RowProcessor's pool, the recipe's mappers); the training thread and every other
-thread keep torch's setting as the program made it."""
+thread, RowProcessor's worker threads; the training thread and every other thread keep torch's setting as the
+program made it, also beside torchdata's mapper threads, which set theirs with torch's process-wide call."""
 
 from __future__ import annotations
 
@@ -10,13 +10,15 @@ from typing import Any
 
 import pytest
 import torch
-from node_checks import take
+from node_checks import take, tiny_samples
 from test_node_row_processor import process, row_processor
 from test_read_ahead import graph
-from torchdata.nodes import BaseNode, IterableWrapper, ParallelMapper
+from torchdata.nodes import BaseNode, ParallelMapper
 
 from mimo_pipes.graph.loader import GraphLoader
-from mimo_pipes.samples.serial_torch import SerialTorch, serial_torch_here
+from mimo_pipes.nodes import MicroBatchAssembler, SnapshotGuard, WindowCollator, Windower
+from mimo_pipes.samples.serial_torch import serial_torch_here
+from mimo_pipes.testing import tail_settings
 
 
 @pytest.fixture
@@ -96,7 +98,35 @@ def test_rows_processed_on_threads_run_torch_serially(program_threads):
     assert set(seen) == {1}
 
 
-def test_a_mapper_thread_runs_the_map_function_serially(program_threads):
-    node = ParallelMapper(IterableWrapper(range(20)), SerialTorch(lambda _: torch.get_num_threads()), num_workers=3, method="thread")
-    assert set(node) == {1}
-    assert torch.get_num_threads() == program_threads
+def test_a_loader_with_torchdata_mappers_leaves_the_thread_that_iterates_it_the_programs_setting(program_threads):
+    # torchdata's mapper threads call torch.set_num_threads(1), torch's setting for threads yet to run an operation:
+    # a thread whose first torch operation comes after they start would keep one thread.
+    # Built here, iterated on a thread that has run no torch operation yet (a training thread's start).
+    settings = tail_settings(samples_per_rank=2, window_size=2)
+    mapped = ParallelMapper(SnapshotGuard(tiny_samples(2, 6)), lambda sample: sample, num_workers=2, method="thread")
+    loader = GraphLoader(MicroBatchAssembler(WindowCollator(Windower(mapped, settings=settings), settings=settings), settings=settings))
+    try:
+        assert on_a_thread(lambda: (len(list(loader)), torch.get_num_threads())) == (6, program_threads)
+    finally:
+        loader.close()
+
+def test_threads_that_ask_change_nothing_for_threads_that_start_beside_them(program_threads):
+    seen: list[int] = []
+    for _ in range(20):
+        start = threading.Barrier(16)
+
+        def asking(start: threading.Barrier = start) -> None:
+            start.wait()
+            serial_torch_here()
+
+        def beside(start: threading.Barrier = start) -> None:  # a thread of the program's, running its first torch operation meanwhile
+            start.wait()
+            seen.append(torch.get_num_threads())
+
+        threads = [threading.Thread(target=asking if k % 2 else beside) for k in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        seen.append(on_a_thread(torch.get_num_threads))  # and one that starts after them
+    assert set(seen) == {program_threads}
